@@ -1,0 +1,1 @@
+//! The inference engine: architectures, KV cache, expert tier, tokenizer, sampler.

