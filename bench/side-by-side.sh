@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Side-by-side speed of sluice and llama.cpp on the same GGUF, same threads, same test
+# sizes, alternating A B A B so drift (thermal, page cache, other load) hits both equally.
+#
+#   bench/side-by-side.sh MODEL.gguf [-t THREADS] [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-k ROUNDS]
+#
+# Builds the pinned llama.cpp (llama-cpp-python 0.3.36's vendored copy, without AMX) into
+# ${SLUICE_CACHE:-~/.cache/sluice} via tools/get-llama-cpp.sh --build, builds sluice in
+# release mode, then runs ROUNDS rounds of (sluice bench, llama-bench). Each tool repeats
+# each test 3 times per round; the ratio printed is median(sluice) / median(llama.cpp)
+# over all samples of all rounds. Extra sluice flags can be passed in SLUICE_FLAGS and
+# extra llama-bench flags in LLAMA_FLAGS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+model="${1:?usage: bench/side-by-side.sh MODEL.gguf [-t N] [-p N] [-n N] [-k ROUNDS]}"
+shift
+threads=2 pp=128 tg=64 rounds=3
+while getopts "t:p:n:k:" o; do
+  case $o in
+    t) threads=$OPTARG ;; p) pp=$OPTARG ;; n) tg=$OPTARG ;; k) rounds=$OPTARG ;;
+    *) echo "unknown flag" >&2; exit 2 ;;
+  esac
+done
+[ -f "$model" ] || { echo "error: $model: no such file" >&2; exit 1; }
+ll="$(tools/get-llama-cpp.sh --build)"
+llama_bench="$ll/build/bin/llama-bench"
+[ -x "$llama_bench" ] || { echo "error: $llama_bench was not built" >&2; exit 1; }
+cargo build --release -p sluice-cli >&2
+sluice=target/release/sluice
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+for r in $(seq 1 "$rounds"); do
+  echo "round $r/$rounds: sluice" >&2
+  # shellcheck disable=SC2086
+  $sluice bench -m "$model" -t "$threads" -p "$pp" -n "$tg" -r 3 --csv "$out/sluice.csv" ${SLUICE_FLAGS:-} >/dev/null
+  echo "round $r/$rounds: llama.cpp" >&2
+  # shellcheck disable=SC2086
+  "$llama_bench" -m "$model" -t "$threads" -p "$pp" -n "$tg" -r 3 -o json ${LLAMA_FLAGS:-} > "$out/llama-$r.json"
+done
+python3 - "$out" "$pp" "$tg" "$threads" "$model" <<'PY'
+import csv, glob, json, statistics, sys
+out, pp, tg, threads, model = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+s = {"pp": [], "tg": []}
+for row in csv.DictReader(open(f"{out}/sluice.csv")):
+    s[row["test"][:2]] += [float(x) for x in row["samples"].split(";")]
+l = {"pp": [], "tg": []}
+for f in sorted(glob.glob(f"{out}/llama-*.json")):
+    for t in json.load(open(f)):
+        kind = "pp" if t["n_gen"] == 0 else "tg"
+        l[kind] += [float(x) for x in t["samples_ts"]]
+print(f"model: {model}, threads: {threads}")
+print("| test | sluice t/s (median) | llama.cpp t/s (median) | ratio sluice/llama.cpp | samples |")
+print("|---|---:|---:|---:|---:|")
+for kind, n in (("pp", pp), ("tg", tg)):
+    if n == 0 or not s[kind] or not l[kind]:
+        continue
+    a, b = statistics.median(s[kind]), statistics.median(l[kind])
+    print(f"| {kind}{n} | {a:.2f} | {b:.2f} | {a/b:.3f} | {len(s[kind])} / {len(l[kind])} |")
+PY

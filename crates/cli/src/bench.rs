@@ -1,0 +1,182 @@
+//! `sluice bench`: prompt-processing and decode speed, measured like llama-bench.
+//!
+//! pp: evaluate N prompt tokens (in --batch chunks) from an empty cache.
+//! tg: from an empty cache, decode N tokens one at a time.
+//! Tokens are pseudo-random ids from a fixed seed (BOS first), as llama-bench does; each
+//! test repeats `-r` times after one warm-up and reports the median and spread.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use sluice_engine::Logits;
+
+use crate::common::{Loaded, ModelArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt tokens for the prompt-processing test (0 = skip).
+    #[arg(short = 'p', long = "prompt-tokens", default_value_t = 512)]
+    pub prompt_tokens: usize,
+    /// Tokens for the decode test (0 = skip).
+    #[arg(short = 'n', long = "gen-tokens", default_value_t = 128)]
+    pub gen_tokens: usize,
+    /// Repetitions of each test (after one warm-up run).
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub repetitions: usize,
+    /// Skip the warm-up run.
+    #[arg(long)]
+    pub no_warmup: bool,
+    /// Append one CSV row per test to FILE (header written when the file is new).
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+}
+
+struct Row {
+    test: String,
+    tokens: usize,
+    samples: Vec<f64>,
+}
+
+impl Row {
+    fn median(&self) -> f64 {
+        let mut s = self.samples.clone();
+        s.sort_by(|a, b| a.total_cmp(b));
+        let n = s.len();
+        if n % 2 == 1 {
+            s[n / 2]
+        } else {
+            (s[n / 2 - 1] + s[n / 2]) / 2.0
+        }
+    }
+    fn stddev(&self) -> f64 {
+        let n = self.samples.len() as f64;
+        let mean = self.samples.iter().sum::<f64>() / n;
+        (self.samples.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt()
+    }
+}
+
+/// Deterministic token stream (SplitMix64) so every run sees the same ids.
+fn tokens(n: usize, n_vocab: usize, bos: Option<u32>, seed: u64) -> Vec<u32> {
+    let mut state = seed;
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        if i == 0 {
+            if let Some(b) = bos {
+                out.push(b);
+                continue;
+            }
+        }
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        out.push((z % n_vocab as u64) as u32);
+    }
+    out
+}
+
+fn run_pp(l: &Loaded, toks: &[u32], batch: usize) -> Result<f64> {
+    let mut kv = l.model.new_kv(toks.len());
+    let t0 = Instant::now();
+    let n = toks.len().div_ceil(batch);
+    for (i, c) in toks.chunks(batch).enumerate() {
+        let mode = if i + 1 == n { Logits::Last } else { Logits::None };
+        l.pool.install(|| l.model.forward(&mut kv, c, mode))?;
+    }
+    Ok(toks.len() as f64 / t0.elapsed().as_secs_f64())
+}
+
+fn run_tg(l: &Loaded, toks: &[u32]) -> Result<f64> {
+    let mut kv = l.model.new_kv(toks.len());
+    let t0 = Instant::now();
+    for &t in toks {
+        l.pool.install(|| l.model.forward(&mut kv, &[t], Logits::Last))?;
+    }
+    Ok(toks.len() as f64 / t0.elapsed().as_secs_f64())
+}
+
+pub fn main(args: BenchArgs) -> Result<()> {
+    if args.repetitions == 0 {
+        anyhow::bail!("--repetitions must be at least 1");
+    }
+    let l = args.model.load()?;
+    let cfg = &l.model.cfg;
+    let bos = l.model.gguf.get_u64("tokenizer.ggml.bos_token_id").ok().map(|b| b as u32);
+    let threads = l.pool.current_num_threads();
+    let mut rows = Vec::new();
+    let tests: Vec<(&str, usize)> = [("pp", args.prompt_tokens), ("tg", args.gen_tokens)]
+        .into_iter()
+        .filter(|&(_, n)| n > 0)
+        .collect();
+    for (kind, n) in tests {
+        if n > cfg.n_ctx_train {
+            anyhow::bail!("{kind}{n}: more tokens than the model's context ({})", cfg.n_ctx_train);
+        }
+        let toks = tokens(n, cfg.n_vocab, bos, 42);
+        let run = |l: &Loaded| if kind == "pp" { run_pp(l, &toks, args.model.batch) } else { run_tg(l, &toks) };
+        if !args.no_warmup {
+            eprint!("{kind}{n}: warm-up... ");
+            run(&l)?;
+        }
+        let mut samples = Vec::new();
+        for r in 0..args.repetitions {
+            eprint!("\r{kind}{n}: run {}/{}   ", r + 1, args.repetitions);
+            samples.push(run(&l)?);
+        }
+        eprintln!();
+        rows.push(Row {
+            test: format!("{kind}{n}"),
+            tokens: n,
+            samples,
+        });
+    }
+    println!(
+        "| model | arch | threads | test | t/s (median) | stddev | runs |\n|---|---|---:|---|---:|---:|---:|"
+    );
+    let name = args.model.model.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {:.2} | {:.2} | {} |",
+            name,
+            cfg.arch.name(),
+            threads,
+            r.test,
+            r.median(),
+            r.stddev(),
+            r.samples.len()
+        );
+    }
+    if let Some(path) = &args.csv {
+        let new = !path.exists();
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("{}: cannot open for append", path.display()))?;
+        if new {
+            writeln!(f, "model,arch,threads,batch,test,tokens,median_tps,stddev_tps,samples")?;
+        }
+        for r in &rows {
+            let samples: Vec<String> = r.samples.iter().map(|s| format!("{s:.3}")).collect();
+            writeln!(
+                f,
+                "{},{},{},{},{},{},{:.3},{:.3},{}",
+                name,
+                cfg.arch.name(),
+                threads,
+                args.model.batch,
+                r.test,
+                r.tokens,
+                r.median(),
+                r.stddev(),
+                samples.join(";")
+            )?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! qwen3moe forward pass against transformers (float32) on tiny random models.
+//!
+//! Fixtures: tests/fixtures/qwen3moe/, made by tools/fixtures/make_qwen3moe.py (transformers
+//! builds the models with fixed seeds, writes them as GGUF with llama.cpp's tensor names,
+//! and saves its own float32 logits for tokens.json). sluice never produced these numbers.
+
+use std::path::{Path, PathBuf};
+
+use sluice_engine::eval::read_npy_f32;
+use sluice_engine::{Logits, Model};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3moe")
+}
+
+fn tokens() -> Vec<u32> {
+    let text = std::fs::read_to_string(fixtures().join("tokens.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// sluice's logits for every position, evaluated in prompt chunks of `batch` tokens.
+fn sluice_logits(model: &str, batch: usize, threads: usize) -> (Vec<f32>, usize) {
+    let m = Model::load(&fixtures().join(model)).unwrap();
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    let toks = tokens();
+    let mut kv = m.new_kv(256);
+    let mut out = Vec::new();
+    for c in toks.chunks(batch) {
+        out.extend(pool.install(|| m.forward(&mut kv, c, Logits::All)).unwrap());
+    }
+    (out, m.cfg.n_vocab)
+}
+
+fn reference(npy: &str) -> (Vec<f32>, Vec<usize>) {
+    read_npy_f32(&fixtures().join(npy)).unwrap()
+}
+
+/// max |a - b| / max |b|
+fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let max_ref = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let max_diff = a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+    max_diff / max_ref
+}
+
+fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+fn check_f32(model: &str, npy: &str) {
+    let (want, shape) = reference(npy);
+    for (batch, threads) in [(64, 1), (1, 2), (5, 2)] {
+        let (got, n_vocab) = sluice_logits(model, batch, threads);
+        assert_eq!(shape[shape.len() - 1], n_vocab);
+        let err = rel_err(&got, &want);
+        assert!(err < 1e-4, "{model} batch {batch}: relative error {err} >= 1e-4");
+    }
+}
+
+fn check_q8_0_top1(model: &str, npy: &str) {
+    let (want, _) = reference(npy);
+    let (got, n_vocab) = sluice_logits(model, 64, 2);
+    for (p, (g, w)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
+        assert_eq!(argmax(g), argmax(w), "{model}: top-1 differs at position {p}");
+    }
+}
+
+#[test]
+fn model_a_f32_matches_transformers() {
+    check_f32("a-f32.gguf", "a.logits.npy");
+}
+
+#[test]
+fn model_b_f32_matches_transformers() {
+    check_f32("b-f32.gguf", "b.logits.npy");
+}
+
+#[test]
+fn expert_weights_norm_false_matches_transformers_without_renorm() {
+    check_f32("a_nonorm-f32.gguf", "a_nonorm.logits.npy");
+}
+
+#[test]
+fn model_a_q8_0_top1_matches_transformers() {
+    check_q8_0_top1("a-q8_0.gguf", "a-q8_0.dequant.logits.npy");
+}
+
+#[test]
+fn model_b_q8_0_top1_matches_transformers() {
+    check_q8_0_top1("b-q8_0.gguf", "b-q8_0.dequant.logits.npy");
+}
+
+#[test]
+fn nonorm_q8_0_top1_matches_transformers() {
+    check_q8_0_top1("a_nonorm-q8_0.gguf", "a_nonorm-q8_0.dequant.logits.npy");
+}
+
+/// Logits are a pure function of the model and the tokens: threads and prefill chunking
+/// change nothing, bit for bit.
+#[test]
+fn logits_bit_identical_across_threads_and_chunking() {
+    let (a, _) = sluice_logits("a-q8_0.gguf", 64, 1);
+    let (b, _) = sluice_logits("a-q8_0.gguf", 3, 2);
+    let (c, _) = sluice_logits("a-q8_0.gguf", 1, 2);
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    assert!(a.iter().zip(&c).all(|(x, y)| x.to_bits() == y.to_bits()));
+}
