@@ -43,7 +43,10 @@ pub enum GgufError {
     },
 
     /// The tensor count exceeds the hard limit or what the remaining bytes could hold.
-    #[error("{}: tensor count: expected at most {limit}, found {found}", .path.display())]
+    #[error(
+        "{}: tensor count: expected at most {limit} (2^20, and 32 bytes per tensor info left in the file), found {found}",
+        .path.display()
+    )]
     TooManyTensors {
         path: PathBuf,
         found: u64,
@@ -51,7 +54,10 @@ pub enum GgufError {
     },
 
     /// The metadata key count exceeds the hard limit or what the remaining bytes could hold.
-    #[error("{}: metadata key count: expected at most {limit}, found {found}", .path.display())]
+    #[error(
+        "{}: metadata key count: expected at most {limit} (2^20, and 13 bytes per key left in the file), found {found}",
+        .path.display()
+    )]
     TooManyKeys {
         path: PathBuf,
         found: u64,
