@@ -1,21 +1,27 @@
 //! The `sluice` binary: flag definitions and glue over the library crates.
+//!
+//! `main` only parses the command line and dispatches; each subcommand lives in its own
+//! module (`inspect.rs`, `run.rs`, ...) exposing its clap `Args` and an entry function.
 
 mod bench;
 mod common;
+mod inspect;
 mod perplexity;
 mod run;
+
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 /// sluice: run Mixture-of-Experts models larger than RAM, streaming experts from the SSD.
-#[derive(Parser, Debug)]
-#[command(name = "sluice", version, about)]
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "Mixture-of-Experts inference from SSD")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
-#[derive(Subcommand, Debug)]
+#[derive(Subcommand)]
 enum Command {
     /// Generate text from a prompt, or chat interactively.
     Run(run::RunArgs),
@@ -23,17 +29,36 @@ enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Prompt-processing and decode speed (median of repeated runs).
     Bench(bench::BenchArgs),
+    /// Show a GGUF file's header: metadata, tensors, and bytes by role.
+    Inspect(inspect::Args),
 }
 
-fn main() {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => run::main(a),
         Command::Perplexity(a) => perplexity::main(a),
         Command::Bench(a) => bench::main(a),
+        Command::Inspect(args) => inspect::run(args),
     };
-    if let Err(e) = result {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
     }
+}
+
+/// The error and its causes on one line, skipping causes already quoted by their parent.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg.replace('\n', " ")
 }

@@ -1,4 +1,461 @@
 //! Quantized block formats and the CPU kernels over them.
 //!
-//! Owns: block layouts, a scalar reference for every op (the spec), AVX2 / AVX-512 fast
-//! paths chosen once at run time (`SLUICE_ISA=scalar|avx2|avx512` forces a lower tier).
+//! Owns: block layouts ([`formats`]), a scalar reference for every op ([`reference`], the
+//! spec), AVX2 / AVX-512 fast paths ([`x86`]) chosen once at run time
+//! (`SLUICE_ISA=scalar|avx2|avx512` forces a lower tier), and the row-parallel
+//! `matvec` / `matmul` drivers on the current rayon pool.
+//!
+//! Weight formats: F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K. Activations are prepared once
+//! per weight format ([`QuantizedActs`]): Q8_0 blocks for Q8_0/Q5_0 weights, Q8_K blocks
+//! for Q4_K/Q6_K, plain f32 for the dense formats.
+
+pub mod formats;
+mod isa;
+pub mod reference;
+pub mod x86;
+
+use formats::{BlockQ8K, BlockQ8_0};
+use rayon::prelude::*;
+
+pub use isa::{isa, Isa};
+pub use sluice_gguf::GgmlType;
+
+/// Errors of the kernel entry points.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum KernelError {
+    /// The weight type has no kernels here.
+    #[error("kernels: weight type {ty} is not supported (supported: F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K)")]
+    Unsupported {
+        /// The type asked for.
+        ty: GgmlType,
+    },
+    /// A buffer length or dimension does not fit the op.
+    #[error("kernels: {op} on {ty}: {what}: expected {expected}, found {found}")]
+    Shape {
+        /// Operation name (`matvec`, `dequantize_row`, ...).
+        op: &'static str,
+        /// Weight type.
+        ty: GgmlType,
+        /// Which quantity is wrong.
+        what: &'static str,
+        /// Expected value.
+        expected: usize,
+        /// Value found.
+        found: usize,
+    },
+    /// An ISA tier was requested explicitly that this CPU does not have.
+    #[error("kernels: ISA tier {0:?} is not available on this CPU")]
+    IsaUnavailable(Isa),
+}
+
+/// Whether `ty` has kernels here.
+pub fn is_supported(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, F32 | F16 | BF16 | Q8_0 | Q5_0 | Q4_K | Q6_K)
+}
+
+fn check_supported(ty: GgmlType) -> Result<(), KernelError> {
+    if is_supported(ty) {
+        Ok(())
+    } else {
+        Err(KernelError::Unsupported { ty })
+    }
+}
+
+fn shape(
+    op: &'static str,
+    ty: GgmlType,
+    what: &'static str,
+    expected: usize,
+    found: usize,
+) -> Result<(), KernelError> {
+    if expected == found {
+        Ok(())
+    } else {
+        Err(KernelError::Shape {
+            op,
+            ty,
+            what,
+            expected,
+            found,
+        })
+    }
+}
+
+/// Bytes of a row of `cols` elements of `ty`; errors when `cols` is not whole blocks.
+pub fn row_bytes(op: &'static str, ty: GgmlType, cols: usize) -> Result<usize, KernelError> {
+    check_supported(ty)?;
+    let bs = ty.block_size() as usize;
+    if !cols.is_multiple_of(bs) {
+        return Err(KernelError::Shape {
+            op,
+            ty,
+            what: "columns (rounded down to whole blocks)",
+            expected: cols / bs * bs,
+            found: cols,
+        });
+    }
+    Ok(cols / bs * ty.type_size() as usize)
+}
+
+/// Dequantize one row (`dst.len()` elements) of `ty` from `src` (exactly its row bytes).
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), KernelError> {
+    let rb = row_bytes("dequantize_row", ty, dst.len())?;
+    shape("dequantize_row", ty, "source bytes", rb, src.len())?;
+    use GgmlType::*;
+    match ty {
+        F32 => reference::dequantize_f32(src, dst),
+        F16 => reference::dequantize_f16(src, dst),
+        BF16 => reference::dequantize_bf16(src, dst),
+        Q8_0 => reference::dequantize_q8_0(src, dst),
+        Q5_0 => reference::dequantize_q5_0(src, dst),
+        Q4_K => reference::dequantize_q4_k(src, dst),
+        Q6_K => reference::dequantize_q6_k(src, dst),
+        _ => unreachable!("checked by row_bytes"),
+    }
+    Ok(())
+}
+
+/// Activation storage for one weight format.
+#[derive(Clone, Debug)]
+pub(crate) enum ActData {
+    F32(Vec<f32>),
+    Q8_0(Vec<BlockQ8_0>),
+    Q8K(Vec<BlockQ8K>),
+}
+
+/// An activation row `x` prepared once for dotting with rows of one weight format.
+#[derive(Clone, Debug)]
+pub struct QuantizedActs {
+    weight_ty: GgmlType,
+    cols: usize,
+    data: ActData,
+}
+
+impl QuantizedActs {
+    /// Prepare `x` for weights of type `weight_ty`: quantize to Q8_0 (Q8_0/Q5_0 weights),
+    /// to Q8_K (Q4_K/Q6_K), or keep f32 (F32/F16/BF16). `x.len()` must be whole blocks.
+    pub fn new(weight_ty: GgmlType, x: &[f32]) -> Result<Self, KernelError> {
+        row_bytes("QuantizedActs::new", weight_ty, x.len())?;
+        use GgmlType::*;
+        let data = match weight_ty {
+            F32 | F16 | BF16 => ActData::F32(x.to_vec()),
+            Q8_0 | Q5_0 => ActData::Q8_0(formats::quantize_row_q8_0(x)),
+            Q4_K | Q6_K => ActData::Q8K(formats::quantize_row_q8_k(x)),
+            _ => unreachable!("checked by row_bytes"),
+        };
+        Ok(QuantizedActs {
+            weight_ty,
+            cols: x.len(),
+            data,
+        })
+    }
+
+    /// The weight type these activations were prepared for.
+    pub fn weight_ty(&self) -> GgmlType {
+        self.weight_ty
+    }
+
+    /// Number of activation elements.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The Q8_0 blocks, when prepared for Q8_0/Q5_0 weights.
+    pub fn q8_0_blocks(&self) -> Option<&[BlockQ8_0]> {
+        match &self.data {
+            ActData::Q8_0(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The Q8_K blocks, when prepared for Q4_K/Q6_K weights.
+    pub fn q8_k_blocks(&self) -> Option<&[BlockQ8K]> {
+        match &self.data {
+            ActData::Q8K(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The f32 activations, when prepared for F32/F16/BF16 weights.
+    pub fn f32_values(&self) -> Option<&[f32]> {
+        match &self.data {
+            ActData::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// A CPU tier proven available (holds the token that proves it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Backend {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2(x86::Avx2),
+    #[cfg(target_arch = "x86_64")]
+    Avx512(x86::Avx512),
+}
+
+impl Backend {
+    fn new(isa: Isa) -> Result<Backend, KernelError> {
+        match isa {
+            Isa::Scalar => Ok(Backend::Scalar),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::Avx2::new()
+                .map(Backend::Avx2)
+                .ok_or(KernelError::IsaUnavailable(isa)),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => x86::Avx512::new()
+                .map(Backend::Avx512)
+                .ok_or(KernelError::IsaUnavailable(isa)),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => Err(KernelError::IsaUnavailable(isa)),
+        }
+    }
+
+    /// `out[t] = row . acts[t]` for every t; `acts.len() == out.len() <= TILE`.
+    /// Each `out[t]` depends only on `row` and `acts[t]` (not on the tile), which is what
+    /// makes matmul bit-identical to matvec.
+    #[inline]
+    fn dot_tile(self, ty: GgmlType, row: &[u8], acts: &[&QuantizedActs], out: &mut [f32]) {
+        match self {
+            Backend::Scalar => {
+                for (o, a) in out.iter_mut().zip(acts) {
+                    *o = ref_dot(ty, row, a);
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2(t) => t.dot_tile(ty, row, acts, out),
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx512(t) => t.dot_tile(ty, row, acts, out),
+        }
+    }
+}
+
+/// Scalar reference dot of one row with prepared activations (types already checked).
+pub(crate) fn ref_dot(ty: GgmlType, row: &[u8], a: &QuantizedActs) -> f32 {
+    use GgmlType::*;
+    match (ty, &a.data) {
+        (F32, ActData::F32(x)) => reference::dot_f32(row, x),
+        (F16, ActData::F32(x)) => reference::dot_f16(row, x),
+        (BF16, ActData::F32(x)) => reference::dot_bf16(row, x),
+        (Q8_0, ActData::Q8_0(y)) => reference::dot_q8_0(row, y),
+        (Q5_0, ActData::Q8_0(y)) => reference::dot_q5_0(row, y),
+        (Q4_K, ActData::Q8K(y)) => reference::dot_q4_k(row, y),
+        (Q6_K, ActData::Q8K(y)) => reference::dot_q6_k(row, y),
+        _ => unreachable!("activation format checked by the caller"),
+    }
+}
+
+/// Tokens per matmul tile: each weight row is decoded once per tile.
+pub const TILE: usize = 4;
+
+fn check_acts(
+    op: &'static str,
+    ty: GgmlType,
+    row_len: usize,
+    a: &QuantizedActs,
+) -> Result<(), KernelError> {
+    let rb = row_bytes(op, ty, a.cols)?;
+    shape(op, ty, "row bytes", rb, row_len)?;
+    let compatible = matches!(
+        (ty, &a.data),
+        (
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16,
+            ActData::F32(_)
+        ) | (GgmlType::Q8_0 | GgmlType::Q5_0, ActData::Q8_0(_))
+            | (GgmlType::Q4_K | GgmlType::Q6_K, ActData::Q8K(_))
+    );
+    if !compatible {
+        return Err(KernelError::Shape {
+            op,
+            ty,
+            what: "activations prepared for another weight type (type id)",
+            expected: ty.id() as usize,
+            found: a.weight_ty.id() as usize,
+        });
+    }
+    Ok(())
+}
+
+/// Dot of one weight row (`row`, exactly the row bytes for `acts.cols()` elements) with
+/// prepared activations, on the tier [`isa()`] chose.
+///
+/// # Panics
+/// When `row` or `acts` do not fit `ty` (use [`try_vec_dot`] for a typed error).
+pub fn vec_dot(ty: GgmlType, row: &[u8], acts: &QuantizedActs) -> f32 {
+    match try_vec_dot(ty, row, acts) {
+        Ok(v) => v,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// [`vec_dot`] returning a typed error instead of panicking.
+pub fn try_vec_dot(ty: GgmlType, row: &[u8], acts: &QuantizedActs) -> Result<f32, KernelError> {
+    vec_dot_with(isa(), ty, row, acts)
+}
+
+/// [`vec_dot`] on an explicit tier (tests, benches).
+pub fn vec_dot_with(
+    isa: Isa,
+    ty: GgmlType,
+    row: &[u8],
+    acts: &QuantizedActs,
+) -> Result<f32, KernelError> {
+    let be = Backend::new(isa)?;
+    check_acts("vec_dot", ty, row.len(), acts)?;
+    let mut out = [0.0f32];
+    be.dot_tile(ty, row, &[acts], &mut out);
+    Ok(out[0])
+}
+
+/// y[r] = W[r,:] . x for r in 0..rows; W is rows x cols in format ty, row-major, each row
+/// `ty.row_bytes(cols)` bytes. Parallel over rows on the CURRENT rayon pool (callers wrap
+/// in `pool.install`). Each y[r] is computed by exactly one thread in a fixed order, so the
+/// result is bit-identical for any thread count.
+pub fn matvec(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<(), KernelError> {
+    matvec_with(isa(), ty, w, rows, cols, x, y)
+}
+
+/// Y[t, r] = W[r,:] . X[t,:] for t in 0..n; X is n x cols row-major, Y is n x rows
+/// row-major. Bit-identical to [`matvec`] for each t, while each weight row is decoded
+/// once per tile of [`TILE`] tokens.
+pub fn matmul(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) -> Result<(), KernelError> {
+    matmul_with(isa(), ty, w, rows, cols, x, n, y)
+}
+
+/// Rows per rayon task: enough work per task to hide scheduling, enough tasks to balance.
+fn rows_per_task(rows: usize, row_bytes: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let by_balance = rows.div_ceil(threads * 8);
+    // At least ~32 KiB of weights per task.
+    let by_size = (32 * 1024usize).div_ceil(row_bytes.max(1));
+    by_balance.max(by_size).max(1)
+}
+
+fn check_matrix(
+    op: &'static str,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+) -> Result<usize, KernelError> {
+    let rb = row_bytes(op, ty, cols)?;
+    let total = rb.checked_mul(rows).ok_or(KernelError::Shape {
+        op,
+        ty,
+        what: "rows * row bytes (overflows)",
+        expected: usize::MAX,
+        found: rows,
+    })?;
+    shape(op, ty, "weight bytes", total, w.len())?;
+    Ok(rb)
+}
+
+/// [`matvec`] on an explicit tier (tests, benches).
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_with(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<(), KernelError> {
+    let be = Backend::new(isa)?;
+    let rb = check_matrix("matvec", ty, w, rows, cols)?;
+    shape("matvec", ty, "x length", cols, x.len())?;
+    shape("matvec", ty, "y length", rows, y.len())?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let acts = QuantizedActs::new(ty, x)?;
+    let chunk = rows_per_task(rows, rb);
+    y.par_chunks_mut(chunk).enumerate().for_each(|(c, ys)| {
+        let r0 = c * chunk;
+        for (i, yv) in ys.iter_mut().enumerate() {
+            let row = &w[(r0 + i) * rb..(r0 + i + 1) * rb];
+            be.dot_tile(ty, row, &[&acts], std::slice::from_mut(yv));
+        }
+    });
+    Ok(())
+}
+
+/// [`matmul`] on an explicit tier (tests, benches).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_with(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) -> Result<(), KernelError> {
+    let be = Backend::new(isa)?;
+    let rb = check_matrix("matmul", ty, w, rows, cols)?;
+    shape(
+        "matmul",
+        ty,
+        "x length (n * cols)",
+        n.saturating_mul(cols),
+        x.len(),
+    )?;
+    shape(
+        "matmul",
+        ty,
+        "y length (n * rows)",
+        n.saturating_mul(rows),
+        y.len(),
+    )?;
+    if rows == 0 || n == 0 {
+        return Ok(());
+    }
+    let acts: Vec<QuantizedActs> = if cols == 0 {
+        (0..n)
+            .map(|_| QuantizedActs::new(ty, &[]))
+            .collect::<Result<_, _>>()?
+    } else {
+        x.par_chunks(cols)
+            .map(|xt| QuantizedActs::new(ty, xt))
+            .collect::<Result<_, _>>()?
+    };
+    let acts: Vec<&QuantizedActs> = acts.iter().collect();
+    // yt is rows x n (row-major): each task owns whole rows of it.
+    let mut yt = vec![0.0f32; rows * n];
+    let chunk = rows_per_task(rows, rb);
+    yt.par_chunks_mut(chunk * n)
+        .enumerate()
+        .for_each(|(c, ys)| {
+            let r0 = c * chunk;
+            for (i, yrow) in ys.chunks_mut(n).enumerate() {
+                let row = &w[(r0 + i) * rb..(r0 + i + 1) * rb];
+                for (a, o) in acts.chunks(TILE).zip(yrow.chunks_mut(TILE)) {
+                    be.dot_tile(ty, row, a, o);
+                }
+            }
+        });
+    for (r, yrow) in yt.chunks(n).enumerate() {
+        for (t, &v) in yrow.iter().enumerate() {
+            y[t * rows + r] = v;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,155 @@
+//! Block layouts (ggml's, byte for byte) and activation quantization.
+//!
+//! Owns: the byte geometry of every supported weight block, f16/bf16 scalar conversion,
+//! the activation blocks [`BlockQ8_0`] / [`BlockQ8K`] and the quantizers that fill them
+//! (`quantize_row_q8_0`, `quantize_row_q8_k`), which follow llama.cpp's x86 build so that
+//! the integers fed to the dot products are the ones llama.cpp uses.
+
+use half::f16;
+
+/// Elements per block of Q8_0 / Q5_0.
+pub const QK8_0: usize = 32;
+/// Elements per super-block of the K-quants.
+pub const QK_K: usize = 256;
+
+/// Q8_0: `{ f16 d; i8 qs[32] }`.
+pub const Q8_0_BYTES: usize = 34;
+/// Q5_0: `{ f16 d; u8 qh[4]; u8 qs[16] }` (qh is a little-endian u32 of high bits).
+pub const Q5_0_BYTES: usize = 22;
+/// Q4_K: `{ f16 d; f16 dmin; u8 scales[12]; u8 qs[128] }`.
+pub const Q4_K_BYTES: usize = 144;
+/// Q6_K: `{ u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }`.
+pub const Q6_K_BYTES: usize = 210;
+
+/// f16 bits -> f32 (exact).
+#[inline]
+pub fn f16_to_f32(bits: u16) -> f32 {
+    f16::from_bits(bits).to_f32()
+}
+
+/// f32 -> f16 bits, round to nearest even (ggml's `GGML_FP32_TO_FP16`).
+#[inline]
+pub fn f32_to_f16(v: f32) -> u16 {
+    f16::from_f32(v).to_bits()
+}
+
+/// bf16 bits -> f32 (exact).
+#[inline]
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// Little-endian u16 at `b[i..i + 2]`.
+#[inline]
+pub fn le_u16(b: &[u8], i: usize) -> u16 {
+    u16::from_le_bytes([b[i], b[i + 1]])
+}
+
+/// Scale `j` (0..8) and min `j` of a Q4_K block's 12 packed 6-bit scale bytes
+/// (ggml's `get_scale_min_k4`).
+#[inline]
+pub fn q4k_scale_min(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// All 8 scales then all 8 mins of a Q4_K block, unpacked to bytes.
+#[inline]
+pub fn q4k_unpack_scales(q: &[u8]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for j in 0..8 {
+        let (s, m) = q4k_scale_min(j, q);
+        out[j] = s;
+        out[8 + j] = m;
+    }
+    out
+}
+
+/// One Q8_0 activation block: `d` is f16 bits, values `d * qs[i]`, |qs| <= 127.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct BlockQ8_0 {
+    /// Scale, f16 bits.
+    pub d: u16,
+    /// Quants in -127..=127.
+    pub qs: [i8; QK8_0],
+}
+
+/// One Q8_K activation super-block: values `d * qs[i]`, |qs| <= 127, and
+/// `bsums[j]` = sum of `qs[16 j .. 16 j + 16]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
+pub struct BlockQ8K {
+    /// Scale (f32, as in ggml).
+    pub d: f32,
+    /// Quants in -127..=127.
+    pub qs: [i8; QK_K],
+    /// Sums of each 16 consecutive quants.
+    pub bsums: [i16; QK_K / 16],
+}
+
+/// Quantize `x` (a multiple of 32 long) to Q8_0 the way llama.cpp's x86 `quantize_row_q8_0`
+/// does: `d = amax / 127` stored as f16, `q = round_half_even(x * (127 / amax))`.
+pub fn quantize_row_q8_0(x: &[f32]) -> Vec<BlockQ8_0> {
+    debug_assert_eq!(x.len() % QK8_0, 0);
+    x.chunks_exact(QK8_0)
+        .map(|xb| {
+            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let mut qs = [0i8; QK8_0];
+            for (q, v) in qs.iter_mut().zip(xb) {
+                // |v * id| <= 127 (+ rounding), so the cast never saturates for finite input.
+                *q = (v * id).round_ties_even() as i8;
+            }
+            BlockQ8_0 {
+                d: f32_to_f16(d),
+                qs,
+            }
+        })
+        .collect()
+}
+
+/// Quantize `x` (a multiple of 256 long) to Q8_K exactly like ggml's
+/// `quantize_row_q8_K_ref`: the element of largest magnitude `max` (first one wins) gives
+/// `iscale = -127 / max`, `q = min(127, nearest_int(iscale * x))`, `d = 1 / iscale`.
+pub fn quantize_row_q8_k(x: &[f32]) -> Vec<BlockQ8K> {
+    debug_assert_eq!(x.len() % QK_K, 0);
+    x.chunks_exact(QK_K)
+        .map(|xb| {
+            let mut amax = 0.0f32;
+            let mut max = 0.0f32;
+            for &v in xb {
+                let ax = v.abs();
+                if ax > amax {
+                    amax = ax;
+                    max = v;
+                }
+            }
+            let mut b = BlockQ8K {
+                d: 0.0,
+                qs: [0; QK_K],
+                bsums: [0; QK_K / 16],
+            };
+            if amax == 0.0 {
+                return b;
+            }
+            let iscale = -127.0 / max;
+            for (q, v) in b.qs.iter_mut().zip(xb) {
+                let r = (iscale * v).round_ties_even() as i32;
+                *q = r.clamp(-128, 127) as i8;
+            }
+            for (j, s) in b.bsums.iter_mut().enumerate() {
+                *s = b.qs[16 * j..16 * j + 16].iter().map(|&q| q as i16).sum();
+            }
+            b.d = 1.0 / iscale;
+            b
+        })
+        .collect()
+}

@@ -1,0 +1,1 @@
+//! AVX2 + FMA + F16C kernels.

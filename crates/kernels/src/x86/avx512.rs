@@ -1,0 +1,1 @@
+//! AVX-512 kernels.

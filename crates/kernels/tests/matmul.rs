@@ -1,0 +1,105 @@
+//! matmul == matvec per token, bit for bit, on every tier; matvec with 1 vs 2 rayon
+//! threads bit for bit; shape errors are typed errors, not panics.
+
+mod common;
+
+use common::*;
+use proptest::prelude::*;
+use sluice_kernels::{matmul_with, matvec_with, GgmlType, Isa, KernelError};
+
+fn pool(n: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .unwrap()
+}
+
+fn matrix(ty: GgmlType, rows: usize, cols: usize, rng: &mut SplitMix) -> Vec<u8> {
+    (0..rows)
+        .flat_map(|_| random_row(ty, cols, rng, false))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 120, ..ProptestConfig::default() })]
+
+    #[test]
+    fn matmul_equals_matvec((ti, nb, seed) in case(), rows in 1usize..24, n in 1usize..11) {
+        let ty = TYPES[ti];
+        let cols = cols_for(ty, nb, seed);
+        let mut rng = SplitMix(seed);
+        let w = matrix(ty, rows, cols, &mut rng);
+        let x: Vec<f32> = (0..n).flat_map(|_| random_x(ty, cols, &mut rng, false)).collect();
+        for isa in Isa::available() {
+            let mut ym = vec![0.0f32; n * rows];
+            matmul_with(isa, ty, &w, rows, cols, &x, n, &mut ym).unwrap();
+            for t in 0..n {
+                let mut yv = vec![0.0f32; rows];
+                matvec_with(isa, ty, &w, rows, cols, &x[t * cols..(t + 1) * cols], &mut yv).unwrap();
+                for r in 0..rows {
+                    prop_assert_eq!(ym[t * rows + r].to_bits(), yv[r].to_bits(), "{:?} {} t={} r={}", isa, ty, t, r);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn threads_do_not_change_results() {
+    let (p1, p2) = (pool(1), pool(2));
+    for ty in TYPES {
+        let mut rng = SplitMix(ty.id() as u64 + 7);
+        let cols = 512;
+        let rows = 700;
+        let w = matrix(ty, rows, cols, &mut rng);
+        let x = random_x(ty, cols, &mut rng, false);
+        let n = 5;
+        let xs: Vec<f32> = (0..n)
+            .flat_map(|_| random_x(ty, cols, &mut rng, false))
+            .collect();
+        for isa in Isa::available() {
+            let mut y1 = vec![0.0f32; rows];
+            let mut y2 = vec![1.0f32; rows];
+            p1.install(|| matvec_with(isa, ty, &w, rows, cols, &x, &mut y1))
+                .unwrap();
+            p2.install(|| matvec_with(isa, ty, &w, rows, cols, &x, &mut y2))
+                .unwrap();
+            assert!(
+                y1.iter().zip(&y2).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{isa:?} {ty} matvec"
+            );
+            let mut m1 = vec![0.0f32; rows * n];
+            let mut m2 = vec![1.0f32; rows * n];
+            p1.install(|| matmul_with(isa, ty, &w, rows, cols, &xs, n, &mut m1))
+                .unwrap();
+            p2.install(|| matmul_with(isa, ty, &w, rows, cols, &xs, n, &mut m2))
+                .unwrap();
+            assert!(
+                m1.iter().zip(&m2).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{isa:?} {ty} matmul"
+            );
+        }
+    }
+}
+
+#[test]
+fn shape_errors_are_errors() {
+    let w = vec![0u8; 144 * 2];
+    let x = vec![0.0f32; 256];
+    let mut y = vec![0.0f32; 2];
+    assert!(matvec_with(Isa::Scalar, GgmlType::Q4_K, &w, 2, 256, &x, &mut y).is_ok());
+    assert!(matches!(
+        matvec_with(Isa::Scalar, GgmlType::Q4_K, &w, 3, 256, &x, &mut y),
+        Err(KernelError::Shape { .. })
+    ));
+    assert!(matches!(
+        matvec_with(Isa::Scalar, GgmlType::Q4_K, &w, 2, 255, &x[..255], &mut y),
+        Err(KernelError::Shape { .. })
+    ));
+    assert!(matches!(
+        matvec_with(Isa::Scalar, GgmlType::Q2_K, &w, 2, 256, &x, &mut y),
+        Err(KernelError::Unsupported { .. })
+    ));
+    let mut y2 = vec![0.0f32; 4];
+    assert!(matmul_with(Isa::Scalar, GgmlType::Q4_K, &w, 2, 256, &x, 2, &mut y2).is_err());
+}
