@@ -68,7 +68,12 @@ fn check_q8_0_top1(model: &str, npy: &str) {
     let (want, _) = reference(npy);
     let (got, n_vocab) = sluice_logits(model, 64, 2);
     for (p, (g, w)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
-        assert_eq!(argmax(g), argmax(w), "{model}: top-1 differs at position {p}");
+        let (gi, wi) = (argmax(g), argmax(w));
+        assert_eq!(
+            gi, wi,
+            "{model}: top-1 differs at position {p}: reference logits {} (ours) vs {} (reference's top-1); ours {} vs {}",
+            w[gi], w[wi], g[gi], g[wi]
+        );
     }
 }
 
