@@ -13,6 +13,7 @@ use crossbeam_channel::{Receiver, Sender};
 use io_uring::{opcode, types, IoUring};
 use std::collections::VecDeque;
 use std::fs::File;
+use std::mem::ManuallyDrop;
 use std::ops::Range;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -84,7 +85,8 @@ impl UringEngine {
         let (req_tx, req_rx) = crossbeam_channel::unbounded();
         let shutdown = Arc::new(AtomicBool::new(false));
         let mut ring_thread = RingThread {
-            ring,
+            ring: ManuallyDrop::new(ring),
+            leak: false,
             path: path.to_path_buf(),
             file: file.clone(),
             direct: o.direct,
@@ -234,7 +236,9 @@ struct Op {
 }
 
 struct RingThread {
-    ring: IoUring,
+    /// Dropped in `Drop` unless `leak` (reads may still be in the kernel after a ring failure).
+    ring: ManuallyDrop<IoUring>,
+    leak: bool,
     path: PathBuf,
     file: Arc<File>,
     direct: bool,
@@ -505,9 +509,21 @@ impl RingThread {
             for slot in self.reqs.drain(..).flatten() {
                 std::mem::forget(slot);
             }
-            // Leak the ring too so the kernel's pointers stay valid memory.
-            let ring = std::mem::replace(&mut self.ring, IoUring::new(2).expect("tiny ring"));
-            std::mem::forget(ring);
+            // Leak the ring too: closing it would not wait for the kernel's reads.
+            self.leak = true;
+        }
+    }
+}
+
+impl Drop for RingThread {
+    fn drop(&mut self) {
+        if self.leak {
+            // The armed wake read may still target this box: never free it.
+            std::mem::forget(std::mem::take(&mut self.wake_buf));
+        } else {
+            // SAFETY: dropped exactly once, here; nothing uses the ring afterwards, and the
+            // run loop only returns normally with no reads in the kernel.
+            unsafe { ManuallyDrop::drop(&mut self.ring) };
         }
     }
 }
