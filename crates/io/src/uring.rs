@@ -53,6 +53,11 @@ pub(crate) struct UringEngine {
 
 impl UringEngine {
     pub fn open(path: &Path, cfg: &IoConfig) -> Result<UringEngine, UringOpenError> {
+        if std::env::var_os("SLUICE_IO_DISABLE_URING").is_some() {
+            return Err(UringOpenError::Refused(
+                "disabled by SLUICE_IO_DISABLE_URING".into(),
+            ));
+        }
         let depth = cfg.depth.min(4096);
         let entries = (depth + 1).next_power_of_two() as u32;
         let ring = IoUring::new(entries).map_err(|e| UringOpenError::Refused(e.to_string()))?;
