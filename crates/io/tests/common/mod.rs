@@ -40,10 +40,12 @@ pub struct TempFile {
 impl TempFile {
     /// Write `len` known bytes to a fresh file in `dir` and fsync it.
     pub fn new_in(dir: &Path, name: &str, len: usize, seed: u64) -> TempFile {
+        // Unique per file: tests of one binary run in parallel with equal names and seeds.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let path = dir.join(format!(
-            "sluice-io-test-{}-{}-{name}",
+            "sluice-io-test-{}-{n}-{seed}-{name}",
             std::process::id(),
-            seed
         ));
         let bytes = content(len, seed);
         let mut f = std::fs::File::create(&path).expect("create temp file");
