@@ -23,6 +23,6 @@ pub use cache::{
 pub use policy::{Lfu, Lru, Lru2, Policy, PolicyKind};
 
 pub use sim::{simulate, simulate_belady, simulate_kind, SimResult};
-pub use size::{parse_size, SizeError, SizeSpec};
+pub use size::{parse_size, parse_size_bytes, SizeError, SizeSpec};
 pub use slot::{NoBuf, SlotBuf};
 pub use trace::{RoutingRecorder, RoutingTrace, TraceError, TraceHeader};
