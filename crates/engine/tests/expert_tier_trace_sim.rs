@@ -208,6 +208,9 @@ proptest! {
     }
 }
 
+/// (request index, sorted cache contents) -> fewest misses from there on.
+type Memo = HashMap<(usize, Vec<(u32, u32)>), u64>;
+
 /// Brute-force optimum: minimum misses over every eviction choice, with the same rules as
 /// the simulator (demand fetch; evict only when full; a layer's experts already requested
 /// stay pinned until the layer ends). `cap` = slots (one size class).
@@ -218,7 +221,7 @@ fn brute_force(reqs: &[(u32, u32)], k: usize, cap: usize) -> u64 {
         reqs: &[(u32, u32)],
         k: usize,
         cap: usize,
-        memo: &mut HashMap<(usize, Vec<(u32, u32)>), u64>,
+        memo: &mut Memo,
     ) -> u64 {
         if i == reqs.len() {
             return 0;
