@@ -3,6 +3,8 @@
 //! `main` only parses the command line and dispatches; each subcommand lives in its own
 //! module (`inspect.rs`, ...) exposing `Args` (clap derive) and `run(Args) -> anyhow::Result`.
 
+#[allow(dead_code)] // wired into the subcommands on the engine branch
+mod cache_sim;
 mod inspect;
 
 use std::process::ExitCode;

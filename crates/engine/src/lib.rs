@@ -1,1 +1,2 @@
 //! The inference engine: architectures, KV cache, expert tier, tokenizer, sampler.
+pub mod expert_tier;
