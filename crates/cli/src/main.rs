@@ -4,6 +4,7 @@
 //! module (`inspect.rs`, `run.rs`, ...) exposing its clap `Args` and an entry function.
 
 mod bench;
+mod cache_sim;
 mod common;
 mod inspect;
 mod perplexity;
@@ -29,6 +30,9 @@ enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Prompt-processing and decode speed (median of repeated runs).
     Bench(bench::BenchArgs),
+    /// Replay a routing trace (--record-routing) against cache budgets and policies,
+    /// next to Belady's optimum.
+    CacheSim(cache_sim::CacheSimArgs),
     /// Show a GGUF file's header: metadata, tensors, and bytes by role.
     Inspect(inspect::Args),
 }
@@ -40,6 +44,7 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => perplexity::main(a),
         Command::Bench(a) => bench::main(a),
         Command::Inspect(args) => inspect::run(args),
+        Command::CacheSim(a) => cache_sim::main(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

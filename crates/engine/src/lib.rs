@@ -6,6 +6,7 @@
 
 pub mod eval;
 pub mod expert;
+pub mod expert_tier;
 pub mod kv;
 pub mod model;
 pub mod threads;

@@ -1,9 +1,26 @@
 //! Byte sources for model files.
 //!
-//! Owns: every way sluice gets bytes off the disk (mmap today; pread pool, io_uring and
-//! O_DIRECT for the expert tier later) and the unsafe code that needs. The other crates
-//! stay free of `unsafe` by going through this one.
+//! Owns: every way sluice gets bytes off the disk (mmap for the resident tensors; the IO
+//! engine for the expert tier: io_uring, a pread pool and an mmap baseline, O_DIRECT,
+//! read-ahead hints, IO statistics) plus the page-cache tools used by honest measurement,
+//! and the unsafe code all of that needs. The other crates stay free of `unsafe`.
 
+mod aligned;
+mod completion;
+mod engine;
+mod fileio;
+mod hint;
 mod mmap;
+pub mod pagecache;
+mod pool;
+mod stats;
+mod uring;
 
+pub use aligned::{AlignedBuf, ALIGN};
+pub use engine::{
+    open_engine, required_capacity, Backend, IoConfig, IoEngine, IoError, ReadDone, ReadReq,
+    Segment,
+};
 pub use mmap::{MapError, MappedFile};
+pub use pagecache::{block_device_read_bytes, drop_page_cache, proc_self_io_read_bytes, residency};
+pub use stats::IoStats;

@@ -1,0 +1,55 @@
+//! Slot storage for the expert cache: the [`SlotBuf`] trait and two test/simulation impls.
+//!
+//! Owns: what a cache slot's buffer must provide. The engine plugs in `sluice_io::AlignedBuf`
+//! (4096-aligned, so O_DIRECT reads land in it directly) with a three-line impl once that
+//! type lands on main:
+//!
+//! ```ignore
+//! impl SlotBuf for sluice_io::AlignedBuf {
+//!     fn alloc(bytes: usize) -> Self { AlignedBuf::new(bytes) }
+//!     fn as_slice(&self) -> &[u8] { AlignedBuf::as_slice(self) }
+//!     fn size(&self) -> usize { self.capacity() }
+//! }
+//! ```
+//! (slot size classes must then be multiples of 4096: use `required_capacity(segments)`).
+
+/// A slot's byte buffer. Allocated once per slot by the cache, then reused for every
+/// expert that slot ever holds (moved out to the IO engine while a read is in flight,
+/// moved back by `fill`).
+pub trait SlotBuf: Send + Sync + 'static {
+    /// Allocates a buffer of exactly `bytes` bytes (its `size()` must equal `bytes`).
+    fn alloc(bytes: usize) -> Self;
+    /// The buffer's bytes.
+    fn as_slice(&self) -> &[u8];
+    /// Size in bytes, as accounted against the budget.
+    fn size(&self) -> usize;
+}
+
+impl SlotBuf for Vec<u8> {
+    fn alloc(bytes: usize) -> Self {
+        vec![0; bytes]
+    }
+    fn as_slice(&self) -> &[u8] {
+        self
+    }
+    fn size(&self) -> usize {
+        self.len()
+    }
+}
+
+/// Accounting-only buffer: remembers its size, holds no memory. The simulator runs the
+/// real [`ExpertCache`](super::ExpertCache) bookkeeping with it at any budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoBuf(pub usize);
+
+impl SlotBuf for NoBuf {
+    fn alloc(bytes: usize) -> Self {
+        NoBuf(bytes)
+    }
+    fn as_slice(&self) -> &[u8] {
+        &[]
+    }
+    fn size(&self) -> usize {
+        self.0
+    }
+}

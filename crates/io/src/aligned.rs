@@ -1,0 +1,127 @@
+//! `AlignedBuf`: a zeroed heap buffer aligned to 4096 bytes, the landing zone for O_DIRECT
+//! reads. Owns the one allocation; never reallocates, so cache slots can be reused.
+
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+
+/// Alignment (and capacity granule) of every [`AlignedBuf`]: the page / O_DIRECT block size.
+pub const ALIGN: usize = 4096;
+
+/// A heap buffer whose start is 4096-aligned and whose capacity is a multiple of 4096.
+/// Zeroed on creation; freed on drop. Moving it moves only the pointer, never the bytes.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    cap: usize,
+}
+
+// SAFETY: AlignedBuf uniquely owns its allocation (like Box<[u8]>); no interior mutability.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only hands out `&[u8]`, which is safe to share between threads.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A zeroed buffer of at least `min_capacity` bytes, rounded up to a multiple of 4096.
+    /// Panics only if the allocator fails (like `Vec`) or the size overflows `isize`.
+    pub fn new(min_capacity: usize) -> AlignedBuf {
+        let cap = round_up(min_capacity);
+        if cap == 0 {
+            return AlignedBuf {
+                ptr: NonNull::dangling(),
+                cap: 0,
+            };
+        }
+        let layout = Layout::from_size_align(cap, ALIGN).expect("AlignedBuf: size overflows");
+        // SAFETY: layout has non-zero size (cap > 0 checked above).
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = match NonNull::new(raw) {
+            Some(p) => p,
+            None => alloc::handle_alloc_error(layout),
+        };
+        AlignedBuf { ptr, cap }
+    }
+
+    /// Capacity in bytes (a multiple of 4096).
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// The whole buffer.
+    pub fn as_slice(&self) -> &[u8] {
+        if self.cap == 0 {
+            return &[];
+        }
+        // SAFETY: ptr points to `cap` initialised (zeroed at creation) bytes we own.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.cap) }
+    }
+
+    /// The whole buffer, mutable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        if self.cap == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in as_slice, and `&mut self` guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.cap) }
+    }
+
+    /// Raw pointer to the start, for IO backends that write disjoint ranges from several
+    /// threads or hand the memory to the kernel (io_uring).
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if self.cap == 0 {
+            return;
+        }
+        let layout = Layout::from_size_align(self.cap, ALIGN).expect("layout valid at creation");
+        // SAFETY: ptr was returned by alloc_zeroed with exactly this layout and is freed once.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AlignedBuf")
+            .field("ptr", &self.ptr)
+            .field("capacity", &self.cap)
+            .finish()
+    }
+}
+
+/// Round up to a multiple of [`ALIGN`].
+pub(crate) fn round_up(n: usize) -> usize {
+    n.div_ceil(ALIGN)
+        .checked_mul(ALIGN)
+        .expect("AlignedBuf: size overflows")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_zeroed_rounded() {
+        for want in [1usize, 4095, 4096, 4097, 3 << 20] {
+            let mut b = AlignedBuf::new(want);
+            assert_eq!(b.as_slice().as_ptr() as usize % 4096, 0);
+            assert_eq!(b.capacity() % 4096, 0);
+            assert!(b.capacity() >= want && b.capacity() < want + 4096);
+            assert!(b.as_slice().iter().all(|&x| x == 0));
+            b.as_mut_slice()[want - 1] = 7;
+            assert_eq!(b.as_slice()[want - 1], 7);
+        }
+        let e = AlignedBuf::new(0);
+        assert_eq!(e.capacity(), 0);
+        assert!(e.as_slice().is_empty());
+    }
+
+    #[test]
+    fn send_to_thread() {
+        let mut b = AlignedBuf::new(10);
+        b.as_mut_slice()[3] = 9;
+        let b = std::thread::spawn(move || b).join().unwrap();
+        assert_eq!(b.as_slice()[3], 9);
+    }
+}
