@@ -85,7 +85,11 @@ fn run_pp(l: &Loaded, toks: &[u32], batch: usize) -> Result<f64> {
     let t0 = Instant::now();
     let n = toks.len().div_ceil(batch);
     for (i, c) in toks.chunks(batch).enumerate() {
-        let mode = if i + 1 == n { Logits::Last } else { Logits::None };
+        let mode = if i + 1 == n {
+            Logits::Last
+        } else {
+            Logits::None
+        };
         l.pool.install(|| l.model.forward(&mut kv, c, mode))?;
     }
     Ok(toks.len() as f64 / t0.elapsed().as_secs_f64())
@@ -95,7 +99,8 @@ fn run_tg(l: &Loaded, toks: &[u32]) -> Result<f64> {
     let mut kv = l.model.new_kv(toks.len());
     let t0 = Instant::now();
     for &t in toks {
-        l.pool.install(|| l.model.forward(&mut kv, &[t], Logits::Last))?;
+        l.pool
+            .install(|| l.model.forward(&mut kv, &[t], Logits::Last))?;
     }
     Ok(toks.len() as f64 / t0.elapsed().as_secs_f64())
 }
@@ -106,7 +111,12 @@ pub fn main(args: BenchArgs) -> Result<()> {
     }
     let l = args.model.load()?;
     let cfg = &l.model.cfg;
-    let bos = l.model.gguf.get_u64("tokenizer.ggml.bos_token_id").ok().map(|b| b as u32);
+    let bos = l
+        .model
+        .gguf
+        .get_u64("tokenizer.ggml.bos_token_id")
+        .ok()
+        .map(|b| b as u32);
     let threads = l.pool.current_num_threads();
     let mut rows = Vec::new();
     let tests: Vec<(&str, usize)> = [("pp", args.prompt_tokens), ("tg", args.gen_tokens)]
@@ -115,10 +125,19 @@ pub fn main(args: BenchArgs) -> Result<()> {
         .collect();
     for (kind, n) in tests {
         if n > cfg.n_ctx_train {
-            anyhow::bail!("{kind}{n}: more tokens than the model's context ({})", cfg.n_ctx_train);
+            anyhow::bail!(
+                "{kind}{n}: more tokens than the model's context ({})",
+                cfg.n_ctx_train
+            );
         }
         let toks = tokens(n, cfg.n_vocab, bos, 42);
-        let run = |l: &Loaded| if kind == "pp" { run_pp(l, &toks, args.model.batch) } else { run_tg(l, &toks) };
+        let run = |l: &Loaded| {
+            if kind == "pp" {
+                run_pp(l, &toks, args.model.batch)
+            } else {
+                run_tg(l, &toks)
+            }
+        };
         if !args.no_warmup {
             eprint!("{kind}{n}: warm-up... ");
             run(&l)?;
@@ -138,7 +157,12 @@ pub fn main(args: BenchArgs) -> Result<()> {
     println!(
         "| model | arch | threads | test | t/s (median) | stddev | runs |\n|---|---|---:|---|---:|---:|---:|"
     );
-    let name = args.model.model.file_name().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+    let name = args
+        .model
+        .model
+        .file_name()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
     for r in &rows {
         println!(
             "| {} | {} | {} | {} | {:.2} | {:.2} | {} |",
@@ -159,7 +183,10 @@ pub fn main(args: BenchArgs) -> Result<()> {
             .open(path)
             .with_context(|| format!("{}: cannot open for append", path.display()))?;
         if new {
-            writeln!(f, "model,arch,threads,batch,test,tokens,median_tps,stddev_tps,samples")?;
+            writeln!(
+                f,
+                "model,arch,threads,batch,test,tokens,median_tps,stddev_tps,samples"
+            )?;
         }
         for r in &rows {
             let samples: Vec<String> = r.samples.iter().map(|s| format!("{s:.3}")).collect();

@@ -16,7 +16,11 @@ use clap::{Parser, Subcommand};
 
 /// sluice: run Mixture-of-Experts models larger than RAM, streaming experts from the SSD.
 #[derive(Parser)]
-#[command(name = "sluice", version, about = "Mixture-of-Experts inference from SSD")]
+#[command(
+    name = "sluice",
+    version,
+    about = "Mixture-of-Experts inference from SSD"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

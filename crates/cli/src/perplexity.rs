@@ -34,7 +34,10 @@ pub fn main(args: PerplexityArgs) -> Result<()> {
         );
     }
     if n_ctx > model.cfg.n_ctx_train {
-        anyhow::bail!("--ctx {n_ctx} exceeds the model's context {}", model.cfg.n_ctx_train);
+        anyhow::bail!(
+            "--ctx {n_ctx} exceeds the model's context {}",
+            model.cfg.n_ctx_train
+        );
     }
     eprintln!(
         "perplexity: {} tokens, {} chunks of {}",
@@ -45,9 +48,16 @@ pub fn main(args: PerplexityArgs) -> Result<()> {
     let bos = if tok.add_bos() { tok.bos() } else { None };
     let t0 = std::time::Instant::now();
     let res = loaded.pool.install(|| {
-        sluice_engine::eval::perplexity(model, &tokens, n_ctx, args.model.batch, bos, |i, _n, est| {
-            eprint!("[{i}]{est:.4},");
-        })
+        sluice_engine::eval::perplexity(
+            model,
+            &tokens,
+            n_ctx,
+            args.model.batch,
+            bos,
+            |i, _n, est| {
+                eprint!("[{i}]{est:.4},");
+            },
+        )
     })?;
     eprintln!();
     let secs = t0.elapsed().as_secs_f64();

@@ -135,7 +135,8 @@ pub fn main(args: RunArgs) -> Result<()> {
         evaluated: Vec::new(),
     });
     if let Some(d) = &dump {
-        std::fs::create_dir_all(&d.dir).with_context(|| format!("{}: cannot create", d.dir.display()))?;
+        std::fs::create_dir_all(&d.dir)
+            .with_context(|| format!("{}: cannot create", d.dir.display()))?;
     }
 
     let one_shot = args.prompt.is_some() || args.tokens.is_some();
@@ -152,7 +153,16 @@ pub fn main(args: RunArgs) -> Result<()> {
             }
             (None, None) => unreachable!(),
         };
-        let timing = answer(&loaded, &tok, &mut sampler, &mut kv, &prompt_tokens, &args, &stop, dump.as_mut())?;
+        let timing = answer(
+            &loaded,
+            &tok,
+            &mut sampler,
+            &mut kv,
+            &prompt_tokens,
+            &args,
+            &stop,
+            dump.as_mut(),
+        )?;
         print_timing(&timing);
         if let Some(d) = &dump {
             write_dump(d, &loaded.model)?;
@@ -189,7 +199,8 @@ pub fn main(args: RunArgs) -> Result<()> {
         history.truncate(common);
         stop.store(false, Ordering::SeqCst);
         let new = all[common..].to_vec();
-        let (timing, reply) = answer_collect(&loaded, &tok, &mut sampler, &mut kv, &new, &args, &stop)?;
+        let (timing, reply) =
+            answer_collect(&loaded, &tok, &mut sampler, &mut kv, &new, &args, &stop)?;
         history.extend_from_slice(&new);
         history.extend_from_slice(&reply.1);
         println!();
@@ -313,7 +324,9 @@ fn generate(
             eprintln!("\n[context full after {} tokens; stopping]", kv.len());
             break;
         }
-        let logits = loaded.pool.install(|| model.forward(kv, &[id], Logits::Last))?;
+        let logits = loaded
+            .pool
+            .install(|| model.forward(kv, &[id], Logits::Last))?;
         if let Some(d) = dump.as_deref_mut() {
             d.evaluated.push(id);
             d.logits.extend_from_slice(&logits);
@@ -347,12 +360,18 @@ fn write_dump(d: &Dump, model: &Model) -> Result<()> {
     let n_vocab = model.cfg.n_vocab;
     let rows = d.logits.len() / n_vocab;
     let npy = d.dir.join("logits.npy");
-    write_npy_f32(&npy, &d.logits, rows, n_vocab).with_context(|| format!("{}: cannot write", npy.display()))?;
+    write_npy_f32(&npy, &d.logits, rows, n_vocab)
+        .with_context(|| format!("{}: cannot write", npy.display()))?;
     let json = serde_json::json!({ "tokens": d.evaluated, "n_positions": rows });
     let path = d.dir.join("tokens.json");
     let tmp = d.dir.join("tokens.json.tmp");
-    std::fs::write(&tmp, serde_json::to_string(&json)?).with_context(|| format!("{}: cannot write", tmp.display()))?;
+    std::fs::write(&tmp, serde_json::to_string(&json)?)
+        .with_context(|| format!("{}: cannot write", tmp.display()))?;
     std::fs::rename(&tmp, &path)?;
-    eprintln!("wrote {} ({rows} x {n_vocab}) and {}", npy.display(), path.display());
+    eprintln!(
+        "wrote {} ({rows} x {n_vocab}) and {}",
+        npy.display(),
+        path.display()
+    );
     Ok(())
 }

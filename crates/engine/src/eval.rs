@@ -60,7 +60,11 @@ pub fn perplexity(
         per_chunk.push(est);
         progress(c + 1, n_chunk, est);
     }
-    let ppl = if count > 0 { (nll / count as f64).exp() } else { f64::NAN };
+    let ppl = if count > 0 {
+        (nll / count as f64).exp()
+    } else {
+        f64::NAN
+    };
     Ok(Perplexity {
         per_chunk,
         ppl,
@@ -79,7 +83,8 @@ pub fn log_softmax_at(row: &[f32], i: usize) -> f64 {
 /// through a temporary file renamed into place so a failed run leaves nothing half-written.
 pub fn write_npy_f32(path: &Path, data: &[f32], rows: usize, cols: usize) -> std::io::Result<()> {
     assert_eq!(data.len(), rows * cols, "npy shape does not match the data");
-    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
+    let mut header =
+        format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
     // magic(6) + version(2) + header length(2) + header + '\n' must be a multiple of 64.
     let unpadded = 10 + header.len() + 1;
     header.push_str(&" ".repeat((64 - unpadded % 64) % 64));
@@ -122,7 +127,9 @@ pub fn read_npy_f32(path: &Path) -> Result<(Vec<f32>, Vec<usize>), String> {
         .and_then(|h| std::str::from_utf8(h).ok())
         .ok_or_else(|| bad("truncated header"))?;
     if !header.contains("'<f4'") || header.contains("'fortran_order': True") {
-        return Err(bad("only little-endian float32 C-order arrays are supported"));
+        return Err(bad(
+            "only little-endian float32 C-order arrays are supported",
+        ));
     }
     let shape_txt = header
         .split("'shape':")
@@ -173,7 +180,10 @@ mod tests {
         let header = std::str::from_utf8(&b[10..10 + hl]).unwrap();
         assert!(header.contains("'shape': (2, 3)"));
         assert_eq!(b.len(), 10 + hl + 24);
-        assert_eq!(f32::from_le_bytes(b[10 + hl + 20..].try_into().unwrap()), 6.0);
+        assert_eq!(
+            f32::from_le_bytes(b[10 + hl + 20..].try_into().unwrap()),
+            6.0
+        );
         let (data, shape) = read_npy_f32(&p).unwrap();
         assert_eq!(shape, vec![2, 3]);
         assert_eq!(data, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);

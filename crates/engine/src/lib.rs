@@ -9,6 +9,7 @@ pub mod expert;
 pub mod expert_tier;
 pub mod kv;
 pub mod model;
+pub mod streaming;
 pub mod threads;
 
 use std::path::PathBuf;
@@ -38,6 +39,8 @@ pub enum EngineError {
     BadConfig { path: PathBuf, what: String },
     #[error("context full: {needed} positions needed, the context holds {n_ctx} (raise --ctx or shorten the prompt)")]
     ContextFull { needed: usize, n_ctx: usize },
+    #[error("expert streaming: {0}")]
+    Stream(String),
     #[error("token id {id} is out of range: the vocabulary has {n_vocab} tokens")]
     TokenOutOfRange { id: u32, n_vocab: usize },
 }

@@ -8,7 +8,9 @@ use std::collections::HashSet;
 /// Physical cores of this machine (hyper-threads counted once); falls back to the
 /// logical CPU count when `/proc/cpuinfo` does not say.
 pub fn physical_cores() -> usize {
-    let logical = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let logical = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
         return logical;
     };

@@ -16,13 +16,21 @@ fn fixtures() -> PathBuf {
 fn tokens() -> Vec<u32> {
     let text = std::fs::read_to_string(fixtures().join("tokens.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 /// sluice's logits for every position, evaluated in prompt chunks of `batch` tokens.
 fn sluice_logits(model: &str, batch: usize, threads: usize) -> (Vec<f32>, usize) {
     let m = Model::load(&fixtures().join(model)).unwrap();
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
     let toks = tokens();
     let mut kv = m.new_kv(256);
     let mut out = Vec::new();
@@ -40,7 +48,10 @@ fn reference(npy: &str) -> (Vec<f32>, Vec<usize>) {
 fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     let max_ref = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let max_diff = a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+    let max_diff = a
+        .iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
     max_diff / max_ref
 }
 
@@ -60,7 +71,10 @@ fn check_f32(model: &str, npy: &str) {
         let (got, n_vocab) = sluice_logits(model, batch, threads);
         assert_eq!(shape[shape.len() - 1], n_vocab);
         let err = rel_err(&got, &want);
-        assert!(err < 1e-4, "{model} batch {batch}: relative error {err} >= 1e-4");
+        assert!(
+            err < 1e-4,
+            "{model} batch {batch}: relative error {err} >= 1e-4"
+        );
     }
 }
 

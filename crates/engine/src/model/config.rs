@@ -163,7 +163,9 @@ impl ModelConfig {
             what,
         };
         if self.n_layer == 0 || self.n_embd == 0 || self.n_head == 0 || self.n_head_kv == 0 {
-            return Err(bad("block_count, embedding_length and head counts must be > 0".into()));
+            return Err(bad(
+                "block_count, embedding_length and head counts must be > 0".into(),
+            ));
         }
         if self.n_head % self.n_head_kv != 0 {
             return Err(bad(format!(
@@ -172,7 +174,10 @@ impl ModelConfig {
             )));
         }
         if self.head_dim == 0 || self.head_dim % 2 != 0 {
-            return Err(bad(format!("key_length {} must be even and > 0", self.head_dim)));
+            return Err(bad(format!(
+                "key_length {} must be even and > 0",
+                self.head_dim
+            )));
         }
         if self.arch == Arch::Qwen3Moe
             && (self.n_expert == 0 || self.n_expert_used == 0 || self.n_expert_used > self.n_expert)
@@ -187,6 +192,8 @@ impl ModelConfig {
 
     /// Whether layer `il` uses sliding-window attention.
     pub fn is_swa_layer(&self, il: usize) -> bool {
-        self.sliding_window > 0 && self.swa_pattern > 0 && (il % self.swa_pattern) < self.swa_pattern - 1
+        self.sliding_window > 0
+            && self.swa_pattern > 0
+            && (il % self.swa_pattern) < self.swa_pattern - 1
     }
 }

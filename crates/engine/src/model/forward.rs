@@ -41,7 +41,12 @@ impl Model {
 
     /// Evaluate `tokens` at the positions following those already in `kv`, append their
     /// keys and values, and return logits as `mode` asks (row-major `[rows, n_vocab]`).
-    pub fn forward(&self, kv: &mut KvCache, tokens: &[u32], mode: Logits) -> Result<Vec<f32>, EngineError> {
+    pub fn forward(
+        &self,
+        kv: &mut KvCache,
+        tokens: &[u32],
+        mode: Logits,
+    ) -> Result<Vec<f32>, EngineError> {
         let cfg = &self.cfg;
         let (t_len, e) = (tokens.len(), cfg.n_embd);
         if t_len == 0 {
@@ -127,7 +132,14 @@ impl Model {
 
     /// Self-attention of a chunk: projections, q/k norms, RoPE, KV append, softmax(qK)V.
     /// Returns `[T, n_head * head_dim_v]`.
-    fn attention(&self, il: usize, layer: &Layer, kv: &mut KvCache, h: &[f32], pos0: usize) -> Result<Vec<f32>, EngineError> {
+    fn attention(
+        &self,
+        il: usize,
+        layer: &Layer,
+        kv: &mut KvCache,
+        h: &[f32],
+        pos0: usize,
+    ) -> Result<Vec<f32>, EngineError> {
         let cfg = &self.cfg;
         let t_len = h.len() / cfg.n_embd;
         let (hd, hdv) = (cfg.head_dim, cfg.head_dim_v);
@@ -136,7 +148,11 @@ impl Model {
         let mut k = self.linear(&layer.wk, h, t_len)?;
         let v = self.linear(&layer.wv, h, t_len)?;
         let swa = cfg.is_swa_layer(il);
-        let inv_freq = if swa { &self.rope_swa } else { &self.rope_global };
+        let inv_freq = if swa {
+            &self.rope_swa
+        } else {
+            &self.rope_global
+        };
         for t in 0..t_len {
             let pos = pos0 + t;
             for head in q[t * nh * hd..(t + 1) * nh * hd].chunks_mut(hd) {
@@ -162,7 +178,11 @@ impl Model {
             let (t, head) = (i / nh, i % nh);
             let g = head / group;
             let pos = pos0 + t;
-            let lo = if window == usize::MAX { 0 } else { (pos + 1).saturating_sub(window) };
+            let lo = if window == usize::MAX {
+                0
+            } else {
+                (pos + 1).saturating_sub(window)
+            };
             let qh = &q[(t * nh + head) * hd..(t * nh + head + 1) * hd];
             let mut scores: Vec<f32> = (lo..=pos)
                 .map(|j| {
@@ -184,7 +204,13 @@ impl Model {
     /// Routed mixture of experts over a chunk `h` (`[T, E]`): route each token, load each
     /// expert the chunk needs once, run it for all its tokens, then sum every token's k
     /// weighted expert outputs in slot order.
-    fn moe(&self, il: usize, router: &Mat, h: &[f32], t_len: usize) -> Result<Vec<f32>, EngineError> {
+    fn moe(
+        &self,
+        il: usize,
+        router: &Mat,
+        h: &[f32],
+        t_len: usize,
+    ) -> Result<Vec<f32>, EngineError> {
         let cfg = &self.cfg;
         let (e, k) = (cfg.n_embd, cfg.n_expert_used);
         let logits = self.linear(router, h, t_len)?;
@@ -208,48 +234,54 @@ impl Model {
         for (ts, &ex) in chosen.iter().enumerate() {
             users[ex].push(ts);
         }
-        let needed: Vec<usize> = (0..cfg.n_expert).filter(|&x| !users[x].is_empty()).collect();
-        let Ffn::Moe { experts: shapes, .. } = &self.weights.layers[il].ffn else {
+        let needed: Vec<usize> = (0..cfg.n_expert)
+            .filter(|&x| !users[x].is_empty())
+            .collect();
+        let Ffn::Moe {
+            experts: shapes, ..
+        } = &self.weights.layers[il].ffn
+        else {
             unreachable!("moe() is only called on MoE layers");
         };
         let ff = shapes.gate.rows;
         // slot_out[(t * k + slot) * E ..]: weighted output of token t's slot-th expert.
         let mut slot_out = vec![0.0f32; t_len * k * e];
-        self.experts.for_each_expert(&self.weights, il, &needed, &mut |i, view| {
-            let ts_list = &users[needed[i]];
-            let m = ts_list.len();
-            let mut xs = Vec::with_capacity(m * e);
-            for &ts in ts_list {
-                let t = ts / k;
-                xs.extend_from_slice(&h[t * e..(t + 1) * e]);
-            }
-            let mut g = vec![0.0f32; m * ff];
-            let mut u = vec![0.0f32; m * ff];
-            let mut d = vec![0.0f32; m * e];
-            if m == 1 {
-                matvec(shapes.gate.ty, view.gate, ff, e, &xs, &mut g)?;
-                matvec(shapes.up.ty, view.up, ff, e, &xs, &mut u)?;
-            } else {
-                matmul(shapes.gate.ty, view.gate, ff, e, &xs, m, &mut g)?;
-                matmul(shapes.up.ty, view.up, ff, e, &xs, m, &mut u)?;
-            }
-            for (a, &b) in g.iter_mut().zip(&u) {
-                *a = silu(*a) * b;
-            }
-            if m == 1 {
-                matvec(shapes.down.ty, view.down, e, ff, &g, &mut d)?;
-            } else {
-                matmul(shapes.down.ty, view.down, e, ff, &g, m, &mut d)?;
-            }
-            for (j, &ts) in ts_list.iter().enumerate() {
-                let w = weights[ts];
-                let dst = &mut slot_out[ts * e..(ts + 1) * e];
-                for (o, &v) in dst.iter_mut().zip(&d[j * e..(j + 1) * e]) {
-                    *o = v * w;
+        self.experts
+            .for_each_expert(&self.weights, il, &needed, &mut |i, view| {
+                let ts_list = &users[needed[i]];
+                let m = ts_list.len();
+                let mut xs = Vec::with_capacity(m * e);
+                for &ts in ts_list {
+                    let t = ts / k;
+                    xs.extend_from_slice(&h[t * e..(t + 1) * e]);
                 }
-            }
-            Ok(())
-        })?;
+                let mut g = vec![0.0f32; m * ff];
+                let mut u = vec![0.0f32; m * ff];
+                let mut d = vec![0.0f32; m * e];
+                if m == 1 {
+                    matvec(shapes.gate.ty, view.gate, ff, e, &xs, &mut g)?;
+                    matvec(shapes.up.ty, view.up, ff, e, &xs, &mut u)?;
+                } else {
+                    matmul(shapes.gate.ty, view.gate, ff, e, &xs, m, &mut g)?;
+                    matmul(shapes.up.ty, view.up, ff, e, &xs, m, &mut u)?;
+                }
+                for (a, &b) in g.iter_mut().zip(&u) {
+                    *a = silu(*a) * b;
+                }
+                if m == 1 {
+                    matvec(shapes.down.ty, view.down, e, ff, &g, &mut d)?;
+                } else {
+                    matmul(shapes.down.ty, view.down, e, ff, &g, m, &mut d)?;
+                }
+                for (j, &ts) in ts_list.iter().enumerate() {
+                    let w = weights[ts];
+                    let dst = &mut slot_out[ts * e..(ts + 1) * e];
+                    for (o, &v) in dst.iter_mut().zip(&d[j * e..(j + 1) * e]) {
+                        *o = v * w;
+                    }
+                }
+                Ok(())
+            })?;
         let mut out = vec![0.0f32; t_len * e];
         for t in 0..t_len {
             let dst = &mut out[t * e..(t + 1) * e];

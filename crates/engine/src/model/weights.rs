@@ -63,10 +63,7 @@ pub enum Ffn {
     /// Gemma 3: `down(gelu(gate x) * up x)`.
     Dense { gate: Mat, up: Mat, down: Mat },
     /// Qwen3 MoE: softmax router over `router` (`[n_expert, n_embd]`), top-k SwiGLU experts.
-    Moe {
-        router: Mat,
-        experts: ExpertTensors,
-    },
+    Moe { router: Mat, experts: ExpertTensors },
 }
 
 /// One transformer block's weights.
@@ -218,7 +215,10 @@ impl Loader<'_> {
         if sluice_kernels::is_supported(ty) {
             Ok(())
         } else {
-            Err(self.bad(name, format!("tensor type {ty} is not supported by sluice's kernels yet")))
+            Err(self.bad(
+                name,
+                format!("tensor type {ty} is not supported by sluice's kernels yet"),
+            ))
         }
     }
 
@@ -252,20 +252,37 @@ impl Loader<'_> {
         })
     }
 
-    fn stacked(&self, name: &str, rows: usize, cols: usize, n_expert: usize) -> Result<Stacked, EngineError> {
+    fn stacked(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        n_expert: usize,
+    ) -> Result<Stacked, EngineError> {
         let s = self.stacked_any_rows(name, cols, n_expert)?;
         if s.rows != rows {
-            return Err(self.bad(name, format!("expected {rows} rows per expert, found {}", s.rows)));
+            return Err(self.bad(
+                name,
+                format!("expected {rows} rows per expert, found {}", s.rows),
+            ));
         }
         Ok(s)
     }
 
-    fn stacked_any_rows(&self, name: &str, cols: usize, n_expert: usize) -> Result<Stacked, EngineError> {
+    fn stacked_any_rows(
+        &self,
+        name: &str,
+        cols: usize,
+        n_expert: usize,
+    ) -> Result<Stacked, EngineError> {
         let t = self.info(name)?;
         if t.dims.len() != 3 || t.dims[0] as usize != cols || t.dims[2] as usize != n_expert {
             return Err(self.bad(
                 name,
-                format!("expected shape [{cols}, rows, {n_expert}], found {:?}", t.dims),
+                format!(
+                    "expected shape [{cols}, rows, {n_expert}], found {:?}",
+                    t.dims
+                ),
             ));
         }
         self.check_type(name, t.ty)?;

@@ -1,0 +1,197 @@
+//! Logits are identical, bit for bit, whether routed experts are resident or streamed
+//! through the byte-budgeted cache, for every IO backend, O_DIRECT on and off, budgets
+//! from the minimum (constant eviction) to everything, resident layers, and 1 or 2 threads.
+//! And the cache never holds more than its budget.
+
+use std::path::{Path, PathBuf};
+
+use sluice_engine::expert_tier::PolicyKind;
+use sluice_engine::streaming::{StreamConfig, StreamingExperts};
+use sluice_engine::{Logits, Model};
+use sluice_io::{Backend, IoConfig};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/qwen3moe")
+        .join(name)
+}
+
+fn tokens() -> Vec<u32> {
+    let text = std::fs::read_to_string(fixture("tokens.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Prefill in chunks of `batch`, then decode the rest one token at a time; every position's logits.
+fn logits(m: &Model, threads: usize, batch: usize) -> Vec<f32> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let toks = tokens();
+    let (prompt, rest) = toks.split_at(toks.len() / 2);
+    let mut kv = m.new_kv(256);
+    let mut out = Vec::new();
+    for c in prompt.chunks(batch) {
+        out.extend(pool.install(|| m.forward(&mut kv, c, Logits::All)).unwrap());
+    }
+    for &t in rest {
+        out.extend(
+            pool.install(|| m.forward(&mut kv, &[t], Logits::All))
+                .unwrap(),
+        );
+    }
+    out
+}
+
+fn streamed(name: &str, cfg: &StreamConfig) -> (Model, u64) {
+    let path = fixture(name);
+    let mut m = Model::load(&path).unwrap();
+    let s = StreamingExperts::open(&path, &m.weights, m.cfg.n_expert_used, cfg).unwrap();
+    let budget = s.cache_stats().budget;
+    m.set_expert_source(Box::new(s));
+    (m, budget)
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+fn check_model(name: &str) {
+    let resident = Model::load(&fixture(name)).unwrap();
+    let want = logits(&resident, 1, 64);
+    let k = resident.cfg.n_expert_used;
+    let min = StreamingExperts::min_budget(&resident.weights, k);
+    let all = StreamingExperts::total_expert_bytes(&resident.weights) * 2;
+    let backends = [Backend::Uring, Backend::Pread, Backend::Mmap];
+    let mut runs = 0;
+    for backend in backends {
+        for direct in [true, false] {
+            if backend == Backend::Mmap && direct {
+                continue; // mmap never uses O_DIRECT
+            }
+            for (budget, resident_layers) in [(min, 0), (min + min / 2, 0), (all, 0), (min, 1)] {
+                for (threads, batch, depth) in [(1, 64, 1), (2, 3, 32)] {
+                    for policy in [PolicyKind::Lru, PolicyKind::Lfu { half_life: 4 }] {
+                        let cfg = StreamConfig {
+                            budget,
+                            policy: policy.clone(),
+                            resident_layers,
+                            io: IoConfig {
+                                backend,
+                                direct,
+                                depth,
+                                threads: 2,
+                                high_priority: false,
+                            },
+                        };
+                        let (m, _) = streamed(name, &cfg);
+                        let got = logits(&m, threads, batch);
+                        assert!(
+                            same_bits(&got, &want),
+                            "{name}: logits differ with {backend:?} direct={direct} budget={budget} resident_layers={resident_layers} threads={threads} batch={batch} policy={policy:?}"
+                        );
+                        runs += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(runs >= 40);
+}
+
+#[test]
+fn streaming_logits_bit_identical_model_a() {
+    check_model("a-q8_0.gguf");
+}
+
+#[test]
+fn streaming_logits_bit_identical_model_b_f32() {
+    check_model("b-f32.gguf");
+}
+
+/// At the minimum budget the cache must evict constantly, never exceed the budget, and
+/// the bytes read must reconcile with the misses.
+#[test]
+fn minimum_budget_evicts_and_never_exceeds_budget() {
+    let path = fixture("a-q8_0.gguf");
+    let probe = Model::load(&path).unwrap();
+    let min = StreamingExperts::min_budget(&probe.weights, probe.cfg.n_expert_used);
+    let cfg = StreamConfig {
+        budget: min,
+        policy: PolicyKind::Lru,
+        resident_layers: 0,
+        io: IoConfig {
+            backend: Backend::Pread,
+            direct: true,
+            depth: 8,
+            threads: 2,
+            high_priority: false,
+        },
+    };
+    let mut m = Model::load(&path).unwrap();
+    let s = StreamingExperts::open(&path, &m.weights, m.cfg.n_expert_used, &cfg).unwrap();
+    let s = std::sync::Arc::new(s);
+    m.set_expert_source(Box::new(ArcSource(s.clone())));
+    let _ = logits(&m, 2, 4);
+    let cs = s.cache_stats();
+    assert!(cs.total.evictions > 0, "a minimum budget must evict");
+    assert!(
+        cs.peak_allocated <= min,
+        "peak {} > budget {min}",
+        cs.peak_allocated
+    );
+    assert!(cs.peak_bytes <= min);
+    let io = s.io_stats();
+    // Every miss is one read of gate+up+down: bytes requested == misses x expert bytes.
+    let expert_bytes: u64 = {
+        let sizes = StreamingExperts::total_expert_bytes(&m.weights);
+        sizes / (m.cfg.n_layer as u64 * m.cfg.n_expert as u64)
+    };
+    assert_eq!(io.bytes_requested, cs.total.misses * expert_bytes);
+    assert!(io.bytes_read >= io.bytes_requested);
+}
+
+#[test]
+fn budget_below_minimum_is_a_clear_error() {
+    let path = fixture("a-q8_0.gguf");
+    let m = Model::load(&path).unwrap();
+    let min = StreamingExperts::min_budget(&m.weights, m.cfg.n_expert_used);
+    let cfg = StreamConfig {
+        budget: min - 1,
+        policy: PolicyKind::Lru,
+        resident_layers: 0,
+        io: IoConfig::default(),
+    };
+    let err = StreamingExperts::open(&path, &m.weights, m.cfg.n_expert_used, &cfg)
+        .err()
+        .expect("a budget below the minimum must be refused")
+        .to_string();
+    assert!(
+        err.contains(&min.to_string()),
+        "error must name the minimum {min}: {err}"
+    );
+}
+
+/// Lets the test keep a handle on the source after giving it to the model.
+struct ArcSource(std::sync::Arc<StreamingExperts>);
+
+impl sluice_engine::expert::ExpertSource for ArcSource {
+    fn for_each_expert(
+        &self,
+        weights: &sluice_engine::model::weights::Weights,
+        layer: usize,
+        experts: &[usize],
+        f: &mut dyn FnMut(
+            usize,
+            sluice_engine::expert::ExpertView<'_>,
+        ) -> Result<(), sluice_engine::EngineError>,
+    ) -> Result<(), sluice_engine::EngineError> {
+        self.0.for_each_expert(weights, layer, experts, f)
+    }
+}
