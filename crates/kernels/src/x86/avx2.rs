@@ -46,13 +46,6 @@ pub(super) fn ld128(p: &[u8; 16]) -> __m128i {
     unsafe { _mm_loadu_si128(p.as_ptr().cast()) }
 }
 
-/// f16 bits -> f32 with F16C (exact, same as `half`).
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-pub(super) fn h2f(bits: u16) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-}
-
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn hsum8(v: __m256) -> f32 {
@@ -126,13 +119,14 @@ pub(super) fn q4k_scales_mins(s: &[u8; 12]) -> [u32; 4] {
 /// Q4_K row . N Q8_K rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q4k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32; N] {
+    let tab = crate::formats::f16_table();
     let m4 = _mm256_set1_epi8(0x0F);
     let mut acc = [_mm256_setzero_ps(); N];
     let mut accm = [_mm_setzero_ps(); N];
     let (blocks, _) = row.as_chunks::<Q4_K_BYTES>();
     for (i, b) in blocks.iter().enumerate() {
-        let d = h2f(u16::from_le_bytes([b[0], b[1]]));
-        let dmin = h2f(u16::from_le_bytes([b[2], b[3]]));
+        let d = tab[u16::from_le_bytes([b[0], b[1]]) as usize];
+        let dmin = tab[u16::from_le_bytes([b[2], b[3]]) as usize];
         let u = q4k_scales_mins(sub::<12, u8>(b, 4));
         let ms = _mm256_cvtepu8_epi16(_mm_set_epi32(
             u[3] as i32,
@@ -205,10 +199,11 @@ pub(super) fn q6k_half(b: &[u8; Q6_K_BYTES], h: usize) -> [__m256i; 4] {
 /// `sum sc*(q-32)*y = sum sc*q*y - 32 * sum_j sc_j * bsum_j` (all exact i32).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q6k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32; N] {
+    let tab = crate::formats::f16_table();
     let mut acc = [_mm256_setzero_ps(); N];
     let (blocks, _) = row.as_chunks::<Q6_K_BYTES>();
     for (i, b) in blocks.iter().enumerate() {
-        let d = h2f(u16::from_le_bytes([b[208], b[209]]));
+        let d = tab[u16::from_le_bytes([b[208], b[209]]) as usize];
         let sc16 = _mm256_cvtepi8_epi16(ld128(sub::<16, u8>(b, 192)));
         let mut sumi = [_mm256_setzero_si256(); N];
         for t in 0..N {
@@ -245,19 +240,19 @@ pub(super) fn dot_q6k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
 
 /// Decode a Q8_0 block: scale and the 32 quants as they are.
 #[inline]
-#[target_feature(enable = "avx2,f16c")]
-pub(super) fn decode_q8_0(b: &[u8; Q8_0_BYTES]) -> (f32, __m256i) {
+#[target_feature(enable = "avx2")]
+pub(super) fn decode_q8_0(b: &[u8; Q8_0_BYTES], tab: &[f32; 65536]) -> (f32, __m256i) {
     (
-        h2f(u16::from_le_bytes([b[0], b[1]])),
+        tab[u16::from_le_bytes([b[0], b[1]]) as usize],
         ld256(sub::<32, u8>(b, 2)),
     )
 }
 
 /// Decode a Q5_0 block: scale and the 32 quants `q - 16` in -16..=15.
 #[inline]
-#[target_feature(enable = "avx2,f16c")]
-pub(super) fn decode_q5_0(b: &[u8; Q5_0_BYTES]) -> (f32, __m256i) {
-    let d = h2f(u16::from_le_bytes([b[0], b[1]]));
+#[target_feature(enable = "avx2")]
+pub(super) fn decode_q5_0(b: &[u8; Q5_0_BYTES], tab: &[f32; 65536]) -> (f32, __m256i) {
+    let d = tab[u16::from_le_bytes([b[0], b[1]]) as usize];
     let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
     // Byte e of `bits` is 0xFF when bit e of qh is set.
     let shuf = _mm256_set_epi64x(

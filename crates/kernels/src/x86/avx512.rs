@@ -8,7 +8,7 @@
 
 use core::arch::x86_64::*;
 
-use super::avx2::{decode_q5_0, decode_q8_0, h2f, hsum8, ld256_i8};
+use super::avx2::{decode_q5_0, decode_q8_0, hsum8, ld256_i8};
 use crate::formats::{Q5_0_BYTES, Q8_0_BYTES};
 
 crate::q8_like_kernel!(

@@ -22,16 +22,17 @@ macro_rules! q8_like_kernel {
             ys: [&[$crate::formats::BlockQ8_0]; N],
         ) -> [f32; N] {
             let dot = $dot;
+            let tab = $crate::formats::f16_table();
             let mut acc = [_mm256_setzero_ps(); N];
             let (blocks, _) = row.as_chunks::<{ $bytes }>();
             for (i, b) in blocks.iter().enumerate() {
-                let (dx, qx) = $decode(b);
+                let (dx, qx) = $decode(b, tab);
                 let ax = _mm256_sign_epi8(qx, qx);
                 for t in 0..N {
                     let yb = &ys[t][i];
                     let qy = ld256_i8(&yb.qs);
                     let s = dot(ax, _mm256_sign_epi8(qy, qx));
-                    let dd = _mm256_set1_ps(dx * h2f(yb.d));
+                    let dd = _mm256_set1_ps(dx * tab[yb.d as usize]);
                     acc[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[t]);
                 }
             }
