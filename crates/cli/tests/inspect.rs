@@ -157,3 +157,52 @@ fn inspect_non_gguf_file_fails_with_one_line() {
     assert_one_line_error(&out, &missing);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn inspect_gemma_json_matches_gguf_python_fixture() {
+    let Some(path) = std::env::var_os("SLUICE_GEMMA") else {
+        if std::env::var("SLUICE_REQUIRE_MODELS").as_deref() == Ok("1") {
+            panic!("SLUICE_GEMMA is unset but SLUICE_REQUIRE_MODELS=1");
+        }
+        eprintln!("note: SLUICE_GEMMA unset, skipping the real-model test");
+        return;
+    };
+    let fx: Value = serde_json::from_str(include_str!(
+        "../../gguf/tests/fixtures/gemma3_270m_metadata.json"
+    ))
+    .unwrap();
+    let out = sluice(&["inspect", path.to_str().unwrap(), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let fx_tensors = fx["tensors"].as_array().unwrap();
+    let total: u64 = fx_tensors
+        .iter()
+        .map(|t| t["n_bytes"].as_u64().unwrap())
+        .sum();
+    let embd: u64 = fx_tensors
+        .iter()
+        .filter(|t| t["name"] == "token_embd.weight" || t["name"] == "output.weight")
+        .map(|t| t["n_bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(v["tensor_bytes"], total);
+    assert_eq!(v["roles"]["embeddings"]["bytes"], embd);
+    assert_eq!(v["roles"]["routed_experts"]["bytes"], 0);
+    assert_eq!(v["roles"]["ple"]["bytes"], 0);
+    assert_eq!(v["roles"]["resident"]["bytes"], total - embd);
+    assert_eq!(v["experts"], Value::Null);
+    assert_eq!(v["architecture"], "gemma3");
+    assert_eq!(v["data_offset"], fx["data_offset"]);
+    assert_eq!(v["tensors"].as_array().unwrap().len(), 236);
+    let tokens = v["metadata"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["key"] == "tokenizer.ggml.tokens")
+        .unwrap();
+    assert_eq!(tokens["value"]["len"], 262144);
+    assert_eq!(tokens["value"]["values"][0], "<pad>");
+}

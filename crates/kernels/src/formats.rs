@@ -27,6 +27,17 @@ pub fn f16_to_f32(bits: u16) -> f32 {
     f16::from_bits(bits).to_f32()
 }
 
+/// All 65536 f16 values as f32 (256 KiB, built once from [`f16_to_f32`]). The SIMD kernels
+/// read block scales from here: a plain load has no false dependency, unlike a one-lane
+/// F16C conversion, which LLVM lowers to a register-merging `vpinsrw`.
+pub fn f16_table() -> &'static [f32; 65536] {
+    static TABLE: std::sync::OnceLock<Box<[f32; 65536]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let v: Vec<f32> = (0..=u16::MAX).map(f16_to_f32).collect();
+        v.into_boxed_slice().try_into().expect("65536 entries")
+    })
+}
+
 /// f32 -> f16 bits, round to nearest even (ggml's `GGML_FP32_TO_FP16`).
 #[inline]
 pub fn f32_to_f16(v: f32) -> u16 {

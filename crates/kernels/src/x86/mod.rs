@@ -5,6 +5,46 @@
 //! on them that call the `#[target_feature]` kernels in `avx2.rs` / `avx512.rs`. Holding a
 //! token is what makes calling those kernels sound.
 
+/// Generates a Q8_0-activation dot kernel (Q8_0 / Q5_0 weights) for one weight format and
+/// one way of doing the u8 x i8 -> i32 step (`$dot`: maddubs + madd, or VNNI `vpdpbusd`);
+/// both ways give the same exact i32 lanes, so the float results are identical.
+///
+/// Sign trick: |qx| (as u8, <= 128) times qy * sign(qx) (|qy| <= 127: activations never
+/// hold -128) is qx * qy exactly, in the u8 x i8 form the instructions want.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! q8_like_kernel {
+    ($name:ident, $bytes:expr, $decode:ident, $features:literal, $dot:expr) => {
+        /// Row of this format . N Q8_0 activation rows.
+        #[target_feature(enable = $features)]
+        pub(super) fn $name<const N: usize>(
+            row: &[u8],
+            ys: [&[$crate::formats::BlockQ8_0]; N],
+        ) -> [f32; N] {
+            let dot = $dot;
+            let tab = $crate::formats::f16_table();
+            let mut acc = [_mm256_setzero_ps(); N];
+            let (blocks, _) = row.as_chunks::<{ $bytes }>();
+            for (i, b) in blocks.iter().enumerate() {
+                let (dx, qx) = $decode(b, tab);
+                let ax = _mm256_sign_epi8(qx, qx);
+                for t in 0..N {
+                    let yb = &ys[t][i];
+                    let qy = ld256_i8(&yb.qs);
+                    let s = dot(ax, _mm256_sign_epi8(qy, qx));
+                    let dd = _mm256_set1_ps(dx * tab[yb.d as usize]);
+                    acc[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[t]);
+                }
+            }
+            let mut out = [0.0f32; N];
+            for t in 0..N {
+                out[t] = hsum8(acc[t]);
+            }
+            out
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -15,6 +55,7 @@ pub use tokens::*;
 
 #[cfg(target_arch = "x86_64")]
 mod tokens {
+    use crate::formats::{BlockQ8K, BlockQ8_0};
     use crate::{ActData, GgmlType, QuantizedActs};
 
     /// Proof that the CPU has AVX2, FMA and F16C.
@@ -56,7 +97,48 @@ mod tokens {
         }
     }
 
+    fn q8k(a: &QuantizedActs) -> &[BlockQ8K] {
+        match &a.data {
+            ActData::Q8K(v) => v,
+            _ => panic!("activations not prepared for a K-quant"),
+        }
+    }
+    fn q8_0(a: &QuantizedActs) -> &[BlockQ8_0] {
+        match &a.data {
+            ActData::Q8_0(v) => v,
+            _ => panic!("activations not prepared for Q8_0/Q5_0"),
+        }
+    }
+    fn dense(a: &QuantizedActs) -> &[f32] {
+        match &a.data {
+            ActData::F32(v) => v,
+            _ => panic!("activations not prepared for a dense format"),
+        }
+    }
+
+    /// Calls `$kernel::<N>(row, [acts..])` for tiles of up to 4 tokens, writing `out`.
+    macro_rules! tiled {
+        ($acts:expr, $out:expr, $get:ident, $row:expr, $kernel:path) => {{
+            for (a, o) in $acts.chunks(4).zip($out.chunks_mut(4)) {
+                match a.len() {
+                    // SAFETY (every arm): the token held by the caller proves the CPU has the
+                    // kernel's target features; the kernel only touches memory through the
+                    // safe slices it is given.
+                    1 => o.copy_from_slice(&unsafe { $kernel($row, [$get(a[0])]) }),
+                    2 => o.copy_from_slice(&unsafe { $kernel($row, [$get(a[0]), $get(a[1])]) }),
+                    3 => o.copy_from_slice(&unsafe {
+                        $kernel($row, [$get(a[0]), $get(a[1]), $get(a[2])])
+                    }),
+                    _ => o.copy_from_slice(&unsafe {
+                        $kernel($row, [$get(a[0]), $get(a[1]), $get(a[2]), $get(a[3])])
+                    }),
+                }
+            }
+        }};
+    }
+
     impl Avx2 {
+        /// `out[t] = row . acts[t]` (types checked by the caller).
         pub(crate) fn dot_tile(
             self,
             ty: GgmlType,
@@ -64,15 +146,22 @@ mod tokens {
             acts: &[&QuantizedActs],
             out: &mut [f32],
         ) {
-            let _ = self;
-            for (o, a) in out.iter_mut().zip(acts) {
-                *o = crate::ref_dot(ty, row, a);
+            use GgmlType::*;
+            match ty {
+                Q4_K => tiled!(acts, out, q8k, row, super::avx2::dot_q4k),
+                Q6_K => tiled!(acts, out, q8k, row, super::avx2::dot_q6k),
+                Q8_0 => tiled!(acts, out, q8_0, row, super::avx2::dot_q8_0),
+                Q5_0 => tiled!(acts, out, q8_0, row, super::avx2::dot_q5_0),
+                F32 => tiled!(acts, out, dense, row, super::avx2::dot_f32),
+                F16 => tiled!(acts, out, dense, row, super::avx2::dot_f16),
+                BF16 => tiled!(acts, out, dense, row, super::avx2::dot_bf16),
+                _ => unreachable!("unsupported types are rejected before dispatch"),
             }
-            let _ = ActData::F32(Vec::new());
         }
     }
 
     impl Avx512 {
+        /// `out[t] = row . acts[t]` (types checked by the caller).
         pub(crate) fn dot_tile(
             self,
             ty: GgmlType,
@@ -80,7 +169,12 @@ mod tokens {
             acts: &[&QuantizedActs],
             out: &mut [f32],
         ) {
-            self.avx2().dot_tile(ty, row, acts, out)
+            use GgmlType::*;
+            match ty {
+                Q8_0 => tiled!(acts, out, q8_0, row, super::avx512::dot_q8_0),
+                Q5_0 => tiled!(acts, out, q8_0, row, super::avx512::dot_q5_0),
+                _ => self.avx2().dot_tile(ty, row, acts, out),
+            }
         }
     }
 }

@@ -1,0 +1,183 @@
+//! matvec throughput per weight format, in weight bytes per second, next to this machine's
+//! memory read bandwidth (a plain read loop over 256 MiB).
+//!
+//! Run: `cargo bench -p sluice-kernels --bench matvec` (a few minutes). Filter with e.g.
+//! `-- Q4_K`. `SLUICE_ISA` does not matter here except for the `auto/` group: the `isa/`
+//! group runs each available tier explicitly.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use sluice_kernels::{matvec_with, GgmlType, Isa};
+use std::hint::black_box;
+use std::time::Duration;
+
+const TYPES: [GgmlType; 7] = [
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+];
+
+/// (rows, cols): square, expert up/gate, expert down.
+const SHAPES: [(usize, usize); 3] = [(4096, 4096), (768, 2048), (2048, 768)];
+
+/// Deterministic pseudo-random bytes with sane f16 scales, so no NaN/Inf slow paths.
+fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+    let mut s = 0x1234_5678_9abc_def0u64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let mut w: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
+    let half = |v: f32| half::f16::from_f32(v).to_bits().to_le_bytes();
+    let bsz = ty.type_size() as usize;
+    match ty {
+        GgmlType::F32 => {
+            for c in w.chunks_exact_mut(4) {
+                c.copy_from_slice(&((next() % 2000) as f32 / 1000.0 - 1.0).to_le_bytes());
+            }
+        }
+        GgmlType::F16 | GgmlType::BF16 => {
+            for c in w.chunks_exact_mut(2) {
+                let v = (next() % 2000) as f32 / 1000.0 - 1.0;
+                let b = if ty == GgmlType::F16 {
+                    half(v)
+                } else {
+                    ((v.to_bits() >> 16) as u16).to_le_bytes()
+                };
+                c.copy_from_slice(&b);
+            }
+        }
+        GgmlType::Q8_0 | GgmlType::Q5_0 => w
+            .chunks_exact_mut(bsz)
+            .for_each(|b| b[..2].copy_from_slice(&half(0.01))),
+        GgmlType::Q4_K => w.chunks_exact_mut(bsz).for_each(|b| {
+            b[..2].copy_from_slice(&half(0.01));
+            b[2..4].copy_from_slice(&half(0.001));
+        }),
+        GgmlType::Q6_K => w
+            .chunks_exact_mut(bsz)
+            .for_each(|b| b[208..].copy_from_slice(&half(0.01))),
+        _ => unreachable!(),
+    }
+    w
+}
+
+fn pool(n: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .unwrap()
+}
+
+fn bench_matvec(c: &mut Criterion) {
+    let pools = [(1usize, pool(1)), (2usize, pool(2))];
+    let isa = sluice_kernels::isa();
+    for ty in TYPES {
+        let mut g = c.benchmark_group(format!("matvec/{ty}"));
+        g.sample_size(10)
+            .warm_up_time(Duration::from_millis(300))
+            .measurement_time(Duration::from_millis(1200));
+        for (rows, cols) in SHAPES {
+            let w = weights(ty, rows, cols);
+            let x: Vec<f32> = (0..cols)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+                .collect();
+            let mut y = vec![0.0f32; rows];
+            g.throughput(Throughput::Bytes(w.len() as u64));
+            for (nt, p) in &pools {
+                g.bench_function(
+                    BenchmarkId::new(format!("{rows}x{cols}"), format!("{nt}t")),
+                    |b| {
+                        b.iter(|| {
+                            p.install(|| {
+                                matvec_with(
+                                    isa,
+                                    ty,
+                                    black_box(&w),
+                                    rows,
+                                    cols,
+                                    black_box(&x),
+                                    &mut y,
+                                )
+                            })
+                            .unwrap();
+                        })
+                    },
+                );
+            }
+        }
+        g.finish();
+    }
+}
+
+/// Every available tier, 1 thread, 4096x4096: how much each tier buys.
+fn bench_tiers(c: &mut Criterion) {
+    let p = pool(1);
+    let (rows, cols) = (4096, 4096);
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+    ] {
+        let mut g = c.benchmark_group(format!("isa/{ty}"));
+        g.sample_size(10)
+            .warm_up_time(Duration::from_millis(300))
+            .measurement_time(Duration::from_millis(1200));
+        let w = weights(ty, rows, cols);
+        let x: Vec<f32> = (0..cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect();
+        let mut y = vec![0.0f32; rows];
+        g.throughput(Throughput::Bytes(w.len() as u64));
+        for isa in Isa::available() {
+            g.bench_function(isa.name(), |b| {
+                b.iter(|| {
+                    p.install(|| {
+                        matvec_with(isa, ty, black_box(&w), rows, cols, black_box(&x), &mut y)
+                    })
+                    .unwrap()
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
+/// Memory read bandwidth: sum 256 MiB of u64 (vectorized read loop), 1 and 2 threads.
+fn bench_memory(c: &mut Criterion) {
+    let buf: Vec<u64> = (0..(256usize << 20) / 8).map(|i| i as u64).collect();
+    let mut g = c.benchmark_group("memory_read");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_millis(2000));
+    g.throughput(Throughput::Bytes((buf.len() * 8) as u64));
+    for nt in [1usize, 2] {
+        let p = pool(nt);
+        g.bench_function(BenchmarkId::new("256MiB", format!("{nt}t")), |b| {
+            b.iter(|| {
+                p.install(|| {
+                    use rayon::prelude::*;
+                    let per = buf.len().div_ceil(nt);
+                    buf.par_chunks(per)
+                        .map(|c| c.iter().fold(0u64, |a, &v| a.wrapping_add(v)))
+                        .reduce(|| 0, u64::wrapping_add)
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default();
+    targets = bench_memory, bench_matvec, bench_tiers
+}
+criterion_main!(benches);
