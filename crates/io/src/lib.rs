@@ -6,4 +6,4 @@
 
 mod mmap;
 
-pub use mmap::{MappedFile, MapError};
+pub use mmap::{MapError, MappedFile};
