@@ -7,6 +7,19 @@
 //!
 //! Untrusted bytes never panic, abort or allocate more than the file holds.
 
+mod error;
+mod file;
+mod meta;
+mod read;
 mod types;
+mod write;
 
+pub use error::GgufError;
+pub use file::{GgufFile, TensorInfo};
+pub use meta::{MetaArray, MetaType, MetaValue};
+pub use read::{
+    DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS, MAX_KEYS, MAX_NAME_LEN,
+    MAX_STRING_LEN, MAX_TENSORS, MAX_TOTAL_ARRAY_VALUES,
+};
 pub use types::GgmlType;
+pub use write::{GgufWriter, TensorSpec};

@@ -1,0 +1,341 @@
+//! `sluice inspect FILE [--json]`: what is in a GGUF file, read from its header only.
+//!
+//! Owns: the metadata summary (long arrays abbreviated), the tensor table and the split of
+//! tensor bytes by role (routed experts, per-layer embedding tables, embeddings/output,
+//! resident), as text or as one JSON object.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use serde_json::{json, Value};
+use sluice_gguf::{GgufFile, MetaValue, TensorInfo};
+
+/// Arguments of `sluice inspect`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The GGUF file.
+    pub file: PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arrays longer than this are abbreviated.
+const ARRAY_SHOWN_FULL: usize = 8;
+/// Elements shown of an abbreviated array.
+const ARRAY_HEAD: usize = 3;
+/// Characters shown of a long string.
+const STRING_SHOWN: usize = 60;
+
+/// What a tensor's bytes are for, as far as memory planning goes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Role {
+    /// `blk.N.ffn_{gate,up,down}_exps.weight`: streamed from SSD.
+    RoutedExperts,
+    /// Per-layer embedding tables (`per_layer_token_embd`, n-gram / PLE tables).
+    Ple,
+    /// `token_embd.weight`, `output.weight`.
+    Embeddings,
+    /// Everything else: always in RAM.
+    Resident,
+}
+
+impl Role {
+    const ALL: [Role; 4] = [
+        Role::RoutedExperts,
+        Role::Ple,
+        Role::Embeddings,
+        Role::Resident,
+    ];
+
+    fn key(self) -> &'static str {
+        match self {
+            Role::RoutedExperts => "routed_experts",
+            Role::Ple => "ple",
+            Role::Embeddings => "embeddings",
+            Role::Resident => "resident",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Role::RoutedExperts => "routed experts",
+            Role::Ple => "PLE tables",
+            Role::Embeddings => "embeddings/output",
+            Role::Resident => "resident",
+        }
+    }
+}
+
+/// The layer of a routed-expert tensor name `blk.N.ffn_{gate,up,down}_exps.weight`.
+fn expert_layer(name: &str) -> Option<u64> {
+    let rest = name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer = layer.parse().ok()?;
+    matches!(
+        rest,
+        "ffn_gate_exps.weight" | "ffn_up_exps.weight" | "ffn_down_exps.weight"
+    )
+    .then_some(layer)
+}
+
+/// The role of a tensor, from its name.
+pub fn role_of(name: &str) -> Role {
+    if expert_layer(name).is_some() {
+        return Role::RoutedExperts;
+    }
+    let is_ple = name.contains("per_layer_token_embd")
+        || name.contains("ngram")
+        || name.split(['.', '_']).any(|part| part == "ple");
+    if is_ple {
+        Role::Ple
+    } else if name == "token_embd.weight" || name == "output.weight" {
+        Role::Embeddings
+    } else {
+        Role::Resident
+    }
+}
+
+/// Expert count and bytes of one expert (gate+up+down slices of one layer).
+struct Experts {
+    count: u64,
+    one_expert_bytes: u64,
+    layers: u64,
+}
+
+fn experts(f: &GgufFile) -> Result<Option<Experts>> {
+    let stacked: Vec<(&TensorInfo, u64)> = f
+        .tensors
+        .iter()
+        .filter_map(|t| Some((t, expert_layer(&t.name)?)))
+        .collect();
+    let Some(&(first, layer)) = stacked.first() else {
+        return Ok(None);
+    };
+    let mut one = 0;
+    for (t, l) in &stacked {
+        if *l == layer {
+            let r = f.expert_range(t, 0)?;
+            one += r.end - r.start;
+        }
+    }
+    let mut layers: Vec<u64> = stacked.iter().map(|&(_, l)| l).collect();
+    layers.sort_unstable();
+    layers.dedup();
+    Ok(Some(Experts {
+        count: first.dims.get(2).copied().unwrap_or(0),
+        one_expert_bytes: one,
+        layers: layers.len() as u64,
+    }))
+}
+
+fn short_str(s: &str) -> String {
+    if s.chars().count() <= STRING_SHOWN {
+        format!("{s:?}")
+    } else {
+        let head: String = s.chars().take(STRING_SHOWN).collect();
+        format!("{head:?}... ({} bytes)", s.len())
+    }
+}
+
+/// One-line text form of a value, long arrays abbreviated.
+fn value_text(v: &MetaValue) -> String {
+    match v {
+        MetaValue::Str(s) => short_str(s),
+        MetaValue::Array(a) => {
+            let n = a.values.len();
+            let shown = if n > ARRAY_SHOWN_FULL { ARRAY_HEAD } else { n };
+            let mut items: Vec<String> = a.values[..shown].iter().map(value_text).collect();
+            if shown < n {
+                items.push("...".to_string());
+            }
+            let ty = match a.elem_type.name() {
+                "string" => "strings".to_string(),
+                "array" => "arrays".to_string(),
+                t => t.to_string(),
+            };
+            format!("[{n} {ty}: {}]", items.join(", "))
+        }
+        MetaValue::F32(x) => format!("{x}"),
+        MetaValue::F64(x) => format!("{x}"),
+        MetaValue::Bool(b) => format!("{b}"),
+        other => other
+            .as_i64()
+            .map(|i| i.to_string())
+            .or_else(|| other.as_u64().map(|u| u.to_string()))
+            .unwrap_or_default(),
+    }
+}
+
+/// JSON form of a value, long arrays abbreviated to their head.
+fn value_json(v: &MetaValue) -> Value {
+    match v {
+        MetaValue::Str(s) if s.chars().count() > STRING_SHOWN => {
+            json!({ "len": s.len(), "head": s.chars().take(STRING_SHOWN).collect::<String>() })
+        }
+        MetaValue::Str(s) => json!(s),
+        MetaValue::Array(a) => {
+            let n = a.values.len();
+            let shown = if n > ARRAY_SHOWN_FULL { ARRAY_HEAD } else { n };
+            json!({
+                "elem_type": a.elem_type.name(),
+                "len": n,
+                "values": a.values[..shown].iter().map(value_json).collect::<Vec<_>>(),
+                "abbreviated": shown < n,
+            })
+        }
+        MetaValue::F32(x) => json!(x),
+        MetaValue::F64(x) => json!(x),
+        MetaValue::Bool(b) => json!(b),
+        other => other
+            .as_i64()
+            .map(|i| json!(i))
+            .or_else(|| other.as_u64().map(|u| json!(u)))
+            .unwrap_or(Value::Null),
+    }
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = bytes as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < UNITS.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{x:.1} {}", UNITS[u])
+    }
+}
+
+fn pct(part: u64, total: u64) -> f64 {
+    if total == 0 {
+        0.0
+    } else {
+        100.0 * part as f64 / total as f64
+    }
+}
+
+/// Run `sluice inspect`.
+pub fn run(args: Args) -> Result<()> {
+    let f = GgufFile::open(&args.file)?;
+    let total: u64 = f.tensors.iter().map(|t| t.n_bytes).sum();
+    let mut by_role = [0u64; 4];
+    let mut n_by_role = [0u64; 4];
+    for t in &f.tensors {
+        let i = Role::ALL
+            .iter()
+            .position(|&r| r == role_of(&t.name))
+            .unwrap_or(3);
+        by_role[i] += t.n_bytes;
+        n_by_role[i] += 1;
+    }
+    let experts = experts(&f)?;
+    let arch = f.architecture().ok();
+
+    if args.json {
+        let mut roles = serde_json::Map::new();
+        for (i, r) in Role::ALL.iter().enumerate() {
+            roles.insert(
+                r.key().to_string(),
+                json!({ "bytes": by_role[i], "tensors": n_by_role[i], "percent": pct(by_role[i], total) }),
+            );
+        }
+        let out = json!({
+            "file": f.path.display().to_string(),
+            "architecture": arch,
+            "file_size": f.file_size,
+            "version": f.version,
+            "alignment": f.alignment,
+            "data_offset": f.data_offset,
+            "tensor_bytes": total,
+            "metadata": f.metadata.iter().map(|(k, v)| json!({
+                "key": k, "type": v.meta_type().name(), "value": value_json(v),
+            })).collect::<Vec<_>>(),
+            "tensors": f.tensors.iter().map(|t| json!({
+                "name": t.name, "type": t.ty.name(), "dims": t.dims,
+                "offset": f.tensor_range(t).start, "bytes": t.n_bytes, "role": role_of(&t.name).key(),
+            })).collect::<Vec<_>>(),
+            "roles": roles,
+            "experts": experts.as_ref().map(|e| json!({
+                "count": e.count, "layers": e.layers, "one_expert_bytes": e.one_expert_bytes,
+            })),
+        });
+        println!("{out}");
+        return Ok(());
+    }
+
+    let mut s = String::new();
+    use std::fmt::Write as _;
+    let _ = writeln!(s, "file:          {}", f.path.display());
+    let _ = writeln!(s, "architecture:  {}", arch.unwrap_or("(none)"));
+    let _ = writeln!(
+        s,
+        "size:          {} bytes ({}), GGUF v{}, alignment {}, data section at {}",
+        f.file_size,
+        human(f.file_size),
+        f.version,
+        f.alignment,
+        f.data_offset
+    );
+    let _ = writeln!(s, "\nmetadata ({} keys):", f.metadata.len());
+    for (k, v) in &f.metadata {
+        let _ = writeln!(s, "  {k} = {}", value_text(v));
+    }
+    let name_w = f
+        .tensors
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let _ = writeln!(s, "\ntensors ({}, {} bytes):", f.tensors.len(), total);
+    let _ = writeln!(
+        s,
+        "  {:name_w$}  {:7}  {:24}  {:>14}  {:>12}",
+        "name", "type", "shape", "file offset", "bytes"
+    );
+    for t in &f.tensors {
+        let shape = format!("{:?}", t.dims);
+        let _ = writeln!(
+            s,
+            "  {:name_w$}  {:7}  {:24}  {:>14}  {:>12}",
+            t.name,
+            t.ty.name(),
+            shape,
+            f.tensor_range(t).start,
+            t.n_bytes
+        );
+    }
+    let _ = writeln!(s, "\nbytes by role (of {} tensor bytes):", total);
+    for (i, r) in Role::ALL.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "  {:18} {:>14} bytes {:>10} {:5.1}%  ({} tensors)",
+            r.label(),
+            by_role[i],
+            human(by_role[i]),
+            pct(by_role[i], total),
+            n_by_role[i]
+        );
+    }
+    match &experts {
+        Some(e) => {
+            let _ = writeln!(
+                s,
+                "  experts: {} per layer in {} layers; one expert (gate+up+down of one layer) = {} bytes ({})",
+                e.count,
+                e.layers,
+                e.one_expert_bytes,
+                human(e.one_expert_bytes)
+            );
+        }
+        None => {
+            let _ = writeln!(s, "  experts: none (dense model)");
+        }
+    }
+    print!("{s}");
+    Ok(())
+}
