@@ -7,7 +7,7 @@
 //! space clean-up) and streaming decoding that never splits a UTF-8 character.
 
 mod bpe;
-// mod load; (needs sluice-gguf reader)
+mod load;
 mod pretokenize;
 mod spm;
 mod stream;
