@@ -38,9 +38,17 @@ fn read_cases(dir: &std::path::Path, name: &str) -> (Tokenizer, Vec<(String, Vec
     }
     let outputs: Vec<Vec<u32>> = out
         .lines()
-        .map(|l| l.split_whitespace().map(|t| t.parse().expect("id")).collect())
+        .map(|l| {
+            l.split_whitespace()
+                .map(|t| t.parse().expect("id"))
+                .collect()
+        })
         .collect();
-    assert_eq!(inputs.len(), outputs.len(), "{name}: .inp and .out case counts differ");
+    assert_eq!(
+        inputs.len(),
+        outputs.len(),
+        "{name}: .inp and .out case counts differ"
+    );
     (tok, inputs.into_iter().zip(outputs).collect())
 }
 
@@ -64,10 +72,19 @@ fn check(name: &str, spm_prefix: bool) -> usize {
             bytes.remove(0);
         }
         if bytes != text.as_bytes() {
-            failures.push(format!("{text:?}: pieces give back {:?}", String::from_utf8_lossy(&bytes)));
+            failures.push(format!(
+                "{text:?}: pieces give back {:?}",
+                String::from_utf8_lossy(&bytes)
+            ));
         }
     }
-    assert!(failures.is_empty(), "{name}: {} of {} cases fail:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{name}: {} of {} cases fail:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
     eprintln!("{name}: {} cases pass", cases.len());
     cases.len()
 }

@@ -7,7 +7,11 @@ use sluice_gguf::{GgufFile, MetaValue};
 fn type_name(v: &MetaValue) -> String {
     match v {
         MetaValue::Array(a) => format!("array of {:?}", a.elem_type),
-        other => format!("{other:?}").split('(').next().unwrap_or("?").to_string(),
+        other => format!("{other:?}")
+            .split('(')
+            .next()
+            .unwrap_or("?")
+            .to_string(),
     }
 }
 
@@ -18,13 +22,21 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     fn wrong(&self, key: &'static str, expected: &'static str, v: &MetaValue) -> TokenizerError {
-        TokenizerError::WrongType { file: self.file.clone(), key, expected, found: type_name(v) }
+        TokenizerError::WrongType {
+            file: self.file.clone(),
+            key,
+            expected,
+            found: type_name(v),
+        }
     }
 
     fn str_opt(&self, key: &'static str) -> Result<Option<String>, TokenizerError> {
         match self.f.get(key) {
             None => Ok(None),
-            Some(v) => v.as_str().map(|s| Some(s.to_string())).ok_or_else(|| self.wrong(key, "string", v)),
+            Some(v) => v
+                .as_str()
+                .map(|s| Some(s.to_string()))
+                .ok_or_else(|| self.wrong(key, "string", v)),
         }
     }
 
@@ -43,14 +55,20 @@ impl Reader<'_> {
     fn bool_opt(&self, key: &'static str) -> Result<Option<bool>, TokenizerError> {
         match self.f.get(key) {
             None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.wrong(key, "bool", v)),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.wrong(key, "bool", v)),
         }
     }
 
     fn array(&self, key: &'static str) -> Result<Option<&[MetaValue]>, TokenizerError> {
         match self.f.get(key) {
             None => Ok(None),
-            Some(v) => v.as_array().map(|a| Some(a.values.as_slice())).ok_or_else(|| self.wrong(key, "array", v)),
+            Some(v) => v
+                .as_array()
+                .map(|a| Some(a.values.as_slice()))
+                .ok_or_else(|| self.wrong(key, "array", v)),
         }
     }
 
@@ -59,7 +77,11 @@ impl Reader<'_> {
             return Ok(None);
         };
         vals.iter()
-            .map(|v| v.as_str().map(str::to_string).ok_or_else(|| self.wrong(key, "array of strings", v)))
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| self.wrong(key, "array of strings", v))
+            })
             .collect::<Result<Vec<_>, _>>()
             .map(Some)
     }
@@ -68,15 +90,22 @@ impl Reader<'_> {
 impl Tokenizer {
     /// Builds the tokenizer described by a GGUF file's `tokenizer.ggml.*` metadata.
     pub fn from_gguf(f: &GgufFile) -> Result<Tokenizer, TokenizerError> {
-        let r = Reader { f, file: f.path.display().to_string() };
-        let model = r.str_opt("tokenizer.ggml.model")?.ok_or_else(|| TokenizerError::MissingKey {
-            file: r.file.clone(),
-            key: "tokenizer.ggml.model",
-        })?;
-        let tokens = r.strings("tokenizer.ggml.tokens")?.ok_or_else(|| TokenizerError::MissingKey {
-            file: r.file.clone(),
-            key: "tokenizer.ggml.tokens",
-        })?;
+        let r = Reader {
+            f,
+            file: f.path.display().to_string(),
+        };
+        let model =
+            r.str_opt("tokenizer.ggml.model")?
+                .ok_or_else(|| TokenizerError::MissingKey {
+                    file: r.file.clone(),
+                    key: "tokenizer.ggml.model",
+                })?;
+        let tokens =
+            r.strings("tokenizer.ggml.tokens")?
+                .ok_or_else(|| TokenizerError::MissingKey {
+                    file: r.file.clone(),
+                    key: "tokenizer.ggml.tokens",
+                })?;
         let scores = match r.array("tokenizer.ggml.scores")? {
             None => None,
             Some(vals) => Some(
@@ -121,7 +150,10 @@ impl Tokenizer {
             model,
         };
         if data.model.is_empty() {
-            return Err(TokenizerError::UnsupportedModel { file: r.file, model: String::new() });
+            return Err(TokenizerError::UnsupportedModel {
+                file: r.file,
+                model: String::new(),
+            });
         }
         Tokenizer::from_vocab(data, &r.file)
     }

@@ -105,14 +105,16 @@ pub struct SpecialIds {
 #[derive(Debug, Clone)]
 enum Kind {
     Spm,
-    Bpe(BpeConfig),
+    Bpe(Box<BpeConfig>),
 }
+
+/// Sorted (byte, child) edges and the token ending at this node, if any.
+type TrieNode = (Vec<(u8, u32)>, Option<u32>);
 
 /// A byte trie over special-token texts, to find which ones occur in a text quickly.
 #[derive(Debug, Clone, Default)]
 struct SpecialTrie {
-    /// Per node: sorted (byte, child) edges and the token ending here, if any.
-    nodes: Vec<(Vec<(u8, u32)>, Option<u32>)>,
+    nodes: Vec<TrieNode>,
 }
 
 impl SpecialTrie {

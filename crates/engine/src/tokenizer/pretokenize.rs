@@ -79,7 +79,7 @@ impl PreTokenizer {
             off += c.len_utf8();
         }
         byte_at.push(off);
-        let whole = vec![0..cps.len()];
+        let whole = std::slice::from_ref(&(0..cps.len())).to_vec();
         let segs = match self {
             PreTokenizer::Default => {
                 let s = split_runs(&cps, &whole, is_default_punct);

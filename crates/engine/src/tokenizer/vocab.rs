@@ -300,13 +300,13 @@ pub(crate) fn build(data: VocabData, source: &str) -> Result<Tokenizer, Tokenize
 
     let kind = match bpe_info {
         None => Kind::Spm,
-        Some(info) => Kind::Bpe(BpeConfig {
+        Some(info) => Kind::Bpe(Box::new(BpeConfig {
             pre: info.pre,
             byte_encode: info.byte_encode,
             ignore_merges: info.ignore_merges,
             newline_words: kind_model == "gemma4",
             byte_to_char: byte_to_unicode_table(),
-        }),
+        })),
     };
     let mut tok = Tokenizer {
         vocab,
@@ -436,7 +436,7 @@ fn detect_eog(vocab: &mut Vocab, special: &SpecialIds) -> BTreeSet<u32> {
     let has = |eog: &BTreeSet<u32>, t: &str| find(eog, t).is_some();
     let has_call = has(&eog, "<|call|>") || has(&eog, "<|calls|>");
     if let Some(end) = find(&eog, "<|end|>") {
-        if (has(&eog, "<|return|>") && has_call) || (has_call && has(&eog, "<|flush|>")) {
+        if has_call && (has(&eog, "<|return|>") || has(&eog, "<|flush|>")) {
             eog.remove(&end);
             vocab.attrs[end as usize] = attr::USER_DEFINED;
         }
