@@ -133,3 +133,66 @@ fn corpus_starcoder() {
 fn corpus_mpt() {
     check("mpt", false);
 }
+
+#[test]
+fn corpus_qwen35() {
+    check("qwen35", false);
+}
+
+#[test]
+fn corpus_refact() {
+    check("refact", false);
+}
+
+/// Larger real texts (llama.cpp's README and C++ sources: markdown, code, Unicode tables)
+/// through lossless vocabs: the pieces must give the text back exactly.
+#[test]
+fn large_texts_round_trip() {
+    let Some(dir) = llama_cpp_dir() else {
+        return;
+    };
+    let texts: Vec<String> = ["README.md", "src/unicode.cpp", "src/llama-vocab.cpp"]
+        .iter()
+        .map(|p| std::fs::read_to_string(dir.join(p)).unwrap())
+        // A literal U+2581 decodes as a space in SentencePiece-style vocabs (it is their
+        // escaped space, in llama.cpp too), so it cannot round-trip: leave it out.
+        .map(|t| {
+            t.chars()
+                .filter(|&c| c != '\u{2581}')
+                .take(60_000)
+                .collect()
+        })
+        .collect();
+    for (name, spm) in [
+        ("qwen2", false),
+        ("llama-bpe", false),
+        ("gemma-4", false),
+        ("llama-spm", true),
+    ] {
+        let (tok, _) = read_cases(&dir, name);
+        for text in &texts {
+            for parse_special in [false, true] {
+                let ids = tok.encode(text, false, parse_special);
+                assert!(ids.iter().all(|&i| (i as usize) < tok.n_vocab()));
+                let mut bytes: Vec<u8> =
+                    ids.iter().flat_map(|&id| tok.token_to_piece(id)).collect();
+                if spm && bytes.first() == Some(&b' ') {
+                    bytes.remove(0);
+                }
+                if bytes != text.as_bytes() {
+                    let at = bytes
+                        .iter()
+                        .zip(text.as_bytes())
+                        .position(|(a, b)| a != b)
+                        .unwrap_or(0);
+                    let lo = at.saturating_sub(40);
+                    panic!(
+                        "{name}: round trip differs at byte {at}: {:?} vs {:?}",
+                        String::from_utf8_lossy(&bytes[lo..(at + 40).min(bytes.len())]),
+                        String::from_utf8_lossy(&text.as_bytes()[lo..(at + 40).min(text.len())])
+                    );
+                }
+            }
+        }
+    }
+}

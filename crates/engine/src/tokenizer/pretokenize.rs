@@ -22,6 +22,8 @@ pub enum PreTokenizer {
     Llama3,
     /// The Qwen2 regex (like Llama 3, single digits).
     Qwen2,
+    /// Qwen3.5: Qwen2 with combining marks (`\p{M}`) joining letter runs.
+    Qwen35,
     /// Gemma 4: only runs of newlines versus the rest.
     Newlines,
 }
@@ -33,6 +35,7 @@ pub(crate) struct Flags {
     pub number: bool,
     pub whitespace: bool,
     pub punctuation: bool,
+    pub mark: bool,
     /// False only for positions outside the segment (llama.cpp's zero flags).
     pub any: bool,
 }
@@ -58,7 +61,12 @@ pub(crate) fn flags_of(c: char) -> Flags {
             | Gc::FinalPunctuation
             | Gc::OtherPunctuation
     );
+    let mark = matches!(
+        cat,
+        Gc::NonspacingMark | Gc::SpacingMark | Gc::EnclosingMark
+    );
     Flags {
+        mark,
         letter,
         number,
         // Rust's White_Space set equals llama.cpp's unicode_set_whitespace.
@@ -92,8 +100,9 @@ impl PreTokenizer {
                 let s = split_singles(&cps, &whole, is_collapsed_number);
                 split_gpt2(&cps, &s)
             }
-            PreTokenizer::Llama3 => split_llama3(&cps, &whole, 3),
-            PreTokenizer::Qwen2 => split_llama3(&cps, &whole, 1),
+            PreTokenizer::Llama3 => split_llama3(&cps, &whole, 3, false),
+            PreTokenizer::Qwen2 => split_llama3(&cps, &whole, 1, false),
+            PreTokenizer::Qwen35 => split_llama3(&cps, &whole, 1, true),
             PreTokenizer::Newlines => split_newlines(&cps, &whole),
         };
         segs.into_iter()
@@ -322,8 +331,15 @@ fn split_gpt2(cps: &[char], segs: &[Range<usize>]) -> Vec<Range<usize>> {
     out
 }
 
-/// The Llama 3 / Qwen2 regex; `max_digits` is 3 for Llama 3 and 1 for Qwen2.
-fn split_llama3(cps: &[char], segs: &[Range<usize>], max_digits: usize) -> Vec<Range<usize>> {
+/// The Llama 3 / Qwen2 / Qwen3.5 regex; `max_digits` is 3 for Llama 3 and 1 for Qwen;
+/// `marks` (Qwen3.5) lets combining marks count as letters.
+fn split_llama3(
+    cps: &[char],
+    segs: &[Range<usize>],
+    max_digits: usize,
+    marks: bool,
+) -> Vec<Range<usize>> {
+    let lm = |f: Flags| f.letter || (marks && f.mark);
     let mut out = Vec::with_capacity(segs.len() * 2);
     for seg in segs {
         let mut s = Seg {
@@ -343,11 +359,9 @@ fn split_llama3(cps: &[char], segs: &[Range<usize>], max_digits: usize) -> Vec<R
                 continue;
             }
             // [^\r\n\p{L}\p{N}]?\p{L}+
-            if !(c == '\r' || c == '\n' || flags.number)
-                && (flags.letter || s.flags(pos + 1).letter)
-            {
+            if !(c == '\r' || c == '\n' || flags.number) && (lm(flags) || lm(s.flags(pos + 1))) {
                 pos += 1;
-                while s.flags(pos).letter {
+                while lm(s.flags(pos)) {
                     pos += 1;
                 }
                 s.add(pos);
@@ -367,9 +381,9 @@ fn split_llama3(cps: &[char], segs: &[Range<usize>], max_digits: usize) -> Vec<R
                 continue;
             }
             // <space>?[^\s\p{L}\p{N}]+[\r\n]*
-            let other = |f: Flags| !(f.whitespace || f.letter || f.number) && f.any;
+            let other = |f: Flags| !(f.whitespace || lm(f) || f.number) && f.any;
             let flags2 = if c == ' ' { s.flags(pos + 1) } else { flags };
-            if !(flags2.whitespace || flags2.letter || flags2.number) && flags.any {
+            if !(flags2.whitespace || lm(flags2) || flags2.number) && flags.any {
                 pos += usize::from(c == ' ');
                 while other(s.flags(pos)) {
                     pos += 1;

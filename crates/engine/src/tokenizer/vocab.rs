@@ -94,6 +94,10 @@ fn pre_info(name: &str) -> Option<PreInfo> {
             ..base(PreTokenizer::Qwen2)
         },
         "stablelm2" | "megrez" => base(PreTokenizer::Qwen2),
+        "qwen35" => PreInfo {
+            clean_spaces: false,
+            ..base(PreTokenizer::Qwen35)
+        },
         "gemma4" => PreInfo {
             escape_whitespaces: true,
             byte_encode: false,
