@@ -446,7 +446,16 @@ pub(crate) fn parse_header<S: Source>(
 
     let alignment = alignment_of(&metadata, path)?;
     let header_end = p.src.pos();
+    // A file without tensors (llama.cpp's vocab-only files) may end before the padding
+    // that would precede its empty data section; its data section is then empty at EOF.
     let data_offset = align_up(header_end, alignment)
+        .map(|d| {
+            if tensors.is_empty() && header_end <= file_size {
+                d.min(file_size)
+            } else {
+                d
+            }
+        })
         .filter(|&d| d <= file_size)
         .ok_or(GgufError::DataBeyondEof {
             path: path_buf(),

@@ -488,19 +488,30 @@ fn tensor_offset_beyond_end_of_file() {
 
 #[test]
 fn data_section_beyond_end_of_file() {
-    // Header of 24 bytes, data section would start at 32, file ends at 24.
-    let e = err(&Bytes::header(3, 0, 0));
+    // One tensor whose info ends the file: header of 24 + name "t" (8 + 1) + n_dims (4) +
+    // dim (8) + type (4) + offset (8) = 57 bytes; the data section would start at 64.
+    let e = err(&Bytes::header(3, 1, 0).tensor("t", &[4], 0, 0));
     assert!(
         matches!(
             e,
             GgufError::DataBeyondEof {
-                data_offset: 32,
-                file_size: 24,
+                data_offset: 64,
+                file_size: 57,
                 ..
             }
         ),
         "{e}"
     );
+}
+
+/// Regression: llama.cpp's vocab-only files (`models/ggml-vocab-*.gguf`) have no tensors
+/// and end right after the metadata, before the alignment padding. llama.cpp loads them.
+#[test]
+fn file_without_tensors_may_end_before_data_padding() {
+    let f = parse(&Bytes::header(3, 0, 0)).unwrap();
+    assert_eq!(f.tensors.len(), 0);
+    assert_eq!(f.data_offset, 24);
+    assert_eq!(f.file_size, 24);
 }
 
 #[test]
