@@ -80,7 +80,7 @@ fn check_model(name: &str) {
                     for policy in [PolicyKind::Lru, PolicyKind::Lfu { half_life: 4 }] {
                         let cfg = StreamConfig {
                             budget,
-                            policy: policy.clone(),
+                            policy,
                             resident_layers,
                             io: IoConfig {
                                 backend,

@@ -167,13 +167,13 @@ impl ModelConfig {
                 "block_count, embedding_length and head counts must be > 0".into(),
             ));
         }
-        if self.n_head % self.n_head_kv != 0 {
+        if !self.n_head.is_multiple_of(self.n_head_kv) {
             return Err(bad(format!(
                 "head_count {} is not a multiple of head_count_kv {}",
                 self.n_head, self.n_head_kv
             )));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return Err(bad(format!(
                 "key_length {} must be even and > 0",
                 self.head_dim

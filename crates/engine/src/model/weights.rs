@@ -119,7 +119,25 @@ impl Weights {
                 ),
             });
         }
-        let t = Loader { file, map: &map };
+        let (token_embd, output_norm, output, layers) = {
+            let t = Loader { file, map: &map };
+            Self::locate(&t, file, cfg)?
+        };
+        Ok(Weights {
+            map,
+            token_embd,
+            output_norm,
+            output,
+            layers,
+        })
+    }
+
+    /// Every tensor `cfg` needs: (token_embd, output_norm, output, layers).
+    fn locate(
+        t: &Loader<'_>,
+        file: &GgufFile,
+        cfg: &ModelConfig,
+    ) -> Result<(Mat, Vec<f32>, Mat, Vec<Layer>), EngineError> {
         let (e, hd, hdv) = (cfg.n_embd, cfg.head_dim, cfg.head_dim_v);
         let token_embd = t.mat("token_embd.weight", cfg.n_vocab, e)?;
         let output = match file.tensor("output.weight") {
@@ -176,14 +194,7 @@ impl Weights {
                 ffn,
             });
         }
-        drop(t);
-        Ok(Weights {
-            map,
-            token_embd,
-            output_norm,
-            output,
-            layers,
-        })
+        Ok((token_embd, output_norm, output, layers))
     }
 }
 
