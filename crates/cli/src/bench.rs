@@ -39,6 +39,56 @@ struct Row {
     test: String,
     tokens: usize,
     samples: Vec<f64>,
+    /// Streaming counters over the measured repetitions (not the warm-up).
+    stream: Option<StreamDelta>,
+}
+
+/// What the expert tier did during one test's measured repetitions.
+#[derive(Default, Clone, Copy)]
+struct StreamDelta {
+    hits: u64,
+    misses: u64,
+    bytes_read: u64,
+    busy_ns: u64,
+    io_wait_ns: u64,
+    wall_ns: u64,
+}
+
+impl StreamDelta {
+    fn snapshot(l: &Loaded, wall_ns: u64) -> Option<StreamDelta> {
+        let st = l.streaming.as_ref()?;
+        let (c, io, s) = (st.cache_stats(), st.io_stats(), st.stream_stats());
+        Some(StreamDelta {
+            hits: c.total.hits,
+            misses: c.total.misses,
+            bytes_read: io.bytes_read,
+            busy_ns: io.busy_ns,
+            io_wait_ns: s.io_wait_ns,
+            wall_ns,
+        })
+    }
+    fn since(self, before: StreamDelta) -> StreamDelta {
+        StreamDelta {
+            hits: self.hits - before.hits,
+            misses: self.misses - before.misses,
+            bytes_read: self.bytes_read - before.bytes_read,
+            busy_ns: self.busy_ns - before.busy_ns,
+            io_wait_ns: self.io_wait_ns - before.io_wait_ns,
+            wall_ns: self.wall_ns - before.wall_ns,
+        }
+    }
+    fn hit_rate(&self) -> f64 {
+        self.hits as f64 / (self.hits + self.misses).max(1) as f64
+    }
+    fn gbps(&self) -> f64 {
+        self.bytes_read as f64 / self.busy_ns.max(1) as f64
+    }
+    fn busy(&self) -> f64 {
+        (self.busy_ns as f64 / self.wall_ns.max(1) as f64).min(1.0)
+    }
+    fn wait(&self) -> f64 {
+        self.io_wait_ns as f64 / self.wall_ns.max(1) as f64
+    }
 }
 
 impl Row {
@@ -109,7 +159,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
     if args.repetitions == 0 {
         anyhow::bail!("--repetitions must be at least 1");
     }
-    let l = args.model.load()?;
+    let mut l = args.model.load()?;
     let cfg = &l.model.cfg;
     let bos = l
         .model
@@ -119,6 +169,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
         .map(|b| b as u32);
     let threads = l.pool.current_num_threads();
     let mut rows = Vec::new();
+    let bench_start = Instant::now();
     let tests: Vec<(&str, usize)> = [("pp", args.prompt_tokens), ("tg", args.gen_tokens)]
         .into_iter()
         .filter(|&(_, n)| n > 0)
@@ -143,15 +194,23 @@ pub fn main(args: BenchArgs) -> Result<()> {
             run(&l)?;
         }
         let mut samples = Vec::new();
+        let t0 = Instant::now();
+        let before = StreamDelta::snapshot(&l, 0);
         for r in 0..args.repetitions {
             eprint!("\r{kind}{n}: run {}/{}   ", r + 1, args.repetitions);
             samples.push(run(&l)?);
         }
         eprintln!();
+        let wall = t0.elapsed().as_nanos() as u64;
+        let stream = match (StreamDelta::snapshot(&l, wall), before) {
+            (Some(a), Some(b)) => Some(a.since(b)),
+            _ => None,
+        };
         rows.push(Row {
             test: format!("{kind}{n}"),
             tokens: n,
             samples,
+            stream,
         });
     }
     println!(
@@ -175,6 +234,23 @@ pub fn main(args: BenchArgs) -> Result<()> {
             r.samples.len()
         );
     }
+    for r in &rows {
+        if let Some(d) = &r.stream {
+            eprintln!(
+                "{}: expert hit rate {:.1}% ({} misses), read {:.2} GB at {:.2} GB/s delivered, disk busy {:.0}%, compute waited for IO {:.0}%",
+                r.test,
+                100.0 * d.hit_rate(),
+                d.misses,
+                d.bytes_read as f64 * 1e-9,
+                d.gbps(),
+                100.0 * d.busy(),
+                100.0 * d.wait()
+            );
+        }
+    }
+    if args.model.stream.stats {
+        l.print_stats(bench_start.elapsed().as_secs_f64());
+    }
     if let Some(path) = &args.csv {
         let new = !path.exists();
         let mut f = std::fs::OpenOptions::new()
@@ -190,9 +266,16 @@ pub fn main(args: BenchArgs) -> Result<()> {
         }
         for r in &rows {
             let samples: Vec<String> = r.samples.iter().map(|s| format!("{s:.3}")).collect();
+            let d = r.stream.unwrap_or_default();
+            let cache = args
+                .model
+                .stream
+                .expert_cache
+                .clone()
+                .unwrap_or_else(|| "mmap".into());
             writeln!(
                 f,
-                "{},{},{},{},{},{},{:.3},{:.3},{}",
+                "{},{},{},{},{},{},{:.3},{:.3},{},{},{:.4},{},{},{:.3},{:.3},{:.3}",
                 name,
                 cfg.arch.name(),
                 threads,
@@ -201,9 +284,16 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 r.tokens,
                 r.median(),
                 r.stddev(),
-                samples.join(";")
+                samples.join(";"),
+                cache,
+                d.hit_rate(),
+                d.misses,
+                d.bytes_read,
+                d.gbps(),
+                d.busy(),
+                d.wait()
             )?;
         }
     }
-    Ok(())
+    l.finish()
 }

@@ -3,8 +3,13 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use anyhow::{Context, Result};
+use sluice_engine::expert_tier::{parse_size_bytes, PolicyKind};
+use sluice_engine::streaming::{StreamConfig, StreamingExperts};
 use sluice_engine::Model;
+use sluice_io::{Backend, IoConfig};
 
 /// Where the model is and how many threads compute.
 #[derive(clap::Args, Debug, Clone)]
@@ -21,6 +26,48 @@ pub struct ModelArgs {
     /// Prompt tokens evaluated per forward pass during prefill.
     #[arg(short = 'b', long = "batch", value_name = "N", default_value_t = 256)]
     pub batch: usize,
+    #[command(flatten)]
+    pub stream: StreamArgs,
+}
+
+/// SSD streaming of routed experts (MoE models). Without --expert-cache the experts are
+/// read through the memory map like every other tensor (the OS decides what stays).
+#[derive(clap::Args, Debug, Clone)]
+pub struct StreamArgs {
+    /// Stream routed experts from the SSD through a RAM cache of SIZE bytes (e.g. 8G,
+    /// 512MiB, 25% of the experts, or `auto` = what this machine can spare after the
+    /// resident weights and the KV cache, keeping a reserve). A hard budget: cached plus
+    /// in-flight expert bytes never exceed it.
+    #[arg(long = "expert-cache", value_name = "SIZE")]
+    pub expert_cache: Option<String>,
+    /// Eviction policy: lru, lfu (selection counts halved every 16 tokens; lfu:N sets N), lru2.
+    #[arg(long = "cache-policy", default_value = "lfu")]
+    pub cache_policy: String,
+    /// Pin the first N MoE layers' experts in RAM (read once at start; not counted in
+    /// the cache budget).
+    #[arg(long = "resident-layers", value_name = "N", default_value_t = 0)]
+    pub resident_layers: usize,
+    /// IO backend for expert reads: uring (falls back to pread if refused), pread, mmap.
+    #[arg(long = "io", default_value = "uring")]
+    pub io: String,
+    /// O_DIRECT expert reads (bypass the page cache): on or off.
+    #[arg(long = "direct-io", default_value = "on", value_parser = ["on", "off"])]
+    pub direct_io: String,
+    /// Reads in flight for io_uring.
+    #[arg(long = "io-depth", value_name = "N", default_value_t = 32)]
+    pub io_depth: usize,
+    /// Reader threads for the pread and mmap backends.
+    #[arg(long = "io-threads", value_name = "N", default_value_t = 8)]
+    pub io_threads: usize,
+    /// Leave expert reads at normal IO priority (default: best-effort high priority).
+    #[arg(long = "no-io-priority")]
+    pub no_io_priority: bool,
+    /// Print cache, IO and stall statistics (per run and per layer).
+    #[arg(long)]
+    pub stats: bool,
+    /// Write every token's chosen experts to FILE (replay it with `sluice cache-sim`).
+    #[arg(long = "record-routing", value_name = "FILE")]
+    pub record_routing: Option<PathBuf>,
 }
 
 /// A loaded model with its compute pool.
@@ -28,6 +75,8 @@ pub struct Loaded {
     pub model: Model,
     pub pool: rayon::ThreadPool,
     pub load_secs: f64,
+    /// The streaming tier, when --expert-cache is on (kept for statistics).
+    pub streaming: Option<Arc<StreamingExperts>>,
 }
 
 impl ModelArgs {
@@ -39,13 +88,215 @@ impl ModelArgs {
         if !self.model.exists() {
             anyhow::bail!("{}: no such file", self.model.display());
         }
-        let model = Model::load(&self.model)?;
+        let mut model = Model::load(&self.model)?;
         let pool = sluice_engine::threads::compute_pool(self.threads)
             .context("cannot start the compute threads")?;
+        let streaming = match &self.stream.expert_cache {
+            None => None,
+            Some(size) => Some(self.open_streaming(&mut model, size)?),
+        };
+        if let Some(path) = &self.stream.record_routing {
+            if model.cfg.n_expert == 0 {
+                anyhow::bail!(
+                    "--record-routing: {} has no routed experts",
+                    self.model.display()
+                );
+            }
+            model.record_routing(path)?;
+        }
         Ok(Loaded {
             model,
             pool,
             load_secs: t0.elapsed().as_secs_f64(),
+            streaming,
         })
+    }
+
+    fn open_streaming(&self, model: &mut Model, size: &str) -> Result<Arc<StreamingExperts>> {
+        let s = &self.stream;
+        if model.cfg.n_expert == 0 {
+            anyhow::bail!(
+                "--expert-cache: {} ({}) has no routed experts to stream",
+                self.model.display(),
+                model.cfg.arch.name()
+            );
+        }
+        let total = StreamingExperts::total_expert_bytes(&model.weights);
+        let min = StreamingExperts::min_budget(&model.weights, model.cfg.n_expert_used);
+        let budget = if size == "auto" {
+            auto_budget(model, self.ctx, total)?
+        } else {
+            parse_size_bytes(size, Some(total))
+                .map_err(|e| anyhow::anyhow!("--expert-cache {size}: {e}"))?
+        };
+        if budget < min {
+            anyhow::bail!(
+                "--expert-cache {size}: {} is below the minimum {} ({} bytes: one layer's top-{} experts must fit at once)",
+                human(budget),
+                human(min),
+                min,
+                model.cfg.n_expert_used
+            );
+        }
+        let policy = PolicyKind::from_name(&s.cache_policy)
+            .map_err(|e| anyhow::anyhow!("--cache-policy: {e}"))?;
+        let backend: Backend =
+            s.io.parse()
+                .map_err(|e| anyhow::anyhow!("--io {}: {e}", s.io))?;
+        let cfg = StreamConfig {
+            budget: budget.min(total.max(min)),
+            policy,
+            resident_layers: s.resident_layers,
+            io: IoConfig {
+                backend,
+                direct: s.direct_io == "on",
+                depth: s.io_depth.max(1),
+                threads: s.io_threads.max(1),
+                high_priority: !s.no_io_priority,
+            },
+        };
+        if s.resident_layers > 0 {
+            eprintln!(
+                "reading the experts of {} resident layers...",
+                s.resident_layers
+            );
+        }
+        let st = Arc::new(StreamingExperts::open(
+            &self.model,
+            &model.weights,
+            model.cfg.n_expert_used,
+            &cfg,
+        )?);
+        eprintln!(
+            "expert cache: {} of {} routed-expert bytes ({:.0}%), policy {}, io {}{}",
+            human(cfg.budget),
+            human(total),
+            100.0 * cfg.budget as f64 / total.max(1) as f64,
+            s.cache_policy,
+            st.io_stats_name(),
+            if cfg.io.direct {
+                ", O_DIRECT"
+            } else {
+                ", buffered"
+            }
+        );
+        model.set_expert_source(Box::new(st.clone()));
+        Ok(st)
+    }
+}
+
+/// `--expert-cache auto`: MemAvailable minus what the rest of the run needs (resident
+/// weights not yet in the page cache, the KV cache) and a reserve of 10% or 1 GiB.
+fn auto_budget(model: &Model, ctx: usize, total_experts: u64) -> Result<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo")
+        .context("--expert-cache auto: cannot read /proc/meminfo")?;
+    let avail_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("--expert-cache auto: no MemAvailable in /proc/meminfo")?;
+    let avail = avail_kib * 1024;
+    let c = &model.cfg;
+    let resident = model.gguf.file_size.saturating_sub(total_experts);
+    let kv =
+        (c.n_layer * ctx.min(c.n_ctx_train) * c.n_head_kv * (c.head_dim + c.head_dim_v) * 4) as u64;
+    let reserve = (avail / 10).max(1 << 30);
+    let budget = avail.saturating_sub(resident + kv + reserve);
+    eprintln!(
+        "expert cache auto: {} available - {} resident weights - {} KV - {} reserve = {}",
+        human(avail),
+        human(resident),
+        human(kv),
+        human(reserve),
+        human(budget)
+    );
+    Ok(budget)
+}
+
+/// Bytes in binary units, e.g. `1.50 GiB`.
+pub fn human(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+impl Loaded {
+    /// Close the routing trace, if one is being recorded.
+    pub fn finish(&mut self) -> Result<()> {
+        if let Some(p) = self.model.finish_routing()? {
+            eprintln!("routing trace written to {}", p.display());
+        }
+        Ok(())
+    }
+
+    /// Print streaming statistics; `decode_secs` is the wall time the disk-busy fraction
+    /// refers to.
+    pub fn print_stats(&self, wall_secs: f64) {
+        let Some(st) = &self.streaming else {
+            eprintln!("stats: experts are read through the memory map (no --expert-cache): no cache statistics");
+            return;
+        };
+        let cs = st.cache_stats();
+        let io = st.io_stats();
+        let ss = st.stream_stats();
+        let t = &cs.total;
+        eprintln!(
+            "cache: policy {} budget {} | hits {} misses {} evictions {} hit rate {:.1}% | peak {} | slots allocated {} | resident {}",
+            cs.policy,
+            human(cs.budget),
+            t.hits,
+            t.misses,
+            t.evictions,
+            100.0 * t.hit_rate(),
+            human(cs.peak_allocated),
+            cs.slot_allocations,
+            human(cs.resident_bytes)
+        );
+        eprintln!("io: {io}");
+        let per_layer_bytes = StreamingExperts::expert_bytes_per_layer(&self.model.weights);
+        let expected: u64 = cs
+            .per_layer
+            .iter()
+            .zip(&per_layer_bytes)
+            .map(|(s, &b)| s.misses * b)
+            .sum::<u64>()
+            + st.resident_read_bytes();
+        eprintln!(
+            "reconcile: bytes requested {} = misses x expert bytes {} ({}); read incl. alignment {} (+{:.1}%)",
+            io.bytes_requested,
+            expected,
+            if io.bytes_requested == expected { "ok" } else { "MISMATCH" },
+            io.bytes_read,
+            100.0 * (io.bytes_read as f64 / io.bytes_requested.max(1) as f64 - 1.0)
+        );
+        eprintln!(
+            "compute: waited for IO {:.3} s ({:.0}% of {:.2} s) | experts computed while reads were in flight {} | disk busy {:.0}% of that time",
+            ss.io_wait_ns as f64 * 1e-9,
+            100.0 * ss.io_wait_ns as f64 * 1e-9 / wall_secs.max(1e-9),
+            wall_secs,
+            ss.overlapped,
+            100.0 * (io.busy_ns as f64 * 1e-9 / wall_secs.max(1e-9)).min(1.0)
+        );
+        eprintln!("per layer: layer hits misses evictions hit%");
+        for (l, s) in cs.per_layer.iter().enumerate() {
+            if s.requests() > 0 {
+                eprintln!(
+                    "  {l:3} {:8} {:8} {:8} {:5.1}",
+                    s.hits,
+                    s.misses,
+                    s.evictions,
+                    100.0 * s.hit_rate()
+                );
+            }
+        }
     }
 }

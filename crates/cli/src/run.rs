@@ -109,7 +109,7 @@ struct Dump {
 }
 
 pub fn main(args: RunArgs) -> Result<()> {
-    let loaded = args.model.load()?;
+    let mut loaded = args.model.load()?;
     let tok = Tokenizer::from_gguf(&loaded.model.gguf)?;
     eprintln!(
         "loaded {} ({}, {} layers) in {:.2} s, {} threads",
@@ -186,7 +186,7 @@ pub fn main(args: RunArgs) -> Result<()> {
         let mut line = String::new();
         if stdin.lock().read_line(&mut line)? == 0 {
             eprintln!();
-            return Ok(());
+            return loaded.finish();
         }
         let line = line.trim_end_matches(['\n', '\r']).to_string();
         if line.is_empty() {
@@ -207,6 +207,9 @@ pub fn main(args: RunArgs) -> Result<()> {
         history.extend_from_slice(&reply.1);
         println!();
         print_timing(&timing);
+        if args.model.stream.stats {
+            loaded.print_stats(timing.prefill_secs + timing.decode_secs);
+        }
         messages.push(ChatMessage::new("assistant", &reply.0));
     }
 }

@@ -31,6 +31,26 @@ pub trait ExpertSource: Send + Sync {
         experts: &[usize],
         f: &mut dyn FnMut(usize, ExpertView<'_>) -> Result<(), EngineError>,
     ) -> Result<(), EngineError>;
+
+    /// `n` more tokens were evaluated (the clock of decaying eviction policies).
+    fn end_tokens(&self, _n: usize) {}
+}
+
+/// A shared source (lets the caller keep a handle for statistics).
+impl<T: ExpertSource> ExpertSource for std::sync::Arc<T> {
+    fn for_each_expert(
+        &self,
+        weights: &Weights,
+        layer: usize,
+        experts: &[usize],
+        f: &mut dyn FnMut(usize, ExpertView<'_>) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        (**self).for_each_expert(weights, layer, experts, f)
+    }
+
+    fn end_tokens(&self, n: usize) {
+        (**self).end_tokens(n)
+    }
 }
 
 /// Serves experts from the memory-mapped model file (everything resident or paged by the OS).

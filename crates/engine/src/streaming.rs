@@ -88,6 +88,8 @@ pub struct StreamingExperts {
     layers: Vec<Option<LayerLayout>>,
     /// Pins of resident layers' experts, held for the model's lifetime.
     resident: Vec<Pinned<AlignedBuf>>,
+    /// Expert bytes (without alignment) read at start for resident layers.
+    resident_read: u64,
     io_wait_ns: AtomicU64,
     overlapped: AtomicU64,
     budget_rounds: AtomicU64,
@@ -114,6 +116,17 @@ impl StreamingExperts {
             .sum()
     }
 
+    /// Bytes of one routed expert (gate + up + down) for each layer; 0 for dense layers.
+    pub fn expert_bytes_per_layer(weights: &Weights) -> Vec<u64> {
+        layouts(weights)
+            .iter()
+            .map(|l| {
+                l.as_ref()
+                    .map_or(0, |l| l.parts.iter().map(|p| p.1 as u64).sum())
+            })
+            .collect()
+    }
+
     /// Open the IO engine on `path` and build the cache. Fails before any read when the
     /// budget cannot hold one layer's top-k experts.
     pub fn open(
@@ -123,16 +136,26 @@ impl StreamingExperts {
         cfg: &StreamConfig,
     ) -> Result<Self, EngineError> {
         let mut layers = layouts(weights);
-        let mut classes: Vec<usize> = Vec::new();
-        for l in layers.iter_mut().flatten() {
-            l.class = match classes.iter().position(|&c| c == l.capacity) {
-                Some(i) => i,
-                None => {
-                    classes.push(l.capacity);
-                    classes.len() - 1
-                }
-            };
+        // One size class per distinct (gate, up, down) byte size, with the capacity of the
+        // worst alignment among all its experts, so a slot can hold any expert of any
+        // layer of that class (mixed-quant files get one pool per class).
+        let mut classes: Vec<([usize; 3], usize)> = Vec::new();
+        for l in layers.iter().flatten() {
+            let sizes = l.parts.map(|p| p.1);
+            match classes.iter_mut().find(|c| c.0 == sizes) {
+                Some(c) => c.1 = c.1.max(l.capacity),
+                None => classes.push((sizes, l.capacity)),
+            }
         }
+        for l in layers.iter_mut().flatten() {
+            let sizes = l.parts.map(|p| p.1);
+            l.class = classes
+                .iter()
+                .position(|c| c.0 == sizes)
+                .expect("class recorded above");
+            l.capacity = classes[l.class].1;
+        }
+        let classes: Vec<usize> = classes.iter().map(|c| c.1).collect();
         let cache = ExpertCache::new(
             CacheConfig {
                 budget: cfg.budget,
@@ -149,6 +172,7 @@ impl StreamingExperts {
             io,
             layers,
             resident: Vec::new(),
+            resident_read: 0,
             io_wait_ns: AtomicU64::new(0),
             overlapped: AtomicU64::new(0),
             budget_rounds: AtomicU64::new(0),
@@ -164,7 +188,7 @@ impl StreamingExperts {
             .take(n)
             .collect();
         for l in moe {
-            let layout = self.layers[l].as_ref().expect("moe layer");
+            let layout = self.layers[l].take().expect("moe layer");
             let n_expert = layout.n_expert;
             let mut tickets = HashMap::new();
             for e in 0..n_expert {
@@ -196,14 +220,26 @@ impl StreamingExperts {
                     .cache
                     .fill(ticket, done.buf, &done.placed)
                     .map_err(cache_err)?;
+                self.resident_read += layout.parts.iter().map(|p| p.1 as u64).sum::<u64>();
                 self.resident.push(pinned);
             }
+            self.layers[l] = Some(layout);
         }
         Ok(())
     }
 
+    /// Expert bytes read at start for `--resident-layers`.
+    pub fn resident_read_bytes(&self) -> u64 {
+        self.resident_read
+    }
+
     pub fn cache_stats(&self) -> CacheStats {
         self.cache.stats()
+    }
+
+    /// The IO backend actually in use (after any fallback).
+    pub fn io_stats_name(&self) -> &'static str {
+        self.io.name()
     }
 
     pub fn io_stats(&self) -> IoStats {
@@ -350,6 +386,12 @@ impl ExpertSource for StreamingExperts {
             misses = deferred;
         }
         Ok(())
+    }
+
+    fn end_tokens(&self, n: usize) {
+        for _ in 0..n {
+            self.cache.end_token();
+        }
     }
 }
 

@@ -62,6 +62,10 @@ impl Model {
             }
         }
         let pos0 = kv.len();
+        let moe = cfg.n_expert > 0;
+        if let (Some(rec), true) = (self.routing_recorder(), moe) {
+            lock(rec).begin_batch(t_len as u32).map_err(trace_err)?;
+        }
 
         // Embeddings: [T, E]
         let emb = &self.weights.token_embd;
@@ -115,6 +119,10 @@ impl Model {
             x.iter_mut().zip(&f).for_each(|(a, b)| *a += b);
         }
         kv.advance(t_len);
+        if let (Some(rec), true) = (self.routing_recorder(), moe) {
+            lock(rec).end_batch().map_err(trace_err)?;
+        }
+        self.experts.end_tokens(t_len);
 
         let rows: Vec<usize> = match mode {
             Logits::None => return Ok(Vec::new()),
@@ -229,6 +237,10 @@ impl Model {
             chosen.extend_from_slice(&sel);
             weights.extend_from_slice(&w);
         }
+        if let Some(rec) = self.routing_recorder() {
+            let ids: Vec<u32> = chosen.iter().map(|&x| x as u32).collect();
+            lock(rec).record_layer(il as u32, &ids).map_err(trace_err)?;
+        }
         // Which (token, slot) pairs use each expert.
         let mut users: Vec<Vec<usize>> = vec![Vec::new(); cfg.n_expert];
         for (ts, &ex) in chosen.iter().enumerate() {
@@ -292,6 +304,14 @@ impl Model {
         }
         Ok(out)
     }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn trace_err(e: crate::expert_tier::TraceError) -> EngineError {
+    EngineError::Stream(e.to_string())
 }
 
 /// Plain f32 dot product, sequential (fixed order).

@@ -9,12 +9,15 @@ pub mod forward;
 pub mod ops;
 pub mod weights;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use sluice_gguf::GgufFile;
 
 use crate::expert::{ExpertSource, ResidentExperts};
+use crate::expert_tier::{RoutingRecorder, TraceHeader};
 use crate::kv::KvCache;
+use crate::streaming::StreamingExperts;
 use crate::EngineError;
 use config::ModelConfig;
 use weights::Weights;
@@ -27,6 +30,8 @@ pub struct Model {
     pub cfg: ModelConfig,
     pub weights: Weights,
     pub experts: Box<dyn ExpertSource>,
+    /// `--record-routing`: every token's chosen experts, per MoE layer.
+    routing: Option<Mutex<RoutingRecorder>>,
     rope_global: Vec<f32>,
     rope_swa: Vec<f32>,
 }
@@ -44,6 +49,7 @@ impl Model {
             cfg,
             weights,
             experts: Box::new(ResidentExperts),
+            routing: None,
             rope_global,
             rope_swa,
         })
@@ -52,6 +58,43 @@ impl Model {
     /// Replace where routed experts come from (e.g. an SSD-streaming cache).
     pub fn set_expert_source(&mut self, source: Box<dyn ExpertSource>) {
         self.experts = source;
+    }
+
+    /// Record every token's routing to `path` (a trace for `sluice cache-sim`).
+    pub fn record_routing(&mut self, path: &Path) -> Result<(), EngineError> {
+        let header = TraceHeader {
+            model: self
+                .gguf
+                .get("general.name")
+                .and_then(|v| v.as_str())
+                .unwrap_or(self.cfg.arch.name())
+                .to_string(),
+            n_layer: self.cfg.n_layer as u32,
+            n_expert: self.cfg.n_expert as u32,
+            top_k: self.cfg.n_expert_used as u32,
+            expert_bytes: StreamingExperts::expert_bytes_per_layer(&self.weights),
+        };
+        let rec = RoutingRecorder::create(path, header)
+            .map_err(|e| EngineError::Stream(e.to_string()))?;
+        self.routing = Some(Mutex::new(rec));
+        Ok(())
+    }
+
+    /// Close the routing trace (if recording) and return its path.
+    pub fn finish_routing(&mut self) -> Result<Option<PathBuf>, EngineError> {
+        match self.routing.take() {
+            None => Ok(None),
+            Some(m) => {
+                let rec = m.into_inner().unwrap_or_else(|p| p.into_inner());
+                rec.finish()
+                    .map(Some)
+                    .map_err(|e| EngineError::Stream(e.to_string()))
+            }
+        }
+    }
+
+    pub(crate) fn routing_recorder(&self) -> Option<&Mutex<RoutingRecorder>> {
+        self.routing.as_ref()
     }
 
     /// A fresh KV cache for up to `n_ctx` positions (capped at the trained context).
