@@ -26,6 +26,9 @@ pub struct ModelArgs {
     /// Prompt tokens evaluated per forward pass during prefill.
     #[arg(short = 'b', long = "batch", value_name = "N", default_value_t = 256)]
     pub batch: usize,
+    /// Keep the KV cache at full f32 precision (default: rounded to f16 like llama.cpp).
+    #[arg(long = "kv-f32")]
+    pub kv_f32: bool,
     #[command(flatten)]
     pub stream: StreamArgs,
 }
@@ -230,6 +233,13 @@ pub fn human(b: u64) -> String {
 }
 
 impl Loaded {
+    /// A KV cache for `n_ctx` positions with the precision the flags ask for.
+    pub fn new_kv(&self, n_ctx: usize, f32_kv: bool) -> sluice_engine::kv::KvCache {
+        let mut kv = self.model.new_kv(n_ctx);
+        kv.set_f16(!f32_kv);
+        kv
+    }
+
     /// Close the routing trace, if one is being recorded.
     pub fn finish(&mut self) -> Result<()> {
         if let Some(p) = self.model.finish_routing()? {

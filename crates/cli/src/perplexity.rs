@@ -54,6 +54,7 @@ pub fn main(args: PerplexityArgs) -> Result<()> {
             n_ctx,
             args.model.batch,
             bos,
+            !args.model.kv_f32,
             |i, _n, est| {
                 eprint!("[{i}]{est:.4},");
             },

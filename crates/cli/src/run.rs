@@ -130,7 +130,7 @@ pub fn main(args: RunArgs) -> Result<()> {
         });
     }
     let mut sampler = Sampler::new(args.sampling.config());
-    let mut kv = loaded.model.new_kv(args.model.ctx);
+    let mut kv = loaded.new_kv(args.model.ctx, args.model.kv_f32);
     let mut dump = args.dump_logits.as_ref().map(|dir| Dump {
         dir: dir.clone(),
         logits: Vec::new(),

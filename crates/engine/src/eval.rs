@@ -23,13 +23,14 @@ pub struct Perplexity {
 /// Perplexity of `tokens` in chunks of `n_ctx`, as llama.cpp does it: each chunk starts
 /// with BOS (replacing its first token) when `bos` is given, is evaluated from an empty
 /// cache, and only the predictions for its second half are scored. `batch` is the
-/// prefill chunk size. `progress(i, n)` is called after each chunk.
+/// prefill chunk size; `kv_f16` rounds the KV cache to f16. `progress(i, n, estimate)` is called after each chunk.
 pub fn perplexity(
     model: &Model,
     tokens: &[u32],
     n_ctx: usize,
     batch: usize,
     bos: Option<u32>,
+    kv_f16: bool,
     mut progress: impl FnMut(usize, usize, f64),
 ) -> Result<Perplexity, crate::EngineError> {
     let n_vocab = model.cfg.n_vocab;
@@ -39,6 +40,7 @@ pub fn perplexity(
     let mut count = 0usize;
     let mut per_chunk = Vec::with_capacity(n_chunk);
     let mut kv = model.new_kv(n_ctx);
+    kv.set_f16(kv_f16);
     for c in 0..n_chunk {
         let start = c * n_ctx;
         let mut chunk = tokens[start..start + n_ctx].to_vec();

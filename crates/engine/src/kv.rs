@@ -1,7 +1,8 @@
 //! The key/value cache of one sequence.
 //!
-//! Owns: per-layer K and V rows (f32) for every position evaluated so far, and the
-//! context limit. Rows are appended by the forward pass and read by attention.
+//! Owns: per-layer K and V rows for every position evaluated so far (f32 storage, rounded
+//! to f16 precision by default like llama.cpp's F16 cache), and the context limit.
+//! Rows are appended by the forward pass and read by attention.
 
 use crate::EngineError;
 
@@ -13,6 +14,8 @@ pub struct KvCache {
     v_dim: usize,
     n_ctx: usize,
     len: usize,
+    /// Round keys and values to f16 precision (llama.cpp's default KV type).
+    f16: bool,
 }
 
 impl KvCache {
@@ -26,7 +29,14 @@ impl KvCache {
             v_dim,
             n_ctx,
             len: 0,
+            f16: true,
         }
+    }
+
+    /// Keep keys and values at f16 precision (the default, as llama.cpp does) or full f32.
+    /// Rows are stored as f32 either way; f16 only rounds them.
+    pub fn set_f16(&mut self, on: bool) {
+        self.f16 = on;
     }
 
     /// Positions evaluated so far (the position of the next token).
@@ -77,8 +87,13 @@ impl KvCache {
 
     /// Append `k` and `v` rows (several positions) to layer `il`.
     pub(crate) fn append(&mut self, il: usize, k: &[f32], v: &[f32]) {
-        self.k[il].extend_from_slice(k);
-        self.v[il].extend_from_slice(v);
+        if self.f16 {
+            self.k[il].extend(k.iter().map(|&x| half::f16::from_f32(x).to_f32()));
+            self.v[il].extend(v.iter().map(|&x| half::f16::from_f32(x).to_f32()));
+        } else {
+            self.k[il].extend_from_slice(k);
+            self.v[il].extend_from_slice(v);
+        }
     }
 
     /// Record that `n` positions were appended to every layer.
