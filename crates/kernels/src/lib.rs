@@ -248,7 +248,7 @@ pub(crate) fn ref_dot(ty: GgmlType, row: &[u8], a: &QuantizedActs) -> f32 {
 }
 
 /// Tokens per matmul tile: each weight row is decoded once per tile.
-pub const TILE: usize = 4;
+pub const TILE: usize = 8;
 
 fn check_acts(
     op: &'static str,

@@ -116,21 +116,48 @@ mod tokens {
         }
     }
 
-    /// Calls `$kernel::<N>(row, [acts..])` for tiles of up to 4 tokens, writing `out`.
+    /// Calls `$kernel::<N>(row, [acts..])` for tiles of up to `TILE` (8) tokens, writing `out`.
     macro_rules! tiled {
         ($acts:expr, $out:expr, $get:ident, $row:expr, $kernel:path) => {{
-            for (a, o) in $acts.chunks(4).zip($out.chunks_mut(4)) {
+            for (a, o) in $acts.chunks(crate::TILE).zip($out.chunks_mut(crate::TILE)) {
+                // SAFETY (every arm): the token held by the caller proves the CPU has the
+                // kernel's target features; the kernel only touches memory through the
+                // safe slices it is given.
                 match a.len() {
-                    // SAFETY (every arm): the token held by the caller proves the CPU has the
-                    // kernel's target features; the kernel only touches memory through the
-                    // safe slices it is given.
                     1 => o.copy_from_slice(&unsafe { $kernel($row, [$get(a[0])]) }),
                     2 => o.copy_from_slice(&unsafe { $kernel($row, [$get(a[0]), $get(a[1])]) }),
                     3 => o.copy_from_slice(&unsafe {
                         $kernel($row, [$get(a[0]), $get(a[1]), $get(a[2])])
                     }),
-                    _ => o.copy_from_slice(&unsafe {
+                    4 => o.copy_from_slice(&unsafe {
                         $kernel($row, [$get(a[0]), $get(a[1]), $get(a[2]), $get(a[3])])
+                    }),
+                    5 => o.copy_from_slice(&unsafe {
+                        $kernel($row, [$get(a[0]), $get(a[1]), $get(a[2]), $get(a[3]), $get(a[4])])
+                    }),
+                    6 => o.copy_from_slice(&unsafe {
+                        $kernel(
+                            $row,
+                            [$get(a[0]), $get(a[1]), $get(a[2]), $get(a[3]), $get(a[4]), $get(a[5])],
+                        )
+                    }),
+                    7 => o.copy_from_slice(&unsafe {
+                        $kernel(
+                            $row,
+                            [
+                                $get(a[0]), $get(a[1]), $get(a[2]), $get(a[3]), $get(a[4]),
+                                $get(a[5]), $get(a[6]),
+                            ],
+                        )
+                    }),
+                    _ => o.copy_from_slice(&unsafe {
+                        $kernel(
+                            $row,
+                            [
+                                $get(a[0]), $get(a[1]), $get(a[2]), $get(a[3]), $get(a[4]),
+                                $get(a[5]), $get(a[6]), $get(a[7]),
+                            ],
+                        )
                     }),
                 }
             }
