@@ -186,7 +186,9 @@ mod tests {
 
     #[test]
     fn round_half_even_equals_std_on_ties_and_random_values() {
-        for x in [0.5f32, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -127.5, 0.0, -0.0, 0.49999997] {
+        for x in [
+            0.5f32, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -127.5, 0.0, -0.0, 0.49999997,
+        ] {
             // Values agree; the sign of a zero result may not (-0.5 gives +0), which the
             // integer casts of the quantizers cannot see.
             assert_eq!(round_half_even(x), x.round_ties_even(), "{x}");

@@ -133,20 +133,35 @@ mod tokens {
                         $kernel($row, [$get(a[0]), $get(a[1]), $get(a[2]), $get(a[3])])
                     }),
                     5 => o.copy_from_slice(&unsafe {
-                        $kernel($row, [$get(a[0]), $get(a[1]), $get(a[2]), $get(a[3]), $get(a[4])])
+                        $kernel(
+                            $row,
+                            [$get(a[0]), $get(a[1]), $get(a[2]), $get(a[3]), $get(a[4])],
+                        )
                     }),
                     6 => o.copy_from_slice(&unsafe {
                         $kernel(
                             $row,
-                            [$get(a[0]), $get(a[1]), $get(a[2]), $get(a[3]), $get(a[4]), $get(a[5])],
+                            [
+                                $get(a[0]),
+                                $get(a[1]),
+                                $get(a[2]),
+                                $get(a[3]),
+                                $get(a[4]),
+                                $get(a[5]),
+                            ],
                         )
                     }),
                     7 => o.copy_from_slice(&unsafe {
                         $kernel(
                             $row,
                             [
-                                $get(a[0]), $get(a[1]), $get(a[2]), $get(a[3]), $get(a[4]),
-                                $get(a[5]), $get(a[6]),
+                                $get(a[0]),
+                                $get(a[1]),
+                                $get(a[2]),
+                                $get(a[3]),
+                                $get(a[4]),
+                                $get(a[5]),
+                                $get(a[6]),
                             ],
                         )
                     }),
@@ -154,8 +169,14 @@ mod tokens {
                         $kernel(
                             $row,
                             [
-                                $get(a[0]), $get(a[1]), $get(a[2]), $get(a[3]), $get(a[4]),
-                                $get(a[5]), $get(a[6]), $get(a[7]),
+                                $get(a[0]),
+                                $get(a[1]),
+                                $get(a[2]),
+                                $get(a[3]),
+                                $get(a[4]),
+                                $get(a[5]),
+                                $get(a[6]),
+                                $get(a[7]),
                             ],
                         )
                     }),
