@@ -145,14 +145,29 @@ fn run_pp(l: &Loaded, toks: &[u32], batch: usize) -> Result<f64> {
     Ok(toks.len() as f64 / t0.elapsed().as_secs_f64())
 }
 
-fn run_tg(l: &Loaded, toks: &[u32]) -> Result<f64> {
+/// Decode test. With `--measure`, the expert pages are dropped at the start and every N
+/// tokens, and the rate returned is corrected for the invalidation time (the report says
+/// both).
+fn run_tg(l: &Loaded, toks: &[u32], args: &BenchArgs) -> Result<f64> {
     let mut kv = l.model.new_kv(toks.len());
+    let mut measure = l.start_measure(&args.model.stream)?;
     let t0 = Instant::now();
     for &t in toks {
         l.pool
             .install(|| l.model.forward(&mut kv, &[t], Logits::Last))?;
+        if let Some(m) = measure.as_mut() {
+            m.token()?;
+        }
     }
-    Ok(toks.len() as f64 / t0.elapsed().as_secs_f64())
+    let secs = t0.elapsed().as_secs_f64();
+    match measure {
+        Some(m) => {
+            let report = m.finish(toks.len(), secs);
+            report.print();
+            Ok(report.corrected_rate())
+        }
+        None => Ok(toks.len() as f64 / secs),
+    }
 }
 
 pub fn main(args: BenchArgs) -> Result<()> {
@@ -186,7 +201,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
             if kind == "pp" {
                 run_pp(l, &toks, args.model.batch)
             } else {
-                run_tg(l, &toks)
+                run_tg(l, &toks, &args)
             }
         };
         if !args.no_warmup {

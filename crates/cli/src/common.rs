@@ -68,6 +68,14 @@ pub struct StreamArgs {
     /// Print cache, IO and stall statistics (per run and per layer).
     #[arg(long)]
     pub stats: bool,
+    /// Honest decode numbers: drop the model's expert pages from the page cache at decode
+    /// start and every --measure-every tokens, report residency, true storage reads and the
+    /// rate corrected for the time spent invalidating.
+    #[arg(long)]
+    pub measure: bool,
+    /// Tokens between page-cache invalidations in --measure mode (0 = only at the start).
+    #[arg(long = "measure-every", value_name = "N", default_value_t = 16)]
+    pub measure_every: usize,
     /// Write every token's chosen experts to FILE (replay it with `sluice cache-sim`).
     #[arg(long = "record-routing", value_name = "FILE")]
     pub record_routing: Option<PathBuf>,
@@ -233,6 +241,16 @@ pub fn human(b: u64) -> String {
 }
 
 impl Loaded {
+    /// Start `--measure` for a decode (None when the flag is off).
+    pub fn start_measure(&self, args: &StreamArgs) -> Result<Option<crate::measure::Measure<'_>>> {
+        if !args.measure {
+            return Ok(None);
+        }
+        let ranges = crate::measure::expert_ranges(&self.model.weights, self.model.gguf.file_size);
+        crate::measure::Measure::start(&self.model.weights.map, ranges, args.measure_every)
+            .map(Some)
+    }
+
     /// A KV cache for `n_ctx` positions with the precision the flags ask for.
     pub fn new_kv(&self, n_ctx: usize, f32_kv: bool) -> sluice_engine::kv::KvCache {
         let mut kv = self.model.new_kv(n_ctx);

@@ -7,6 +7,7 @@ mod bench;
 mod cache_sim;
 mod common;
 mod inspect;
+mod measure;
 mod perplexity;
 mod run;
 

@@ -307,6 +307,7 @@ fn generate(
     }
     timing.prefill_secs = t0.elapsed().as_secs_f64();
 
+    let mut measure = loaded.start_measure(&args.model.stream)?;
     let t1 = Instant::now();
     let mut history: Vec<u32> = prompt.to_vec();
     let mut generated = Vec::new();
@@ -341,6 +342,9 @@ fn generate(
             d.evaluated.push(id);
             d.logits.extend_from_slice(&logits);
         }
+        if let Some(m) = measure.as_mut() {
+            m.token()?;
+        }
         last = logits;
     }
     let tail = decoder.finish();
@@ -351,6 +355,9 @@ fn generate(
     println!();
     timing.generated = generated.len();
     timing.decode_secs = t1.elapsed().as_secs_f64();
+    if let Some(m) = &measure {
+        m.finish(timing.generated, timing.decode_secs).print();
+    }
     Ok((timing, (text, generated)))
 }
 

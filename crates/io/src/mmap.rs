@@ -21,6 +21,7 @@ pub enum MapError {
 /// A whole file mapped read-only. An empty file maps to an empty slice.
 pub struct MappedFile {
     path: PathBuf,
+    file: File,
     map: Option<memmap2::Mmap>,
 }
 
@@ -41,6 +42,7 @@ impl MappedFile {
         if len == 0 {
             return Ok(MappedFile {
                 path: path.to_path_buf(),
+                file,
                 map: None,
             });
         }
@@ -55,8 +57,38 @@ impl MappedFile {
         })?;
         Ok(MappedFile {
             path: path.to_path_buf(),
+            file,
             map: Some(map),
         })
+    }
+
+    /// Drop `range` of the file from this process's mapping and from the page cache, so the
+    /// next access really reads storage (measure mode). Pages mapped into a process are
+    /// immune to `posix_fadvise(DONTNEED)`; `madvise(MADV_DONTNEED)` unmaps them from this
+    /// mapping first. Returns the time spent.
+    pub fn evict(&self, range: std::ops::Range<usize>) -> std::io::Result<std::time::Duration> {
+        let t = std::time::Instant::now();
+        if let Some(map) = &self.map {
+            let end = range.end.min(map.len());
+            if range.start < end {
+                let page = crate::pagecache::page_size() as usize;
+                let start = range.start / page * page;
+                // SAFETY: MADV_DONTNEED on a read-only, file-backed private mapping only
+                // drops this process's page-table entries for the range; later reads fault
+                // the same file bytes back in (from the page cache or storage). No slice
+                // handed out by `bytes()` can observe a change, because the file content is
+                // unchanged and the mapping stays valid.
+                unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        start,
+                        end - start,
+                    )?;
+                }
+            }
+        }
+        crate::pagecache::drop_page_cache_fd(&self.file, range.start as u64..range.end as u64)?;
+        Ok(t.elapsed())
     }
 
     /// The mapped bytes.
