@@ -2,25 +2,39 @@
 # Side-by-side speed of sluice and llama.cpp on the same GGUF, same threads, same test
 # sizes, alternating A B A B so drift (thermal, page cache, other load) hits both equally.
 #
-#   bench/side-by-side.sh MODEL.gguf [-t THREADS] [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-k ROUNDS]
+#   bench/side-by-side.sh MODEL.gguf [-t THREADS] [-p PROMPT_TOKENS] [-n GEN_TOKENS] [-k ROUNDS] [-r REPS] [-C]
+#
+# -C: cold page cache: `sync; echo 3 > /proc/sys/vm/drop_caches` (needs root) before every
+# run of either tool, no warm-up run, and one repetition per run (later repetitions would
+# find the cache warm): use -k for more samples. Without -C both tools run warm (each does
+# its own warm-up run first).
 #
 # Builds the pinned llama.cpp (llama-cpp-python 0.3.36's vendored copy, without AMX) into
 # ${SLUICE_CACHE:-~/.cache/sluice} via tools/get-llama-cpp.sh --build, builds sluice in
 # release mode, then runs ROUNDS rounds of (sluice bench, llama-bench). Each tool repeats
-# each test 3 times per round; the ratio printed is median(sluice) / median(llama.cpp)
+# each test REPS (3) times per round; the ratio printed is median(sluice) / median(llama.cpp)
 # over all samples of all rounds. Extra sluice flags can be passed in SLUICE_FLAGS and
 # extra llama-bench flags in LLAMA_FLAGS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model="${1:?usage: bench/side-by-side.sh MODEL.gguf [-t N] [-p N] [-n N] [-k ROUNDS]}"
 shift
-threads=2 pp=128 tg=64 rounds=3
-while getopts "t:p:n:k:" o; do
+threads=2 pp=128 tg=64 rounds=3 reps=3 cold=0
+while getopts "t:p:n:k:r:C" o; do
   case $o in
     t) threads=$OPTARG ;; p) pp=$OPTARG ;; n) tg=$OPTARG ;; k) rounds=$OPTARG ;;
+    r) reps=$OPTARG ;; C) cold=1 ;;
     *) echo "unknown flag" >&2; exit 2 ;;
   esac
 done
+drop_caches() {
+  if [ "$cold" = 1 ]; then
+    sync
+    echo 3 > /proc/sys/vm/drop_caches || { echo "error: -C needs root (cannot write /proc/sys/vm/drop_caches)" >&2; exit 1; }
+  fi
+}
+sluice_cold=() llama_cold=()
+if [ "$cold" = 1 ]; then sluice_cold=(--no-warmup); llama_cold=(--no-warmup); reps=1; fi
 [ -f "$model" ] || { echo "error: $model: no such file" >&2; exit 1; }
 ll="$(tools/get-llama-cpp.sh --build)"
 llama_bench="$ll/build/bin/llama-bench"
@@ -31,12 +45,15 @@ out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 for r in $(seq 1 "$rounds"); do
   echo "round $r/$rounds: sluice" >&2
+  drop_caches
   # shellcheck disable=SC2086
-  $sluice bench -m "$model" -t "$threads" -p "$pp" -n "$tg" -r 3 --csv "$out/sluice.csv" ${SLUICE_FLAGS:-} >/dev/null
+  $sluice bench -m "$model" -t "$threads" -p "$pp" -n "$tg" -r "$reps" "${sluice_cold[@]}" --csv "$out/sluice.csv" ${SLUICE_FLAGS:-} >&2
   echo "round $r/$rounds: llama.cpp" >&2
+  drop_caches
   # shellcheck disable=SC2086
-  "$llama_bench" -m "$model" -t "$threads" -p "$pp" -n "$tg" -r 3 -o json ${LLAMA_FLAGS:-} > "$out/llama-$r.json"
+  "$llama_bench" -m "$model" -t "$threads" -p "$pp" -n "$tg" -r "$reps" "${llama_cold[@]}" -o json ${LLAMA_FLAGS:-} > "$out/llama-$r.json"
 done
+cp "$out/sluice.csv" "${SIDE_BY_SIDE_CSV:-/dev/null}" 2>/dev/null || true
 python3 - "$out" "$pp" "$tg" "$threads" "$model" <<'PY'
 import csv, glob, json, statistics, sys
 out, pp, tg, threads, model = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
