@@ -1,0 +1,233 @@
+//! Bad input to the model-running commands gets one clear line on stderr and a non-zero
+//! exit: a missing file, an unknown architecture (named, with the known ones listed), a
+//! prompt longer than the context, a token id beyond the vocabulary, a budget below the
+//! minimum, bad flag values. And `--dump-logits` writes one logits row per evaluated
+//! position, byte-identical across thread counts and expert sources.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use sluice_gguf::{GgmlType, GgufWriter, MetaValue, TensorSpec};
+
+fn tmp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("sluice-run-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn sluice(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/qwen3moe")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Fails with one line on stderr that contains every `needles` item.
+fn fails_with(out: &Output, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, stderr: {err}");
+    let last = err.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("error: "),
+        "last line should be the error: {err}"
+    );
+    for n in needles {
+        assert!(last.contains(n), "error line lacks {n:?}: {last}");
+    }
+}
+
+#[test]
+fn missing_model_file() {
+    let out = sluice(&["run", "-m", "/nonexistent/model.gguf", "-p", "hi"]);
+    fails_with(&out, &["/nonexistent/model.gguf", "no such file"]);
+}
+
+#[test]
+fn unknown_architecture_is_named_and_known_ones_listed() {
+    let dir = tmp_dir("arch");
+    let path = dir.join("llama.gguf");
+    let meta = vec![(
+        "general.architecture".to_string(),
+        MetaValue::Str("mamba9".into()),
+    )];
+    let specs = [TensorSpec::new(
+        "token_embd.weight",
+        &[32, 4],
+        GgmlType::F32,
+    )];
+    let f = std::fs::File::create(&path).unwrap();
+    let mut w = GgufWriter::new(f, &path, &meta, &specs).unwrap();
+    w.write_tensor("token_embd.weight", &[0u8; 512]).unwrap();
+    w.finish().unwrap();
+    let out = sluice(&["run", "-m", path.to_str().unwrap(), "-p", "hi"]);
+    fails_with(
+        &out,
+        &["mamba9", "qwen3moe", "gemma3", path.to_str().unwrap()],
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn prompt_longer_than_context() {
+    let toks: Vec<String> = (0..40).map(|i| (i % 200).to_string()).collect();
+    let out = sluice(&[
+        "run",
+        "-m",
+        &fixture("a-q8_0.gguf"),
+        "--tokens",
+        &toks.join(","),
+        "-c",
+        "16",
+        "-n",
+        "1",
+    ]);
+    fails_with(&out, &["40 tokens", "context"]);
+}
+
+#[test]
+fn token_id_beyond_vocabulary() {
+    let out = sluice(&[
+        "run",
+        "-m",
+        &fixture("a-q8_0.gguf"),
+        "--tokens",
+        "1,2,99999",
+        "-n",
+        "1",
+    ]);
+    fails_with(&out, &["99999", "512"]);
+}
+
+#[test]
+fn expert_cache_below_minimum_names_the_minimum() {
+    let out = sluice(&[
+        "run",
+        "-m",
+        &fixture("a-q8_0.gguf"),
+        "--tokens",
+        "1,2",
+        "-n",
+        "1",
+        "--expert-cache",
+        "4K",
+    ]);
+    fails_with(&out, &["--expert-cache", "minimum"]);
+}
+
+#[test]
+fn bad_streaming_flag_values() {
+    let out = sluice(&[
+        "run",
+        "-m",
+        &fixture("a-q8_0.gguf"),
+        "--tokens",
+        "1",
+        "-n",
+        "1",
+        "--expert-cache",
+        "100%",
+        "--io",
+        "floppy",
+    ]);
+    fails_with(&out, &["--io floppy"]);
+    let out = sluice(&[
+        "run",
+        "-m",
+        &fixture("a-q8_0.gguf"),
+        "--tokens",
+        "1",
+        "-n",
+        "1",
+        "--expert-cache",
+        "100%",
+        "--cache-policy",
+        "random",
+    ]);
+    fails_with(&out, &["--cache-policy", "random"]);
+}
+
+#[test]
+fn dump_logits_writes_one_row_per_evaluated_position() {
+    let dir = tmp_dir("dump");
+    let d = dir.join("out");
+    let out = sluice(&[
+        "run",
+        "-m",
+        &fixture("a-q8_0.gguf"),
+        "--tokens",
+        "84,104,101",
+        "-n",
+        "4",
+        "--temp",
+        "0",
+        "--dump-logits",
+        d.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("tokens.json")).unwrap()).unwrap();
+    let rows = json["n_positions"].as_u64().unwrap() as usize;
+    let tokens = json["tokens"].as_array().unwrap().len();
+    assert_eq!(rows, tokens);
+    assert!(
+        (3..=7).contains(&rows),
+        "3 prompt tokens + up to 4 generated: {rows}"
+    );
+    let npy = std::fs::read(d.join("logits.npy")).unwrap();
+    let hl = u16::from_le_bytes([npy[8], npy[9]]) as usize;
+    assert_eq!(npy.len(), 10 + hl + rows * 512 * 4);
+    assert!(!d.join("logits.npy.tmp").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Two runs, and 1 vs 2 threads, dump byte-identical logits (streaming with a tiny cache
+/// on one side, everything resident on the other).
+#[test]
+fn dump_logits_byte_identical_across_threads_and_streaming() {
+    let dir = tmp_dir("det");
+    let model = fixture("b-q8_0.gguf");
+    let run = |name: &str, extra: &[&str]| {
+        let d = dir.join(name);
+        let mut args = vec![
+            "run",
+            "-m",
+            &model,
+            "--raw",
+            "-p",
+            "The GNU General",
+            "-n",
+            "8",
+            "--temp",
+            "0",
+            "--dump-logits",
+            d.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let out = sluice(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::read(d.join("logits.npy")).unwrap()
+    };
+    let a = run("a", &["-t", "1"]);
+    let b = run("b", &["-t", "2"]);
+    // 80 KiB holds about three 24 KiB expert slots: top-3 routing evicts constantly.
+    let c = run("c", &["-t", "2", "--expert-cache", "80K", "--io", "pread"]);
+    assert_eq!(a, b, "1 vs 2 threads");
+    assert_eq!(a, c, "resident vs streaming at the minimum budget");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
