@@ -76,6 +76,16 @@ impl Rng {
     }
 }
 
+/// `w` with every byte 0x80 (-128) turned into 0x81 (-127), without branches.
+#[inline]
+pub fn no_minus_128(w: u64) -> u64 {
+    const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let x = w ^ HIGH; // bytes that were 0x80 are now 0
+    let nonzero = ((x & LOW7) + LOW7) | x; // high bit set in every nonzero byte
+    w | ((!nonzero & HIGH) >> 7)
+}
+
 /// How a tensor's values are drawn.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Fill {
@@ -129,11 +139,8 @@ pub fn fill_chunk(
             for b in out.chunks_exact_mut(Q8_0_BYTES) {
                 let d = f32_to_f16(base * jitter(rng));
                 b[..2].copy_from_slice(&d.to_le_bytes());
-                rng.fill_bytes(&mut b[2..]);
-                for q in &mut b[2..] {
-                    if *q == 0x80 {
-                        *q = 0x81;
-                    }
+                for c in b[2..].chunks_exact_mut(8) {
+                    c.copy_from_slice(&no_minus_128(rng.next_u64()).to_le_bytes());
                 }
             }
         }
@@ -212,6 +219,25 @@ mod tests {
                 assert_eq!(q4k_scale_min(j, &q), (sc[j], m[j]), "j={j}");
             }
         }
+    }
+
+    #[test]
+    fn no_minus_128_changes_only_0x80() {
+        let mut rng = Rng::new(&[3]);
+        for i in 0..100_000u64 {
+            let mut w = rng.next_u64();
+            if i % 3 == 0 {
+                w = (w & !0xFF00_00FF_0000) | 0x8000_0080_0000; // force some 0x80 bytes
+            }
+            let want: Vec<u8> = w
+                .to_le_bytes()
+                .iter()
+                .map(|&b| if b == 0x80 { 0x81 } else { b })
+                .collect();
+            assert_eq!(no_minus_128(w).to_le_bytes().to_vec(), want, "{w:#x}");
+        }
+        assert_eq!(no_minus_128(0x8080_8080_8080_8080), 0x8181_8181_8181_8181);
+        assert_eq!(no_minus_128(0), 0);
     }
 
     #[test]

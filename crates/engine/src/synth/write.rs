@@ -21,9 +21,12 @@ use super::{Plan, SynthError, SPACE_MARGIN};
 const CHUNK_BYTES: usize = 1 << 20;
 /// Bytes generated in parallel and handed to the writer thread at once.
 const BATCH_BYTES: usize = 32 << 20;
-/// Written data is synced and dropped from the page cache every this many bytes, so a file
-/// larger than RAM does not push everything else out of the cache.
-const DROP_EVERY: u64 = 1 << 30;
+/// Every this many bytes, the last [`DROP_WINDOW`] bytes written are advised out of the page
+/// cache (`POSIX_FADV_DONTNEED`: Linux starts writeback of the dirty pages and drops the
+/// clean ones), so writeback overlaps generation and a file larger than RAM does not push
+/// everything else out of the cache.
+const DROP_EVERY: u64 = 256 << 20;
+const DROP_WINDOW: u64 = 2 << 30;
 
 /// Refuse when `available` bytes cannot hold `needed` plus [`SPACE_MARGIN`].
 pub fn check_free_space(path: &Path, needed: u64, available: u64) -> Result<(), SynthError> {
@@ -77,28 +80,147 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-/// A file writer that every [`DROP_EVERY`] bytes syncs and drops what it wrote from the
-/// page cache.
+/// A file writer that keeps its own pages out of the page cache (see [`DROP_EVERY`]).
 struct CacheDropping {
     file: File,
     written: u64,
-    dropped: u64,
+    /// `written` at the last advice.
+    advised: u64,
 }
 
 impl Write for CacheDropping {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.file.write(buf)?;
         self.written += n as u64;
-        if self.written - self.dropped >= DROP_EVERY {
-            self.file.sync_data()?;
-            sluice_io::pagecache::drop_page_cache_fd(&self.file, self.dropped..self.written)?;
-            self.dropped = self.written;
+        if self.written - self.advised >= DROP_EVERY {
+            let start = self.written.saturating_sub(DROP_WINDOW);
+            sluice_io::pagecache::drop_page_cache_fd(&self.file, start..self.written)?;
+            self.advised = self.written;
         }
         Ok(n)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
         self.file.flush()
+    }
+}
+
+/// An O_DIRECT file writer: bytes are staged in a 4096-aligned buffer written whole (DMA, no
+/// page-cache copy); the last partial block is written zero-padded and the file truncated.
+struct DirectFile {
+    file: File,
+    buf: sluice_io::AlignedBuf,
+    len: usize,
+    /// Bytes accepted so far (the file's final size).
+    total: u64,
+}
+
+impl DirectFile {
+    const STAGE: usize = 16 << 20;
+
+    fn flush_stage(&mut self, pad: bool) -> std::io::Result<()> {
+        let n = if pad {
+            let n = self.len.next_multiple_of(sluice_io::ALIGN);
+            self.buf.as_mut_slice()[self.len..n].fill(0);
+            n
+        } else {
+            self.len
+        };
+        self.file.write_all(&self.buf.as_slice()[..n])?;
+        self.len = 0;
+        Ok(())
+    }
+
+    fn finish(mut self) -> std::io::Result<File> {
+        if self.len > 0 {
+            self.flush_stage(true)?;
+        }
+        self.file.set_len(self.total)?;
+        Ok(self.file)
+    }
+}
+
+impl Write for DirectFile {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let cap = self.buf.capacity();
+        let n = data.len().min(cap - self.len);
+        self.buf.as_mut_slice()[self.len..self.len + n].copy_from_slice(&data[..n]);
+        self.len += n;
+        self.total += n as u64;
+        if self.len == cap {
+            self.flush_stage(false)?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Where the bytes go: O_DIRECT when the file system takes it, else buffered writes that
+/// advise their pages out of the cache.
+enum Sink {
+    Direct(DirectFile),
+    Buffered(BufWriter<CacheDropping>),
+}
+
+impl Write for Sink {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Sink::Direct(d) => d.write(data),
+            Sink::Buffered(b) => b.write(data),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::Direct(d) => d.flush(),
+            Sink::Buffered(b) => b.flush(),
+        }
+    }
+}
+
+impl Sink {
+    /// Create `path`, O_DIRECT if possible.
+    fn create(path: &Path) -> std::io::Result<Sink> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let direct = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+            .open(path);
+        match direct {
+            Ok(file) => Ok(Sink::Direct(DirectFile {
+                file,
+                buf: sluice_io::AlignedBuf::new(DirectFile::STAGE),
+                len: 0,
+                total: 0,
+            })),
+            Err(_) => {
+                let file = File::create(path)?;
+                Ok(Sink::Buffered(BufWriter::with_capacity(
+                    4 << 20,
+                    CacheDropping {
+                        file,
+                        written: 0,
+                        advised: 0,
+                    },
+                )))
+            }
+        }
+    }
+
+    /// Write what is staged, sync, and leave nothing of the file in the page cache.
+    fn finish(self) -> std::io::Result<()> {
+        let file = match self {
+            Sink::Direct(d) => d.finish()?,
+            Sink::Buffered(b) => b.into_inner().map_err(|e| e.into_error())?.file,
+        };
+        file.sync_all()?;
+        let _ = sluice_io::pagecache::drop_page_cache_fd(&file, 0..u64::MAX);
+        Ok(())
     }
 }
 
@@ -131,25 +253,10 @@ pub fn write(plan: &Plan, path: &Path, opts: &WriteOptions) -> Result<(), SynthE
             source,
         }
     };
-    let file = File::create(&tmp).map_err(io("creating", &tmp))?;
+    let sink = Sink::create(&tmp).map_err(io("creating", &tmp))?;
     let mut guard = RemoveOnDrop(Some(tmp.clone()));
-    let out = BufWriter::with_capacity(
-        4 << 20,
-        CacheDropping {
-            file,
-            written: 0,
-            dropped: 0,
-        },
-    );
-    let out = write_to(plan, out, &tmp, opts.progress, opts.cancel)?;
-    let out = out.into_inner().map_err(|e| SynthError::Io {
-        path: tmp.clone(),
-        what: "flushing".into(),
-        source: e.into_error(),
-    })?;
-    out.file.sync_all().map_err(io("syncing", &tmp))?;
-    let _ = sluice_io::pagecache::drop_page_cache_fd(&out.file, out.dropped..u64::MAX);
-    drop(out);
+    let sink = write_to(plan, sink, &tmp, opts.progress, opts.cancel)?;
+    sink.finish().map_err(io("finishing (flush, sync)", &tmp))?;
     if opts.cancel.load(Ordering::SeqCst) {
         return Err(SynthError::Interrupted { path: tmp });
     }
@@ -234,8 +341,11 @@ fn generate(
                 }
                 Err(_) => free_rx.recv().map_err(|_| ())?,
             };
-            buf.clear();
-            buf.resize(len, 0);
+            // Every byte is overwritten below: only grow (zeroing) when needed.
+            if buf.len() < len {
+                buf.resize(len, 0);
+            }
+            buf.truncate(len);
             buf.par_chunks_mut(chunk).enumerate().for_each(|(i, out)| {
                 let c = (c0 + i) as u64;
                 let mut rng = Rng::new(&[plan.seed, ti as u64, c]);
