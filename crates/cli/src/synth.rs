@@ -7,7 +7,7 @@
 //! `sluice_engine::synth`.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -206,8 +206,25 @@ pub fn main(args: SynthArgs) -> Result<()> {
         )
         .context("progress bar template")?,
     );
-    let progress = |done: u64| bar.set_position(done);
     let t0 = Instant::now();
+    // Without a terminal the bar is hidden: print a line every 10 % instead (logs).
+    let next_tenth = AtomicU64::new(1);
+    let progress = |done: u64| {
+        bar.set_position(done);
+        if bar.is_hidden() && size > 0 {
+            let tenth = next_tenth.load(Ordering::Relaxed);
+            if tenth <= 10 && done >= size / 10 * tenth {
+                next_tenth.store(tenth + 1, Ordering::Relaxed);
+                eprintln!(
+                    "  {}0 %: {:.2} GB in {:.1} s ({:.2} GB/s)",
+                    tenth,
+                    done as f64 / 1e9,
+                    t0.elapsed().as_secs_f64(),
+                    done as f64 / 1e9 / t0.elapsed().as_secs_f64().max(1e-9)
+                );
+            }
+        }
+    };
     let result = synth::write(
         &plan,
         &args.output,
