@@ -10,6 +10,7 @@ mod inspect;
 mod measure;
 mod perplexity;
 mod run;
+mod synth;
 
 use std::process::ExitCode;
 
@@ -40,6 +41,9 @@ enum Command {
     CacheSim(cache_sim::CacheSimArgs),
     /// Show a GGUF file's header: metadata, tensors, and bytes by role.
     Inspect(inspect::Args),
+    /// Write a random-weight GGUF of a real architecture's shape (qwen3moe presets), for
+    /// benchmarking expert streaming on models larger than RAM; llama.cpp loads it too.
+    Synth(synth::SynthArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +54,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::main(a),
         Command::Inspect(args) => inspect::run(args),
         Command::CacheSim(a) => cache_sim::main(a),
+        Command::Synth(a) => synth::main(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

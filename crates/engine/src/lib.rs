@@ -12,6 +12,7 @@ pub mod kv;
 pub mod model;
 pub mod sampler;
 pub mod streaming;
+pub mod synth;
 pub mod threads;
 pub mod tokenizer;
 

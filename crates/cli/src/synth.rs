@@ -1,0 +1,246 @@
+//! `sluice synth -o FILE`: write a random-weight GGUF with a real architecture's shape
+//! (qwen3moe), for benchmarking expert streaming on models larger than RAM side by side
+//! with llama.cpp.
+//!
+//! Owns: the flags (presets, free dimensions, quant, router skew, vocabulary source), the
+//! plan summary, the progress bar and Ctrl-C handling. Generation lives in
+//! `sluice_engine::synth`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{anyhow, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use sluice_engine::synth::{self, Plan, Preset, SynthConfig, Vocab, WriteOptions};
+use sluice_gguf::GgmlType;
+
+/// Arguments of `sluice synth`.
+///
+/// The weights are random: the file is for speed measurements (IO, kernels, memory), not for
+/// text. Routing is synthetic too: with `--router-skew 0` every expert is equally likely,
+/// with S > 0 expert popularity falls off Zipf-like; real models' routing differs (it
+/// depends on the text and is correlated across tokens and layers).
+#[derive(clap::Args)]
+pub struct SynthArgs {
+    /// Output file (written as FILE.tmp, renamed when complete).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Shape preset: tiny, qwen3-30b-a3b, qwen3-235b-a22b. The flags below override it.
+    #[arg(long, default_value = "tiny")]
+    pub preset: String,
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Hidden size (embedding length).
+    #[arg(long)]
+    pub hidden: Option<usize>,
+    /// Query heads.
+    #[arg(long)]
+    pub heads: Option<usize>,
+    /// Key/value heads.
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    #[arg(long)]
+    pub head_dim: Option<usize>,
+    /// Routed experts per layer.
+    #[arg(long)]
+    pub experts: Option<usize>,
+    /// Experts used per token.
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Hidden size of one expert's FFN.
+    #[arg(long)]
+    pub expert_ff: Option<usize>,
+    /// Vocabulary size (default: the tokenizer's token count; larger pads with [PADn] tokens).
+    #[arg(long)]
+    pub vocab: Option<usize>,
+    /// Trained context length written to the metadata.
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Type of the large matrices (experts, attention, embeddings/output): F32, Q8_0, Q4_K,
+    /// Q6_K. Norms and the router stay F32. A matrix whose rows are not a multiple of the
+    /// block size falls back to Q8_0 (then F32).
+    #[arg(long, default_value = "Q8_0")]
+    pub quant: String,
+    /// Synthetic expert popularity: 0 = uniform; S > 0 scales router row e by
+    /// (1 + rank(e))^(-S/2) (ranks a seeded permutation per layer), so popularity falls
+    /// Zipf-like with rank (S = 1, 128 experts, top-8: the 8 most popular take ~30 % of picks).
+    /// Synthetic: real models' routing differs.
+    #[arg(long, default_value_t = 0.0)]
+    pub router_skew: f32,
+    /// Copy the tokenizer (tokenizer.* metadata) from this GGUF, e.g. llama.cpp's
+    /// models/ggml-vocab-qwen2.gguf. Default: a small built-in byte-level vocabulary.
+    #[arg(long)]
+    pub vocab_from: Option<PathBuf>,
+    /// Seed: the same seed and flags give the same bytes.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// general.name (default: "sluice synth <preset> <quant>").
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Replace OUTPUT if it exists.
+    #[arg(long)]
+    pub force: bool,
+    /// Print the plan and exit without writing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}
+
+/// The configuration the flags describe.
+pub fn config(args: &SynthArgs) -> Result<SynthConfig> {
+    let preset = Preset::from_name(&args.preset).ok_or_else(|| {
+        anyhow!(
+            "unknown --preset '{}'; known: {}",
+            args.preset,
+            Preset::NAMES.join(", ")
+        )
+    })?;
+    let quant = GgmlType::from_name(&args.quant.to_uppercase())
+        .filter(|t| synth::QUANTS.contains(t))
+        .ok_or_else(|| anyhow!("--quant '{}': expected F32, Q8_0, Q4_K or Q6_K", args.quant))?;
+    let mut s = preset.shape();
+    let set = |v: &mut usize, o: Option<usize>| {
+        if let Some(o) = o {
+            *v = o;
+        }
+    };
+    set(&mut s.layers, args.layers);
+    set(&mut s.hidden, args.hidden);
+    set(&mut s.heads, args.heads);
+    set(&mut s.kv_heads, args.kv_heads);
+    set(&mut s.head_dim, args.head_dim);
+    set(&mut s.experts, args.experts);
+    set(&mut s.top_k, args.top_k);
+    set(&mut s.expert_ff, args.expert_ff);
+    set(&mut s.context, args.context);
+    if args.vocab.is_some() {
+        s.vocab = args.vocab;
+    }
+    Ok(SynthConfig {
+        shape: s,
+        quant,
+        router_skew: args.router_skew,
+        seed: args.seed,
+        name: args
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("sluice synth {} {}", preset.name(), quant)),
+    })
+}
+
+fn print_plan(args: &SynthArgs, cfg: &SynthConfig, plan: &Plan, vocab_src: &str) {
+    let s = &cfg.shape;
+    let r = plan.role_bytes();
+    let size = plan.file_size();
+    eprintln!(
+        "synth {}: qwen3moe, {} layers, hidden {}, {}/{} heads of {}, {} experts of {} (top-{}), \
+         vocab {} ({}), {}, seed {}, router skew {}",
+        args.output.display(),
+        s.layers,
+        s.hidden,
+        s.heads,
+        s.kv_heads,
+        s.head_dim,
+        s.experts,
+        s.expert_ff,
+        s.top_k,
+        plan.layout
+            .tensor("token_embd.weight")
+            .map_or(0, |t| t.dims[1]),
+        vocab_src,
+        cfg.quant,
+        cfg.seed,
+        cfg.router_skew
+    );
+    eprintln!(
+        "  file: {size} bytes ({:.2} GiB), {} tensors",
+        gib(size),
+        plan.layout.tensors.len()
+    );
+    eprintln!(
+        "  routed experts: {:.2} GiB ({:.1} %), {} bytes per expert ({} layers x {} experts)",
+        gib(r.routed_experts),
+        100.0 * r.routed_experts as f64 / size as f64,
+        plan.one_expert_bytes(),
+        s.layers,
+        s.experts
+    );
+    eprintln!(
+        "  resident: {:.2} GiB (attention, norms, router) + embeddings/output {:.2} GiB",
+        gib(r.resident),
+        gib(r.embeddings)
+    );
+    for f in &plan.fallbacks {
+        eprintln!("  note: {f}");
+    }
+}
+
+pub fn main(args: SynthArgs) -> Result<()> {
+    let cfg = config(&args)?;
+    let vocab = match &args.vocab_from {
+        Some(p) => Vocab::from_gguf(p)?,
+        None => Vocab::builtin(),
+    };
+    let vocab_src = vocab.source.clone();
+    let plan = Plan::new(&cfg, vocab)?;
+    print_plan(&args, &cfg, &plan, &vocab_src);
+    if args.dry_run {
+        return Ok(());
+    }
+
+    let cancel = Arc::new(AtomicBool::new(false));
+    {
+        let cancel = cancel.clone();
+        let _ = ctrlc::set_handler(move || cancel.store(true, Ordering::SeqCst));
+    }
+    let size = plan.file_size();
+    let bar = ProgressBar::new(size);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} {decimal_bytes_per_sec} elapsed {elapsed} eta {eta}",
+        )
+        .context("progress bar template")?,
+    );
+    let t0 = Instant::now();
+    // Without a terminal the bar is hidden: print a line every 10 % instead (logs).
+    let next_tenth = AtomicU64::new(1);
+    let progress = |done: u64| {
+        bar.set_position(done);
+        if bar.is_hidden() && size > 0 {
+            let tenth = next_tenth.load(Ordering::Relaxed);
+            if tenth <= 10 && done >= size / 10 * tenth {
+                next_tenth.store(tenth + 1, Ordering::Relaxed);
+                eprintln!(
+                    "  {}0 %: {:.2} GB in {:.1} s ({:.2} GB/s)",
+                    tenth,
+                    done as f64 / 1e9,
+                    t0.elapsed().as_secs_f64(),
+                    done as f64 / 1e9 / t0.elapsed().as_secs_f64().max(1e-9)
+                );
+            }
+        }
+    };
+    let result = synth::write(
+        &plan,
+        &args.output,
+        &WriteOptions {
+            force: args.force,
+            progress: &progress,
+            cancel: &cancel,
+        },
+    );
+    bar.finish_and_clear();
+    result?;
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "wrote {} ({size} bytes) in {secs:.1} s: {:.2} GB/s",
+        args.output.display(),
+        size as f64 / secs / 1e9
+    );
+    Ok(())
+}
