@@ -2,8 +2,9 @@
 //!
 //! pp: evaluate N prompt tokens (in --batch chunks) from an empty cache.
 //! tg: from an empty cache, decode N tokens one at a time.
-//! Tokens are pseudo-random ids from a fixed seed (BOS first), as llama-bench does; each
-//! test repeats `-r` times after one warm-up and reports the median and spread.
+//! Tokens are pseudo-random ids (BOS first), as llama-bench does, different for every run
+//! but the same from one invocation to the next; each test repeats `-r` times after one
+//! warm-up and reports the median and spread.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -196,8 +197,12 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 cfg.n_ctx_train
             );
         }
-        let toks = tokens(n, cfg.n_vocab, bos, 42);
-        let run = |l: &Loaded| {
+        // Every run (warm-up included) gets its own token ids, as llama-bench's unseeded
+        // rand() stream does: repeating the same ids would repeat the same expert routing
+        // and make an expert cache look perfect.
+        let seed_base: u64 = if kind == "pp" { 1_000 } else { 2_000 };
+        let run = |l: &Loaded, rep: u64| {
+            let toks = tokens(n, cfg.n_vocab, bos, seed_base + rep);
             if kind == "pp" {
                 run_pp(l, &toks, args.model.batch)
             } else {
@@ -206,14 +211,14 @@ pub fn main(args: BenchArgs) -> Result<()> {
         };
         if !args.no_warmup {
             eprint!("{kind}{n}: warm-up... ");
-            run(&l)?;
+            run(&l, 0)?;
         }
         let mut samples = Vec::new();
         let t0 = Instant::now();
         let before = StreamDelta::snapshot(&l, 0);
         for r in 0..args.repetitions {
             eprint!("\r{kind}{n}: run {}/{}   ", r + 1, args.repetitions);
-            samples.push(run(&l)?);
+            samples.push(run(&l, 1 + r as u64)?);
         }
         eprintln!();
         let wall = t0.elapsed().as_nanos() as u64;
