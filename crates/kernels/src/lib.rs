@@ -428,6 +428,13 @@ pub fn matmul_with(
     if rows == 0 || n == 0 {
         return Ok(());
     }
+    #[cfg(target_arch = "x86_64")]
+    if let (Backend::Avx512(tok), GgmlType::Q5_0 | GgmlType::Q8_0) = (be, ty) {
+        if n >= 2 && cols > 0 {
+            matmul_q8_packed(tok, ty, w, rows, cols, rb, x, n, y);
+            return Ok(());
+        }
+    }
     let acts: Vec<QuantizedActs> = if cols == 0 {
         (0..n)
             .map(|_| QuantizedActs::new(ty, &[]))
@@ -458,4 +465,41 @@ pub fn matmul_with(
         }
     }
     Ok(())
+}
+
+/// The AVX-512 register-blocked matmul of Q8_0 / Q5_0 weights (shapes checked by the caller).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn matmul_q8_packed(
+    tok: x86::Avx512,
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    rb: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    let acts: Vec<x86::PackedQ8> = x
+        .par_chunks(cols)
+        .map(|xt| x86::PackedQ8::new(ty, &formats::quantize_row_q8_0(xt)))
+        .collect();
+    let nb = cols / formats::QK8_0;
+    let mut yt = vec![0.0f32; rows * n];
+    // Whole row groups per task.
+    let chunk = rows_per_task(rows, rb).next_multiple_of(x86::TR);
+    yt.par_chunks_mut(chunk * n).enumerate().for_each_init(
+        || x86::DecodedRows::new(nb, x86::TR),
+        |scratch, (c, ys)| {
+            let r0 = c * chunk;
+            let nr = ys.len() / n;
+            tok.matmul_q8_rows(ty, &w[r0 * rb..(r0 + nr) * rb], rb, &acts, scratch, ys);
+        },
+    );
+    for (r, yrow) in yt.chunks(n).enumerate() {
+        for (t, &v) in yrow.iter().enumerate() {
+            y[t * rows + r] = v;
+        }
+    }
 }

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use sluice_kernels::{dequantize_row, matmul, matvec};
 
 use super::config::Arch;
-use super::ops::{gelu_tanh, rms_norm_inplace, rope_neox, silu, softmax, top_k};
+use super::ops::{gelu_tanh, rms_norm_inplace, rope_cos_sin, rope_neox_cs, silu, softmax, top_k};
 use super::weights::{Ffn, Layer, Mat};
 use super::Model;
 use crate::kv::KvCache;
@@ -161,19 +161,21 @@ impl Model {
         } else {
             &self.rope_global
         };
+        let mut cs = Vec::with_capacity(inv_freq.len());
         for t in 0..t_len {
-            let pos = pos0 + t;
+            // cos/sin once per position, shared by every q and k head.
+            rope_cos_sin(pos0 + t, inv_freq, &mut cs);
             for head in q[t * nh * hd..(t + 1) * nh * hd].chunks_mut(hd) {
                 if let Some(w) = &layer.q_norm {
                     rms_norm_inplace(head, w, cfg.rms_eps);
                 }
-                rope_neox(head, pos, inv_freq);
+                rope_neox_cs(head, &cs);
             }
             for head in k[t * nkv * hd..(t + 1) * nkv * hd].chunks_mut(hd) {
                 if let Some(w) = &layer.k_norm {
                     rms_norm_inplace(head, w, cfg.rms_eps);
                 }
-                rope_neox(head, pos, inv_freq);
+                rope_neox_cs(head, &cs);
             }
         }
         kv.append(il, &k, &v);
@@ -318,16 +320,20 @@ fn trace_err(e: crate::expert_tier::TraceError) -> EngineError {
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     // Eight independent accumulators let the compiler vectorise without reassociating
     // across runs: the order is fixed by the code, not by the thread count.
+    // chunks_exact keeps the bounds checks out of the loop so it becomes vector code.
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
     let mut acc = [0.0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (ca, cb) in ac.zip(bc) {
         for l in 0..8 {
-            acc[l] += a[c * 8 + l] * b[c * 8 + l];
+            acc[l] += ca[l] * cb[l];
         }
     }
     let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + (acc[2] + acc[6]) + (acc[3] + acc[7]);
-    for i in chunks * 8..a.len() {
-        s += a[i] * b[i];
+    for (x, y) in ar.iter().zip(br) {
+        s += x * y;
     }
     s
 }

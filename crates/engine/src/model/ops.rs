@@ -52,6 +52,27 @@ pub fn rope_neox(head: &mut [f32], pos: usize, inv_freq: &[f32]) {
     }
 }
 
+/// `cs[i] = (cos, sin)` of `pos * inv_freq[i]`: the rotation of every head at `pos`.
+pub fn rope_cos_sin(pos: usize, inv_freq: &[f32], cs: &mut Vec<(f32, f32)>) {
+    cs.clear();
+    cs.extend(inv_freq.iter().map(|&f| {
+        let angle = pos as f32 * f;
+        let (sin, cos) = (angle as f64).sin_cos();
+        (cos as f32, sin as f32)
+    }));
+}
+
+/// [`rope_neox`] with the rotation precomputed by [`rope_cos_sin`] (same results).
+pub fn rope_neox_cs(head: &mut [f32], cs: &[(f32, f32)]) {
+    let half = head.len() / 2;
+    let (lo, hi) = head.split_at_mut(half);
+    for ((a, b), &(cos, sin)) in lo.iter_mut().zip(hi.iter_mut()).zip(cs) {
+        let (x, y) = (*a, *b);
+        *a = x * cos - y * sin;
+        *b = x * sin + y * cos;
+    }
+}
+
 /// Numerically stable softmax in place.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -67,9 +88,38 @@ pub fn softmax(x: &mut [f32]) {
 }
 
 /// GELU, tanh approximation (what Gemma's `gelu_pytorch_tanh` and ggml's `gelu` compute).
+///
+/// Evaluated as `x / (1 + exp(-2u))` with `u = sqrt(2/pi) (x + 0.044715 x^3)`, which equals
+/// `0.5 x (1 + tanh(u))`, using [`exp_approx`] (plain f32 arithmetic: it vectorizes and
+/// never calls libm). Agrees with the exact value (computed in f64) within
+/// `1e-6 * (1 + |u|)` relative plus 1e-30 absolute, see the test.
+#[inline]
 pub fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+    let u = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+    x / (1.0 + exp_approx(-2.0 * u))
+}
+
+/// `e^x` in plain f32 arithmetic (range reduction by ln 2, degree-6 Taylor polynomial on
+/// |r| <= ln2/2, scale by 2^n through the exponent bits): within 3 ulp of the exact value
+/// for x in [-87, 88]; inputs are clamped to that range (so +inf -> e^88, -inf -> e^-87,
+/// NaN stays NaN through the polynomial). Deterministic: same bits on every call.
+#[inline(always)]
+pub fn exp_approx(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75; // ln 2 rounded to 17 bits: n * LN2_HI is exact
+    const LN2_LO: f32 = 1.428_606_8e-6; // ln 2 - LN2_HI
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: round to nearest integer
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2E + MAGIC) - MAGIC;
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    // 2^n for n in -126..=127 through the exponent field.
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    p * scale
 }
 
 /// SiLU: x * sigmoid(x).
@@ -88,6 +138,60 @@ pub fn top_k(values: &[f32], k: usize) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gelu_matches_the_tanh_form_in_f64() {
+        let mut x = -12.0f32;
+        while x <= 12.0 {
+            let xd = x as f64;
+            let u = (2.0f64 / std::f64::consts::PI).sqrt() * (xd + 0.044_715 * xd * xd * xd);
+            // x / (1 + e^-2u) == 0.5 x (1 + tanh u); unlike tanh it does not round to
+            // exactly -1 in f64 for x < -9, so it is the accurate reference there.
+            let want = xd / (1.0 + (-2.0 * u).exp());
+            if x > -4.0 {
+                // Away from the cancellation in 1 + tanh u, the forms agree in f64.
+                let tanh_form = 0.5 * xd * (1.0 + u.tanh());
+                assert!((want - tanh_form).abs() <= 1e-9 * want.abs() + 1e-30);
+            }
+            let got = gelu_tanh(x) as f64;
+            // f32 rounding of u is amplified by e^-2u for negative x: relative error
+            // grows like |u| * 2^-24 there (the tanh form in f32 loses more to 1 + tanh).
+            assert!(
+                (got - want).abs() <= 1e-6 * (1.0 + u.abs()) * want.abs() + 1e-30,
+                "x={x}: {got} vs {want}"
+            );
+            x += 0.001_3;
+        }
+        assert_eq!(gelu_tanh(0.0), 0.0);
+        assert_eq!(gelu_tanh(100.0), 100.0);
+        assert!(gelu_tanh(-100.0).abs() < 1e-30);
+    }
+
+    #[test]
+    fn exp_approx_is_within_3_ulp_of_f64_exp() {
+        let mut x = -87.0f32;
+        while x <= 88.0 {
+            let want = (x as f64).exp();
+            let got = exp_approx(x) as f64;
+            let ulp = f32::EPSILON as f64 * want;
+            assert!((got - want).abs() <= 3.0 * ulp, "x={x}: {got} vs {want}");
+            x += 0.0173;
+        }
+    }
+
+    #[test]
+    fn rope_tables_equal_per_head_rope() {
+        let inv = rope_inv_freq(16, 10_000.0, 1.0);
+        let mut cs = Vec::new();
+        for pos in [0usize, 1, 7, 1000] {
+            let mut a: Vec<f32> = (0..16).map(|i| i as f32 * 0.37 - 2.0).collect();
+            let mut b = a.clone();
+            rope_neox(&mut a, pos, &inv);
+            rope_cos_sin(pos, &inv, &mut cs);
+            rope_neox_cs(&mut b, &cs);
+            assert_eq!(a, b);
+        }
+    }
 
     #[test]
     fn top_k_breaks_ties_by_lower_index() {

@@ -49,6 +49,10 @@ macro_rules! q8_like_kernel {
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod q8gemm;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use q8gemm::{DecodedRows, PackedQ8, TR};
 
 #[cfg(target_arch = "x86_64")]
 pub use tokens::*;

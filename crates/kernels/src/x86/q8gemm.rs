@@ -1,0 +1,228 @@
+//! Register-blocked matmul for Q8_0-activation weights (Q8_0, Q5_0) on the AVX-512 tier.
+//!
+//! Owns: [`PackedQ8`] (one token's Q8_0 activations with per-block f32 scales and offset
+//! corrections), the decode of a few weight rows into unsigned bytes once per matmul, and
+//! the R rows x N tokens tile kernel. Bit-identical to the single-row kernels: for each
+//! (row, token, block) the exact i32 lane partials are the same integers (computed as
+//! `sum (u - off) * qy = sum u * qy - off * sum qy` with the weight quants shifted to
+//! unsigned `u = q + off`), converted to f32, multiplied by `dx * dy` rounded to f32 and
+//! FMA'd into that pair's 8-lane accumulator in block order, then summed with the same
+//! `hsum8` at the end.
+
+use core::arch::x86_64::*;
+
+use super::avx2::{decode_q5_0, decode_q8_0, hsum8, ld256, ld256_i8};
+use crate::formats::{BlockQ8_0, Q5_0_BYTES, Q8_0_BYTES, QK8_0};
+use crate::GgmlType;
+
+/// One activation block for the tile kernel: quants, the offset correction
+/// `-off * (qs[4l] + .. + qs[4l + 3])` of each i32 lane l, and the f32 scale.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(32))]
+struct PackedBlock {
+    qs: [i8; QK8_0],
+    corr: [i32; 8],
+    d: f32,
+}
+
+/// One token's Q8_0 activations prepared for the tile kernel.
+#[derive(Clone, Debug)]
+pub(crate) struct PackedQ8 {
+    blocks: Vec<PackedBlock>,
+}
+
+/// The unsigned shift of the weight quants: Q5_0 `q + 16` (0..=31), Q8_0 `q + 128`.
+fn offset(ty: GgmlType) -> i32 {
+    if ty == GgmlType::Q5_0 {
+        16
+    } else {
+        128
+    }
+}
+
+impl PackedQ8 {
+    /// Pack Q8_0 blocks (from `quantize_row_q8_0`) for weights of type `ty`.
+    pub(crate) fn new(ty: GgmlType, blocks: &[BlockQ8_0]) -> PackedQ8 {
+        let tab = crate::formats::f16_table();
+        let off = offset(ty);
+        PackedQ8 {
+            blocks: blocks
+                .iter()
+                .map(|b| {
+                    let mut corr = [0i32; 8];
+                    for (l, cl) in corr.iter_mut().enumerate() {
+                        let s: i32 = b.qs[4 * l..4 * l + 4].iter().map(|&q| q as i32).sum();
+                        *cl = -off * s;
+                    }
+                    PackedBlock {
+                        qs: b.qs,
+                        corr,
+                        d: tab[b.d as usize],
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+/// One decoded weight block: unsigned quants `u = q + off` and the f32 scale.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+struct DecodedBlock {
+    u: [u8; QK8_0],
+    d: f32,
+}
+
+/// A few weight rows decoded for the tile kernel, `[row][block]`.
+pub(crate) struct DecodedRows {
+    blocks: Vec<DecodedBlock>,
+    nb: usize,
+}
+
+impl DecodedRows {
+    pub(crate) fn new(nb: usize, max_rows: usize) -> DecodedRows {
+        DecodedRows {
+            blocks: vec![
+                DecodedBlock {
+                    u: [0; QK8_0],
+                    d: 0.0
+                };
+                nb * max_rows
+            ],
+            nb,
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn st256(p: &mut [u8; QK8_0], v: __m256i) {
+    // SAFETY: `p` is 32 writable bytes; storeu has no alignment requirement.
+    unsafe { _mm256_storeu_si256(p.as_mut_ptr().cast(), v) }
+}
+
+/// Decode `rows` (whole rows of `ty`, `nb` blocks each) into `dst` rows 0.. .
+#[target_feature(enable = "avx2,fma,f16c")]
+fn decode_rows(ty: GgmlType, rows: &[u8], dst: &mut DecodedRows) {
+    let tab = crate::formats::f16_table();
+    if ty == GgmlType::Q5_0 {
+        let (blocks, _) = rows.as_chunks::<Q5_0_BYTES>();
+        let k = _mm256_set1_epi8(16);
+        for (b, o) in blocks.iter().zip(dst.blocks.iter_mut()) {
+            let (d, q) = decode_q5_0(b, tab);
+            o.d = d;
+            st256(&mut o.u, _mm256_add_epi8(q, k));
+        }
+    } else {
+        let (blocks, _) = rows.as_chunks::<Q8_0_BYTES>();
+        let k = _mm256_set1_epi8(0x80u8 as i8);
+        for (b, o) in blocks.iter().zip(dst.blocks.iter_mut()) {
+            let (d, q) = decode_q8_0(b, tab);
+            o.d = d;
+            st256(&mut o.u, _mm256_xor_si256(q, k));
+        }
+    }
+}
+
+/// `out[r][t] = row r . token t` for R decoded rows starting at row `r0` of `w`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn tile<const R: usize, const N: usize>(
+    w: &DecodedRows,
+    r0: usize,
+    ys: [&PackedQ8; N],
+) -> [[f32; N]; R] {
+    let nb = w.nb;
+    let rows: [&[DecodedBlock]; R] = core::array::from_fn(|r| &w.blocks[(r0 + r) * nb..][..nb]);
+    let ys: [&[PackedBlock]; N] = core::array::from_fn(|t| &ys[t].blocks[..nb]);
+    let mut acc = [[_mm256_setzero_ps(); N]; R];
+    for i in 0..nb {
+        let mut qy = [_mm256_setzero_si256(); N];
+        let mut dy = [_mm256_setzero_ps(); N];
+        for t in 0..N {
+            qy[t] = ld256_i8(&ys[t][i].qs);
+            dy[t] = _mm256_set1_ps(ys[t][i].d);
+        }
+        for (r, accr) in acc.iter_mut().enumerate() {
+            let wb = &rows[r][i];
+            let u = ld256(&wb.u);
+            let dx = _mm256_set1_ps(wb.d);
+            for t in 0..N {
+                let c = ld256_corr(&ys[t][i].corr);
+                let s = _mm256_dpbusd_epi32(c, u, qy[t]);
+                // dx * dy rounded to f32, as the single-row kernel's scalar product.
+                let dd = _mm256_mul_ps(dx, dy[t]);
+                accr[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), accr[t]);
+            }
+        }
+    }
+    let mut out = [[0.0f32; N]; R];
+    for r in 0..R {
+        for t in 0..N {
+            out[r][t] = hsum8(acc[r][t]);
+        }
+    }
+    out
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ld256_corr(p: &[i32; 8]) -> __m256i {
+    // SAFETY: `p` is 32 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(p.as_ptr().cast()) }
+}
+
+/// Tokens per tile of the kernel.
+pub(crate) const TN: usize = 4;
+/// Weight rows per tile of the kernel.
+pub(crate) const TR: usize = 4;
+
+impl super::Avx512 {
+    /// `yt[r * n + t] = W[r] . token t` for the rows in `w` (whole rows of `ty`, `rb` bytes
+    /// each, `yt.len() / n` of them); `scratch` holds at least `TR` decoded rows.
+    pub(crate) fn matmul_q8_rows(
+        self,
+        ty: GgmlType,
+        w: &[u8],
+        rb: usize,
+        acts: &[PackedQ8],
+        scratch: &mut DecodedRows,
+        yt: &mut [f32],
+    ) {
+        let n = acts.len();
+        for (g, yg) in yt.chunks_mut(TR * n).enumerate() {
+            let nr = yg.len() / n;
+            let rows = &w[g * TR * rb..(g * TR + nr) * rb];
+            // SAFETY: the token proves the CPU has AVX2/FMA/F16C; slices only.
+            unsafe { decode_rows(ty, rows, scratch) };
+            for (tc, a) in acts.chunks(TN).enumerate() {
+                let t0 = tc * TN;
+                macro_rules! run {
+                    ($r:literal, $($t:literal),*) => {{
+                        // SAFETY: the token proves the CPU has the kernel's features; the
+                        // kernel reads only through the slices it is given.
+                        let o = unsafe { tile::<$r, { [$($t),*].len() }>(scratch, 0, [$(&a[$t]),*]) };
+                        for (r, orow) in o.iter().enumerate() {
+                            yg[r * n + t0..r * n + t0 + orow.len()].copy_from_slice(orow);
+                        }
+                    }};
+                }
+                macro_rules! by_tokens {
+                    ($r:literal) => {
+                        match a.len() {
+                            1 => run!($r, 0),
+                            2 => run!($r, 0, 1),
+                            3 => run!($r, 0, 1, 2),
+                            _ => run!($r, 0, 1, 2, 3),
+                        }
+                    };
+                }
+                match nr {
+                    1 => by_tokens!(1),
+                    2 => by_tokens!(2),
+                    3 => by_tokens!(3),
+                    _ => by_tokens!(4),
+                }
+            }
+        }
+    }
+}
