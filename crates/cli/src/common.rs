@@ -166,6 +166,7 @@ impl ModelArgs {
                 high_priority: !s.no_io_priority,
             },
         };
+        lock_resident(model);
         if s.resident_layers > 0 {
             eprintln!(
                 "reading the experts of {} resident layers...",
@@ -194,6 +195,41 @@ impl ModelArgs {
         model.set_expert_source(Box::new(st.clone()));
         Ok(st)
     }
+}
+
+/// With streaming on, pin every non-expert tensor in RAM (mlock): otherwise the memory
+/// the expert cache takes pushes them out of the page cache and every token faults them
+/// back in from disk, unseen by the IO statistics. If mlock is refused, say so once.
+fn lock_resident(model: &Model) {
+    let expert_ranges = crate::measure::expert_ranges(&model.weights, model.gguf.file_size);
+    let mut ranges: Vec<std::ops::Range<u64>> = Vec::new();
+    let mut pos = model.gguf.data_offset;
+    let mut experts = expert_ranges.clone();
+    experts.sort_by_key(|r| r.start);
+    for r in &experts {
+        if r.start > pos {
+            ranges.push(pos..r.start);
+        }
+        pos = pos.max(r.end);
+    }
+    if pos < model.gguf.file_size {
+        ranges.push(pos..model.gguf.file_size);
+    }
+    let total: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+    let t0 = std::time::Instant::now();
+    for r in &ranges {
+        if let Err(e) = model.weights.map.lock(r.start as usize..r.end as usize) {
+            eprintln!(
+                "warning: cannot lock the resident weights in RAM ({e}); they stay in the page cache and may be evicted under memory pressure (raise `ulimit -l`)"
+            );
+            return;
+        }
+    }
+    eprintln!(
+        "resident weights: {} locked in RAM in {:.2} s",
+        human(total),
+        t0.elapsed().as_secs_f64()
+    );
 }
 
 /// `--expert-cache auto`: MemAvailable minus what the rest of the run needs (resident

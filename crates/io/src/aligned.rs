@@ -1,5 +1,13 @@
 //! `AlignedBuf`: a zeroed heap buffer aligned to 4096 bytes, the landing zone for O_DIRECT
 //! reads. Owns the one allocation; never reallocates, so cache slots can be reused.
+//!
+//! Buffers of 64 KiB and more are anonymous memory maps populated at creation
+//! (`MAP_POPULATE`: the kernel zeroes and maps every page in one call, no memset and no
+//! per-page faults later, so an O_DIRECT read never stalls on faulting its destination).
+//! Measured on this project's VMs, where fresh memory costs about 1 s per GiB to fault in:
+//! lazily faulted slots dropped delivered read bandwidth from ~1.6 to ~0.3 GB/s, and
+//! transparent huge pages were slower still (7 s vs 4 s per 4 GiB). Smaller buffers come
+//! from the global allocator.
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
@@ -13,6 +21,9 @@ pub struct AlignedBuf {
     ptr: NonNull<u8>,
     cap: usize,
 }
+
+/// From this size on, buffers are anonymous maps rather than heap allocations.
+const MMAP_FROM: usize = 64 * 1024;
 
 // SAFETY: AlignedBuf uniquely owns its allocation (like Box<[u8]>); no interior mutability.
 unsafe impl Send for AlignedBuf {}
@@ -28,6 +39,29 @@ impl AlignedBuf {
             return AlignedBuf {
                 ptr: NonNull::dangling(),
                 cap: 0,
+            };
+        }
+        if cap >= MMAP_FROM {
+            // SAFETY: an anonymous private mapping of `cap` bytes at an address the kernel
+            // picks; no file, no existing memory is affected. The result is checked below.
+            let raw = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    cap,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                    -1,
+                    0,
+                )
+            };
+            if raw == libc::MAP_FAILED {
+                let layout =
+                    Layout::from_size_align(cap, ALIGN).expect("AlignedBuf: size overflows");
+                alloc::handle_alloc_error(layout);
+            }
+            return AlignedBuf {
+                ptr: NonNull::new(raw.cast()).expect("mmap never returns null on success"),
+                cap,
             };
         }
         let layout = Layout::from_size_align(cap, ALIGN).expect("AlignedBuf: size overflows");
@@ -50,7 +84,8 @@ impl AlignedBuf {
         if self.cap == 0 {
             return &[];
         }
-        // SAFETY: ptr points to `cap` initialised (zeroed at creation) bytes we own.
+        // SAFETY: ptr points to `cap` initialised bytes we own (zeroed at creation by the
+        // allocator, or zero pages of a fresh anonymous map).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.cap) }
     }
 
@@ -73,6 +108,11 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if self.cap == 0 {
+            return;
+        }
+        if self.cap >= MMAP_FROM {
+            // SAFETY: ptr/cap are exactly the mapping created in `new`, unmapped once.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.cap) };
             return;
         }
         let layout = Layout::from_size_align(self.cap, ALIGN).expect("layout valid at creation");
@@ -103,7 +143,7 @@ mod tests {
 
     #[test]
     fn aligned_zeroed_rounded() {
-        for want in [1usize, 4095, 4096, 4097, 3 << 20] {
+        for want in [1usize, 4095, 4096, 4097, 65535, 65536, 3 << 20] {
             let mut b = AlignedBuf::new(want);
             assert_eq!(b.as_slice().as_ptr() as usize % 4096, 0);
             assert_eq!(b.capacity() % 4096, 0);

@@ -62,6 +62,30 @@ impl MappedFile {
         })
     }
 
+    /// Pin `range` of the mapping in RAM (`mlock`): its pages are read now and can no longer
+    /// be reclaimed, whatever else needs memory. Used for the weights every token needs
+    /// when the experts stream, so a large expert cache cannot push them out of the page
+    /// cache. Fails (e.g. RLIMIT_MEMLOCK) without side effects worth undoing.
+    pub fn lock(&self, range: std::ops::Range<usize>) -> std::io::Result<()> {
+        let Some(map) = &self.map else {
+            return Ok(());
+        };
+        let end = range.end.min(map.len());
+        if range.start >= end {
+            return Ok(());
+        }
+        let page = crate::pagecache::page_size() as usize;
+        let start = range.start / page * page;
+        // SAFETY: the pointer and length lie inside this live mapping (start is rounded down
+        // to a page boundary within it, end is clamped to its length); mlock only changes
+        // residency, never the bytes.
+        let rc = unsafe { libc::mlock(map.as_ptr().add(start).cast(), end - start) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Drop `range` of the file from this process's mapping and from the page cache, so the
     /// next access really reads storage (measure mode). Pages mapped into a process are
     /// immune to `posix_fadvise(DONTNEED)`; `madvise(MADV_DONTNEED)` unmaps them from this
