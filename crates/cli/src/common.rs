@@ -260,6 +260,20 @@ fn auto_budget(model: &Model, ctx: usize, total_experts: u64) -> Result<u64> {
     Ok(budget)
 }
 
+/// This process's peak resident set size (VmHWM), if /proc says.
+pub fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
 /// Bytes in binary units, e.g. `1.50 GiB`.
 pub fn human(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -350,6 +364,22 @@ impl Loaded {
             ss.overlapped,
             100.0 * (io.busy_ns as f64 * 1e-9 / wall_secs.max(1e-9)).min(1.0)
         );
+        if let Some(hwm) = peak_rss() {
+            let resident = self
+                .model
+                .gguf
+                .file_size
+                .saturating_sub(StreamingExperts::total_expert_bytes(&self.model.weights));
+            let promise = resident + cs.budget;
+            eprintln!(
+                "memory: peak RSS {} | resident weights {} + cache budget {} = {} (+ KV and buffers); peak cache slots {}",
+                human(hwm),
+                human(resident),
+                human(cs.budget),
+                human(promise),
+                human(cs.peak_allocated)
+            );
+        }
         eprintln!("per layer: layer hits misses evictions hit%");
         for (l, s) in cs.per_layer.iter().enumerate() {
             if s.requests() > 0 {
