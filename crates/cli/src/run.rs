@@ -155,7 +155,7 @@ pub fn main(args: RunArgs) -> Result<()> {
             }
             (None, None) => unreachable!(),
         };
-        let timing = answer(
+        let (timing, _) = generate(
             &loaded,
             &tok,
             &mut sampler,
@@ -166,10 +166,13 @@ pub fn main(args: RunArgs) -> Result<()> {
             dump.as_mut(),
         )?;
         print_timing(&timing);
+        if args.model.stream.stats {
+            loaded.print_stats(timing.prefill_secs + timing.decode_secs);
+        }
         if let Some(d) = &dump {
             write_dump(d, &loaded.model)?;
         }
-        return Ok(());
+        return loaded.finish();
     }
 
     // Interactive chat: the whole conversation is re-rendered each turn and only the new
@@ -201,8 +204,16 @@ pub fn main(args: RunArgs) -> Result<()> {
         history.truncate(common);
         stop.store(false, Ordering::SeqCst);
         let new = all[common..].to_vec();
-        let (timing, reply) =
-            answer_collect(&loaded, &tok, &mut sampler, &mut kv, &new, &args, &stop)?;
+        let (timing, reply) = generate(
+            &loaded,
+            &tok,
+            &mut sampler,
+            &mut kv,
+            &new,
+            &args,
+            &stop,
+            None,
+        )?;
         history.extend_from_slice(&new);
         history.extend_from_slice(&reply.1);
         println!();
@@ -229,34 +240,6 @@ fn render(
     all.extend_from_slice(messages);
     let template = ChatTemplate::from_gguf(&model.gguf, tok);
     Ok(template.render(&all, true)?)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn answer(
-    loaded: &Loaded,
-    tok: &Tokenizer,
-    sampler: &mut Sampler,
-    kv: &mut KvCache,
-    prompt: &[u32],
-    args: &RunArgs,
-    stop: &AtomicBool,
-    dump: Option<&mut Dump>,
-) -> Result<Timing> {
-    let (t, _) = generate(loaded, tok, sampler, kv, prompt, args, stop, dump)?;
-    Ok(t)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn answer_collect(
-    loaded: &Loaded,
-    tok: &Tokenizer,
-    sampler: &mut Sampler,
-    kv: &mut KvCache,
-    prompt: &[u32],
-    args: &RunArgs,
-    stop: &AtomicBool,
-) -> Result<(Timing, (String, Vec<u32>))> {
-    generate(loaded, tok, sampler, kv, prompt, args, stop, None)
 }
 
 /// Prefill `prompt`, then sample and stream up to `n_predict` tokens to stdout.

@@ -231,3 +231,46 @@ fn dump_logits_byte_identical_across_threads_and_streaming() {
     assert_eq!(a, c, "resident vs streaming at the minimum budget");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `run --stats --record-routing` with a small cache: the statistics reconcile bytes read
+/// with misses x expert bytes, the trace is written, and `cache-sim` replays it.
+#[test]
+fn streaming_stats_reconcile_and_trace_replays() {
+    let dir = tmp_dir("trace");
+    let trace = dir.join("routing.bin");
+    let out = sluice(&[
+        "run",
+        "-m",
+        &fixture("a-q8_0.gguf"),
+        "--tokens",
+        "84,104,101,367",
+        "-n",
+        "6",
+        "--temp",
+        "0",
+        "--expert-cache",
+        "100K",
+        "--io",
+        "pread",
+        "--stats",
+        "--record-routing",
+        trace.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let reconcile = err
+        .lines()
+        .find(|l| l.starts_with("reconcile:"))
+        .expect("a reconcile line");
+    assert!(reconcile.contains("(ok)"), "{reconcile}");
+    assert!(err
+        .lines()
+        .any(|l| l.starts_with("cache:") && l.contains("evictions")));
+    assert!(trace.exists());
+    let sim = sluice(&["cache-sim", trace.to_str().unwrap(), "--budget", "50%"]);
+    let text =
+        String::from_utf8_lossy(&sim.stdout).to_string() + &String::from_utf8_lossy(&sim.stderr);
+    assert!(sim.status.success(), "{text}");
+    assert!(text.contains("belady") && text.contains("lru"), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
