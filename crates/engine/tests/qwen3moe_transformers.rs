@@ -90,9 +90,15 @@ fn check_f32(model: &str, npy: &str) {
 fn check_q8_0_top1(model: &str, npy: &str) {
     let (want, _) = reference(npy);
     let (got, n_vocab) = sluice_logits(model, 64, 2);
-    let max_diff = got.iter().zip(&want).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    let max_diff = got
+        .iter()
+        .zip(&want)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
     eprintln!("{model}: max |sluice - reference| = {max_diff}");
-    assert!(max_diff <= 0.07, "{model}: max |sluice - reference| = {max_diff} > 0.07");
+    assert!(
+        max_diff <= 0.07,
+        "{model}: max |sluice - reference| = {max_diff} > 0.07"
+    );
     for (p, (g, w)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
         let (gi, wi) = (argmax(g), argmax(w));
         assert_eq!(
