@@ -327,6 +327,49 @@ impl ExpertSource for StreamingExperts {
             return Ok(());
         };
         let mut in_flight: HashMap<u64, (usize, Ticket)> = HashMap::new();
+        let result = self.run_layer(layout, layer, experts, f, &mut in_flight);
+        if result.is_err() {
+            // Never leave reads behind: a stale completion would reach the next layer.
+            self.drain(&mut in_flight);
+        }
+        result
+    }
+
+    fn end_tokens(&self, n: usize) {
+        for _ in 0..n {
+            self.cache.end_token();
+        }
+    }
+}
+
+impl StreamingExperts {
+    /// Wait for every read still in flight after an error; landed ones stay cached, failed
+    /// ones give their slot back.
+    fn drain(&self, in_flight: &mut HashMap<u64, (usize, Ticket)>) {
+        while !in_flight.is_empty() {
+            let Some(done) = self.io.wait_one() else {
+                break;
+            };
+            if let Some((_, ticket)) = in_flight.remove(&done.tag) {
+                match done.result {
+                    Ok(()) => {
+                        let _ = self.cache.fill(ticket, done.buf, &done.placed);
+                    }
+                    Err(_) => self.cache.release_failed(ticket, Some(done.buf)),
+                }
+            }
+        }
+    }
+
+    /// One layer's experts: hits computed at once, misses as they land, in budget rounds.
+    fn run_layer(
+        &self,
+        layout: &LayerLayout,
+        layer: usize,
+        experts: &[usize],
+        f: &mut dyn FnMut(usize, ExpertView<'_>) -> Result<(), EngineError>,
+        in_flight: &mut HashMap<u64, (usize, Ticket)>,
+    ) -> Result<(), EngineError> {
         // Round 1 looks every expert up (this is what the hit/miss statistics count);
         // later rounds only retry the misses that did not fit.
         let mut misses: Vec<usize> = Vec::new();
@@ -377,7 +420,7 @@ impl ExpertSource for StreamingExperts {
                 f(i, expert_view(&p, layout))?;
             }
             while !in_flight.is_empty() {
-                let (i, p) = self.complete_one(&mut in_flight)?;
+                let (i, p) = self.complete_one(in_flight)?;
                 if !in_flight.is_empty() {
                     self.overlapped.fetch_add(1, Ordering::Relaxed);
                 }
@@ -386,12 +429,6 @@ impl ExpertSource for StreamingExperts {
             misses = deferred;
         }
         Ok(())
-    }
-
-    fn end_tokens(&self, n: usize) {
-        for _ in 0..n {
-            self.cache.end_token();
-        }
     }
 }
 

@@ -195,3 +195,49 @@ impl sluice_engine::expert::ExpertSource for ArcSource {
         self.0.for_each_expert(weights, layer, experts, f)
     }
 }
+
+/// Regression: an error raised while a layer's reads are in flight must not leave stale
+/// completions behind for the next layer (which would panic or pair the wrong bytes).
+#[test]
+fn error_mid_layer_leaves_no_reads_behind() {
+    use sluice_engine::expert::{ExpertSource, ResidentExperts};
+    let path = fixture("a-q8_0.gguf");
+    let m = Model::load(&path).unwrap();
+    let min = StreamingExperts::min_budget(&m.weights, m.cfg.n_expert_used);
+    let cfg = StreamConfig {
+        budget: min * 4,
+        policy: PolicyKind::Lru,
+        resident_layers: 0,
+        io: IoConfig {
+            backend: Backend::Pread,
+            direct: true,
+            depth: 8,
+            threads: 2,
+            high_priority: false,
+        },
+    };
+    let s = StreamingExperts::open(&path, &m.weights, m.cfg.n_expert_used, &cfg).unwrap();
+    let experts: Vec<usize> = (0..m.cfg.n_expert).collect();
+    let err = s.for_each_expert(&m.weights, 0, &experts, &mut |_, _| {
+        Err(sluice_engine::EngineError::Stream("injected".into()))
+    });
+    assert!(err.is_err());
+    // Every expert of both layers still comes back with the right bytes.
+    for layer in 0..m.cfg.n_layer {
+        let mut want = Vec::new();
+        ResidentExperts
+            .for_each_expert(&m.weights, layer, &experts, &mut |i, v| {
+                want.push((i, v.gate.to_vec(), v.up.to_vec(), v.down.to_vec()));
+                Ok(())
+            })
+            .unwrap();
+        let mut got = Vec::new();
+        s.for_each_expert(&m.weights, layer, &experts, &mut |i, v| {
+            got.push((i, v.gate.to_vec(), v.up.to_vec(), v.down.to_vec()));
+            Ok(())
+        })
+        .unwrap();
+        got.sort_by_key(|g| g.0);
+        assert_eq!(got, want, "layer {layer}");
+    }
+}
