@@ -134,12 +134,32 @@ impl ModelArgs {
         }
         let total = StreamingExperts::total_expert_bytes(&model.weights);
         let min = StreamingExperts::min_budget(&model.weights, model.cfg.n_expert_used);
+        let spare = spare_memory(model, self.ctx, total)?;
         let budget = if size == "auto" {
-            auto_budget(model, self.ctx, total)?
+            eprintln!(
+                "expert cache auto: {} available - {} resident weights - {} KV - reserve = {}",
+                human(spare.available),
+                human(spare.resident),
+                human(spare.kv),
+                human(spare.budget)
+            );
+            spare.budget
         } else {
             parse_size_bytes(size, Some(total))
                 .map_err(|e| anyhow::anyhow!("--expert-cache {size}: {e}"))?
         };
+        // A cache bigger than what the machine can spare would push the resident weights
+        // and everything else out of memory (or get the process killed) long before it fills.
+        if size != "auto" && budget.min(total) > spare.available_for_cache {
+            anyhow::bail!(
+                "--expert-cache {size}: {} is more than this machine can spare for the cache ({}: {} available - {} resident weights - {} KV); use `auto` or a smaller size",
+                human(budget.min(total)),
+                human(spare.available_for_cache),
+                human(spare.available),
+                human(spare.resident),
+                human(spare.kv)
+            );
+        }
         if budget < min {
             anyhow::bail!(
                 "--expert-cache {size}: {} is below the minimum {} ({} bytes: one layer's top-{} experts must fit at once)",
@@ -232,32 +252,41 @@ fn lock_resident(model: &Model) {
     );
 }
 
-/// `--expert-cache auto`: MemAvailable minus what the rest of the run needs (resident
-/// weights not yet in the page cache, the KV cache) and a reserve of 10% or 1 GiB.
-fn auto_budget(model: &Model, ctx: usize, total_experts: u64) -> Result<u64> {
+/// What this machine can give the expert cache.
+struct Spare {
+    available: u64,
+    resident: u64,
+    kv: u64,
+    /// available - resident - KV: the most a cache may take.
+    available_for_cache: u64,
+    /// `auto`: that, minus a reserve of 10% or 1 GiB for everything else.
+    budget: u64,
+}
+
+/// MemAvailable minus what the rest of the run needs (resident weights, the KV cache);
+/// `auto` also keeps a reserve of 10% or 1 GiB.
+fn spare_memory(model: &Model, ctx: usize, total_experts: u64) -> Result<Spare> {
     let meminfo = std::fs::read_to_string("/proc/meminfo")
-        .context("--expert-cache auto: cannot read /proc/meminfo")?;
+        .context("--expert-cache: cannot read /proc/meminfo")?;
     let avail_kib: u64 = meminfo
         .lines()
         .find_map(|l| l.strip_prefix("MemAvailable:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("--expert-cache auto: no MemAvailable in /proc/meminfo")?;
-    let avail = avail_kib * 1024;
+        .context("--expert-cache: no MemAvailable in /proc/meminfo")?;
+    let available = avail_kib * 1024;
     let c = &model.cfg;
     let resident = model.gguf.file_size.saturating_sub(total_experts);
     let kv =
         (c.n_layer * ctx.min(c.n_ctx_train) * c.n_head_kv * (c.head_dim + c.head_dim_v) * 4) as u64;
-    let reserve = (avail / 10).max(1 << 30);
-    let budget = avail.saturating_sub(resident + kv + reserve);
-    eprintln!(
-        "expert cache auto: {} available - {} resident weights - {} KV - {} reserve = {}",
-        human(avail),
-        human(resident),
-        human(kv),
-        human(reserve),
-        human(budget)
-    );
-    Ok(budget)
+    let reserve = (available / 10).max(1 << 30);
+    let available_for_cache = available.saturating_sub(resident + kv);
+    Ok(Spare {
+        available,
+        resident,
+        kv,
+        available_for_cache,
+        budget: available_for_cache.saturating_sub(reserve),
+    })
 }
 
 /// This process's peak resident set size (VmHWM), if /proc says.
