@@ -199,7 +199,14 @@ impl Sampler {
             let max = cands[0].1;
             let e: Vec<f64> = cands
                 .iter()
-                .map(|&(_, l)| (((l - max) / temp) as f64).exp())
+                // `l == max` first so that infinite logits give weight 1, not NaN.
+                .map(|&(_, l)| {
+                    if l == max {
+                        1.0
+                    } else {
+                        (((l - max) / temp) as f64).exp()
+                    }
+                })
                 .collect();
             let sum: f64 = e.iter().sum();
             e.iter().map(|&x| (x / sum) as f32).collect()
@@ -336,6 +343,16 @@ mod tests {
         let s = Sampler::new(cfg(0.5, 2, 1.0, 0.0, 1));
         let d = s.distribution(&ln(&[0.1, 0.6, 0.3]), &[]);
         assert!((d[0].1 - 0.8).abs() < 1e-5, "{d:?}");
+    }
+
+    #[test]
+    fn infinite_and_nan_logits_do_not_break_sampling() {
+        let mut s = Sampler::new(cfg(1.0, 0, 0.9, 0.05, 5));
+        for _ in 0..20 {
+            assert_eq!(s.sample(&[0.0, f32::INFINITY, f32::NAN, 1.0], &[]), 1);
+        }
+        assert_eq!(s.sample(&[], &[]), 0);
+        assert_eq!(s.sample(&[f32::NAN, f32::NAN], &[]), 0);
     }
 
     #[test]

@@ -138,7 +138,7 @@ impl SpecialTrie {
         self.nodes[node].1.get_or_insert(id);
     }
 
-    /// Marks `present[id]` for every special token occurring anywhere in `text`.
+    /// Marks `present[v]` for the value `v` of every text occurring anywhere in `text`.
     fn occurring(&self, text: &[u8], present: &mut [bool]) {
         if self.nodes.is_empty() {
             return;
@@ -202,9 +202,9 @@ impl Tokenizer {
             .enumerate()
             .map(|(b, &c)| (c, b as u8))
             .collect();
-        for &id in &self.special_cache {
+        for (i, &id) in self.special_cache.iter().enumerate() {
             self.special_trie
-                .insert(self.vocab.texts[id as usize].as_bytes(), id);
+                .insert(self.vocab.texts[id as usize].as_bytes(), i as u32);
         }
         self.pieces = (0..self.vocab.texts.len() as u32)
             .map(|id| self.compute_piece(id))
@@ -322,11 +322,12 @@ impl Tokenizer {
         if text.is_empty() {
             return Vec::new();
         }
-        let mut present = vec![false; self.n_vocab()];
+        // Only special tokens occurring at all need the (llama.cpp-order) partition pass.
+        let mut present = vec![false; self.special_cache.len()];
         self.special_trie.occurring(text.as_bytes(), &mut present);
         let bytes = text.as_bytes();
-        for &id in &self.special_cache {
-            if !present[id as usize] {
+        for (i, &id) in self.special_cache.iter().enumerate() {
+            if !present[i] {
                 continue;
             }
             let a = self.vocab.attrs[id as usize];
