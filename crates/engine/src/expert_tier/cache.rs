@@ -105,7 +105,7 @@ pub enum CacheError {
 pub struct CacheConfig {
     /// Bytes for cached + in-flight slots (resident entries not included).
     pub budget: u64,
-    /// Slot bytes of each size class (index = class id).
+    /// Bytes of each size class (index = class id); rounded up by `SlotBuf::slot_size`.
     pub slot_sizes: Vec<usize>,
     /// Experts selected per token per layer.
     pub top_k: usize,
@@ -302,7 +302,8 @@ impl<B: SlotBuf> ExpertCache<B> {
         if cfg.top_k == 0 {
             return Err(CacheError::Config("top_k is 0"));
         }
-        let largest = cfg.slot_sizes.iter().copied().max().unwrap_or(0) as u64;
+        let slot_sizes: Vec<usize> = cfg.slot_sizes.iter().map(|&b| B::slot_size(b)).collect();
+        let largest = slot_sizes.iter().copied().max().unwrap_or(0) as u64;
         let min = min_budget(cfg.top_k, largest);
         if cfg.budget < min {
             return Err(CacheError::BudgetBelowMinimum {
@@ -322,7 +323,7 @@ impl<B: SlotBuf> ExpertCache<B> {
             inner: Mutex::new(Inner {
                 budget: cfg.budget,
                 free: vec![Vec::new(); cfg.slot_sizes.len()],
-                classes: cfg.slot_sizes,
+                classes: slot_sizes,
                 slots: Vec::new(),
                 vacant: Vec::new(),
                 map: HashMap::new(),

@@ -4,14 +4,15 @@
 //! (4096-aligned, so O_DIRECT reads land in it directly) with a three-line impl once that
 //! type lands on main:
 //!
-//! ```ignore
+//! ```text
 //! impl SlotBuf for sluice_io::AlignedBuf {
 //!     fn alloc(bytes: usize) -> Self { AlignedBuf::new(bytes) }
 //!     fn as_slice(&self) -> &[u8] { AlignedBuf::as_slice(self) }
 //!     fn size(&self) -> usize { self.capacity() }
+//!     fn slot_size(bytes: usize) -> usize { bytes.next_multiple_of(4096) }
 //! }
 //! ```
-//! (slot size classes must then be multiples of 4096: use `required_capacity(segments)`).
+//! (a class's bytes should be `required_capacity(segments)` of its experts' reads).
 
 /// A slot's byte buffer. Allocated once per slot by the cache, then reused for every
 /// expert that slot ever holds (moved out to the IO engine while a read is in flight,
@@ -23,6 +24,11 @@ pub trait SlotBuf: Send + Sync + 'static {
     fn as_slice(&self) -> &[u8];
     /// Size in bytes, as accounted against the budget.
     fn size(&self) -> usize;
+    /// What `alloc(bytes)` really allocates (e.g. rounded up to the alignment); the
+    /// cache rounds its size classes with this so the budget counts real bytes.
+    fn slot_size(bytes: usize) -> usize {
+        bytes
+    }
 }
 
 impl SlotBuf for Vec<u8> {
