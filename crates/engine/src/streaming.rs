@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use sluice_io::{
-    open_engine, required_capacity, AlignedBuf, IoConfig, IoEngine, IoStats, ReadReq, Segment,
+    open_engine, required_capacity, AlignedBuf, IoConfig, IoEngine, IoStats, ReadDone, ReadReq,
+    Segment,
 };
 
 use crate::expert::{ExpertSource, ExpertView};
@@ -190,14 +191,14 @@ impl StreamingExperts {
         for l in moe {
             let layout = self.layers[l].take().expect("moe layer");
             let n_expert = layout.n_expert;
-            let mut tickets = HashMap::new();
+            let mut tickets: HashMap<u64, (usize, Ticket)> = HashMap::new();
             for e in 0..n_expert {
                 let key = ExpertKey::new(l as u32, e as u32);
                 let r = self
                     .cache
                     .reserve_resident(key, layout.class)
                     .map_err(cache_err)?;
-                tickets.insert(e as u64, r.ticket);
+                tickets.insert(e as u64, (e, r.ticket));
                 self.io
                     .submit(ReadReq {
                         tag: e as u64,
@@ -207,19 +208,8 @@ impl StreamingExperts {
                     .map_err(|e| EngineError::Stream(e.to_string()))?;
             }
             while !tickets.is_empty() {
-                let done = self
-                    .io
-                    .wait_one()
-                    .ok_or_else(|| EngineError::Stream("IO engine lost a read".into()))?;
-                let ticket = tickets.remove(&done.tag).expect("known tag");
-                if let Err(e) = done.result {
-                    self.cache.release_failed(ticket, Some(done.buf));
-                    return Err(EngineError::Stream(e.to_string()));
-                }
-                let pinned = self
-                    .cache
-                    .fill(ticket, done.buf, &done.placed)
-                    .map_err(cache_err)?;
+                let done = self.next_completion()?;
+                let (_, pinned) = self.land(done, &mut tickets)?;
                 self.resident_read += layout.parts.iter().map(|p| p.1 as u64).sum::<u64>();
                 self.resident.push(pinned);
             }
@@ -260,12 +250,26 @@ impl StreamingExperts {
         in_flight: &mut HashMap<u64, (usize, Ticket)>,
     ) -> Result<(usize, Pinned<AlignedBuf>), EngineError> {
         let t0 = Instant::now();
-        let done = self
-            .io
-            .wait_one()
-            .ok_or_else(|| EngineError::Stream("IO engine lost a read".into()))?;
+        let done = self.next_completion()?;
         self.io_wait_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.land(done, in_flight)
+    }
+
+    /// The next finished read (blocking); an error if the engine has none in flight.
+    fn next_completion(&self) -> Result<ReadDone, EngineError> {
+        self.io
+            .wait_one()
+            .ok_or_else(|| EngineError::Stream("IO engine lost a read".into()))
+    }
+
+    /// Give a finished read's buffer to its reserved slot (or release the slot if the read
+    /// failed, returning the error naming file, offset and length).
+    fn land(
+        &self,
+        done: ReadDone,
+        in_flight: &mut HashMap<u64, (usize, Ticket)>,
+    ) -> Result<(usize, Pinned<AlignedBuf>), EngineError> {
         let (i, ticket) = in_flight
             .remove(&done.tag)
             .expect("completion for a read we issued");
@@ -350,14 +354,8 @@ impl StreamingExperts {
             let Some(done) = self.io.wait_one() else {
                 break;
             };
-            if let Some((_, ticket)) = in_flight.remove(&done.tag) {
-                match done.result {
-                    Ok(()) => {
-                        let _ = self.cache.fill(ticket, done.buf, &done.placed);
-                    }
-                    Err(_) => self.cache.release_failed(ticket, Some(done.buf)),
-                }
-            }
+            // Landed reads stay cached; failed ones give their slot back.
+            let _ = self.land(done, in_flight);
         }
     }
 
