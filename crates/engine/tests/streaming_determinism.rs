@@ -58,6 +58,29 @@ fn streamed(name: &str, cfg: &StreamConfig) -> (Model, u64) {
     (m, budget)
 }
 
+/// A streaming configuration; `high_priority` stays off in tests, `threads` at 2.
+fn stream_cfg(
+    budget: u64,
+    policy: PolicyKind,
+    resident_layers: usize,
+    backend: Backend,
+    direct: bool,
+    depth: usize,
+) -> StreamConfig {
+    StreamConfig {
+        budget,
+        policy,
+        resident_layers,
+        io: IoConfig {
+            backend,
+            direct,
+            depth,
+            threads: 2,
+            high_priority: false,
+        },
+    }
+}
+
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
@@ -78,18 +101,8 @@ fn check_model(name: &str) {
             for (budget, resident_layers) in [(min, 0), (min + min / 2, 0), (all, 0), (min, 1)] {
                 for (threads, batch, depth) in [(1, 64, 1), (2, 3, 32)] {
                     for policy in [PolicyKind::Lru, PolicyKind::Lfu { half_life: 4 }] {
-                        let cfg = StreamConfig {
-                            budget,
-                            policy,
-                            resident_layers,
-                            io: IoConfig {
-                                backend,
-                                direct,
-                                depth,
-                                threads: 2,
-                                high_priority: false,
-                            },
-                        };
+                        let cfg =
+                            stream_cfg(budget, policy, resident_layers, backend, direct, depth);
                         let (m, _) = streamed(name, &cfg);
                         let got = logits(&m, threads, batch);
                         assert!(
@@ -122,22 +135,11 @@ fn minimum_budget_evicts_and_never_exceeds_budget() {
     let path = fixture("a-q8_0.gguf");
     let probe = Model::load(&path).unwrap();
     let min = StreamingExperts::min_budget(&probe.weights, probe.cfg.n_expert_used);
-    let cfg = StreamConfig {
-        budget: min,
-        policy: PolicyKind::Lru,
-        resident_layers: 0,
-        io: IoConfig {
-            backend: Backend::Pread,
-            direct: true,
-            depth: 8,
-            threads: 2,
-            high_priority: false,
-        },
-    };
+    let cfg = stream_cfg(min, PolicyKind::Lru, 0, Backend::Pread, true, 8);
     let mut m = Model::load(&path).unwrap();
     let s = StreamingExperts::open(&path, &m.weights, m.cfg.n_expert_used, &cfg).unwrap();
     let s = std::sync::Arc::new(s);
-    m.set_expert_source(Box::new(ArcSource(s.clone())));
+    m.set_expert_source(Box::new(s.clone()));
     let _ = logits(&m, 2, 4);
     let cs = s.cache_stats();
     assert!(cs.total.evictions > 0, "a minimum budget must evict");
@@ -178,24 +180,6 @@ fn budget_below_minimum_is_a_clear_error() {
     );
 }
 
-/// Lets the test keep a handle on the source after giving it to the model.
-struct ArcSource(std::sync::Arc<StreamingExperts>);
-
-impl sluice_engine::expert::ExpertSource for ArcSource {
-    fn for_each_expert(
-        &self,
-        weights: &sluice_engine::model::weights::Weights,
-        layer: usize,
-        experts: &[usize],
-        f: &mut dyn FnMut(
-            usize,
-            sluice_engine::expert::ExpertView<'_>,
-        ) -> Result<(), sluice_engine::EngineError>,
-    ) -> Result<(), sluice_engine::EngineError> {
-        self.0.for_each_expert(weights, layer, experts, f)
-    }
-}
-
 /// Regression: an error raised while a layer's reads are in flight must not leave stale
 /// completions behind for the next layer (which would panic or pair the wrong bytes).
 #[test]
@@ -204,18 +188,7 @@ fn error_mid_layer_leaves_no_reads_behind() {
     let path = fixture("a-q8_0.gguf");
     let m = Model::load(&path).unwrap();
     let min = StreamingExperts::min_budget(&m.weights, m.cfg.n_expert_used);
-    let cfg = StreamConfig {
-        budget: min * 4,
-        policy: PolicyKind::Lru,
-        resident_layers: 0,
-        io: IoConfig {
-            backend: Backend::Pread,
-            direct: true,
-            depth: 8,
-            threads: 2,
-            high_priority: false,
-        },
-    };
+    let cfg = stream_cfg(min * 4, PolicyKind::Lru, 0, Backend::Pread, true, 8);
     let s = StreamingExperts::open(&path, &m.weights, m.cfg.n_expert_used, &cfg).unwrap();
     let experts: Vec<usize> = (0..m.cfg.n_expert).collect();
     let err = s.for_each_expert(&m.weights, 0, &experts, &mut |_, _| {
