@@ -1,24 +1,14 @@
 //! `sluice inspect` end to end: the built binary on generated files (sizes computed by hand
 //! from dims and ggml block geometry), a truncated file and a non-GGUF file.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use common::{sluice, tmp_dir};
+use std::path::Path;
+use std::process::Output;
 
 use serde_json::Value;
 use sluice_gguf::{GgmlType, GgufWriter, MetaValue, TensorSpec};
-
-fn tmp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("sluice-cli-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn sluice(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 /// A tiny MoE-shaped file; returns its path.
 fn write_moe(path: &Path) {

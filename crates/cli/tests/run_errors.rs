@@ -4,23 +4,13 @@
 //! minimum, bad flag values. And `--dump-logits` writes one logits row per evaluated
 //! position, byte-identical across thread counts and expert sources.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use common::{sluice, tmp_dir};
+use std::path::Path;
+use std::process::Output;
 
 use sluice_gguf::{GgmlType, GgufWriter, MetaValue, TensorSpec};
-
-fn tmp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("sluice-run-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn sluice(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 fn fixture(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))

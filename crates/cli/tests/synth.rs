@@ -2,23 +2,13 @@
 //! bytes computed by hand from the dims and Q6_K's 210-byte blocks of 256), `sluice run` on
 //! it, and the refusal of a file larger than the free space (nothing left behind).
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
+
+use common::{sluice, tmp_dir};
+
+use std::process::Output;
 
 use serde_json::Value;
-
-fn tmp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("sluice-cli-synth-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn sluice(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 fn ok(o: &Output) {
     assert!(
