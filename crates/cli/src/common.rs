@@ -252,6 +252,11 @@ fn lock_resident(model: &Model) {
     );
 }
 
+/// Bytes of the model file that are not routed experts (what stays resident when they stream).
+fn resident_bytes(model: &Model, total_experts: u64) -> u64 {
+    model.gguf.file_size.saturating_sub(total_experts)
+}
+
 /// What this machine can give the expert cache.
 struct Spare {
     available: u64,
@@ -275,7 +280,7 @@ fn spare_memory(model: &Model, ctx: usize, total_experts: u64) -> Result<Spare> 
         .context("--expert-cache: no MemAvailable in /proc/meminfo")?;
     let available = avail_kib * 1024;
     let c = &model.cfg;
-    let resident = model.gguf.file_size.saturating_sub(total_experts);
+    let resident = resident_bytes(model, total_experts);
     let kv =
         (c.n_layer * ctx.min(c.n_ctx_train) * c.n_head_kv * (c.head_dim + c.head_dim_v) * 4) as u64;
     let reserve = (available / 10).max(1 << 30);
@@ -305,6 +310,11 @@ pub fn peak_rss() -> Option<u64> {
 
 /// Bytes in binary units, e.g. `1.50 GiB`.
 pub fn human(b: u64) -> String {
+    human_with(b, 2)
+}
+
+/// Bytes in binary units with `decimals` digits after the point (whole bytes below 1 KiB).
+pub fn human_with(b: u64, decimals: usize) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = b as f64;
     let mut u = 0;
@@ -315,7 +325,7 @@ pub fn human(b: u64) -> String {
     if u == 0 {
         format!("{b} B")
     } else {
-        format!("{v:.2} {}", UNITS[u])
+        format!("{v:.decimals$} {}", UNITS[u])
     }
 }
 
@@ -394,11 +404,10 @@ impl Loaded {
             100.0 * (io.busy_ns as f64 * 1e-9 / wall_secs.max(1e-9)).min(1.0)
         );
         if let Some(hwm) = peak_rss() {
-            let resident = self
-                .model
-                .gguf
-                .file_size
-                .saturating_sub(StreamingExperts::total_expert_bytes(&self.model.weights));
+            let resident = resident_bytes(
+                &self.model,
+                StreamingExperts::total_expert_bytes(&self.model.weights),
+            );
             let promise = resident + cs.budget;
             eprintln!(
                 "memory: peak RSS {} | resident weights {} + cache budget {} = {} (+ KV and buffers); peak cache slots {}",

@@ -196,18 +196,7 @@ fn value_json(v: &MetaValue) -> Value {
 }
 
 fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut x = bytes as f64;
-    let mut u = 0;
-    while x >= 1024.0 && u + 1 < UNITS.len() {
-        x /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{x:.1} {}", UNITS[u])
-    }
+    crate::common::human_with(bytes, 1)
 }
 
 fn pct(part: u64, total: u64) -> f64 {

@@ -165,10 +165,7 @@ pub fn main(args: RunArgs) -> Result<()> {
             &stop,
             dump.as_mut(),
         )?;
-        print_timing(&timing);
-        if args.model.stream.stats {
-            loaded.print_stats(timing.prefill_secs + timing.decode_secs);
-        }
+        report(&loaded, &args, &timing);
         if let Some(d) = &dump {
             write_dump(d, &loaded.model)?;
         }
@@ -217,10 +214,7 @@ pub fn main(args: RunArgs) -> Result<()> {
         history.extend_from_slice(&new);
         history.extend_from_slice(&reply.1);
         println!();
-        print_timing(&timing);
-        if args.model.stream.stats {
-            loaded.print_stats(timing.prefill_secs + timing.decode_secs);
-        }
+        report(&loaded, &args, &timing);
         messages.push(ChatMessage::new("assistant", &reply.0));
     }
 }
@@ -342,6 +336,14 @@ fn generate(
         m.finish(timing.generated, timing.decode_secs).print();
     }
     Ok((timing, (text, generated)))
+}
+
+/// Timing line, and the streaming statistics when `--stats` asks for them.
+fn report(loaded: &Loaded, args: &RunArgs, t: &Timing) {
+    print_timing(t);
+    if args.model.stream.stats {
+        loaded.print_stats(t.prefill_secs + t.decode_secs);
+    }
 }
 
 fn print_timing(t: &Timing) {
