@@ -4,29 +4,15 @@
 //! builds the models with fixed seeds, writes them as GGUF with llama.cpp's tensor names,
 //! and saves its own float32 logits for tokens.json). sluice never produced these numbers.
 
-use std::path::{Path, PathBuf};
+mod common;
 
+use common::{qwen3moe_fixture, qwen3moe_tokens as tokens};
 use sluice_engine::eval::read_npy_f32;
 use sluice_engine::{Logits, Model};
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3moe")
-}
-
-fn tokens() -> Vec<u32> {
-    let text = std::fs::read_to_string(fixtures().join("tokens.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 /// sluice's logits for every position, evaluated in prompt chunks of `batch` tokens.
 fn sluice_logits(model: &str, batch: usize, threads: usize) -> (Vec<f32>, usize) {
-    let m = Model::load(&fixtures().join(model)).unwrap();
+    let m = Model::load(&qwen3moe_fixture(model)).unwrap();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -43,7 +29,7 @@ fn sluice_logits(model: &str, batch: usize, threads: usize) -> (Vec<f32>, usize)
 }
 
 fn reference(npy: &str) -> (Vec<f32>, Vec<usize>) {
-    read_npy_f32(&fixtures().join(npy)).unwrap()
+    read_npy_f32(&qwen3moe_fixture(npy)).unwrap()
 }
 
 /// max |a - b| / max |b|

@@ -3,29 +3,13 @@
 //! from the minimum (constant eviction) to everything, resident layers, and 1 or 2 threads.
 //! And the cache never holds more than its budget.
 
-use std::path::{Path, PathBuf};
+mod common;
 
+use common::{qwen3moe_fixture as fixture, qwen3moe_tokens as tokens};
 use sluice_engine::expert_tier::PolicyKind;
 use sluice_engine::streaming::{StreamConfig, StreamingExperts};
 use sluice_engine::{Logits, Model};
 use sluice_io::{Backend, IoConfig};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/qwen3moe")
-        .join(name)
-}
-
-fn tokens() -> Vec<u32> {
-    let text = std::fs::read_to_string(fixture("tokens.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
 
 /// Prefill in chunks of `batch`, then decode the rest one token at a time; every position's logits.
 fn logits(m: &Model, threads: usize, batch: usize) -> Vec<f32> {
