@@ -13,6 +13,8 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use sluice_engine::Logits;
 
+use sluice_engine::session::Session;
+
 use crate::common::{Loaded, ModelArgs};
 
 #[derive(clap::Args, Debug)]
@@ -131,18 +133,15 @@ fn tokens(n: usize, n_vocab: usize, bos: Option<u32>, seed: u64) -> Vec<u32> {
     out
 }
 
-fn run_pp(l: &Loaded, toks: &[u32], batch: usize) -> Result<f64> {
-    let mut kv = l.model.new_kv(toks.len());
+/// A fresh sequence sized for `n` tokens, with the flags' KV precision and batch.
+fn session<'l>(l: &'l Loaded, args: &ModelArgs, n: usize) -> Session<'l> {
+    Session::new(l, n, args.kv_f32, args.batch)
+}
+
+fn run_pp(l: &Loaded, toks: &[u32], args: &ModelArgs) -> Result<f64> {
+    let mut s = session(l, args, toks.len());
     let t0 = Instant::now();
-    let n = toks.len().div_ceil(batch);
-    for (i, c) in toks.chunks(batch).enumerate() {
-        let mode = if i + 1 == n {
-            Logits::Last
-        } else {
-            Logits::None
-        };
-        l.pool.install(|| l.model.forward(&mut kv, c, mode))?;
-    }
+    s.prefill(toks, Logits::Last)?;
     Ok(toks.len() as f64 / t0.elapsed().as_secs_f64())
 }
 
@@ -150,12 +149,11 @@ fn run_pp(l: &Loaded, toks: &[u32], batch: usize) -> Result<f64> {
 /// tokens, and the rate returned is corrected for the invalidation time (the report says
 /// both).
 fn run_tg(l: &Loaded, toks: &[u32], args: &BenchArgs) -> Result<f64> {
-    let mut kv = l.model.new_kv(toks.len());
+    let mut s = session(l, &args.model, toks.len());
     let mut measure = l.start_measure(&args.model.stream)?;
     let t0 = Instant::now();
     for &t in toks {
-        l.pool
-            .install(|| l.model.forward(&mut kv, &[t], Logits::Last))?;
+        s.step(t)?;
         if let Some(m) = measure.as_mut() {
             m.token()?;
         }
@@ -204,7 +202,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
         let run = |l: &Loaded, rep: u64| {
             let toks = tokens(n, cfg.n_vocab, bos, seed_base + rep);
             if kind == "pp" {
-                run_pp(l, &toks, args.model.batch)
+                run_pp(l, &toks, &args.model)
             } else {
                 run_tg(l, &toks, &args)
             }
@@ -246,7 +244,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
         println!(
             "| {} | {} | {} | {} | {:.2} | {:.2} | {} |",
             name,
-            cfg.arch.name(),
+            cfg.arch,
             threads,
             r.test,
             r.median(),
@@ -291,13 +289,13 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 .model
                 .stream
                 .expert_cache
-                .clone()
-                .unwrap_or_else(|| "mmap".into());
+                .as_ref()
+                .map_or_else(|| "mmap".to_string(), |(_, text)| text.clone());
             writeln!(
                 f,
                 "{},{},{},{},{},{},{:.3},{:.3},{},{},{:.4},{},{},{:.3},{:.3},{:.3}",
                 name,
-                cfg.arch.name(),
+                cfg.arch,
                 threads,
                 args.model.batch,
                 r.test,

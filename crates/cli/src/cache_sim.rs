@@ -3,13 +3,13 @@
 //! GB read for each policy next to Belady's optimum.
 //!
 //! Owns: flag definitions and output only; the simulation is
-//! `sluice_engine::expert_tier::sim`.
+//! `sluice_engine::tier::sim`.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
-use sluice_engine::expert_tier::sim::{format_report, simulate_belady, simulate_kind};
-use sluice_engine::expert_tier::{parse_size_bytes, PolicyKind, RoutingTrace};
+use sluice_engine::tier::sim::{format_report, simulate_belady, simulate_kind};
+use sluice_engine::tier::{parse_size_bytes, PolicyKind, RoutingTrace};
 
 #[derive(Debug, clap::Args)]
 pub struct CacheSimArgs {

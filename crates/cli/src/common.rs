@@ -1,14 +1,11 @@
 //! Flags and helpers shared by the commands that load a model (run, perplexity, bench).
 
 use std::path::PathBuf;
-use std::time::Instant;
 
-use std::sync::Arc;
-
-use anyhow::{Context, Result};
-use sluice_engine::expert_tier::{parse_size_bytes, PolicyKind};
-use sluice_engine::streaming::{StreamConfig, StreamingExperts};
-use sluice_engine::Model;
+use anyhow::Result;
+use sluice_engine::load::{resident_bytes, Budget, LoadOptions, StreamOptions};
+use sluice_engine::session::Session;
+use sluice_engine::tier::PolicyKind;
 use sluice_io::{Backend, IoConfig};
 
 /// Where the model is and how many threads compute.
@@ -33,34 +30,63 @@ pub struct ModelArgs {
     pub stream: StreamArgs,
 }
 
+/// `on` / `off`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+impl OnOff {
+    fn from_bool(b: bool) -> OnOff {
+        if b {
+            OnOff::On
+        } else {
+            OnOff::Off
+        }
+    }
+}
+
+impl std::fmt::Display for OnOff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if *self == OnOff::On { "on" } else { "off" })
+    }
+}
+
+fn io_default() -> IoConfig {
+    IoConfig::default()
+}
+
 /// SSD streaming of routed experts (MoE models). Without --expert-cache the experts are
 /// read through the memory map like every other tensor (the OS decides what stays).
+/// Defaults come from the library (`IoConfig::default()`, `PolicyKind::default()`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct StreamArgs {
     /// Stream routed experts from the SSD through a RAM cache of SIZE bytes (e.g. 8G,
     /// 512MiB, 25% of the experts, or `auto` = what this machine can spare after the
     /// resident weights and the KV cache, keeping a reserve). A hard budget: cached plus
     /// in-flight expert bytes never exceed it.
-    #[arg(long = "expert-cache", value_name = "SIZE")]
-    pub expert_cache: Option<String>,
+    #[arg(long = "expert-cache", value_name = "SIZE", value_parser = parse_budget)]
+    pub expert_cache: Option<(Budget, String)>,
     /// Eviction policy: lru, lfu (selection counts halved every 16 tokens; lfu:N sets N), lru2.
-    #[arg(long = "cache-policy", default_value = "lfu")]
-    pub cache_policy: String,
+    #[arg(long = "cache-policy", value_name = "POLICY", default_value_t = PolicyKind::default())]
+    pub cache_policy: PolicyKind,
     /// Pin the first N MoE layers' experts in RAM (read once at start; not counted in
-    /// the cache budget).
+    /// the cache budget, counted in the memory check).
     #[arg(long = "resident-layers", value_name = "N", default_value_t = 0)]
     pub resident_layers: usize,
     /// IO backend for expert reads: uring (falls back to pread if refused), pread, mmap.
-    #[arg(long = "io", default_value = "uring")]
-    pub io: String,
-    /// O_DIRECT expert reads (bypass the page cache): on or off.
-    #[arg(long = "direct-io", default_value = "on", value_parser = ["on", "off"])]
-    pub direct_io: String,
+    #[arg(long = "io", value_name = "BACKEND", default_value_t = io_default().backend)]
+    pub io: Backend,
+    /// O_DIRECT expert reads (bypass the page cache); if the file system refuses, sluice
+    /// says so once and reads buffered.
+    #[arg(long = "direct-io", value_enum, default_value_t = OnOff::from_bool(io_default().direct))]
+    pub direct_io: OnOff,
     /// Reads in flight for io_uring.
-    #[arg(long = "io-depth", value_name = "N", default_value_t = 32)]
+    #[arg(long = "io-depth", value_name = "N", default_value_t = io_default().depth)]
     pub io_depth: usize,
     /// Reader threads for the pread and mmap backends.
-    #[arg(long = "io-threads", value_name = "N", default_value_t = 8)]
+    #[arg(long = "io-threads", value_name = "N", default_value_t = io_default().threads)]
     pub io_threads: usize,
     /// Leave expert reads at normal IO priority (default: best-effort high priority).
     #[arg(long = "no-io-priority")]
@@ -81,217 +107,66 @@ pub struct StreamArgs {
     pub record_routing: Option<PathBuf>,
 }
 
+fn parse_budget(s: &str) -> std::result::Result<(Budget, String), String> {
+    s.parse::<Budget>().map(|b| (b, s.to_string()))
+}
+
 /// A loaded model with its compute pool.
 pub struct Loaded {
-    pub model: Model,
-    pub pool: rayon::ThreadPool,
-    pub load_secs: f64,
-    /// The streaming tier, when --expert-cache is on (kept for statistics).
-    pub streaming: Option<Arc<StreamingExperts>>,
+    pub inner: sluice_engine::load::Loaded,
+}
+
+impl std::ops::Deref for Loaded {
+    type Target = sluice_engine::load::Loaded;
+    fn deref(&self) -> &Self::Target {
+        &self.inner
+    }
+}
+
+impl std::ops::DerefMut for Loaded {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.inner
+    }
 }
 
 impl ModelArgs {
+    /// The library's load options for these flags.
+    pub fn options(&self) -> LoadOptions {
+        let s = &self.stream;
+        LoadOptions {
+            path: self.model.clone(),
+            threads: self.threads,
+            ctx: self.ctx,
+            stream: s.expert_cache.as_ref().map(|(budget, text)| StreamOptions {
+                budget: *budget,
+                budget_text: text.clone(),
+                policy: s.cache_policy,
+                resident_layers: s.resident_layers,
+                io: IoConfig {
+                    backend: s.io,
+                    direct: s.direct_io == OnOff::On,
+                    depth: s.io_depth.max(1),
+                    threads: s.io_threads.max(1),
+                    high_priority: !s.no_io_priority,
+                },
+            }),
+            record_routing: s.record_routing.clone(),
+        }
+    }
+
     pub fn load(&self) -> Result<Loaded> {
         if self.batch == 0 {
             anyhow::bail!("--batch must be at least 1");
         }
-        let t0 = Instant::now();
         if !self.model.exists() {
             anyhow::bail!("{}: no such file", self.model.display());
         }
-        let mut model = Model::load(&self.model)?;
-        let pool = sluice_engine::threads::compute_pool(self.threads)
-            .context("cannot start the compute threads")?;
-        let streaming = match &self.stream.expert_cache {
-            None => None,
-            Some(size) => Some(self.open_streaming(&mut model, size)?),
-        };
-        if let Some(path) = &self.stream.record_routing {
-            if model.cfg.n_expert == 0 {
-                anyhow::bail!(
-                    "--record-routing: {} has no routed experts",
-                    self.model.display()
-                );
-            }
-            model.record_routing(path)?;
+        let inner = self.options().load()?;
+        for n in &inner.notes {
+            eprintln!("{n}");
         }
-        Ok(Loaded {
-            model,
-            pool,
-            load_secs: t0.elapsed().as_secs_f64(),
-            streaming,
-        })
+        Ok(Loaded { inner })
     }
-
-    fn open_streaming(&self, model: &mut Model, size: &str) -> Result<Arc<StreamingExperts>> {
-        let s = &self.stream;
-        if model.cfg.n_expert == 0 {
-            anyhow::bail!(
-                "--expert-cache: {} ({}) has no routed experts to stream",
-                self.model.display(),
-                model.cfg.arch.name()
-            );
-        }
-        let total = StreamingExperts::total_expert_bytes(&model.weights);
-        let min = StreamingExperts::min_budget(&model.weights, model.cfg.n_expert_used);
-        let spare = spare_memory(model, self.ctx, total)?;
-        let budget = if size == "auto" {
-            eprintln!(
-                "expert cache auto: {} available - {} resident weights - {} KV - reserve = {}",
-                human(spare.available),
-                human(spare.resident),
-                human(spare.kv),
-                human(spare.budget)
-            );
-            spare.budget
-        } else {
-            parse_size_bytes(size, Some(total))
-                .map_err(|e| anyhow::anyhow!("--expert-cache {size}: {e}"))?
-        };
-        // A cache bigger than what the machine can spare would push the resident weights
-        // and everything else out of memory (or get the process killed) long before it fills.
-        if size != "auto" && budget.min(total) > spare.available_for_cache {
-            anyhow::bail!(
-                "--expert-cache {size}: {} is more than this machine can spare for the cache ({}: {} available - {} resident weights - {} KV); use `auto` or a smaller size",
-                human(budget.min(total)),
-                human(spare.available_for_cache),
-                human(spare.available),
-                human(spare.resident),
-                human(spare.kv)
-            );
-        }
-        if budget < min {
-            anyhow::bail!(
-                "--expert-cache {size}: {} is below the minimum {} ({} bytes: one layer's top-{} experts must fit at once)",
-                human(budget),
-                human(min),
-                min,
-                model.cfg.n_expert_used
-            );
-        }
-        let policy = PolicyKind::from_name(&s.cache_policy)
-            .map_err(|e| anyhow::anyhow!("--cache-policy: {e}"))?;
-        let backend: Backend =
-            s.io.parse()
-                .map_err(|e| anyhow::anyhow!("--io {}: {e}", s.io))?;
-        let cfg = StreamConfig {
-            budget: budget.min(total.max(min)),
-            policy,
-            resident_layers: s.resident_layers,
-            io: IoConfig {
-                backend,
-                direct: s.direct_io == "on",
-                depth: s.io_depth.max(1),
-                threads: s.io_threads.max(1),
-                high_priority: !s.no_io_priority,
-            },
-        };
-        lock_resident(model);
-        if s.resident_layers > 0 {
-            eprintln!(
-                "reading the experts of {} resident layers...",
-                s.resident_layers
-            );
-        }
-        let st = Arc::new(StreamingExperts::open(
-            &self.model,
-            &model.weights,
-            model.cfg.n_expert_used,
-            &cfg,
-        )?);
-        eprintln!(
-            "expert cache: {} of {} routed-expert bytes ({:.0}%), policy {}, io {}{}",
-            human(cfg.budget),
-            human(total),
-            100.0 * cfg.budget as f64 / total.max(1) as f64,
-            s.cache_policy,
-            st.io_stats_name(),
-            if cfg.io.direct {
-                ", O_DIRECT"
-            } else {
-                ", buffered"
-            }
-        );
-        model.set_expert_source(Box::new(st.clone()));
-        Ok(st)
-    }
-}
-
-/// With streaming on, pin every non-expert tensor in RAM (mlock): otherwise the memory
-/// the expert cache takes pushes them out of the page cache and every token faults them
-/// back in from disk, unseen by the IO statistics. If mlock is refused, say so once.
-fn lock_resident(model: &Model) {
-    let expert_ranges = crate::measure::expert_ranges(&model.weights, model.gguf.file_size);
-    let mut ranges: Vec<std::ops::Range<u64>> = Vec::new();
-    let mut pos = model.gguf.data_offset;
-    let mut experts = expert_ranges.clone();
-    experts.sort_by_key(|r| r.start);
-    for r in &experts {
-        if r.start > pos {
-            ranges.push(pos..r.start);
-        }
-        pos = pos.max(r.end);
-    }
-    if pos < model.gguf.file_size {
-        ranges.push(pos..model.gguf.file_size);
-    }
-    let total: u64 = ranges.iter().map(|r| r.end - r.start).sum();
-    let t0 = std::time::Instant::now();
-    for r in &ranges {
-        if let Err(e) = model.weights.map.lock(r.start as usize..r.end as usize) {
-            eprintln!(
-                "warning: cannot lock the resident weights in RAM ({e}); they stay in the page cache and may be evicted under memory pressure (raise `ulimit -l`)"
-            );
-            return;
-        }
-    }
-    eprintln!(
-        "resident weights: {} locked in RAM in {:.2} s",
-        human(total),
-        t0.elapsed().as_secs_f64()
-    );
-}
-
-/// Bytes of the model file that are not routed experts (what stays resident when they stream).
-fn resident_bytes(model: &Model, total_experts: u64) -> u64 {
-    model.gguf.file_size.saturating_sub(total_experts)
-}
-
-/// What this machine can give the expert cache.
-struct Spare {
-    available: u64,
-    resident: u64,
-    kv: u64,
-    /// available - resident - KV: the most a cache may take.
-    available_for_cache: u64,
-    /// `auto`: that, minus a reserve of 10% or 1 GiB for everything else.
-    budget: u64,
-}
-
-/// MemAvailable minus what the rest of the run needs (resident weights, the KV cache);
-/// `auto` also keeps a reserve of 10% or 1 GiB.
-fn spare_memory(model: &Model, ctx: usize, total_experts: u64) -> Result<Spare> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo")
-        .context("--expert-cache: cannot read /proc/meminfo")?;
-    let avail_kib: u64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("--expert-cache: no MemAvailable in /proc/meminfo")?;
-    let available = avail_kib * 1024;
-    let c = &model.cfg;
-    let resident = resident_bytes(model, total_experts);
-    let kv =
-        (c.n_layer * ctx.min(c.n_ctx_train) * c.n_head_kv * (c.head_dim + c.head_dim_v) * 4) as u64;
-    let reserve = (available / 10).max(1 << 30);
-    let available_for_cache = available.saturating_sub(resident + kv);
-    Ok(Spare {
-        available,
-        resident,
-        kv,
-        available_for_cache,
-        budget: available_for_cache.saturating_sub(reserve),
-    })
 }
 
 /// This process's peak resident set size (VmHWM), if /proc says.
@@ -335,16 +210,13 @@ impl Loaded {
         if !args.measure {
             return Ok(None);
         }
-        let ranges = crate::measure::expert_ranges(&self.model.weights, self.model.gguf.file_size);
-        crate::measure::Measure::start(&self.model.weights.map, ranges, args.measure_every)
-            .map(Some)
+        let ranges = crate::measure::expert_ranges(&self.model);
+        crate::measure::Measure::start(&self.model.map, ranges, args.measure_every).map(Some)
     }
 
-    /// A KV cache for `n_ctx` positions with the precision the flags ask for.
-    pub fn new_kv(&self, n_ctx: usize, f32_kv: bool) -> sluice_engine::kv::KvCache {
-        let mut kv = self.model.new_kv(n_ctx);
-        kv.set_f16(!f32_kv);
-        kv
+    /// A new sequence with the context, KV precision and batch the flags ask for.
+    pub fn session(&self, args: &ModelArgs) -> Session<'_> {
+        Session::new(&self.inner, args.ctx, args.kv_f32, args.batch)
     }
 
     /// Close the routing trace, if one is being recorded.
@@ -379,7 +251,7 @@ impl Loaded {
             human(cs.resident_bytes)
         );
         eprintln!("io: {io}");
-        let per_layer_bytes = StreamingExperts::expert_bytes_per_layer(&self.model.weights);
+        let per_layer_bytes = self.model.groups.experts.unit_bytes_per_layer();
         let expected: u64 = cs
             .per_layer
             .iter()
@@ -404,10 +276,7 @@ impl Loaded {
             100.0 * (io.busy_ns as f64 * 1e-9 / wall_secs.max(1e-9)).min(1.0)
         );
         if let Some(hwm) = peak_rss() {
-            let resident = resident_bytes(
-                &self.model,
-                StreamingExperts::total_expert_bytes(&self.model.weights),
-            );
+            let resident = resident_bytes(&self.model);
             let promise = resident + cs.budget;
             eprintln!(
                 "memory: peak RSS {} | resident weights {} + cache budget {} = {} (+ KV and buffers); peak cache slots {}",

@@ -12,6 +12,7 @@ mod perplexity;
 mod run;
 mod synth;
 
+use std::error::Error;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -47,7 +48,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_error(e),
+    };
     let result = match cli.command {
         Command::Run(a) => run::main(a),
         Command::Perplexity(a) => perplexity::main(a),
@@ -76,4 +80,33 @@ fn one_line(e: &anyhow::Error) -> String {
         }
     }
     msg.replace('\n', " ")
+}
+
+/// Clap's errors, with a bad flag value said on one line as `--flag value: why` (the form
+/// every other sluice error takes); help and version print as usual.
+fn clap_error(e: clap::Error) -> ExitCode {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if e.kind() == ErrorKind::ValueValidation || e.kind() == ErrorKind::InvalidValue {
+        let get = |k| match e.get(k) {
+            Some(ContextValue::String(s)) => Some(s.clone()),
+            _ => None,
+        };
+        if let (Some(arg), Some(value)) =
+            (get(ContextKind::InvalidArg), get(ContextKind::InvalidValue))
+        {
+            let flag = arg.split_whitespace().next().unwrap_or(&arg).to_string();
+            let why = e
+                .source()
+                .map(|s| s.to_string())
+                .or_else(|| {
+                    e.get(ContextKind::ValidValue)
+                        .map(|v| format!("expected one of {v}"))
+                })
+                .unwrap_or_else(|| "invalid value".to_string());
+            eprintln!("error: {flag} {value}: {why} (see --help)");
+            return ExitCode::from(2);
+        }
+    }
+    let _ = e.print();
+    ExitCode::from(if e.use_stderr() { 2 } else { 0 })
 }

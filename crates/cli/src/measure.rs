@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use sluice_engine::model::weights::{Ffn, Weights};
+use sluice_engine::Model;
 use sluice_io::{pagecache, MappedFile};
 
 /// Counters of one measured decode.
@@ -76,19 +76,13 @@ impl MeasureReport {
 
 /// The file ranges `--measure` invalidates: the routed experts, or the whole file for a
 /// dense model (whose weights are then all read through the page cache).
-pub fn expert_ranges(weights: &Weights, file_size: u64) -> Vec<Range<u64>> {
-    let mut v: Vec<Range<u64>> = Vec::new();
-    for l in &weights.layers {
-        if let Ffn::Moe { experts, .. } = &l.ffn {
-            for s in [&experts.gate, &experts.up, &experts.down] {
-                v.push(s.range.start as u64..s.range.end as u64);
-            }
-        }
-    }
+pub fn expert_ranges(model: &Model) -> Vec<Range<u64>> {
+    let v = model.groups.expert_ranges();
     if v.is_empty() {
-        v.push(0..file_size);
+        std::iter::once(0..model.gguf.file_size).collect()
+    } else {
+        v
     }
-    v
 }
 
 fn residency(path: &Path, ranges: &[Range<u64>]) -> (u64, u64) {

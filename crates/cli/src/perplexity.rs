@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use sluice_engine::tokenizer::Tokenizer;
+use sluice_engine::text::tokenizer::Tokenizer;
 
 use crate::common::ModelArgs;
 
@@ -47,18 +47,9 @@ pub fn main(args: PerplexityArgs) -> Result<()> {
     );
     let bos = if tok.add_bos() { tok.bos() } else { None };
     let t0 = std::time::Instant::now();
-    let res = loaded.pool.install(|| {
-        sluice_engine::eval::perplexity(
-            model,
-            &tokens,
-            n_ctx,
-            args.model.batch,
-            bos,
-            !args.model.kv_f32,
-            |i, _n, est| {
-                eprint!("[{i}]{est:.4},");
-            },
-        )
+    let mut session = loaded.session(&args.model);
+    let res = sluice_engine::eval::perplexity(&mut session, &tokens, n_ctx, bos, |i, _n, est| {
+        eprint!("[{i}]{est:.4},");
     })?;
     eprintln!();
     let secs = t0.elapsed().as_secs_f64();

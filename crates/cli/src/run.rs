@@ -1,18 +1,18 @@
 //! `sluice run`: generate text from a prompt, or chat interactively.
 
 use std::io::{BufRead, Write};
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use anyhow::{Context, Result};
-use sluice_engine::chat::{ChatMessage, ChatTemplate};
 use sluice_engine::eval::write_npy_f32;
-use sluice_engine::kv::KvCache;
 use sluice_engine::sampler::{Sampler, SamplerConfig};
-use sluice_engine::tokenizer::{StreamDecoder, Tokenizer};
-use sluice_engine::{Logits, Model};
+use sluice_engine::session::{GenerateOptions, HookError, Hooks, Session, StopReason};
+use sluice_engine::text::chat::{ChatMessage, ChatTemplate};
+use sluice_engine::text::tokenizer::{StreamDecoder, Tokenizer};
+use sluice_engine::Model;
 
 use crate::common::{Loaded, ModelArgs};
 
@@ -114,7 +114,7 @@ pub fn main(args: RunArgs) -> Result<()> {
     eprintln!(
         "loaded {} ({}, {} layers) in {:.2} s, {} threads",
         args.model.model.display(),
-        loaded.model.cfg.arch.name(),
+        loaded.model.cfg.arch,
         loaded.model.cfg.n_layer,
         loaded.load_secs,
         loaded.pool.current_num_threads()
@@ -130,7 +130,7 @@ pub fn main(args: RunArgs) -> Result<()> {
         });
     }
     let mut sampler = Sampler::new(args.sampling.config());
-    let mut kv = loaded.new_kv(args.model.ctx, args.model.kv_f32);
+    let mut session = loaded.session(&args.model);
     let mut dump = args.dump_logits.as_ref().map(|dir| Dump {
         dir: dir.clone(),
         logits: Vec::new(),
@@ -159,7 +159,7 @@ pub fn main(args: RunArgs) -> Result<()> {
             &loaded,
             &tok,
             &mut sampler,
-            &mut kv,
+            &mut session,
             &prompt_tokens,
             &args,
             &stop,
@@ -196,8 +196,7 @@ pub fn main(args: RunArgs) -> Result<()> {
         let text = render(&loaded.model, &tok, &args, &messages)?;
         let all = tok.encode(&text, true, true);
         // Reuse the cached prefix.
-        let common = history.iter().zip(&all).take_while(|(a, b)| a == b).count();
-        kv.truncate(common);
+        let common = session.reuse_prefix(&all);
         history.truncate(common);
         stop.store(false, Ordering::SeqCst);
         let new = all[common..].to_vec();
@@ -205,7 +204,7 @@ pub fn main(args: RunArgs) -> Result<()> {
             &loaded,
             &tok,
             &mut sampler,
-            &mut kv,
+            &mut session,
             &new,
             &args,
             &stop,
@@ -236,106 +235,120 @@ fn render(
     Ok(template.render(&all, true)?)
 }
 
+/// What `run` plugs into the session's generate loop: print each piece as it decodes,
+/// keep logits for `--dump-logits`, run `--measure`, stop on Ctrl-C.
+struct RunHooks<'a, 'm> {
+    tok: &'a Tokenizer,
+    all: bool,
+    decoder: StreamDecoder<'a>,
+    text: String,
+    stop: &'a AtomicBool,
+    dump: Option<&'a mut Dump>,
+    loaded: &'m Loaded,
+    stream_args: &'a crate::common::StreamArgs,
+    measure: Option<crate::measure::Measure<'m>>,
+}
+
+impl Hooks for RunHooks<'_, '_> {
+    fn prefill_chunk(&mut self, tokens: &[u32], logits: &[f32]) -> Result<(), HookError> {
+        if let Some(d) = self.dump.as_deref_mut() {
+            d.evaluated.extend_from_slice(tokens);
+            d.logits.extend_from_slice(logits);
+        }
+        Ok(())
+    }
+    fn decode_start(&mut self) -> Result<(), HookError> {
+        self.measure = self.loaded.start_measure(self.stream_args)?;
+        Ok(())
+    }
+    fn should_stop(&mut self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+    fn is_end(&mut self, id: u32) -> bool {
+        self.tok.is_eog(id)
+    }
+    fn token(&mut self, id: u32) -> Result<ControlFlow<()>, HookError> {
+        let piece = self.decoder.push(id);
+        if !piece.is_empty() {
+            let mut out = std::io::stdout().lock();
+            out.write_all(piece.as_bytes())?;
+            out.flush()?;
+            self.text.push_str(&piece);
+        }
+        Ok(ControlFlow::Continue(()))
+    }
+    fn step(&mut self, id: u32, logits: &[f32]) -> Result<(), HookError> {
+        if let Some(d) = self.dump.as_deref_mut() {
+            d.evaluated.push(id);
+            d.logits.extend_from_slice(logits);
+        }
+        if let Some(m) = self.measure.as_mut() {
+            m.token()?;
+        }
+        Ok(())
+    }
+}
+
 /// Prefill `prompt`, then sample and stream up to `n_predict` tokens to stdout.
 /// Returns the timing and the generated (text, ids) (the final token is evaluated too,
-/// so the KV cache holds everything that was printed).
+/// so the sequence holds everything that was printed).
 #[allow(clippy::too_many_arguments)]
 fn generate(
     loaded: &Loaded,
     tok: &Tokenizer,
     sampler: &mut Sampler,
-    kv: &mut KvCache,
+    session: &mut Session<'_>,
     prompt: &[u32],
     args: &RunArgs,
     stop: &AtomicBool,
-    mut dump: Option<&mut Dump>,
+    dump: Option<&mut Dump>,
 ) -> Result<(Timing, (String, Vec<u32>))> {
-    let model = &loaded.model;
-    let n_vocab = model.cfg.n_vocab;
-    let mut timing = Timing {
-        prompt_tokens: prompt.len(),
-        ..Default::default()
-    };
     if prompt.is_empty() {
         anyhow::bail!("the prompt is empty");
     }
-    kv.check_room(prompt.len())
+    session
+        .state
+        .kv
+        .check_room(prompt.len())
         .map_err(|e| anyhow::anyhow!("prompt of {} tokens: {e}", prompt.len()))?;
-    let t0 = Instant::now();
-    let mut last = Vec::new();
-    let batch = args.model.batch;
-    let n_chunks = prompt.len().div_ceil(batch);
-    for (i, chunk) in prompt.chunks(batch).enumerate() {
-        let mode = if dump.is_some() {
-            Logits::All
-        } else if i + 1 == n_chunks {
-            Logits::Last
-        } else {
-            Logits::None
-        };
-        let logits = loaded.pool.install(|| model.forward(kv, chunk, mode))?;
-        if let Some(d) = dump.as_deref_mut() {
-            d.evaluated.extend_from_slice(chunk);
-            d.logits.extend_from_slice(&logits);
-        }
-        if i + 1 == n_chunks {
-            last = logits[logits.len() - n_vocab..].to_vec();
-        }
+    let mut hooks = RunHooks {
+        tok,
+        decoder: StreamDecoder::new(tok),
+        text: String::new(),
+        stop,
+        all: dump.is_some(),
+        dump,
+        loaded,
+        stream_args: &args.model.stream,
+        measure: None,
+    };
+    let opts = GenerateOptions {
+        max_tokens: args.n_predict,
+        all_logits: hooks.all,
+    };
+    let g = session.generate(prompt, sampler, &opts, &mut hooks)?;
+    if g.stop == Some(StopReason::ContextFull) {
+        eprintln!(
+            "\n[context full after {} tokens; stopping]",
+            session.state.len()
+        );
     }
-    timing.prefill_secs = t0.elapsed().as_secs_f64();
-
-    let mut measure = loaded.start_measure(&args.model.stream)?;
-    let t1 = Instant::now();
-    let mut history: Vec<u32> = prompt.to_vec();
-    let mut generated = Vec::new();
-    let mut text = String::new();
-    let mut decoder = StreamDecoder::new(tok);
-    let stdout = std::io::stdout();
-    for _ in 0..args.n_predict {
-        if stop.load(Ordering::SeqCst) {
-            break;
-        }
-        let id = sampler.sample(&last, &history);
-        if tok.is_eog(id) {
-            break;
-        }
-        let piece = decoder.push(id);
-        if !piece.is_empty() {
-            let mut out = stdout.lock();
-            out.write_all(piece.as_bytes())?;
-            out.flush()?;
-            text.push_str(&piece);
-        }
-        history.push(id);
-        generated.push(id);
-        if kv.check_room(1).is_err() {
-            eprintln!("\n[context full after {} tokens; stopping]", kv.len());
-            break;
-        }
-        let logits = loaded
-            .pool
-            .install(|| model.forward(kv, &[id], Logits::Last))?;
-        if let Some(d) = dump.as_deref_mut() {
-            d.evaluated.push(id);
-            d.logits.extend_from_slice(&logits);
-        }
-        if let Some(m) = measure.as_mut() {
-            m.token()?;
-        }
-        last = logits;
-    }
-    let tail = decoder.finish();
+    let tail = hooks.decoder.finish();
     if !tail.is_empty() {
         print!("{tail}");
-        text.push_str(&tail);
+        hooks.text.push_str(&tail);
     }
     println!();
-    timing.generated = generated.len();
-    timing.decode_secs = t1.elapsed().as_secs_f64();
-    if let Some(m) = &measure {
+    let timing = Timing {
+        prompt_tokens: g.prompt_tokens,
+        prefill_secs: g.prefill_secs,
+        generated: g.tokens.len(),
+        decode_secs: g.decode_secs,
+    };
+    if let Some(m) = &hooks.measure {
         m.finish(timing.generated, timing.decode_secs).print();
     }
-    Ok((timing, (text, generated)))
+    Ok((timing, (hooks.text, g.tokens)))
 }
 
 /// Timing line, and the streaming statistics when `--stats` asks for them.

@@ -13,8 +13,9 @@ use std::time::Instant;
 
 use anyhow::{anyhow, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use sluice_engine::synth::{self, Plan, Preset, SynthConfig, Vocab, WriteOptions};
 use sluice_gguf::GgmlType;
+use sluice_synth as synth;
+use sluice_synth::{Plan, Preset, SynthConfig, Vocab, WriteOptions};
 
 /// Arguments of `sluice synth`.
 ///

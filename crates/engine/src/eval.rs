@@ -7,7 +7,10 @@
 use std::io::Write;
 use std::path::Path;
 
-use crate::model::{Logits, Model};
+use sluice_models::Logits;
+
+use crate::session::Session;
+use crate::EngineError;
 
 /// Result of a perplexity run.
 #[derive(Debug, Clone)]
@@ -22,36 +25,30 @@ pub struct Perplexity {
 
 /// Perplexity of `tokens` in chunks of `n_ctx`, as llama.cpp does it: each chunk starts
 /// with BOS (replacing its first token) when `bos` is given, is evaluated from an empty
-/// cache, and only the predictions for its second half are scored. `batch` is the
-/// prefill chunk size; `kv_f16` rounds the KV cache to f16. `progress(i, n, estimate)` is called after each chunk.
+/// sequence, and only the predictions for its second half are scored. The session sets the
+/// prefill chunk size and KV precision; its context must hold `n_ctx` positions.
+/// `progress(i, n, estimate)` is called after each chunk.
 pub fn perplexity(
-    model: &Model,
+    session: &mut Session<'_>,
     tokens: &[u32],
     n_ctx: usize,
-    batch: usize,
     bos: Option<u32>,
-    kv_f16: bool,
     mut progress: impl FnMut(usize, usize, f64),
-) -> Result<Perplexity, crate::EngineError> {
-    let n_vocab = model.cfg.n_vocab;
+) -> Result<Perplexity, EngineError> {
+    let n_vocab = session.model().cfg.n_vocab;
     let n_chunk = tokens.len() / n_ctx;
     let first = n_ctx / 2;
     let mut nll = 0.0f64;
     let mut count = 0usize;
     let mut per_chunk = Vec::with_capacity(n_chunk);
-    let mut kv = model.new_kv(n_ctx);
-    kv.set_f16(kv_f16);
     for c in 0..n_chunk {
         let start = c * n_ctx;
         let mut chunk = tokens[start..start + n_ctx].to_vec();
         if let Some(b) = bos {
             chunk[0] = b;
         }
-        kv.clear();
-        let mut logits = Vec::with_capacity(n_ctx * n_vocab);
-        for piece in chunk.chunks(batch.max(1)) {
-            logits.extend(model.forward(&mut kv, piece, Logits::All)?);
-        }
+        session.reset();
+        let logits = session.prefill(&chunk, Logits::All)?;
         for j in first..n_ctx - 1 {
             let row = &logits[j * n_vocab..(j + 1) * n_vocab];
             let target = tokens[start + j + 1] as usize;

@@ -1,50 +1,40 @@
-//! The inference engine: architectures, KV cache, expert tier, tokenizer, sampler.
+//! The engine: load a model as the user asked, and generate with it.
 //!
-//! Owns: turning a GGUF file into a [`model::Model`] and evaluating tokens with it. The
-//! file format is `sluice-gguf`'s, the kernels `sluice-kernels`', bytes off disk
-//! `sluice-io`'s.
+//! Owns: [`load`] (`LoadOptions` -> a loaded model with its compute pool, the streaming
+//! tier set up and checked against this machine's memory: the budget plan, the minimum,
+//! the resident-weight lock), [`session`] (one sequence: prefill, decode, sampling, stop
+//! conditions, timing, snapshots for prefix reuse), [`sampler`] and [`eval`]
+//! (perplexity, `.npy` files). `run`, `bench`, `perplexity` and the server are thin
+//! layers over these. The crates below it are re-exported for convenience.
 
-pub mod chat;
 pub mod eval;
-pub mod expert;
-pub mod expert_tier;
-pub mod kv;
-pub mod model;
+pub mod load;
 pub mod sampler;
-pub mod streaming;
-pub mod synth;
-pub mod threads;
-pub mod tokenizer;
+pub mod session;
 
-use std::path::PathBuf;
+pub use sluice_models as models;
+pub use sluice_models::{Logits, Model, ModelError, SeqState, Snapshot};
+pub use sluice_text as text;
+pub use sluice_tier as tier;
 
-pub use model::{Logits, Model};
-
-/// Everything that can go wrong loading or running a model.
+/// Errors of loading and planning (model errors pass through typed).
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error(transparent)]
-    Gguf(#[from] sluice_gguf::GgufError),
+    Model(#[from] ModelError),
     #[error(transparent)]
-    Map(#[from] sluice_io::MapError),
-    #[error(transparent)]
-    Kernel(#[from] sluice_kernels::KernelError),
-    #[error("{path}: architecture '{found}' is not supported; sluice knows: {}", model::config::Arch::KNOWN.join(", "))]
-    UnknownArch { path: PathBuf, found: String },
-    #[error("{path}: tensor '{name}' is missing")]
-    MissingTensor { path: PathBuf, name: String },
-    #[error("{path}: tensor '{name}': {what}")]
-    BadTensor {
-        path: PathBuf,
-        name: String,
-        what: String,
+    Stream(#[from] sluice_tier::StreamError),
+    /// A flag or option value that cannot work; `flag` names it as the user typed it.
+    #[error("{flag}: {what}")]
+    Option { flag: &'static str, what: String },
+    #[error("cannot start {threads} compute threads: {source}")]
+    Threads {
+        threads: usize,
+        source: rayon::ThreadPoolBuildError,
     },
-    #[error("{path}: bad hyper-parameters: {what}")]
-    BadConfig { path: PathBuf, what: String },
-    #[error("context full: {needed} positions needed, the context holds {n_ctx} (raise --ctx or shorten the prompt)")]
-    ContextFull { needed: usize, n_ctx: usize },
-    #[error("expert streaming: {0}")]
-    Stream(String),
-    #[error("token id {id} is out of range: the vocabulary has {n_vocab} tokens")]
-    TokenOutOfRange { id: u32, n_vocab: usize },
+    #[error("{0}")]
+    Memory(String),
+    /// A caller's hook failed (printing, measure mode, a dump).
+    #[error("{0}")]
+    Hook(crate::session::HookError),
 }

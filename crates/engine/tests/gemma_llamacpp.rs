@@ -7,7 +7,9 @@
 use std::path::{Path, PathBuf};
 
 use sluice_engine::eval::perplexity;
-use sluice_engine::tokenizer::Tokenizer;
+use sluice_engine::load::LoadOptions;
+use sluice_engine::session::Session;
+use sluice_engine::text::tokenizer::Tokenizer;
 use sluice_engine::{Logits, Model};
 
 fn model_path() -> Option<PathBuf> {
@@ -49,17 +51,20 @@ fn perplexity_within_one_percent_of_llama_cpp() {
     let reference = json("llama_perplexity.json");
     let want = reference["final_ppl"].as_f64().unwrap();
     let n_ctx = reference["n_ctx"].as_u64().unwrap() as usize;
-    let model = Model::load(&path).unwrap();
-    let tok = Tokenizer::from_gguf(&model.gguf).unwrap();
+    let loaded = LoadOptions {
+        path: path.clone(),
+        threads: 2,
+        ctx: n_ctx,
+        stream: None,
+        record_routing: None,
+    }
+    .load()
+    .unwrap();
+    let tok = Tokenizer::from_gguf(&loaded.model.gguf).unwrap();
     let text = std::fs::read_to_string(fixture("ppl.txt")).unwrap();
     let tokens = tok.encode(&text, true, false);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
-    let res = pool
-        .install(|| perplexity(&model, &tokens, n_ctx, n_ctx, tok.bos(), true, |_, _, _| {}))
-        .unwrap();
+    let mut session = Session::new(&loaded, n_ctx, false, n_ctx);
+    let res = perplexity(&mut session, &tokens, n_ctx, tok.bos(), |_, _, _| {}).unwrap();
     assert_eq!(
         res.per_chunk.len() as u64,
         reference["n_chunks"].as_u64().unwrap(),
@@ -95,7 +100,7 @@ fn greedy_continuations_follow_llama_cpp() {
     for case in reference["results"].as_array().unwrap() {
         let prompt = ids(&case["prompt_ids"]);
         let want = ids(&case["generated_ids"]);
-        let mut kv = model.new_kv(256);
+        let mut kv = model.new_state(256, false);
         let mut logits = pool
             .install(|| model.forward(&mut kv, &prompt, Logits::Last))
             .unwrap();

@@ -18,9 +18,8 @@ fn sluice_logits(model: &str, batch: usize, threads: usize) -> (Vec<f32>, usize)
         .build()
         .unwrap();
     let toks = tokens();
-    let mut kv = m.new_kv(256);
     // transformers keeps keys and values in float32.
-    kv.set_f16(false);
+    let mut kv = m.new_state(256, true);
     let mut out = Vec::new();
     for c in toks.chunks(batch) {
         out.extend(pool.install(|| m.forward(&mut kv, c, Logits::All)).unwrap());

@@ -6,8 +6,8 @@
 mod common;
 
 use common::{qwen3moe_fixture as fixture, qwen3moe_tokens as tokens};
-use sluice_engine::expert_tier::PolicyKind;
-use sluice_engine::streaming::{StreamConfig, StreamingExperts};
+use sluice_engine::tier::PolicyKind;
+use sluice_engine::tier::{StreamConfig, StreamingExperts};
 use sluice_engine::{Logits, Model};
 use sluice_io::{Backend, IoConfig};
 
@@ -19,7 +19,7 @@ fn logits(m: &Model, threads: usize, batch: usize) -> Vec<f32> {
         .unwrap();
     let toks = tokens();
     let (prompt, rest) = toks.split_at(toks.len() / 2);
-    let mut kv = m.new_kv(256);
+    let mut kv = m.new_state(256, false);
     let mut out = Vec::new();
     for c in prompt.chunks(batch) {
         out.extend(pool.install(|| m.forward(&mut kv, c, Logits::All)).unwrap());
@@ -36,7 +36,7 @@ fn logits(m: &Model, threads: usize, batch: usize) -> Vec<f32> {
 fn streamed(name: &str, cfg: &StreamConfig) -> (Model, u64) {
     let path = fixture(name);
     let mut m = Model::load(&path).unwrap();
-    let s = StreamingExperts::open(&path, &m.weights, m.cfg.n_expert_used, cfg).unwrap();
+    let s = StreamingExperts::open(&path, &m.groups.experts, m.cfg.n_expert_used, cfg).unwrap();
     let budget = s.cache_stats().budget;
     m.set_expert_source(Box::new(s));
     (m, budget)
@@ -73,8 +73,8 @@ fn check_model(name: &str) {
     let resident = Model::load(&fixture(name)).unwrap();
     let want = logits(&resident, 1, 64);
     let k = resident.cfg.n_expert_used;
-    let min = StreamingExperts::min_budget(&resident.weights, k);
-    let all = StreamingExperts::total_expert_bytes(&resident.weights) * 2;
+    let min = StreamingExperts::min_budget(&resident.groups.experts, k);
+    let all = resident.groups.experts.total_bytes() * 2;
     let backends = [Backend::Uring, Backend::Pread, Backend::Mmap];
     let mut runs = 0;
     for backend in backends {
@@ -118,10 +118,10 @@ fn streaming_logits_bit_identical_model_b_f32() {
 fn minimum_budget_evicts_and_never_exceeds_budget() {
     let path = fixture("a-q8_0.gguf");
     let probe = Model::load(&path).unwrap();
-    let min = StreamingExperts::min_budget(&probe.weights, probe.cfg.n_expert_used);
+    let min = StreamingExperts::min_budget(&probe.groups.experts, probe.cfg.n_expert_used);
     let cfg = stream_cfg(min, PolicyKind::Lru, 0, Backend::Pread, true, 8);
     let mut m = Model::load(&path).unwrap();
-    let s = StreamingExperts::open(&path, &m.weights, m.cfg.n_expert_used, &cfg).unwrap();
+    let s = StreamingExperts::open(&path, &m.groups.experts, m.cfg.n_expert_used, &cfg).unwrap();
     let s = std::sync::Arc::new(s);
     m.set_expert_source(Box::new(s.clone()));
     let _ = logits(&m, 2, 4);
@@ -136,7 +136,7 @@ fn minimum_budget_evicts_and_never_exceeds_budget() {
     let io = s.io_stats();
     // Every miss is one read of gate+up+down: bytes requested == misses x expert bytes.
     let expert_bytes: u64 = {
-        let sizes = StreamingExperts::total_expert_bytes(&m.weights);
+        let sizes = m.groups.experts.total_bytes();
         sizes / (m.cfg.n_layer as u64 * m.cfg.n_expert as u64)
     };
     assert_eq!(io.bytes_requested, cs.total.misses * expert_bytes);
@@ -147,14 +147,14 @@ fn minimum_budget_evicts_and_never_exceeds_budget() {
 fn budget_below_minimum_is_a_clear_error() {
     let path = fixture("a-q8_0.gguf");
     let m = Model::load(&path).unwrap();
-    let min = StreamingExperts::min_budget(&m.weights, m.cfg.n_expert_used);
+    let min = StreamingExperts::min_budget(&m.groups.experts, m.cfg.n_expert_used);
     let cfg = StreamConfig {
         budget: min - 1,
         policy: PolicyKind::Lru,
         resident_layers: 0,
         io: IoConfig::default(),
     };
-    let err = StreamingExperts::open(&path, &m.weights, m.cfg.n_expert_used, &cfg)
+    let err = StreamingExperts::open(&path, &m.groups.experts, m.cfg.n_expert_used, &cfg)
         .err()
         .expect("a budget below the minimum must be refused")
         .to_string();
@@ -168,29 +168,40 @@ fn budget_below_minimum_is_a_clear_error() {
 /// completions behind for the next layer (which would panic or pair the wrong bytes).
 #[test]
 fn error_mid_layer_leaves_no_reads_behind() {
-    use sluice_engine::expert::{ExpertSource, ResidentExperts};
+    use sluice_engine::models::expert::ResidentExperts;
+    use sluice_engine::tier::ExpertSource;
     let path = fixture("a-q8_0.gguf");
     let m = Model::load(&path).unwrap();
-    let min = StreamingExperts::min_budget(&m.weights, m.cfg.n_expert_used);
+    let min = StreamingExperts::min_budget(&m.groups.experts, m.cfg.n_expert_used);
     let cfg = stream_cfg(min * 4, PolicyKind::Lru, 0, Backend::Pread, true, 8);
-    let s = StreamingExperts::open(&path, &m.weights, m.cfg.n_expert_used, &cfg).unwrap();
+    let s = StreamingExperts::open(&path, &m.groups.experts, m.cfg.n_expert_used, &cfg).unwrap();
     let experts: Vec<usize> = (0..m.cfg.n_expert).collect();
-    let err = s.for_each_expert(&m.weights, 0, &experts, &mut |_, _| {
-        Err(sluice_engine::EngineError::Stream("injected".into()))
+    let err = s.for_each_expert(m.map.bytes(), 0, &experts, &mut |_, _| {
+        Err(sluice_engine::tier::Stop)
     });
     assert!(err.is_err());
     // Every expert of both layers still comes back with the right bytes.
     for layer in 0..m.cfg.n_layer {
         let mut want = Vec::new();
-        ResidentExperts
-            .for_each_expert(&m.weights, layer, &experts, &mut |i, v| {
-                want.push((i, v.gate.to_vec(), v.up.to_vec(), v.down.to_vec()));
+        ResidentExperts::new(m.groups.experts.clone())
+            .for_each_expert(m.map.bytes(), layer, &experts, &mut |i, v| {
+                want.push((
+                    i,
+                    v.part(0).to_vec(),
+                    v.part(1).to_vec(),
+                    v.part(2).to_vec(),
+                ));
                 Ok(())
             })
             .unwrap();
         let mut got = Vec::new();
-        s.for_each_expert(&m.weights, layer, &experts, &mut |i, v| {
-            got.push((i, v.gate.to_vec(), v.up.to_vec(), v.down.to_vec()));
+        s.for_each_expert(m.map.bytes(), layer, &experts, &mut |i, v| {
+            got.push((
+                i,
+                v.part(0).to_vec(),
+                v.part(1).to_vec(),
+                v.part(2).to_vec(),
+            ));
             Ok(())
         })
         .unwrap();

@@ -1,0 +1,326 @@
+//! Loading a model the way the user asked: compute pool, streaming tier, memory plan.
+//!
+//! Owns: [`LoadOptions`] (what `run`, `bench`, `perplexity` and `serve` share), the
+//! memory plan that checks an expert-cache budget (and resident layers) against what this
+//! machine can spare, the minimum-budget check, locking the resident weights in RAM
+//! (everything outside the streamable groups, so a table meant to stay on disk is never
+//! locked), and [`Loaded`]: the model, its pool and the streaming tier's handle. Messages
+//! about what is in effect are returned as [`Loaded::notes`] for the caller to print.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use sluice_io::IoConfig;
+use sluice_models::Model;
+use sluice_tier::{parse_size, PolicyKind, SizeSpec, StreamConfig, StreamingExperts};
+
+use crate::EngineError;
+
+/// How big the expert cache may be.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Budget {
+    /// What this machine can spare after the resident weights and the KV cache, keeping
+    /// a reserve of 10% or 1 GiB.
+    Auto,
+    /// Bytes, or a percentage of the routed-expert bytes.
+    Size(SizeSpec),
+}
+
+impl std::str::FromStr for Budget {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Budget, String> {
+        if s == "auto" {
+            return Ok(Budget::Auto);
+        }
+        parse_size(s).map(Budget::Size).map_err(|e| e.to_string())
+    }
+}
+
+/// Streaming of routed experts from the SSD.
+#[derive(Debug, Clone)]
+pub struct StreamOptions {
+    pub budget: Budget,
+    /// The text the user gave for the budget (for messages).
+    pub budget_text: String,
+    pub policy: PolicyKind,
+    /// The first N MoE layers' experts are read at start and never evicted.
+    pub resident_layers: usize,
+    pub io: IoConfig,
+}
+
+/// Everything needed to load a model.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    pub path: PathBuf,
+    /// Compute threads (0 = the number of physical cores).
+    pub threads: usize,
+    /// Context the caller plans for (the memory plan counts its KV cache).
+    pub ctx: usize,
+    /// Stream routed experts (None = read them through the memory map).
+    pub stream: Option<StreamOptions>,
+    /// Record every token's routing to this file.
+    pub record_routing: Option<PathBuf>,
+}
+
+/// A loaded model with its compute pool.
+pub struct Loaded {
+    pub model: Model,
+    pub pool: rayon::ThreadPool,
+    pub threads: usize,
+    pub load_secs: f64,
+    /// The streaming tier, when experts stream (kept for statistics).
+    pub streaming: Option<Arc<StreamingExperts>>,
+    /// What is in effect, one line each (budget, backend, O_DIRECT as really used, locks).
+    pub notes: Vec<String>,
+}
+
+/// What this machine can give the expert cache.
+#[derive(Debug, Clone, Copy)]
+pub struct MemoryPlan {
+    pub available: u64,
+    /// Bytes of the file outside the streamable groups (what stays resident).
+    pub resident: u64,
+    /// Experts of `--resident-layers`, pinned outside the budget.
+    pub resident_layers: u64,
+    pub kv: u64,
+    /// available - resident - resident layers - KV: the most a cache may take.
+    pub available_for_cache: u64,
+    /// `auto`: that, minus a reserve of 10% or 1 GiB for everything else.
+    pub auto_budget: u64,
+}
+
+impl MemoryPlan {
+    /// MemAvailable minus what the rest of the run needs.
+    pub fn for_model(
+        model: &Model,
+        ctx: usize,
+        resident_layers: usize,
+    ) -> Result<MemoryPlan, EngineError> {
+        let meminfo = std::fs::read_to_string("/proc/meminfo")
+            .map_err(|e| EngineError::Memory(format!("cannot read /proc/meminfo: {e}")))?;
+        let avail_kib: u64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .ok_or_else(|| EngineError::Memory("no MemAvailable in /proc/meminfo".into()))?;
+        let available = avail_kib * 1024;
+        let c = &model.cfg;
+        let resident = resident_bytes(model);
+        let pinned_layers: u64 = model
+            .groups
+            .experts
+            .layers
+            .iter()
+            .flatten()
+            .take(resident_layers)
+            .map(|l| l.unit_bytes() * l.n_units as u64)
+            .sum();
+        let kv = c.kv_bytes_per_pos * ctx.min(c.n_ctx_train) as u64;
+        let reserve = (available / 10).max(1 << 30);
+        let available_for_cache = available.saturating_sub(resident + pinned_layers + kv);
+        Ok(MemoryPlan {
+            available,
+            resident,
+            resident_layers: pinned_layers,
+            kv,
+            available_for_cache,
+            auto_budget: available_for_cache.saturating_sub(reserve),
+        })
+    }
+}
+
+/// Bytes of the model file outside the streamable groups.
+pub fn resident_bytes(model: &Model) -> u64 {
+    model
+        .gguf
+        .file_size
+        .saturating_sub(model.groups.total_bytes())
+}
+
+impl LoadOptions {
+    /// Load the model, start the compute pool, set up streaming and routing traces.
+    pub fn load(&self) -> Result<Loaded, EngineError> {
+        let t0 = Instant::now();
+        let mut model = Model::load(&self.path)?;
+        let threads = if self.threads == 0 {
+            sluice_models::threads::physical_cores()
+        } else {
+            self.threads
+        };
+        let pool = sluice_models::threads::compute_pool(threads)
+            .map_err(|source| EngineError::Threads { threads, source })?;
+        let mut notes = Vec::new();
+        let streaming = match &self.stream {
+            None => None,
+            Some(s) => Some(self.open_streaming(&mut model, s, &mut notes)?),
+        };
+        if let Some(path) = &self.record_routing {
+            if model.cfg.n_expert == 0 {
+                return Err(EngineError::Option {
+                    flag: "--record-routing",
+                    what: format!("{} has no routed experts", self.path.display()),
+                });
+            }
+            model.record_routing(path)?;
+        }
+        Ok(Loaded {
+            model,
+            pool,
+            threads,
+            load_secs: t0.elapsed().as_secs_f64(),
+            streaming,
+            notes,
+        })
+    }
+
+    fn open_streaming(
+        &self,
+        model: &mut Model,
+        s: &StreamOptions,
+        notes: &mut Vec<String>,
+    ) -> Result<Arc<StreamingExperts>, EngineError> {
+        let flag = "--expert-cache";
+        let size = &s.budget_text;
+        if model.cfg.n_expert == 0 || model.groups.experts.is_empty() {
+            return Err(EngineError::Option {
+                flag,
+                what: format!(
+                    "{} ({}) has no routed experts to stream",
+                    self.path.display(),
+                    model.cfg.arch
+                ),
+            });
+        }
+        let n_moe = model.groups.experts.layers.iter().flatten().count();
+        if s.resident_layers > n_moe {
+            return Err(EngineError::Option {
+                flag: "--resident-layers",
+                what: format!(
+                    "{} is more than the model's {n_moe} layers with routed experts",
+                    s.resident_layers
+                ),
+            });
+        }
+        let total = model.groups.experts.total_bytes();
+        let min = StreamingExperts::min_budget(&model.groups.experts, model.cfg.n_expert_used);
+        let plan = MemoryPlan::for_model(model, self.ctx, s.resident_layers)?;
+        let budget = match s.budget {
+            Budget::Auto => {
+                notes.push(format!(
+                    "expert cache auto: {} available - {} resident weights - {} resident layers - {} KV - reserve = {}",
+                    human(plan.available),
+                    human(plan.resident),
+                    human(plan.resident_layers),
+                    human(plan.kv),
+                    human(plan.auto_budget)
+                ));
+                plan.auto_budget
+            }
+            Budget::Size(spec) => spec.resolve(total),
+        };
+        // A cache bigger than what the machine can spare would push the resident weights
+        // and everything else out of memory (or get the process killed) long before it fills.
+        let needs = budget.min(total);
+        if s.budget != Budget::Auto && needs > plan.available_for_cache
+            || s.budget == Budget::Auto && plan.resident_layers > 0 && needs < min
+        {
+            return Err(EngineError::Option {
+                flag,
+                what: format!(
+                    "{size}: {} is more than this machine can spare for the cache ({}: {} available - {} resident weights - {} experts of --resident-layers - {} KV); use `auto`, a smaller size or fewer resident layers",
+                    human(needs),
+                    human(plan.available_for_cache),
+                    human(plan.available),
+                    human(plan.resident),
+                    human(plan.resident_layers),
+                    human(plan.kv)
+                ),
+            });
+        }
+        if budget < min {
+            return Err(EngineError::Option {
+                flag,
+                what: format!(
+                    "{size}: {} is below the minimum {} ({min} bytes: one layer's top-{} experts must fit at once)",
+                    human(budget),
+                    human(min),
+                    model.cfg.n_expert_used
+                ),
+            });
+        }
+        let cfg = StreamConfig {
+            budget: budget.min(total.max(min)),
+            policy: s.policy,
+            resident_layers: s.resident_layers,
+            io: s.io.clone(),
+        };
+        notes.push(lock_resident(model));
+        let st = Arc::new(StreamingExperts::open(
+            &self.path,
+            &model.groups.experts,
+            model.cfg.n_expert_used,
+            &cfg,
+        )?);
+        let io = st.io_stats();
+        notes.push(format!(
+            "expert cache: {} of {} routed-expert bytes ({:.0}%), policy {}, io {}, {}{}",
+            human(cfg.budget),
+            human(total),
+            100.0 * cfg.budget as f64 / total.max(1) as f64,
+            cfg.policy.label(),
+            st.io_stats_name(),
+            if io.direct { "O_DIRECT" } else { "buffered" },
+            if s.resident_layers > 0 {
+                format!(
+                    ", {} resident layers ({} read at start)",
+                    s.resident_layers,
+                    human(st.resident_read_bytes())
+                )
+            } else {
+                String::new()
+            }
+        ));
+        model.set_expert_source(Box::new(st.clone()));
+        Ok(st)
+    }
+}
+
+/// With streaming on, pin everything outside the streamable groups in RAM (mlock):
+/// otherwise the memory the expert cache takes pushes it out of the page cache and every
+/// token faults it back in from disk, unseen by the IO statistics. Returns the note.
+fn lock_resident(model: &Model) -> String {
+    let ranges = model
+        .groups
+        .resident_ranges(model.gguf.data_offset, model.gguf.file_size);
+    let total: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+    let t0 = Instant::now();
+    for r in &ranges {
+        if let Err(e) = model.map.lock(r.start as usize..r.end as usize) {
+            return format!(
+                "warning: cannot lock the resident weights in RAM ({e}); they stay in the page cache and may be evicted under memory pressure (raise `ulimit -l`)"
+            );
+        }
+    }
+    format!(
+        "resident weights: {} locked in RAM in {:.2} s",
+        human(total),
+        t0.elapsed().as_secs_f64()
+    )
+}
+
+/// Bytes in binary units, e.g. `1.50 GiB`.
+pub fn human(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}

@@ -1,0 +1,272 @@
+//! One sequence through a loaded model: prefill, decode, sampling, stop conditions.
+//!
+//! Owns: [`Session`] (the sequence state, chunked prefill, one-token steps, the generate
+//! loop with its stop conditions and timing, snapshots and prefix reuse) and the
+//! [`Hooks`] a caller plugs into the loop (print a token, keep logits for a dump, run
+//! measure mode's page-cache drops). `run`, `bench`, `perplexity` and the server use it,
+//! so the loop exists once.
+
+use std::ops::ControlFlow;
+use std::time::Instant;
+
+use sluice_models::{Logits, Model, SeqState, Snapshot};
+
+use crate::load::Loaded;
+use crate::sampler::Sampler;
+use crate::EngineError;
+
+/// Why generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// `max_tokens` were generated.
+    MaxTokens,
+    /// The model produced an end-of-generation token (not evaluated, not returned).
+    EndToken(u32),
+    /// The context is full.
+    ContextFull,
+    /// A hook asked to stop (Ctrl-C, a client that went away, a stop string).
+    Cancelled,
+}
+
+/// What one `generate` call did.
+#[derive(Debug, Clone, Default)]
+pub struct Generation {
+    /// Generated token ids (each evaluated, so the state holds them, except the last one
+    /// when the context filled up).
+    pub tokens: Vec<u32>,
+    pub prompt_tokens: usize,
+    pub prefill_secs: f64,
+    pub decode_secs: f64,
+    pub stop: Option<StopReason>,
+}
+
+/// Limits of one `generate` call.
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    pub max_tokens: usize,
+    /// Keep logits of every prefill position (for dumps); otherwise only the last.
+    pub all_logits: bool,
+}
+
+/// Error type hooks return (anything that says what went wrong).
+pub type HookError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Callbacks of the generate loop; every method has a do-nothing default.
+pub trait Hooks {
+    /// Logits of an evaluated prefill chunk (every position when `all_logits`).
+    fn prefill_chunk(&mut self, _tokens: &[u32], _logits: &[f32]) -> Result<(), HookError> {
+        Ok(())
+    }
+    /// Decoding starts (after the prompt).
+    fn decode_start(&mut self) -> Result<(), HookError> {
+        Ok(())
+    }
+    /// Whether to stop before sampling the next token.
+    fn should_stop(&mut self) -> bool {
+        false
+    }
+    /// Whether `id` ends generation (end-of-generation tokens).
+    fn is_end(&mut self, _id: u32) -> bool {
+        false
+    }
+    /// A token was chosen (before it is evaluated). `Break` stops after it.
+    fn token(&mut self, _id: u32) -> Result<ControlFlow<()>, HookError> {
+        Ok(ControlFlow::Continue(()))
+    }
+    /// A generated token was evaluated; `logits` are the next position's.
+    fn step(&mut self, _id: u32, _logits: &[f32]) -> Result<(), HookError> {
+        Ok(())
+    }
+}
+
+/// Called with each evaluated prefill chunk and its logits.
+type ChunkFn<'a> = dyn FnMut(&[u32], &[f32]) -> Result<(), HookError> + 'a;
+
+/// No hooks.
+pub struct NoHooks;
+impl Hooks for NoHooks {}
+
+/// One sequence over a loaded model.
+pub struct Session<'m> {
+    model: &'m Model,
+    pool: &'m rayon::ThreadPool,
+    pub state: SeqState,
+    /// Prompt tokens per forward call during prefill.
+    batch: usize,
+    /// Every token the state holds, in order (for prefix reuse and penalties).
+    history: Vec<u32>,
+}
+
+impl<'m> Session<'m> {
+    /// A new, empty sequence of up to `n_ctx` positions (capped at the model's trained
+    /// context), with the KV precision asked for.
+    pub fn new(loaded: &'m Loaded, n_ctx: usize, kv_f32: bool, batch: usize) -> Session<'m> {
+        Session {
+            model: &loaded.model,
+            pool: &loaded.pool,
+            state: loaded.model.new_state(n_ctx, kv_f32),
+            batch: batch.max(1),
+            history: Vec::new(),
+        }
+    }
+
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    /// Tokens the state holds.
+    pub fn history(&self) -> &[u32] {
+        &self.history
+    }
+
+    /// Positions left in the context.
+    pub fn room(&self) -> usize {
+        self.state.n_ctx() - self.state.len()
+    }
+
+    /// Forget everything.
+    pub fn reset(&mut self) {
+        self.state.clear();
+        self.history.clear();
+    }
+
+    /// Evaluate `tokens` in chunks of the batch size. Returns the logits `mode` asks for
+    /// (for `Last`, the last position's).
+    pub fn prefill(&mut self, tokens: &[u32], mode: Logits) -> Result<Vec<f32>, EngineError> {
+        self.prefill_with(tokens, mode, &mut |_, _| Ok(()))
+    }
+
+    fn prefill_with(
+        &mut self,
+        tokens: &[u32],
+        mode: Logits,
+        on_chunk: &mut ChunkFn<'_>,
+    ) -> Result<Vec<f32>, EngineError> {
+        self.state.kv.check_room(tokens.len())?;
+        let n_chunks = tokens.len().div_ceil(self.batch);
+        let mut out = Vec::new();
+        for (i, chunk) in tokens.chunks(self.batch).enumerate() {
+            let last = i + 1 == n_chunks;
+            let m = match mode {
+                Logits::All => Logits::All,
+                Logits::Last if last => Logits::Last,
+                _ => Logits::None,
+            };
+            let model = self.model;
+            let state = &mut self.state;
+            let logits = self.pool.install(|| model.forward(state, chunk, m))?;
+            self.history.extend_from_slice(chunk);
+            on_chunk(chunk, &logits).map_err(EngineError::Hook)?;
+            match mode {
+                Logits::All => out.extend_from_slice(&logits),
+                Logits::Last if last => out = logits,
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+
+    /// Evaluate one token; returns the next position's logits.
+    pub fn step(&mut self, id: u32) -> Result<Vec<f32>, EngineError> {
+        let model = self.model;
+        let state = &mut self.state;
+        let logits = self
+            .pool
+            .install(|| model.forward(state, &[id], Logits::Last))?;
+        self.history.push(id);
+        Ok(logits)
+    }
+
+    /// Copy the sequence as it is now.
+    pub fn snapshot(&self) -> (Snapshot, Vec<u32>) {
+        (self.state.snapshot(), self.history.clone())
+    }
+
+    /// Return to a snapshot of this model.
+    pub fn restore(&mut self, snap: &Snapshot, history: &[u32]) {
+        self.state.restore(snap);
+        self.history = history.to_vec();
+    }
+
+    /// Keep the longest prefix of the current history shared with `tokens` (truncating
+    /// where the state allows it, else starting over) and return how many tokens of
+    /// `tokens` are already evaluated.
+    pub fn reuse_prefix(&mut self, tokens: &[u32]) -> usize {
+        let common = self
+            .history
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if self.state.truncate(common) {
+            self.history.truncate(common);
+            common
+        } else {
+            self.reset();
+            0
+        }
+    }
+
+    /// Prefill `prompt` (continuing the current state), then sample up to
+    /// `opts.max_tokens` tokens with `sampler`, evaluating each so the state holds
+    /// everything generated. Stops at an end token, a full context, a hook's request.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        opts: &GenerateOptions,
+        hooks: &mut dyn Hooks,
+    ) -> Result<Generation, EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::Option {
+                flag: "prompt",
+                what: "the prompt is empty".into(),
+            });
+        }
+        let n_vocab = self.model.cfg.n_vocab;
+        let mut g = Generation {
+            prompt_tokens: prompt.len(),
+            ..Default::default()
+        };
+        let t0 = Instant::now();
+        let mode = if opts.all_logits {
+            Logits::All
+        } else {
+            Logits::Last
+        };
+        let logits = self.prefill_with(prompt, mode, &mut |c, l| hooks.prefill_chunk(c, l))?;
+        let mut last = logits[logits.len() - n_vocab..].to_vec();
+        g.prefill_secs = t0.elapsed().as_secs_f64();
+
+        hooks.decode_start().map_err(EngineError::Hook)?;
+        let t1 = Instant::now();
+        let mut stop = StopReason::MaxTokens;
+        for _ in 0..opts.max_tokens {
+            if hooks.should_stop() {
+                stop = StopReason::Cancelled;
+                break;
+            }
+            let id = sampler.sample(&last, &self.history);
+            if hooks.is_end(id) {
+                stop = StopReason::EndToken(id);
+                break;
+            }
+            let flow = hooks.token(id).map_err(EngineError::Hook)?;
+            if self.room() == 0 {
+                g.tokens.push(id);
+                stop = StopReason::ContextFull;
+                break;
+            }
+            last = self.step(id)?;
+            g.tokens.push(id);
+            hooks.step(id, &last).map_err(EngineError::Hook)?;
+            if flow.is_break() {
+                stop = StopReason::Cancelled;
+                break;
+            }
+        }
+        g.decode_secs = t1.elapsed().as_secs_f64();
+        g.stop = Some(stop);
+        Ok(g)
+    }
+}

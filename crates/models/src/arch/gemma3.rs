@@ -1,0 +1,193 @@
+//! Gemma 3 (`gemma3`, dense): embeddings scaled by sqrt(n_embd); GQA with q/k norms where
+//! every sixth layer is global and the others slide over a window with their own RoPE base
+//! (10 000, unscaled); GeGLU FFN; RMS norms before and after both halves of each block.
+
+use sluice_gguf::GgufFile;
+use sluice_io::MappedFile;
+use sluice_tier::StreamableGroups;
+
+use super::Architecture;
+use crate::blocks::attention::{gqa, AttnShape, GqaWeights};
+use crate::blocks::ffn::{glu, Activation, GluWeights};
+use crate::blocks::{add_into, head, rms_norm_rows, Batch, Env};
+use crate::config::{Hparams, ModelConfig};
+use crate::kv::KvCache;
+use crate::ops::rope_inv_freq;
+use crate::state::SeqState;
+use crate::weights::{Mat, Tensors};
+use crate::ModelError;
+
+const NAME: &str = "gemma3";
+/// Every `SWA_PATTERN`-th layer is global; the others use the sliding window.
+const SWA_PATTERN: usize = 6;
+const ROPE_BASE_SWA: f32 = 10_000.0;
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    attn: GqaWeights,
+    post_attn_norm: Vec<f32>,
+    ffn_norm: Vec<f32>,
+    ffn: GluWeights,
+    post_ffn_norm: Vec<f32>,
+}
+
+pub struct Gemma3 {
+    cfg: ModelConfig,
+    shape: AttnShape,
+    rope_global: Vec<f32>,
+    rope_swa: Vec<f32>,
+    /// Sliding window in tokens (0 = every layer global).
+    sliding_window: usize,
+    token_embd: Mat,
+    output_norm: Vec<f32>,
+    output: Mat,
+    layers: Vec<Layer>,
+}
+
+pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, ModelError> {
+    let hp = Hparams::new(file, NAME);
+    let n_embd = hp.u("embedding_length")?;
+    let n_head = hp.u("attention.head_count")?;
+    let n_head_kv = hp.u_or("attention.head_count_kv", n_head)?;
+    let head_dim = hp.u_or("attention.key_length", n_embd / n_head.max(1))?;
+    let head_dim_v = hp.u_or("attention.value_length", head_dim)?;
+    let n_layer = hp.u("block_count")?;
+    let rms_eps = hp.f_or("attention.layer_norm_rms_epsilon", 1e-6)?;
+    let rope_base = hp.f_or("rope.freq_base", 10_000.0)?;
+    let rope_scale = hp.rope_linear_scale()?;
+    if n_layer == 0 || n_embd == 0 {
+        return Err(hp.bad("block_count and embedding_length must be > 0".into()));
+    }
+    super::check_attention(&hp, n_head, n_head_kv, head_dim, rms_eps, rope_base)?;
+    let n_vocab = hp.n_vocab()?;
+    let cfg = ModelConfig {
+        arch: NAME,
+        n_layer,
+        n_embd,
+        n_vocab,
+        n_ctx_train: hp.u_or("context_length", 4096)?,
+        n_expert: 0,
+        n_expert_used: 0,
+        kv_bytes_per_pos: (n_layer * n_head_kv * (head_dim + head_dim_v) * 4) as u64,
+    };
+    let t = Tensors::new(file, map);
+    let e = n_embd;
+    let token_embd = t.mat("token_embd.weight", n_vocab, e)?;
+    let output = if t.has("output.weight") {
+        t.mat("output.weight", n_vocab, e)?
+    } else {
+        token_embd.clone()
+    };
+    let mut layers = Vec::with_capacity(n_layer);
+    for il in 0..n_layer {
+        let n = |s: &str| format!("blk.{il}.{s}.weight");
+        let gate = t.mat_any_rows(&n("ffn_gate"), e)?;
+        let ff = gate.rows;
+        layers.push(Layer {
+            attn_norm: t.vec(&n("attn_norm"), e)?,
+            attn: GqaWeights {
+                wq: t.mat(&n("attn_q"), n_head * head_dim, e)?,
+                wk: t.mat(&n("attn_k"), n_head_kv * head_dim, e)?,
+                wv: t.mat(&n("attn_v"), n_head_kv * head_dim_v, e)?,
+                wo: t.mat(&n("attn_output"), e, n_head * head_dim_v)?,
+                q_norm: t.opt_vec(&n("attn_q_norm"), head_dim)?,
+                k_norm: t.opt_vec(&n("attn_k_norm"), head_dim)?,
+            },
+            post_attn_norm: t.vec(&n("post_attention_norm"), e)?,
+            ffn_norm: t.vec(&n("ffn_norm"), e)?,
+            ffn: GluWeights {
+                up: t.mat(&n("ffn_up"), ff, e)?,
+                down: t.mat(&n("ffn_down"), e, ff)?,
+                gate,
+            },
+            post_ffn_norm: t.vec(&n("post_ffw_norm"), e)?,
+        });
+    }
+    Ok(Box::new(Gemma3 {
+        shape: AttnShape {
+            n_head,
+            n_head_kv,
+            head_dim,
+            head_dim_v,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            rms_eps,
+        },
+        rope_global: rope_inv_freq(head_dim, rope_base, rope_scale),
+        rope_swa: rope_inv_freq(head_dim, ROPE_BASE_SWA, 1.0),
+        sliding_window: hp.u_or("attention.sliding_window", 0)?,
+        output_norm: t.vec("output_norm.weight", e)?,
+        token_embd,
+        output,
+        layers,
+        cfg,
+    }))
+}
+
+impl Gemma3 {
+    /// Whether layer `il` uses sliding-window attention.
+    fn is_swa_layer(&self, il: usize) -> bool {
+        self.sliding_window > 0 && (il % SWA_PATTERN) < SWA_PATTERN - 1
+    }
+}
+
+impl Architecture for Gemma3 {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn groups(&self) -> StreamableGroups {
+        StreamableGroups::default()
+    }
+
+    fn new_state(&self, n_ctx: usize) -> SeqState {
+        let s = &self.shape;
+        SeqState::new(KvCache::new(
+            self.cfg.n_layer,
+            s.n_head_kv * s.head_dim,
+            s.n_head_kv * s.head_dim_v,
+            n_ctx,
+        ))
+    }
+
+    fn forward(
+        &self,
+        env: &Env<'_>,
+        batch: &Batch<'_>,
+        state: &mut SeqState,
+        rows: &[usize],
+    ) -> Result<Vec<f32>, ModelError> {
+        let eps = self.shape.rms_eps;
+        let scale = (self.cfg.n_embd as f32).sqrt();
+        let mut x = head::embed(env, &self.token_embd, batch, scale)?;
+        for (il, l) in self.layers.iter().enumerate() {
+            let swa = self.is_swa_layer(il);
+            let (rope, window) = if swa {
+                (&self.rope_swa, Some(self.sliding_window))
+            } else {
+                (&self.rope_global, None)
+            };
+            let mut h = x.clone();
+            rms_norm_rows(&mut h, &l.attn_norm, eps);
+            let mut o = gqa(
+                env,
+                batch,
+                &mut state.kv,
+                il,
+                &l.attn,
+                &self.shape,
+                rope,
+                window,
+                &h,
+            )?;
+            rms_norm_rows(&mut o, &l.post_attn_norm, eps);
+            add_into(&mut x, &o);
+
+            let mut h = x.clone();
+            rms_norm_rows(&mut h, &l.ffn_norm, eps);
+            let mut f = glu(env, &l.ffn, Activation::GeluTanh, &h, batch.len())?;
+            rms_norm_rows(&mut f, &l.post_ffn_norm, eps);
+            add_into(&mut x, &f);
+        }
+        head::logits(env, &x, rows, &self.output_norm, eps, &self.output)
+    }
+}

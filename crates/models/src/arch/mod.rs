@@ -1,0 +1,92 @@
+//! The architectures sluice runs, one module each, and their registry.
+//!
+//! An architecture owns its metadata keys, its tensor names and its layer loop, built from
+//! the shared [`crate::blocks`]. Adding one: write `arch/<name>.rs` with a `load` function
+//! returning a `Box<dyn Architecture>`, add `pub mod <name>;` and one line to [`REGISTRY`].
+
+pub mod gemma3;
+pub mod qwen3moe;
+
+use sluice_gguf::GgufFile;
+use sluice_io::MappedFile;
+use sluice_tier::StreamableGroups;
+
+use crate::blocks::{Batch, Env};
+use crate::config::ModelConfig;
+use crate::state::SeqState;
+use crate::ModelError;
+
+/// A loaded architecture: its configuration, its weights (ranges of the mapped file) and
+/// its forward pass.
+pub trait Architecture: Send + Sync {
+    /// What the rest of the engine needs to know about the model.
+    fn config(&self) -> &ModelConfig;
+
+    /// Every tensor group that may live outside RAM (routed experts, row tables).
+    fn groups(&self) -> StreamableGroups;
+
+    /// A fresh per-sequence state for up to `n_ctx` positions (already capped at the
+    /// trained context by the caller).
+    fn new_state(&self, n_ctx: usize) -> SeqState;
+
+    /// Evaluate `batch` (whose positions continue `state`), update `state` (the caller
+    /// advances its length afterwards) and return logits of `rows` (indices into the
+    /// batch; `[rows.len(), n_vocab]`).
+    fn forward(
+        &self,
+        env: &Env<'_>,
+        batch: &Batch<'_>,
+        state: &mut SeqState,
+        rows: &[usize],
+    ) -> Result<Vec<f32>, ModelError>;
+}
+
+/// Builds an architecture from a parsed header and the mapped file.
+pub type LoadFn = fn(&GgufFile, &MappedFile) -> Result<Box<dyn Architecture>, ModelError>;
+
+/// `general.architecture` name -> loader. One line per architecture.
+pub const REGISTRY: &[(&str, LoadFn)] = &[("qwen3moe", qwen3moe::load), ("gemma3", gemma3::load)];
+
+/// Names of every registered architecture.
+pub fn known() -> Vec<&'static str> {
+    REGISTRY.iter().map(|(n, _)| *n).collect()
+}
+
+/// The loader for `name`, if registered.
+pub fn find(name: &str) -> Option<LoadFn> {
+    REGISTRY.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
+}
+
+/// Checks shared by attention architectures: head counts and dimensions that the blocks
+/// rely on, and finite positive epsilon / RoPE base.
+pub(crate) fn check_attention(
+    hp: &crate::config::Hparams<'_>,
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+    rms_eps: f32,
+    rope_base: f32,
+) -> Result<(), ModelError> {
+    if n_head == 0 || n_head_kv == 0 {
+        return Err(hp.bad("head counts must be > 0".into()));
+    }
+    if !n_head.is_multiple_of(n_head_kv) {
+        return Err(hp.bad(format!(
+            "head_count {n_head} is not a multiple of head_count_kv {n_head_kv}"
+        )));
+    }
+    if head_dim == 0 || !head_dim.is_multiple_of(2) {
+        return Err(hp.bad(format!("key_length {head_dim} must be even and > 0")));
+    }
+    if rms_eps.is_nan() || rms_eps < 0.0 {
+        return Err(hp.bad(format!(
+            "attention.layer_norm_rms_epsilon is {rms_eps}; it must be a finite number >= 0"
+        )));
+    }
+    if rope_base.is_nan() || rope_base <= 0.0 {
+        return Err(hp.bad(format!(
+            "rope.freq_base is {rope_base}; it must be a finite number > 0"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,209 @@
+//! Qwen3 MoE (`qwen3moe`): GQA with per-head q/k RMS norms and NEOX RoPE, then a softmax
+//! router over routed SwiGLU experts (top-k, optionally renormalised). No shared expert.
+
+use sluice_gguf::GgufFile;
+use sluice_io::MappedFile;
+use sluice_tier::{StreamableGroups, UnitGroup, UnitLayer};
+
+use super::Architecture;
+use crate::blocks::attention::{gqa, AttnShape, GqaWeights};
+use crate::blocks::ffn::Activation;
+use crate::blocks::moe::{routed, MoeWeights, Router, UnitMat};
+use crate::blocks::{add_into, head, rms_norm_rows, Batch, Env};
+use crate::config::{Hparams, ModelConfig};
+use crate::kv::KvCache;
+use crate::ops::rope_inv_freq;
+use crate::state::SeqState;
+use crate::weights::{Mat, Stacked, Tensors};
+use crate::ModelError;
+
+const NAME: &str = "qwen3moe";
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    attn: GqaWeights,
+    ffn_norm: Vec<f32>,
+    moe: MoeWeights,
+    /// Stacked gate, up, down tensors (the streamable units).
+    experts: [Stacked; 3],
+}
+
+pub struct Qwen3Moe {
+    cfg: ModelConfig,
+    shape: AttnShape,
+    rope: Vec<f32>,
+    token_embd: Mat,
+    output_norm: Vec<f32>,
+    output: Mat,
+    layers: Vec<Layer>,
+}
+
+pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, ModelError> {
+    let hp = Hparams::new(file, NAME);
+    let n_embd = hp.u("embedding_length")?;
+    let n_head = hp.u("attention.head_count")?;
+    let n_head_kv = hp.u_or("attention.head_count_kv", n_head)?;
+    let head_dim = hp.u_or("attention.key_length", n_embd / n_head.max(1))?;
+    let head_dim_v = hp.u_or("attention.value_length", head_dim)?;
+    let n_layer = hp.u("block_count")?;
+    let rms_eps = hp.f_or("attention.layer_norm_rms_epsilon", 1e-6)?;
+    let rope_base = hp.f_or("rope.freq_base", 10_000.0)?;
+    let rope_scale = hp.rope_linear_scale()?;
+    let n_expert = hp.u_or("expert_count", 0)?;
+    let k = hp.u_or("expert_used_count", 0)?;
+    let norm = hp.b_or("expert_weights_norm", true)?;
+    if n_layer == 0 || n_embd == 0 {
+        return Err(hp.bad("block_count and embedding_length must be > 0".into()));
+    }
+    super::check_attention(&hp, n_head, n_head_kv, head_dim, rms_eps, rope_base)?;
+    if n_expert == 0 || k == 0 || k > n_expert {
+        return Err(hp.bad(format!(
+            "expert_used_count {k} must be in 1..=expert_count {n_expert}"
+        )));
+    }
+    let n_vocab = hp.n_vocab()?;
+    let cfg = ModelConfig {
+        arch: NAME,
+        n_layer,
+        n_embd,
+        n_vocab,
+        n_ctx_train: hp.u_or("context_length", 4096)?,
+        n_expert,
+        n_expert_used: k,
+        kv_bytes_per_pos: (n_layer * n_head_kv * (head_dim + head_dim_v) * 4) as u64,
+    };
+    let t = Tensors::new(file, map);
+    let e = n_embd;
+    let token_embd = t.mat("token_embd.weight", n_vocab, e)?;
+    let output = if t.has("output.weight") {
+        t.mat("output.weight", n_vocab, e)?
+    } else {
+        token_embd.clone()
+    };
+    let mut layers = Vec::with_capacity(n_layer);
+    for il in 0..n_layer {
+        let n = |s: &str| format!("blk.{il}.{s}.weight");
+        let gate = t.stacked_any_rows(&n("ffn_gate_exps"), e, n_expert)?;
+        let ff = gate.rows;
+        let up = t.stacked(&n("ffn_up_exps"), ff, e, n_expert)?;
+        let down = t.stacked(&n("ffn_down_exps"), e, ff, n_expert)?;
+        let um = |s: &Stacked| UnitMat {
+            ty: s.ty,
+            rows: s.rows,
+            cols: s.cols,
+        };
+        layers.push(Layer {
+            attn_norm: t.vec(&n("attn_norm"), e)?,
+            attn: GqaWeights {
+                wq: t.mat(&n("attn_q"), n_head * head_dim, e)?,
+                wk: t.mat(&n("attn_k"), n_head_kv * head_dim, e)?,
+                wv: t.mat(&n("attn_v"), n_head_kv * head_dim_v, e)?,
+                wo: t.mat(&n("attn_output"), e, n_head * head_dim_v)?,
+                q_norm: t.opt_vec(&n("attn_q_norm"), head_dim)?,
+                k_norm: t.opt_vec(&n("attn_k_norm"), head_dim)?,
+            },
+            ffn_norm: t.vec(&n("ffn_norm"), e)?,
+            moe: MoeWeights {
+                router_w: t.mat(&n("ffn_gate_inp"), n_expert, e)?,
+                router: Router::Softmax { norm },
+                n_expert,
+                k,
+                gate: um(&gate),
+                up: um(&up),
+                down: um(&down),
+                act: Activation::Silu,
+            },
+            experts: [gate, up, down],
+        });
+    }
+    Ok(Box::new(Qwen3Moe {
+        shape: AttnShape {
+            n_head,
+            n_head_kv,
+            head_dim,
+            head_dim_v,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            rms_eps,
+        },
+        rope: rope_inv_freq(head_dim, rope_base, rope_scale),
+        output_norm: t.vec("output_norm.weight", e)?,
+        token_embd,
+        output,
+        layers,
+        cfg,
+    }))
+}
+
+impl Architecture for Qwen3Moe {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn groups(&self) -> StreamableGroups {
+        let names = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
+        StreamableGroups {
+            experts: UnitGroup {
+                layers: self
+                    .layers
+                    .iter()
+                    .enumerate()
+                    .map(|(il, l)| {
+                        Some(UnitLayer {
+                            n_units: self.cfg.n_expert,
+                            parts: l
+                                .experts
+                                .iter()
+                                .zip(names)
+                                .map(|(s, n)| s.part(&format!("blk.{il}.{n}.weight")))
+                                .collect(),
+                        })
+                    })
+                    .collect(),
+            },
+            row_tables: Vec::new(),
+        }
+    }
+
+    fn new_state(&self, n_ctx: usize) -> SeqState {
+        let s = &self.shape;
+        SeqState::new(KvCache::new(
+            self.cfg.n_layer,
+            s.n_head_kv * s.head_dim,
+            s.n_head_kv * s.head_dim_v,
+            n_ctx,
+        ))
+    }
+
+    fn forward(
+        &self,
+        env: &Env<'_>,
+        batch: &Batch<'_>,
+        state: &mut SeqState,
+        rows: &[usize],
+    ) -> Result<Vec<f32>, ModelError> {
+        let eps = self.shape.rms_eps;
+        let mut x = head::embed(env, &self.token_embd, batch, 1.0)?;
+        for (il, l) in self.layers.iter().enumerate() {
+            let mut h = x.clone();
+            rms_norm_rows(&mut h, &l.attn_norm, eps);
+            let o = gqa(
+                env,
+                batch,
+                &mut state.kv,
+                il,
+                &l.attn,
+                &self.shape,
+                &self.rope,
+                None,
+                &h,
+            )?;
+            add_into(&mut x, &o);
+
+            let mut h = x.clone();
+            rms_norm_rows(&mut h, &l.ffn_norm, eps);
+            let f = routed(env, batch, il, &l.moe, &h)?;
+            add_into(&mut x, &f);
+        }
+        head::logits(env, &x, rows, &self.output_norm, eps, &self.output)
+    }
+}

@@ -1,0 +1,139 @@
+//! Grouped-query self-attention over a sequence's KV cache.
+//!
+//! Owns: projections, optional per-head q/k RMS norms, NEOX RoPE (cos/sin once per
+//! position), appending K/V, and softmax(q K^T * scale) V with an optional sliding window.
+//! The output projection is applied by the caller's block (`wo`).
+
+use rayon::prelude::*;
+
+use super::{Batch, Env};
+use crate::kv::KvCache;
+use crate::ops::{rms_norm_inplace, rope_cos_sin, rope_neox_cs, softmax};
+use crate::weights::Mat;
+use crate::ModelError;
+
+/// Head layout of an attention layer.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    /// Per-head size of queries and keys.
+    pub head_dim: usize,
+    /// Per-head size of values.
+    pub head_dim_v: usize,
+    /// Multiplier on q.k.
+    pub scale: f32,
+    pub rms_eps: f32,
+}
+
+/// The weights of one GQA attention layer.
+#[derive(Debug, Clone)]
+pub struct GqaWeights {
+    /// `[n_head * head_dim, n_embd]`
+    pub wq: Mat,
+    /// `[n_head_kv * head_dim, n_embd]`
+    pub wk: Mat,
+    /// `[n_head_kv * head_dim_v, n_embd]`
+    pub wv: Mat,
+    /// `[n_embd, n_head * head_dim_v]`
+    pub wo: Mat,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+}
+
+/// Attention of a chunk `h` (`[T, n_embd]`, already normed) for layer `il`: returns
+/// `[T, n_embd]` after the output projection. `inv_freq` is the layer's RoPE table,
+/// `window` its sliding window (None = global).
+#[allow(clippy::too_many_arguments)]
+pub fn gqa(
+    env: &Env<'_>,
+    batch: &Batch<'_>,
+    kv: &mut KvCache,
+    il: usize,
+    w: &GqaWeights,
+    shape: &AttnShape,
+    inv_freq: &[f32],
+    window: Option<usize>,
+    h: &[f32],
+) -> Result<Vec<f32>, ModelError> {
+    let t_len = batch.len();
+    let AttnShape {
+        n_head: nh,
+        n_head_kv: nkv,
+        head_dim: hd,
+        head_dim_v: hdv,
+        scale,
+        rms_eps,
+    } = *shape;
+    let mut q = env.linear(&w.wq, h, t_len)?;
+    let mut k = env.linear(&w.wk, h, t_len)?;
+    let v = env.linear(&w.wv, h, t_len)?;
+    let mut cs = Vec::with_capacity(inv_freq.len());
+    for t in 0..t_len {
+        // cos/sin once per position, shared by every q and k head.
+        rope_cos_sin(batch.positions[t], inv_freq, &mut cs);
+        for head in q[t * nh * hd..(t + 1) * nh * hd].chunks_mut(hd) {
+            if let Some(w) = &w.q_norm {
+                rms_norm_inplace(head, w, rms_eps);
+            }
+            rope_neox_cs(head, &cs);
+        }
+        for head in k[t * nkv * hd..(t + 1) * nkv * hd].chunks_mut(hd) {
+            if let Some(w) = &w.k_norm {
+                rms_norm_inplace(head, w, rms_eps);
+            }
+            rope_neox_cs(head, &cs);
+        }
+    }
+    kv.append(il, &k, &v);
+    let (kc, vc) = kv.layer(il);
+    let group = nh / nkv;
+    let mut out = vec![0.0f32; t_len * nh * hdv];
+    out.par_chunks_mut(hdv).enumerate().for_each(|(i, o)| {
+        let (t, head) = (i / nh, i % nh);
+        let g = head / group;
+        let pos = batch.positions[t];
+        let lo = match window {
+            None => 0,
+            Some(win) => (pos + 1).saturating_sub(win),
+        };
+        let qh = &q[(t * nh + head) * hd..(t * nh + head + 1) * hd];
+        let mut scores: Vec<f32> = (lo..=pos)
+            .map(|j| {
+                let kh = &kc[(j * nkv + g) * hd..(j * nkv + g + 1) * hd];
+                dot(qh, kh) * scale
+            })
+            .collect();
+        softmax(&mut scores);
+        for (j, &p) in (lo..=pos).zip(&scores) {
+            let vh = &vc[(j * nkv + g) * hdv..(j * nkv + g + 1) * hdv];
+            for (a, &b) in o.iter_mut().zip(vh) {
+                *a += p * b;
+            }
+        }
+    });
+    drop(q);
+    env.linear(&w.wo, &out, t_len)
+}
+
+/// Plain f32 dot product, sequential (fixed order).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Eight independent accumulators let the compiler vectorise without reassociating
+    // across runs: the order is fixed by the code, not by the thread count.
+    // chunks_exact keeps the bounds checks out of the loop so it becomes vector code.
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ar, br) = (ac.remainder(), bc.remainder());
+    for (ca, cb) in ac.zip(bc) {
+        for l in 0..8 {
+            acc[l] += ca[l] * cb[l];
+        }
+    }
+    let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + (acc[2] + acc[6]) + (acc[3] + acc[7]);
+    for (x, y) in ar.iter().zip(br) {
+        s += x * y;
+    }
+    s
+}

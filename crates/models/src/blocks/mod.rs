@@ -1,0 +1,80 @@
+//! Shared building blocks of the architectures.
+//!
+//! Each block takes its weights explicitly and a [`Env`] (mapped bytes, the compute
+//! backend, the expert source, the routing recorder) plus the [`Batch`] (token ids and
+//! their positions), and computes in a fixed order so logits never depend on thread count
+//! or chunking.
+//! - [`attention`]: grouped-query attention with optional q/k norms, NEOX RoPE, optional
+//!   sliding window, over the sequence's KV cache.
+//! - [`ffn`]: dense gated FFN (GLU) with a chosen activation.
+//! - [`moe`]: routed experts with a [`moe::Router`] (softmax, biased sqrt-softplus /
+//!   sigmoid, token-id hash table), run through the expert source.
+//! - [`head`]: token embedding rows and the output head.
+//!
+//! Norms, RoPE tables and activations are in [`crate::ops`].
+
+pub mod attention;
+pub mod ffn;
+pub mod head;
+pub mod moe;
+
+use std::sync::Mutex;
+
+use sluice_tier::{ExpertSource, RoutingRecorder};
+
+use crate::compute::Compute;
+use crate::weights::Mat;
+use crate::ModelError;
+
+/// What a block may use besides its weights.
+pub struct Env<'a> {
+    /// The mapped model file (every resident matrix is a range of it).
+    pub map: &'a [u8],
+    pub compute: &'a dyn Compute,
+    pub experts: &'a dyn ExpertSource,
+    /// `--record-routing`: every token's chosen experts, per MoE layer.
+    pub routing: Option<&'a Mutex<RoutingRecorder>>,
+}
+
+impl Env<'_> {
+    /// `y = W x` for `n` rows of `x` (`[n, m.cols]` -> `[n, m.rows]`).
+    pub fn linear(&self, m: &Mat, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
+        let mut y = vec![0.0f32; n * m.rows];
+        self.compute
+            .linear(m.ty, m.bytes(self.map), m.rows, m.cols, x, n, &mut y)?;
+        Ok(y)
+    }
+}
+
+/// The tokens of one forward call and where they sit in the sequence.
+pub struct Batch<'a> {
+    pub tokens: &'a [u32],
+    /// Position of each token (the sequence length before the call, then +1 each).
+    pub positions: Vec<usize>,
+}
+
+impl Batch<'_> {
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+/// RMS-normalise every `width`-wide row of `x` with weight `w`, in place.
+pub fn rms_norm_rows(x: &mut [f32], w: &[f32], eps: f32) {
+    for row in x.chunks_mut(w.len()) {
+        crate::ops::rms_norm_inplace(row, w, eps);
+    }
+}
+
+/// `x += y` element-wise.
+pub fn add_into(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

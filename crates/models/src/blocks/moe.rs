@@ -1,0 +1,291 @@
+//! Routed mixture of experts.
+//!
+//! Owns: the [`Router`] (how a token's experts and weights are chosen: softmax top-k,
+//! biased sqrt-softplus / sigmoid scores, or a token-id hash table), recording the choice
+//! in the routing trace, and running each expert the chunk needs once for all its tokens
+//! through the [`sluice_tier::ExpertSource`], then summing every token's k weighted outputs
+//! in slot order (so the order experts arrive in never changes a bit).
+
+use sluice_kernels::GgmlType;
+use sluice_tier::Stop;
+
+use super::ffn::Activation;
+use super::{lock, Batch, Env};
+use crate::ops::{softmax, top_k};
+use crate::weights::Mat;
+use crate::ModelError;
+
+/// How a MoE layer picks its experts.
+#[derive(Debug, Clone)]
+pub enum Router {
+    /// Softmax over the router logits, top-k; weights renormalised to sum 1 if `norm`.
+    Softmax { norm: bool },
+    /// Scores `score(logit)`, top-k chosen on `score + bias` (the bias steers selection
+    /// only), weights = the chosen scores, normalised to sum 1 if `norm`, times `scale`.
+    Biased {
+        score: ScoreFn,
+        bias: Vec<f32>,
+        norm: bool,
+        scale: f32,
+    },
+    /// Experts fixed per token id (`table[token * k + slot]`), weights from `score` of the
+    /// router logits of those experts, normalised if `norm`, times `scale`.
+    Hash {
+        table: Vec<u32>,
+        score: ScoreFn,
+        norm: bool,
+        scale: f32,
+    },
+}
+
+/// The score a biased or hashed router applies to a logit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScoreFn {
+    Sigmoid,
+    /// `sqrt(softplus(x))` (DeepSeek V4).
+    SqrtSoftplus,
+    Softmax,
+}
+
+impl ScoreFn {
+    fn apply(self, logits: &[f32]) -> Vec<f32> {
+        match self {
+            ScoreFn::Sigmoid => logits.iter().map(|&x| 1.0 / (1.0 + (-x).exp())).collect(),
+            ScoreFn::SqrtSoftplus => logits
+                .iter()
+                .map(|&x| {
+                    let sp = if x > 20.0 { x } else { x.exp().ln_1p() };
+                    sp.sqrt()
+                })
+                .collect(),
+            ScoreFn::Softmax => {
+                let mut p = logits.to_vec();
+                softmax(&mut p);
+                p
+            }
+        }
+    }
+}
+
+impl Router {
+    /// Every token's `k` experts and weights: (`chosen[t*k + slot]`, `weights[..]`).
+    pub fn route(
+        &self,
+        logits: &[f32],
+        tokens: &[u32],
+        n_expert: usize,
+        k: usize,
+    ) -> Result<(Vec<usize>, Vec<f32>), ModelError> {
+        let mut chosen = Vec::with_capacity(tokens.len() * k);
+        let mut weights = Vec::with_capacity(tokens.len() * k);
+        for (t, row) in logits.chunks(n_expert).enumerate() {
+            let (sel, mut w, norm, scale) = match self {
+                Router::Softmax { norm } => {
+                    let mut probs = row.to_vec();
+                    softmax(&mut probs);
+                    let sel = top_k(&probs, k);
+                    let w: Vec<f32> = sel.iter().map(|&i| probs[i]).collect();
+                    (sel, w, *norm, 1.0)
+                }
+                Router::Biased {
+                    score,
+                    bias,
+                    norm,
+                    scale,
+                } => {
+                    let s = score.apply(row);
+                    let biased: Vec<f32> = s.iter().zip(bias).map(|(a, b)| a + b).collect();
+                    let sel = top_k(&biased, k);
+                    let w: Vec<f32> = sel.iter().map(|&i| s[i]).collect();
+                    (sel, w, *norm, *scale)
+                }
+                Router::Hash {
+                    table,
+                    score,
+                    norm,
+                    scale,
+                } => {
+                    let tok = tokens[t] as usize;
+                    let ids =
+                        table
+                            .get(tok * k..(tok + 1) * k)
+                            .ok_or(ModelError::TokenOutOfRange {
+                                id: tokens[t],
+                                n_vocab: table.len() / k.max(1),
+                            })?;
+                    let s = score.apply(row);
+                    let sel: Vec<usize> = ids.iter().map(|&i| i as usize).collect();
+                    if let Some(&bad) = sel.iter().find(|&&i| i >= n_expert) {
+                        return Err(ModelError::Compute(format!(
+                            "hash router table names expert {bad}; the layer has {n_expert}"
+                        )));
+                    }
+                    let w: Vec<f32> = sel.iter().map(|&i| s[i]).collect();
+                    (sel, w, *norm, *scale)
+                }
+            };
+            if norm {
+                let sum: f32 = w.iter().sum();
+                w.iter_mut().for_each(|v| *v /= sum);
+            }
+            if scale != 1.0 {
+                w.iter_mut().for_each(|v| *v *= scale);
+            }
+            chosen.extend_from_slice(&sel);
+            weights.extend_from_slice(&w);
+        }
+        Ok((chosen, weights))
+    }
+}
+
+/// One matrix of a routed expert: type and shape (its bytes come from the expert source).
+#[derive(Debug, Clone, Copy)]
+pub struct UnitMat {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// A routed-experts layer: router weights and the shape of every expert's gate/up/down
+/// (units' parts 0, 1, 2 in the streamable group).
+#[derive(Debug, Clone)]
+pub struct MoeWeights {
+    /// `[n_expert, n_embd]`
+    pub router_w: Mat,
+    pub router: Router,
+    pub n_expert: usize,
+    pub k: usize,
+    pub gate: UnitMat,
+    pub up: UnitMat,
+    pub down: UnitMat,
+    pub act: Activation,
+}
+
+/// Routed experts over a chunk `h` (`[T, E]`) of layer `il`.
+pub fn routed(
+    env: &Env<'_>,
+    batch: &Batch<'_>,
+    il: usize,
+    w: &MoeWeights,
+    h: &[f32],
+) -> Result<Vec<f32>, ModelError> {
+    let t_len = batch.len();
+    let e = w.down.rows;
+    let (k, ff) = (w.k, w.gate.rows);
+    let logits = env.linear(&w.router_w, h, t_len)?;
+    let (chosen, weights) = w.router.route(&logits, batch.tokens, w.n_expert, k)?;
+    if let Some(rec) = env.routing {
+        let ids: Vec<u32> = chosen.iter().map(|&x| x as u32).collect();
+        lock(rec)
+            .record_layer(il as u32, &ids)
+            .map_err(sluice_tier::StreamError::from)?;
+    }
+    // Which (token, slot) pairs use each expert.
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); w.n_expert];
+    for (ts, &ex) in chosen.iter().enumerate() {
+        users[ex].push(ts);
+    }
+    let needed: Vec<usize> = (0..w.n_expert).filter(|&x| !users[x].is_empty()).collect();
+    // slot_out[(t * k + slot) * E ..]: weighted output of token t's slot-th expert.
+    let mut slot_out = vec![0.0f32; t_len * k * e];
+    let mut failed: Option<ModelError> = None;
+    let compute = env.compute;
+    let mut run = |i: usize, view: sluice_tier::ExpertView<'_>| -> Result<(), ModelError> {
+        let ts_list = &users[needed[i]];
+        let m = ts_list.len();
+        let mut xs = Vec::with_capacity(m * e);
+        for &ts in ts_list {
+            let t = ts / k;
+            xs.extend_from_slice(&h[t * e..(t + 1) * e]);
+        }
+        let mut g = vec![0.0f32; m * ff];
+        let mut u = vec![0.0f32; m * ff];
+        let mut d = vec![0.0f32; m * e];
+        let (gm, um, dm) = (&w.gate, &w.up, &w.down);
+        compute.linear(gm.ty, view.part(0), gm.rows, gm.cols, &xs, m, &mut g)?;
+        compute.linear(um.ty, view.part(1), um.rows, um.cols, &xs, m, &mut u)?;
+        for (a, &b) in g.iter_mut().zip(&u) {
+            *a = w.act.glu(*a, b);
+        }
+        compute.linear(dm.ty, view.part(2), dm.rows, dm.cols, &g, m, &mut d)?;
+        for (j, &ts) in ts_list.iter().enumerate() {
+            let wt = weights[ts];
+            let dst = &mut slot_out[ts * e..(ts + 1) * e];
+            for (o, &v) in dst.iter_mut().zip(&d[j * e..(j + 1) * e]) {
+                *o = v * wt;
+            }
+        }
+        Ok(())
+    };
+    let walked = env
+        .experts
+        .for_each_expert(env.map, il, &needed, &mut |i, view| {
+            run(i, view).map_err(|e| {
+                failed = Some(e);
+                Stop
+            })
+        });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    walked?;
+    let mut out = vec![0.0f32; t_len * e];
+    for t in 0..t_len {
+        let dst = &mut out[t * e..(t + 1) * e];
+        for slot in 0..k {
+            let src = &slot_out[(t * k + slot) * e..(t * k + slot + 1) * e];
+            dst.iter_mut().zip(src).for_each(|(a, &b)| *a += b);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softmax_router_picks_largest_and_renormalises() {
+        let r = Router::Softmax { norm: true };
+        let (c, w) = r.route(&[0.0, 2.0, 1.0, -1.0], &[5], 4, 2).unwrap();
+        assert_eq!(c, vec![1, 2]);
+        // softmax restricted to {2.0, 1.0}: e^1 / (e^1 + 1)
+        let want = std::f32::consts::E / (std::f32::consts::E + 1.0);
+        assert!((w[0] - want).abs() < 1e-6 && (w[0] + w[1] - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn bias_steers_selection_not_weights() {
+        let r = Router::Biased {
+            score: ScoreFn::Sigmoid,
+            bias: vec![0.0, 0.0, 10.0],
+            norm: false,
+            scale: 2.0,
+        };
+        let (c, w) = r.route(&[3.0, 2.0, -3.0], &[0], 3, 1).unwrap();
+        assert_eq!(c, vec![2]);
+        let sig = 1.0 / (1.0 + 3.0f32.exp());
+        assert!((w[0] - 2.0 * sig).abs() < 1e-6);
+    }
+
+    #[test]
+    fn sqrt_softplus_scores() {
+        let s = ScoreFn::SqrtSoftplus.apply(&[0.0, 30.0]);
+        assert!((s[0] - 2.0f32.ln().sqrt()).abs() < 1e-6);
+        assert!((s[1] - 30.0f32.sqrt()).abs() < 1e-5);
+    }
+
+    #[test]
+    fn hash_router_uses_token_table_and_checks_range() {
+        let r = Router::Hash {
+            table: vec![0, 1, 2, 3, 3, 0],
+            score: ScoreFn::Softmax,
+            norm: true,
+            scale: 1.0,
+        };
+        let (c, w) = r.route(&[0.0; 8], &[1, 2], 4, 2).unwrap();
+        assert_eq!(c, vec![2, 3, 3, 0]);
+        assert!((w[0] - 0.5).abs() < 1e-6);
+        assert!(r.route(&[0.0; 4], &[3], 4, 2).is_err());
+    }
+}

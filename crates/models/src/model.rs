@@ -1,0 +1,182 @@
+//! A loaded model: the mapped file, its architecture, where its experts come from.
+//!
+//! Owns: `Model::load` (GGUF header -> registered architecture -> mapped weights), the
+//! expert source (resident or streaming), the routing recorder, and [`Model::forward`]:
+//! the checks and bookkeeping every architecture shares (token range, context room,
+//! positions, trace batches, the expert tier's token clock, which rows get logits).
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use sluice_gguf::GgufFile;
+use sluice_io::MappedFile;
+use sluice_tier::{ExpertSource, RoutingRecorder, StreamError, StreamableGroups, TraceHeader};
+
+use crate::arch::{self, Architecture};
+use crate::blocks::{lock, Batch, Env};
+use crate::compute::{Compute, Cpu};
+use crate::config::ModelConfig;
+use crate::expert::ResidentExperts;
+use crate::state::SeqState;
+use crate::ModelError;
+
+/// Which positions of a chunk need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last position (generation).
+    Last,
+    /// Every position (perplexity, `--dump-logits`).
+    All,
+    /// None (prompt chunks before the last).
+    None,
+}
+
+/// A model ready to evaluate tokens.
+pub struct Model {
+    pub gguf: GgufFile,
+    pub cfg: ModelConfig,
+    pub map: MappedFile,
+    /// Tensor groups that may live outside RAM (routed experts, row tables).
+    pub groups: StreamableGroups,
+    arch: Box<dyn Architecture>,
+    experts: Box<dyn ExpertSource>,
+    compute: Box<dyn Compute>,
+    /// `--record-routing`: every token's chosen experts, per MoE layer.
+    routing: Option<Mutex<RoutingRecorder>>,
+}
+
+impl Model {
+    /// Open `path`, read its header, find its architecture and locate every tensor.
+    pub fn load(path: &Path) -> Result<Model, ModelError> {
+        let gguf = GgufFile::open(path)?;
+        let name = gguf.architecture()?;
+        let load = arch::find(name).ok_or_else(|| ModelError::UnknownArch {
+            path: path.to_path_buf(),
+            found: name.to_string(),
+        })?;
+        let map = MappedFile::open(path)?;
+        if (map.bytes().len() as u64) < gguf.file_size {
+            return Err(ModelError::BadTensor {
+                path: path.to_path_buf(),
+                name: "(file)".into(),
+                what: format!(
+                    "file shrank while loading: {} bytes mapped, {} expected",
+                    map.bytes().len(),
+                    gguf.file_size
+                ),
+            });
+        }
+        let arch = load(&gguf, &map)?;
+        let cfg = arch.config().clone();
+        let groups = arch.groups();
+        Ok(Model {
+            experts: Box::new(ResidentExperts::new(groups.experts.clone())),
+            compute: Box::new(Cpu),
+            gguf,
+            cfg,
+            map,
+            groups,
+            arch,
+            routing: None,
+        })
+    }
+
+    /// Replace where routed experts come from (e.g. an SSD-streaming cache).
+    pub fn set_expert_source(&mut self, source: Box<dyn ExpertSource>) {
+        self.experts = source;
+    }
+
+    /// Replace the compute backend.
+    pub fn set_compute(&mut self, compute: Box<dyn Compute>) {
+        self.compute = compute;
+    }
+
+    /// Record every token's routing to `path` (a trace for `sluice cache-sim`).
+    pub fn record_routing(&mut self, path: &Path) -> Result<(), ModelError> {
+        let header = TraceHeader {
+            model: self
+                .gguf
+                .get("general.name")
+                .and_then(|v| v.as_str())
+                .unwrap_or(self.cfg.arch)
+                .to_string(),
+            n_layer: self.cfg.n_layer as u32,
+            n_expert: self.cfg.n_expert as u32,
+            top_k: self.cfg.n_expert_used as u32,
+            expert_bytes: self.groups.experts.unit_bytes_per_layer(),
+        };
+        let rec = RoutingRecorder::create(path, header).map_err(StreamError::from)?;
+        self.routing = Some(Mutex::new(rec));
+        Ok(())
+    }
+
+    /// Close the routing trace (if recording) and return its path.
+    pub fn finish_routing(&mut self) -> Result<Option<PathBuf>, ModelError> {
+        match self.routing.take() {
+            None => Ok(None),
+            Some(m) => {
+                let rec = m.into_inner().unwrap_or_else(|p| p.into_inner());
+                Ok(Some(rec.finish().map_err(StreamError::from)?))
+            }
+        }
+    }
+
+    /// A fresh sequence state for up to `n_ctx` positions (capped at the trained
+    /// context); the KV cache rounds to f16 like llama.cpp's default unless `kv_f32`.
+    pub fn new_state(&self, n_ctx: usize, kv_f32: bool) -> SeqState {
+        let mut s = self.arch.new_state(n_ctx.min(self.cfg.n_ctx_train));
+        s.kv.set_f16(!kv_f32);
+        s
+    }
+
+    /// Evaluate `tokens` at the positions following those already in `state`, update it,
+    /// and return logits as `mode` asks (row-major `[rows, n_vocab]`).
+    pub fn forward(
+        &self,
+        state: &mut SeqState,
+        tokens: &[u32],
+        mode: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        let t_len = tokens.len();
+        if t_len == 0 {
+            return Ok(Vec::new());
+        }
+        state.kv.check_room(t_len)?;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
+            return Err(ModelError::TokenOutOfRange {
+                id,
+                n_vocab: self.cfg.n_vocab,
+            });
+        }
+        let pos0 = state.len();
+        let batch = Batch {
+            tokens,
+            positions: (pos0..pos0 + t_len).collect(),
+        };
+        let moe = self.cfg.n_expert > 0;
+        let routing = self.routing.as_ref().filter(|_| moe);
+        if let Some(rec) = routing {
+            lock(rec)
+                .begin_batch(t_len as u32)
+                .map_err(StreamError::from)?;
+        }
+        let rows: Vec<usize> = match mode {
+            Logits::None => Vec::new(),
+            Logits::Last => vec![t_len - 1],
+            Logits::All => (0..t_len).collect(),
+        };
+        let env = Env {
+            map: self.map.bytes(),
+            compute: self.compute.as_ref(),
+            experts: self.experts.as_ref(),
+            routing,
+        };
+        let logits = self.arch.forward(&env, &batch, state, &rows)?;
+        state.kv.advance(t_len);
+        if let Some(rec) = routing {
+            lock(rec).end_batch().map_err(StreamError::from)?;
+        }
+        self.experts.end_tokens(t_len);
+        Ok(logits)
+    }
+}

@@ -1,0 +1,201 @@
+//! Tensors located in the mapped GGUF file.
+//!
+//! Owns: [`Tensors`], which finds a tensor by its llama.cpp name, checks its type and
+//! shape and returns where it lives ([`Mat`], stacked expert tensors [`Stacked`]); small
+//! F32 vectors (norms) are copied out once at load time; matrices stay in the map. Which
+//! tensors exist is each architecture's business (`arch/`).
+
+use std::ops::Range;
+
+use sluice_gguf::{GgmlType, GgufFile, TensorInfo};
+use sluice_io::MappedFile;
+
+use sluice_tier::StackedPart;
+
+use crate::ModelError as EngineError;
+
+/// A 2-D weight matrix `[rows, cols]` (ggml dims `[cols, rows]`) inside the file.
+#[derive(Debug, Clone)]
+pub struct Mat {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub range: Range<usize>,
+}
+
+/// A stacked 3-D expert tensor `[n_expert, rows, cols]` (ggml dims `[cols, rows, n_expert]`).
+#[derive(Debug, Clone)]
+pub struct Stacked {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub n_expert: usize,
+    pub range: Range<usize>,
+}
+
+impl Mat {
+    /// The matrix's bytes in the mapped file.
+    pub fn bytes<'a>(&self, map: &'a [u8]) -> &'a [u8] {
+        &map[self.range.clone()]
+    }
+}
+
+impl Stacked {
+    /// This tensor as one matrix of a streamable unit.
+    pub fn part(&self, name: &str) -> StackedPart {
+        StackedPart {
+            name: name.to_string(),
+            start: self.range.start as u64,
+            bytes_per_unit: self.expert_bytes() as u64,
+        }
+    }
+
+    /// Bytes of one expert's slice.
+    pub fn expert_bytes(&self) -> usize {
+        (self.range.end - self.range.start) / self.n_expert
+    }
+
+    /// Absolute file range of expert `e`.
+    pub fn expert_range(&self, e: usize) -> Range<usize> {
+        let n = self.expert_bytes();
+        let start = self.range.start + e * n;
+        start..start + n
+    }
+}
+
+/// Looks tensors up by name and checks them.
+pub struct Tensors<'a> {
+    pub file: &'a GgufFile,
+    pub map: &'a MappedFile,
+}
+
+impl<'a> Tensors<'a> {
+    pub fn new(file: &'a GgufFile, map: &'a MappedFile) -> Tensors<'a> {
+        Tensors { file, map }
+    }
+
+    /// Whether the file has a tensor called `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.file.tensor(name).is_some()
+    }
+
+    pub fn info(&self, name: &str) -> Result<&TensorInfo, EngineError> {
+        self.file
+            .tensor(name)
+            .ok_or_else(|| EngineError::MissingTensor {
+                path: self.file.path.clone(),
+                name: name.to_string(),
+            })
+    }
+
+    pub fn bad(&self, name: &str, what: String) -> EngineError {
+        EngineError::BadTensor {
+            path: self.file.path.clone(),
+            name: name.to_string(),
+            what,
+        }
+    }
+
+    pub fn check_type(&self, name: &str, ty: GgmlType) -> Result<(), EngineError> {
+        if sluice_kernels::is_supported(ty) {
+            Ok(())
+        } else {
+            Err(self.bad(
+                name,
+                format!("tensor type {ty} is not supported by sluice's kernels yet"),
+            ))
+        }
+    }
+
+    pub fn range(&self, t: &TensorInfo) -> Range<usize> {
+        let r = self.file.tensor_range(t);
+        r.start as usize..r.end as usize
+    }
+
+    pub fn mat(&self, name: &str, rows: usize, cols: usize) -> Result<Mat, EngineError> {
+        let m = self.mat_any_rows(name, cols)?;
+        if m.rows != rows {
+            return Err(self.bad(name, format!("expected {rows} rows, found {}", m.rows)));
+        }
+        Ok(m)
+    }
+
+    pub fn mat_any_rows(&self, name: &str, cols: usize) -> Result<Mat, EngineError> {
+        let t = self.info(name)?;
+        if t.dims.len() != 2 || t.dims[0] as usize != cols {
+            return Err(self.bad(
+                name,
+                format!("expected shape [{cols}, rows], found {:?}", t.dims),
+            ));
+        }
+        self.check_type(name, t.ty)?;
+        Ok(Mat {
+            ty: t.ty,
+            rows: t.dims[1] as usize,
+            cols,
+            range: self.range(t),
+        })
+    }
+
+    pub fn stacked(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        n_expert: usize,
+    ) -> Result<Stacked, EngineError> {
+        let s = self.stacked_any_rows(name, cols, n_expert)?;
+        if s.rows != rows {
+            return Err(self.bad(
+                name,
+                format!("expected {rows} rows per expert, found {}", s.rows),
+            ));
+        }
+        Ok(s)
+    }
+
+    pub fn stacked_any_rows(
+        &self,
+        name: &str,
+        cols: usize,
+        n_expert: usize,
+    ) -> Result<Stacked, EngineError> {
+        let t = self.info(name)?;
+        if t.dims.len() != 3 || t.dims[0] as usize != cols || t.dims[2] as usize != n_expert {
+            return Err(self.bad(
+                name,
+                format!(
+                    "expected shape [{cols}, rows, {n_expert}], found {:?}",
+                    t.dims
+                ),
+            ));
+        }
+        self.check_type(name, t.ty)?;
+        Ok(Stacked {
+            ty: t.ty,
+            rows: t.dims[1] as usize,
+            cols,
+            n_expert,
+            range: self.range(t),
+        })
+    }
+
+    pub fn vec(&self, name: &str, len: usize) -> Result<Vec<f32>, EngineError> {
+        let t = self.info(name)?;
+        if t.n_elements() != len as u64 {
+            return Err(self.bad(name, format!("expected {len} elements, found {:?}", t.dims)));
+        }
+        self.check_type(name, t.ty)?;
+        let mut out = vec![0.0f32; len];
+        sluice_kernels::dequantize_row(t.ty, &self.map.bytes()[self.range(t)], &mut out)
+            .map_err(|e| self.bad(name, e.to_string()))?;
+        Ok(out)
+    }
+
+    pub fn opt_vec(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>, EngineError> {
+        match self.file.tensor(name) {
+            Some(_) => self.vec(name, len).map(Some),
+            None => Ok(None),
+        }
+    }
+}

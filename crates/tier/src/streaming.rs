@@ -1,0 +1,520 @@
+//! SSD streaming of routed experts: the [`ExpertSource`] backed by the expert cache and
+//! the IO engine.
+//!
+//! Owns: mapping (layer, unit) to the file segments of its matrices (from the
+//! [`UnitGroup`] the loader describes), the hits-first / misses-in-flight schedule of one
+//! layer's units, resident (pinned) layers, the routing of completions to the sequence
+//! that issued them (several sequences may forward through one source at once), and the
+//! compute side's IO-wait counters. Budget enforcement and eviction are the cache's;
+//! reading is the IO engine's (`sluice-io`).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use sluice_io::{
+    open_engine, required_capacity, AlignedBuf, IoConfig, IoEngine, IoStats, ReadDone, ReadReq,
+    Segment,
+};
+
+use crate::groups::{UnitGroup, UnitLayer};
+use crate::source::{ExpertSource, ExpertView, Stop, StreamError};
+use crate::{
+    CacheConfig, CacheError, CacheStats, ExpertCache, ExpertKey, Lookup, Pinned, PolicyKind,
+    SlotBuf, Ticket,
+};
+
+impl SlotBuf for AlignedBuf {
+    fn alloc(bytes: usize) -> Self {
+        AlignedBuf::new(bytes)
+    }
+    fn as_slice(&self) -> &[u8] {
+        AlignedBuf::as_slice(self)
+    }
+    fn size(&self) -> usize {
+        self.capacity()
+    }
+}
+
+/// How the streaming tier is set up.
+#[derive(Debug, Clone)]
+pub struct StreamConfig {
+    /// Bytes the cache may hold (cached + in flight).
+    pub budget: u64,
+    pub policy: PolicyKind,
+    /// The first N MoE layers' experts are read once at start and never evicted.
+    pub resident_layers: usize,
+    pub io: IoConfig,
+}
+
+/// File layout of one layer's units.
+struct LayerLayout {
+    unit: UnitLayer,
+    /// Slot bytes one unit needs (aligned spans of its segments; the largest over the
+    /// layer, since alignment padding depends on the offset).
+    capacity: usize,
+    /// Cache size class.
+    class: usize,
+}
+
+impl LayerLayout {
+    fn segments(&self, e: usize) -> Vec<Segment> {
+        (0..self.unit.parts.len())
+            .map(|i| {
+                let r = self.unit.part_range(i, e);
+                Segment {
+                    offset: r.start,
+                    len: (r.end - r.start) as usize,
+                }
+            })
+            .collect()
+    }
+
+    fn sizes(&self) -> Vec<u64> {
+        self.unit.parts.iter().map(|p| p.bytes_per_unit).collect()
+    }
+}
+
+/// Counters of the compute side of streaming.
+#[derive(Debug, Default, Clone)]
+pub struct StreamStats {
+    /// Time the compute thread spent waiting for expert reads.
+    pub io_wait_ns: u64,
+    /// Experts computed while other reads of the same layer were still in flight.
+    pub overlapped: u64,
+    /// Layer visits that had to be split because the batch's experts exceed the budget.
+    pub budget_rounds: u64,
+}
+
+/// Routed experts streamed from the model file through a byte-budgeted cache.
+///
+/// Safe to share between sequences forwarding at the same time: every read gets a unique
+/// tag, one caller at a time polls the IO engine and hands other callers' completions over
+/// through a mailbox, and a unit another sequence is already reading is waited for rather
+/// than read twice.
+pub struct StreamingExperts {
+    cache: ExpertCache<AlignedBuf>,
+    io: Box<dyn IoEngine>,
+    layers: Vec<Option<LayerLayout>>,
+    /// Pins of resident layers' experts, held for the model's lifetime.
+    resident: Vec<Pinned<AlignedBuf>>,
+    /// Expert bytes (without alignment) read at start for resident layers.
+    resident_read: u64,
+    next_tag: AtomicU64,
+    mailbox: Mutex<Mailbox>,
+    landed: Condvar,
+    io_wait_ns: AtomicU64,
+    overlapped: AtomicU64,
+    budget_rounds: AtomicU64,
+}
+
+/// Completions that arrived for a caller other than the one polling.
+#[derive(Default)]
+struct Mailbox {
+    done: HashMap<u64, ReadDone>,
+    /// A caller is blocked in `IoEngine::wait_one`.
+    polling: bool,
+}
+
+/// Reads one caller has in flight: tag -> (index in its unit list, reservation).
+type InFlight = HashMap<u64, (usize, Ticket)>;
+
+impl StreamingExperts {
+    /// The smallest budget that can run the model: one layer's top-k units at once.
+    pub fn min_budget(group: &UnitGroup, top_k: usize) -> u64 {
+        let largest = layouts(group)
+            .iter()
+            .flatten()
+            .map(|l| l.capacity)
+            .max()
+            .unwrap_or(0);
+        crate::min_budget(top_k, largest as u64)
+    }
+
+    /// Open the IO engine on `path` and build the cache. Fails before any read when the
+    /// budget cannot hold one layer's top-k units.
+    pub fn open(
+        path: &Path,
+        group: &UnitGroup,
+        top_k: usize,
+        cfg: &StreamConfig,
+    ) -> Result<Self, StreamError> {
+        let mut layers = layouts(group);
+        // One size class per distinct list of matrix sizes, with the capacity of the worst
+        // alignment among all its units, so a slot can hold any unit of any layer of that
+        // class (mixed-quant files get one pool per class).
+        let mut classes: Vec<(Vec<u64>, usize)> = Vec::new();
+        for l in layers.iter().flatten() {
+            let sizes = l.sizes();
+            match classes.iter_mut().find(|c| c.0 == sizes) {
+                Some(c) => c.1 = c.1.max(l.capacity),
+                None => classes.push((sizes, l.capacity)),
+            }
+        }
+        for l in layers.iter_mut().flatten() {
+            let sizes = l.sizes();
+            l.class = classes
+                .iter()
+                .position(|c| c.0 == sizes)
+                .expect("class recorded above");
+            l.capacity = classes[l.class].1;
+        }
+        let classes: Vec<usize> = classes.iter().map(|c| c.1).collect();
+        let cache = ExpertCache::new(
+            CacheConfig {
+                budget: cfg.budget,
+                slot_sizes: classes,
+                top_k,
+                n_layer: layers.len() as u32,
+            },
+            cfg.policy.build(),
+        )?;
+        let io = open_engine(path, &cfg.io)?;
+        let mut s = StreamingExperts {
+            cache,
+            io,
+            layers,
+            resident: Vec::new(),
+            resident_read: 0,
+            next_tag: AtomicU64::new(0),
+            mailbox: Mutex::new(Mailbox::default()),
+            landed: Condvar::new(),
+            io_wait_ns: AtomicU64::new(0),
+            overlapped: AtomicU64::new(0),
+            budget_rounds: AtomicU64::new(0),
+        };
+        s.load_resident(cfg.resident_layers)?;
+        Ok(s)
+    }
+
+    /// Read every unit of the first `n` layers that have units into resident (never
+    /// evicted) slots.
+    fn load_resident(&mut self, n: usize) -> Result<(), StreamError> {
+        let moe: Vec<usize> = (0..self.layers.len())
+            .filter(|&l| self.layers[l].is_some())
+            .take(n)
+            .collect();
+        for l in moe {
+            let layout = self.layers[l].take().expect("moe layer");
+            let n_units = layout.unit.n_units;
+            let mut tickets = InFlight::new();
+            for e in 0..n_units {
+                let key = ExpertKey::new(l as u32, e as u32);
+                let r = self.cache.reserve_resident(key, layout.class)?;
+                let tag = self.tag();
+                tickets.insert(tag, (e, r.ticket));
+                self.io.submit(ReadReq {
+                    tag,
+                    segments: layout.segments(e),
+                    buf: r.buf,
+                })?;
+            }
+            while !tickets.is_empty() {
+                let (_, pinned) = self.complete_one(&mut tickets)?;
+                self.resident_read += layout.unit.unit_bytes();
+                self.resident.push(pinned);
+            }
+            self.layers[l] = Some(layout);
+        }
+        Ok(())
+    }
+
+    fn tag(&self) -> u64 {
+        self.next_tag.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Expert bytes read at start for `--resident-layers`.
+    pub fn resident_read_bytes(&self) -> u64 {
+        self.resident_read
+    }
+
+    pub fn cache_stats(&self) -> CacheStats {
+        self.cache.stats()
+    }
+
+    /// The IO backend actually in use (after any fallback).
+    pub fn io_stats_name(&self) -> &'static str {
+        self.io.name()
+    }
+
+    pub fn io_stats(&self) -> IoStats {
+        self.io.stats()
+    }
+
+    pub fn stream_stats(&self) -> StreamStats {
+        StreamStats {
+            io_wait_ns: self.io_wait_ns.load(Ordering::Relaxed),
+            overlapped: self.overlapped.load(Ordering::Relaxed),
+            budget_rounds: self.budget_rounds.load(Ordering::Relaxed),
+        }
+    }
+
+    fn mailbox(&self) -> std::sync::MutexGuard<'_, Mailbox> {
+        self.mailbox.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wait for one of the caller's reads (`in_flight`), fill its slot and return
+    /// (index in the caller's list, pinned slot). Counts the wait as IO wait.
+    fn complete_one(
+        &self,
+        in_flight: &mut InFlight,
+    ) -> Result<(usize, Pinned<AlignedBuf>), StreamError> {
+        let t0 = Instant::now();
+        let done = self.next_own_completion(in_flight)?;
+        self.io_wait_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.land(done, in_flight)
+    }
+
+    /// The next finished read among `in_flight` (blocking). One caller at a time blocks
+    /// in the IO engine; a completion for another caller goes to the mailbox and wakes it.
+    fn next_own_completion(&self, in_flight: &InFlight) -> Result<ReadDone, StreamError> {
+        let mut mb = self.mailbox();
+        loop {
+            if let Some(tag) = in_flight.keys().find(|t| mb.done.contains_key(t)).copied() {
+                return Ok(mb.done.remove(&tag).expect("present"));
+            }
+            if mb.polling {
+                mb = self.landed.wait(mb).unwrap_or_else(PoisonError::into_inner);
+                continue;
+            }
+            mb.polling = true;
+            drop(mb);
+            let done = self.io.wait_one();
+            mb = self.mailbox();
+            mb.polling = false;
+            self.landed.notify_all();
+            match done {
+                Some(d) if in_flight.contains_key(&d.tag) => return Ok(d),
+                Some(d) => {
+                    mb.done.insert(d.tag, d);
+                }
+                None => return Err(StreamError::LostRead),
+            }
+        }
+    }
+
+    /// Block briefly until another sequence lands or releases something (used when a unit
+    /// is being read by another sequence, or the budget is held by others' pins).
+    fn wait_for_others(&self) {
+        let mb = self.mailbox();
+        let _ = self
+            .landed
+            .wait_timeout(mb, Duration::from_micros(200))
+            .unwrap_or_else(PoisonError::into_inner);
+    }
+
+    /// Give a finished read's buffer to its reserved slot (or release the slot if the read
+    /// failed, returning the error naming file, offset and length).
+    fn land(
+        &self,
+        done: ReadDone,
+        in_flight: &mut InFlight,
+    ) -> Result<(usize, Pinned<AlignedBuf>), StreamError> {
+        let (i, ticket) = in_flight
+            .remove(&done.tag)
+            .expect("completion for a read we issued");
+        if let Err(e) = done.result {
+            self.cache.release_failed(ticket, Some(done.buf));
+            self.landed.notify_all();
+            return Err(e.into());
+        }
+        let pinned = self.cache.fill(ticket, done.buf, &done.placed);
+        self.landed.notify_all();
+        Ok((i, pinned?))
+    }
+}
+
+/// Per layer: where its units' matrices are and the slot bytes one needs.
+fn layouts(group: &UnitGroup) -> Vec<Option<LayerLayout>> {
+    group
+        .layers
+        .iter()
+        .map(|l| {
+            l.as_ref().map(|unit| {
+                let mut layout = LayerLayout {
+                    unit: unit.clone(),
+                    capacity: 0,
+                    class: 0,
+                };
+                layout.capacity = (0..unit.n_units)
+                    .map(|e| required_capacity(&layout.segments(e)))
+                    .max()
+                    .unwrap_or(0);
+                layout
+            })
+        })
+        .collect()
+}
+
+impl ExpertSource for StreamingExperts {
+    /// Hits are computed at once while the misses' reads are in flight; each miss is
+    /// computed as it lands. When the batch needs more units than the budget holds at
+    /// once (prefill), the list is worked through in rounds: what fits is read, computed
+    /// and unpinned, then the rest.
+    fn for_each_expert(
+        &self,
+        _mapped: &[u8],
+        layer: usize,
+        units: &[usize],
+        f: &mut dyn FnMut(usize, ExpertView<'_>) -> Result<(), Stop>,
+    ) -> Result<(), StreamError> {
+        let Some(layout) = self.layers.get(layer).and_then(Option::as_ref) else {
+            return Ok(());
+        };
+        let mut in_flight = InFlight::new();
+        let result = self.run_layer(layout, layer, units, f, &mut in_flight);
+        if !in_flight.is_empty() {
+            // Never leave reads behind (after an error or a stop): a stale completion would
+            // reach the next layer.
+            self.drain(&mut in_flight);
+        }
+        match result {
+            Err(Halt::Stream(e)) => Err(e),
+            Err(Halt::Stopped) => Err(StreamError::Stopped),
+            Ok(()) => Ok(()),
+        }
+    }
+
+    fn end_tokens(&self, n: usize) {
+        for _ in 0..n {
+            self.cache.end_token();
+        }
+    }
+}
+
+/// Why a layer's walk ended early.
+enum Halt {
+    Stream(StreamError),
+    Stopped,
+}
+
+impl<E: Into<StreamError>> From<E> for Halt {
+    fn from(e: E) -> Halt {
+        Halt::Stream(e.into())
+    }
+}
+
+impl StreamingExperts {
+    /// Wait for every read still in flight after an error; landed ones stay cached, failed
+    /// ones give their slot back.
+    fn drain(&self, in_flight: &mut InFlight) {
+        while !in_flight.is_empty() {
+            let Ok(done) = self.next_own_completion(in_flight) else {
+                break;
+            };
+            let _ = self.land(done, in_flight);
+        }
+    }
+
+    /// One layer's units: hits computed at once, misses as they land, in budget rounds.
+    fn run_layer(
+        &self,
+        layout: &LayerLayout,
+        layer: usize,
+        units: &[usize],
+        f: &mut dyn FnMut(usize, ExpertView<'_>) -> Result<(), Stop>,
+        in_flight: &mut InFlight,
+    ) -> Result<(), Halt> {
+        let call = |f: &mut dyn FnMut(usize, ExpertView<'_>) -> Result<(), Stop>,
+                    i: usize,
+                    p: &Pinned<AlignedBuf>|
+         -> Result<(), Halt> {
+            f(i, expert_view(p, layout)).map_err(|Stop| Halt::Stopped)
+        };
+        // Round 1 looks every unit up (this is what the hit/miss statistics count);
+        // later rounds only retry the misses that did not fit.
+        let mut misses: Vec<usize> = Vec::new();
+        let mut hits: Vec<(usize, Pinned<AlignedBuf>)> = Vec::new();
+        for (i, &e) in units.iter().enumerate() {
+            match self.cache.lookup(ExpertKey::new(layer as u32, e as u32)) {
+                Lookup::Hit(p) => hits.push((i, p)),
+                Lookup::Pending | Lookup::Miss => misses.push(i),
+            }
+        }
+        let mut first = true;
+        while !misses.is_empty() || !hits.is_empty() || !in_flight.is_empty() {
+            let mut deferred = Vec::new();
+            let mut blocked_by_others = false;
+            for &i in &misses {
+                let key = ExpertKey::new(layer as u32, units[i] as u32);
+                match self.cache.reserve(key, layout.class) {
+                    Ok(r) => {
+                        let tag = self.tag();
+                        in_flight.insert(tag, (i, r.ticket));
+                        if let Err(e) = self.io.submit(ReadReq {
+                            tag,
+                            segments: layout.segments(units[i]),
+                            buf: r.buf,
+                        }) {
+                            let (_, t) = in_flight.remove(&tag).expect("just inserted");
+                            self.cache.release_failed(t, None);
+                            return Err(e.into());
+                        }
+                    }
+                    // Another sequence cached or is reading it since we looked: take the
+                    // cached copy, or wait for that read.
+                    Err(CacheError::AlreadyPresent { .. }) => match self.cache.peek(key) {
+                        Some(p) => hits.push((i, p)),
+                        None => {
+                            blocked_by_others = true;
+                            deferred.push(i)
+                        }
+                    },
+                    Err(CacheError::BudgetTooSmall { .. })
+                        if !in_flight.is_empty() || !hits.is_empty() =>
+                    {
+                        deferred.push(i)
+                    }
+                    // Nothing of ours is pinned or in flight: the budget is held by other
+                    // sequences' pins, which they release as they compute.
+                    Err(CacheError::BudgetTooSmall {
+                        pinned, in_flight, ..
+                    }) if pinned + in_flight > 0 => {
+                        blocked_by_others = true;
+                        deferred.push(i)
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if !first || !deferred.is_empty() {
+                self.budget_rounds
+                    .fetch_add(u64::from(!deferred.is_empty()), Ordering::Relaxed);
+            }
+            first = false;
+            // Hits first, while the misses load.
+            for (i, p) in hits.drain(..) {
+                if !in_flight.is_empty() {
+                    self.overlapped.fetch_add(1, Ordering::Relaxed);
+                }
+                call(f, i, &p)?;
+            }
+            while !in_flight.is_empty() {
+                let (i, p) = self.complete_one(in_flight)?;
+                if !in_flight.is_empty() {
+                    self.overlapped.fetch_add(1, Ordering::Relaxed);
+                }
+                call(f, i, &p)?;
+            }
+            if blocked_by_others {
+                self.wait_for_others();
+            }
+            misses = deferred;
+        }
+        Ok(())
+    }
+}
+
+/// The matrices of a cached unit.
+fn expert_view<'a>(p: &'a Pinned<AlignedBuf>, layout: &LayerLayout) -> ExpertView<'a> {
+    let b = p.bytes();
+    let mut parts: [&[u8]; crate::MAX_PARTS] = [&[]; crate::MAX_PARTS];
+    let n = layout.unit.parts.len();
+    for (i, part) in layout.unit.parts.iter().enumerate() {
+        let at = p.placed()[i];
+        parts[i] = &b[at..at + part.bytes_per_unit as usize];
+    }
+    ExpertView::new(&parts[..n])
+}
