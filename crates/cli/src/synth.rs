@@ -4,7 +4,7 @@
 //!
 //! Owns: the flags (presets, free dimensions, quant, router skew, vocabulary source), the
 //! plan summary, the progress bar and Ctrl-C handling. Generation lives in
-//! `sluice_engine::synth`.
+//! `sluice_synth`.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

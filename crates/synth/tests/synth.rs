@@ -1,4 +1,4 @@
-//! `sluice_engine::synth`: synthetic qwen3moe files load, run with finite varied logits,
+//! `sluice_synth`: synthetic qwen3moe files load, run with finite varied logits,
 //! are deterministic for a seed (whatever the thread count), honour the free-space check,
 //! leave no temporary file behind on cancellation, and `router_skew` skews routing.
 //!
