@@ -183,26 +183,9 @@ pub fn peak_rss() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Bytes in binary units, e.g. `1.50 GiB`.
-pub fn human(b: u64) -> String {
-    human_with(b, 2)
-}
+pub use sluice_engine::load::human;
 
-/// Bytes in binary units with `decimals` digits after the point (whole bytes below 1 KiB).
-pub fn human_with(b: u64, decimals: usize) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.decimals$} {}", UNITS[u])
-    }
-}
+pub use sluice_engine::load::human_with;
 
 impl Loaded {
     /// Start `--measure` for a decode (None when the flag is off).

@@ -311,6 +311,11 @@ fn lock_resident(model: &Model) -> String {
 
 /// Bytes in binary units, e.g. `1.50 GiB`.
 pub fn human(b: u64) -> String {
+    human_with(b, 2)
+}
+
+/// Bytes in binary units with `decimals` digits after the point (whole bytes below 1 KiB).
+pub fn human_with(b: u64, decimals: usize) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = b as f64;
     let mut u = 0;
@@ -321,6 +326,6 @@ pub fn human(b: u64) -> String {
     if u == 0 {
         format!("{b} B")
     } else {
-        format!("{v:.2} {}", UNITS[u])
+        format!("{v:.decimals$} {}", UNITS[u])
     }
 }
