@@ -290,6 +290,28 @@ pub fn vec_dot(ty: GgmlType, row: &[u8], acts: &QuantizedActs) -> f32 {
     }
 }
 
+/// `y[i] = row(i) . acts` for consecutive rows `w_rows` (`y.len()` rows of `cols`
+/// columns), on the calling thread with the best ISA tier. Gives the same bits as
+/// [`matvec`] for those rows; callers that schedule their own parallel work (several
+/// matrices in one pass) use it with activations prepared once.
+pub fn matvec_rows(
+    ty: GgmlType,
+    w_rows: &[u8],
+    cols: usize,
+    acts: &QuantizedActs,
+    y: &mut [f32],
+) -> Result<(), KernelError> {
+    let be = Backend::new(isa())?;
+    let rb = check_matrix("matvec_rows", ty, w_rows, y.len(), cols)?;
+    shape("matvec_rows", ty, "activation columns", cols, acts.cols())?;
+    check_acts("matvec_rows", ty, rb, acts)?;
+    for (i, yv) in y.iter_mut().enumerate() {
+        let row = &w_rows[i * rb..(i + 1) * rb];
+        be.dot_tile(ty, row, &[acts], std::slice::from_mut(yv));
+    }
+    Ok(())
+}
+
 /// [`vec_dot`] returning a typed error instead of panicking.
 pub fn try_vec_dot(ty: GgmlType, row: &[u8], acts: &QuantizedActs) -> Result<f32, KernelError> {
     vec_dot_with(isa(), ty, row, acts)

@@ -31,6 +31,6 @@ pub use groups::{RowTable, StackedPart, StreamableGroups, UnitGroup, UnitLayer};
 pub use sim::{simulate, simulate_belady, simulate_kind, SimResult};
 pub use size::{parse_size, parse_size_bytes, SizeError, SizeSpec};
 pub use slot::{NoBuf, SlotBuf};
-pub use source::{ExpertSource, ExpertView, Stop, StreamError, MAX_PARTS};
+pub use source::{BatchFn, ExpertSource, ExpertView, Stop, StreamError, MAX_PARTS};
 pub use streaming::{StreamConfig, StreamStats, StreamingExperts};
 pub use trace::{RoutingRecorder, RoutingTrace, TraceError, TraceHeader};

@@ -86,9 +86,25 @@ pub trait ExpertSource: Send + Sync {
         f: &mut dyn FnMut(usize, ExpertView<'_>) -> Result<(), Stop>,
     ) -> Result<(), StreamError>;
 
+    /// Like [`ExpertSource::for_each_expert`], but units that are ready together (all of
+    /// them for a resident source; the cache hits of a streaming one) come as one batch,
+    /// so the caller can compute them in one parallel pass. Every unit comes exactly once.
+    fn for_each_batch(
+        &self,
+        mapped: &[u8],
+        layer: usize,
+        units: &[usize],
+        f: &mut BatchFn<'_>,
+    ) -> Result<(), StreamError> {
+        self.for_each_expert(mapped, layer, units, &mut |i, v| f(&[(i, v)]))
+    }
+
     /// `n` more tokens were evaluated (the clock of decaying eviction policies).
     fn end_tokens(&self, _n: usize) {}
 }
+
+/// A callback over a batch of ready units: (index in the unit list, view).
+pub type BatchFn<'a> = dyn FnMut(&[(usize, ExpertView<'_>)]) -> Result<(), Stop> + 'a;
 
 /// A shared source (lets the caller keep a handle for statistics).
 impl<T: ExpertSource> ExpertSource for std::sync::Arc<T> {
@@ -100,6 +116,16 @@ impl<T: ExpertSource> ExpertSource for std::sync::Arc<T> {
         f: &mut dyn FnMut(usize, ExpertView<'_>) -> Result<(), Stop>,
     ) -> Result<(), StreamError> {
         (**self).for_each_expert(mapped, layer, units, f)
+    }
+
+    fn for_each_batch(
+        &self,
+        mapped: &[u8],
+        layer: usize,
+        units: &[usize],
+        f: &mut BatchFn<'_>,
+    ) -> Result<(), StreamError> {
+        (**self).for_each_batch(mapped, layer, units, f)
     }
 
     fn end_tokens(&self, n: usize) {

@@ -20,7 +20,7 @@ use sluice_io::{
 };
 
 use crate::groups::{UnitGroup, UnitLayer};
-use crate::source::{ExpertSource, ExpertView, Stop, StreamError};
+use crate::source::{BatchFn, ExpertSource, ExpertView, Stop, StreamError};
 use crate::{
     CacheConfig, CacheError, CacheStats, ExpertCache, ExpertKey, Lookup, Pinned, PolicyKind,
     SlotBuf, Ticket,
@@ -356,10 +356,23 @@ impl ExpertSource for StreamingExperts {
     /// and unpinned, then the rest.
     fn for_each_expert(
         &self,
-        _mapped: &[u8],
+        mapped: &[u8],
         layer: usize,
         units: &[usize],
         f: &mut dyn FnMut(usize, ExpertView<'_>) -> Result<(), Stop>,
+    ) -> Result<(), StreamError> {
+        self.for_each_batch(mapped, layer, units, &mut |batch| {
+            batch.iter().try_for_each(|&(i, v)| f(i, v))
+        })
+    }
+
+    /// The hits of each round come as one batch; each miss as it lands.
+    fn for_each_batch(
+        &self,
+        _mapped: &[u8],
+        layer: usize,
+        units: &[usize],
+        f: &mut BatchFn<'_>,
     ) -> Result<(), StreamError> {
         let Some(layout) = self.layers.get(layer).and_then(Option::as_ref) else {
             return Ok(());
@@ -415,15 +428,17 @@ impl StreamingExperts {
         layout: &LayerLayout,
         layer: usize,
         units: &[usize],
-        f: &mut dyn FnMut(usize, ExpertView<'_>) -> Result<(), Stop>,
+        f: &mut BatchFn<'_>,
         in_flight: &mut InFlight,
     ) -> Result<(), Halt> {
-        let call = |f: &mut dyn FnMut(usize, ExpertView<'_>) -> Result<(), Stop>,
-                    i: usize,
-                    p: &Pinned<AlignedBuf>|
-         -> Result<(), Halt> {
-            f(i, expert_view(p, layout)).map_err(|Stop| Halt::Stopped)
-        };
+        let call =
+            |f: &mut BatchFn<'_>, ready: &[(usize, Pinned<AlignedBuf>)]| -> Result<(), Halt> {
+                let views: Vec<(usize, ExpertView<'_>)> = ready
+                    .iter()
+                    .map(|(i, p)| (*i, expert_view(p, layout)))
+                    .collect();
+                f(&views).map_err(|Stop| Halt::Stopped)
+            };
         // Round 1 looks every unit up (this is what the hit/miss statistics count);
         // later rounds only retry the misses that did not fit.
         let mut misses: Vec<usize> = Vec::new();
@@ -484,19 +499,21 @@ impl StreamingExperts {
                     .fetch_add(u64::from(!deferred.is_empty()), Ordering::Relaxed);
             }
             first = false;
-            // Hits first, while the misses load.
-            for (i, p) in hits.drain(..) {
+            // Hits first (one batch), while the misses load.
+            if !hits.is_empty() {
                 if !in_flight.is_empty() {
-                    self.overlapped.fetch_add(1, Ordering::Relaxed);
+                    self.overlapped
+                        .fetch_add(hits.len() as u64, Ordering::Relaxed);
                 }
-                call(f, i, &p)?;
+                call(f, &hits)?;
+                hits.clear();
             }
             while !in_flight.is_empty() {
-                let (i, p) = self.complete_one(in_flight)?;
+                let landed = self.complete_one(in_flight)?;
                 if !in_flight.is_empty() {
                     self.overlapped.fetch_add(1, Ordering::Relaxed);
                 }
-                call(f, i, &p)?;
+                call(f, std::slice::from_ref(&landed))?;
             }
             if blocked_by_others {
                 self.wait_for_others();

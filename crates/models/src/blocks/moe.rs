@@ -11,6 +11,7 @@ use sluice_tier::Stop;
 
 use super::ffn::Activation;
 use super::{lock, Batch, Env};
+use crate::compute::LinearJob;
 use crate::ops::{softmax, top_k};
 use crate::weights::Mat;
 use crate::ModelError;
@@ -190,37 +191,90 @@ pub fn routed(
     let mut slot_out = vec![0.0f32; t_len * k * e];
     let mut failed: Option<ModelError> = None;
     let compute = env.compute;
-    let mut run = |i: usize, view: sluice_tier::ExpertView<'_>| -> Result<(), ModelError> {
-        let ts_list = &users[needed[i]];
-        let m = ts_list.len();
-        let mut xs = Vec::with_capacity(m * e);
-        for &ts in ts_list {
-            let t = ts / k;
-            xs.extend_from_slice(&h[t * e..(t + 1) * e]);
-        }
-        let mut g = vec![0.0f32; m * ff];
-        let mut u = vec![0.0f32; m * ff];
-        let mut d = vec![0.0f32; m * e];
+    // Every expert of a ready batch runs in one grouped pass for gate+up and one for down
+    // (a backend schedules (expert, row block) tasks together), each expert on the tokens
+    // that chose it.
+    let mut run = |batch: &[(usize, sluice_tier::ExpertView<'_>)]| -> Result<(), ModelError> {
         let (gm, um, dm) = (&w.gate, &w.up, &w.down);
-        compute.linear(gm.ty, view.part(0), gm.rows, gm.cols, &xs, m, &mut g)?;
-        compute.linear(um.ty, view.part(1), um.rows, um.cols, &xs, m, &mut u)?;
-        for (a, &b) in g.iter_mut().zip(&u) {
-            *a = w.act.glu(*a, b);
+        let lists: Vec<&[usize]> = batch.iter().map(|&(i, _)| &users[needed[i]][..]).collect();
+        let xs: Vec<Vec<f32>> = lists
+            .iter()
+            .map(|ts_list| {
+                let mut xs = Vec::with_capacity(ts_list.len() * e);
+                for &ts in ts_list.iter() {
+                    let t = ts / k;
+                    xs.extend_from_slice(&h[t * e..(t + 1) * e]);
+                }
+                xs
+            })
+            .collect();
+        let mut g: Vec<Vec<f32>> = lists.iter().map(|l| vec![0.0f32; l.len() * ff]).collect();
+        let mut u: Vec<Vec<f32>> = lists.iter().map(|l| vec![0.0f32; l.len() * ff]).collect();
+        let mut d: Vec<Vec<f32>> = lists.iter().map(|l| vec![0.0f32; l.len() * e]).collect();
+        {
+            let mut jobs = Vec::with_capacity(2 * batch.len());
+            for (((&(_, view), x), (gj, uj)), l) in batch
+                .iter()
+                .zip(&xs)
+                .zip(g.iter_mut().zip(u.iter_mut()))
+                .zip(&lists)
+            {
+                jobs.push(LinearJob {
+                    ty: gm.ty,
+                    w: view.part(0),
+                    rows: gm.rows,
+                    cols: gm.cols,
+                    x,
+                    n: l.len(),
+                    y: gj,
+                });
+                jobs.push(LinearJob {
+                    ty: um.ty,
+                    w: view.part(1),
+                    rows: um.rows,
+                    cols: um.cols,
+                    x,
+                    n: l.len(),
+                    y: uj,
+                });
+            }
+            compute.linear_group(&mut jobs)?;
         }
-        compute.linear(dm.ty, view.part(2), dm.rows, dm.cols, &g, m, &mut d)?;
-        for (j, &ts) in ts_list.iter().enumerate() {
-            let wt = weights[ts];
-            let dst = &mut slot_out[ts * e..(ts + 1) * e];
-            for (o, &v) in dst.iter_mut().zip(&d[j * e..(j + 1) * e]) {
-                *o = v * wt;
+        for (gj, uj) in g.iter_mut().zip(&u) {
+            for (a, &b) in gj.iter_mut().zip(uj) {
+                *a = w.act.glu(*a, b);
+            }
+        }
+        {
+            let mut jobs = Vec::with_capacity(batch.len());
+            for (((&(_, view), gj), dj), l) in batch.iter().zip(&g).zip(d.iter_mut()).zip(&lists) {
+                jobs.push(LinearJob {
+                    ty: dm.ty,
+                    w: view.part(2),
+                    rows: dm.rows,
+                    cols: dm.cols,
+                    x: gj,
+                    n: l.len(),
+                    y: dj,
+                });
+            }
+            compute.linear_group(&mut jobs)?;
+        }
+        for (ts_list, dj) in lists.iter().zip(&d) {
+            for (j, &ts) in ts_list.iter().enumerate() {
+                let wt = weights[ts];
+                let dst = &mut slot_out[ts * e..(ts + 1) * e];
+                for (o, &v) in dst.iter_mut().zip(&dj[j * e..(j + 1) * e]) {
+                    *o = v * wt;
+                }
             }
         }
         Ok(())
     };
     let walked = env
         .experts
-        .for_each_expert(env.map, il, &needed, &mut |i, view| {
-            run(i, view).map_err(|e| {
+        .for_each_batch(env.map, il, &needed, &mut |batch| {
+            run(batch).map_err(|e| {
                 failed = Some(e);
                 Stop
             })
