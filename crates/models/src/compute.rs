@@ -77,7 +77,10 @@ impl Compute for Cpu {
     /// the register-blocked matmul one after another.
     fn linear_group(&self, jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
         let well_formed = |j: &LinearJob<'_>| {
-            j.rows > 0 && j.y.len() == j.rows && j.x.len() == j.cols && j.w.len() % j.rows == 0
+            j.rows > 0
+                && j.y.len() == j.rows
+                && j.x.len() == j.cols
+                && j.w.len().is_multiple_of(j.rows)
         };
         // Several tokens, a single job, or a shape the kernels must report: one at a time.
         if jobs.len() == 1 || jobs.iter().any(|j| j.n != 1 || !well_formed(j)) {
