@@ -207,6 +207,13 @@ mod tokens {
                 F32 => tiled!(acts, out, dense, row, super::avx2::dot_f32),
                 F16 => tiled!(acts, out, dense, row, super::avx2::dot_f16),
                 BF16 => tiled!(acts, out, dense, row, super::avx2::dot_bf16),
+                IQ2_XXS => tiled!(acts, out, q8k, row, crate::iq::avx2::dot_iq2xxs),
+                IQ2_XS => tiled!(acts, out, q8k, row, crate::iq::avx2::dot_iq2xs),
+                IQ2_S => tiled!(acts, out, q8k, row, crate::iq::avx2::dot_iq2s),
+                IQ3_XXS => tiled!(acts, out, q8k, row, crate::iq::avx2::dot_iq3xxs),
+                IQ3_S => tiled!(acts, out, q8k, row, crate::iq::avx2::dot_iq3s),
+                IQ1_S => tiled!(acts, out, q8k, row, crate::iq::avx2::dot_iq1s),
+                IQ1_M => tiled!(acts, out, q8k, row, crate::iq::avx2::dot_iq1m),
                 _ => unreachable!("unsupported types are rejected before dispatch"),
             }
         }

@@ -1,0 +1,232 @@
+//! AVX2 kernels of the IQ grid formats: dot of one weight row with N Q8_K rows at once.
+//!
+//! Each 32-element sub-block is decoded once into three vectors: unsigned magnitudes
+//! (grid values, or |8 g + delta| for IQ1), +-1 signs (IQ1: the signed weights themselves;
+//! `vpsignb` only looks at the sign) and i16 sub-block multipliers `ls` (low lane: the
+//! first 16 elements, high lane: the last 16). Per token: `vpsignb` moves the signs onto
+//! the activations, `vpmaddubsw` (no saturation: 2 * 62 * 127 < 2^15) and `vpmaddwd` with
+//! `ls` give exact i32 lanes. At the end of a block the lanes are summed to the exact
+//! integer `isum` of [`super::reference::block_isum`], and the float operations are the
+//! reference's, so results equal the reference bit for bit, for any tile size N.
+//! Every function here is a `#[target_feature]` fn: callers must hold the `Avx2` token.
+
+use core::arch::x86_64::*;
+
+use super::grids::*;
+use super::{iq1m_d_bits, KSIGNS_PM1, SIGNS_PM1};
+use super::{
+    IQ1_M_BYTES, IQ1_S_BYTES, IQ2_S_BYTES, IQ2_XS_BYTES, IQ2_XXS_BYTES, IQ3_S_BYTES, IQ3_XXS_BYTES,
+};
+use crate::formats::BlockQ8K;
+
+/// Magnitudes, signs, multipliers of one 32-element sub-block.
+type Sub = (__m256i, __m256i, __m256i);
+
+#[inline(always)]
+fn u16_at(b: &[u8], i: usize) -> u16 {
+    u16::from_le_bytes([b[i], b[i + 1]])
+}
+
+#[inline(always)]
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+/// The 32 activation quants of sub-block `ib`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ld_y(qs: &[i8; 256], ib: usize) -> __m256i {
+    let p: &[i8; 32] = qs[32 * ib..32 * ib + 32].try_into().expect("in bounds");
+    // SAFETY: `p` is 32 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(p.as_ptr().cast()) }
+}
+
+/// Exact sum of the 8 i32 lanes (the true sum fits in i32 for every IQ block).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b0100_1110>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b1011_0001>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Four u64 rows as one vector, `a` lowest.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn rows4(a: u64, b: u64, c: u64, d: u64) -> __m256i {
+    _mm256_set_epi64x(d as i64, c as i64, b as i64, a as i64)
+}
+
+/// Multipliers `2 s + 1`: `lo` for the first 16 elements, `hi` for the last 16.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn mults(lo: u32, hi: u32) -> __m256i {
+    _mm256_set_m128i(
+        _mm_set1_epi16((2 * hi + 1) as i16),
+        _mm_set1_epi16((2 * lo + 1) as i16),
+    )
+}
+
+/// IQ1 weights `8 g + delta` from grid rows `g` (i8 -1/0/1) and per-8 deltas `dl` (+-1 bytes).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn iq1_weights(g: __m256i, dl: __m256i) -> (__m256i, __m256i) {
+    let w = _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), dl);
+    (_mm256_abs_epi8(w), w)
+}
+
+/// Generates `$name::<N>(row, ys)`: IQ row . N Q8_K rows, with `$d(block)` the block's f16
+/// scale bits and `$sub(block, ib)` the decode of sub-block `ib`.
+macro_rules! iq_kernel {
+    ($name:ident, $bytes:expr, $d:ident, $sub:ident, $mul:expr) => {
+        /// IQ row . N Q8_K rows (see the module docs).
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(crate) fn $name<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32; N] {
+            let tab = crate::formats::f16_table();
+            let mut out = [0.0f32; N];
+            let (blocks, _) = row.as_chunks::<{ $bytes }>();
+            for (i, b) in blocks.iter().enumerate() {
+                let d = tab[$d(b) as usize];
+                let mut acc = [_mm256_setzero_si256(); N];
+                for ib in 0..8 {
+                    let (mag, sgn, sc) = $sub(b, ib);
+                    for t in 0..N {
+                        let y = _mm256_sign_epi8(ld_y(&ys[t][i].qs, ib), sgn);
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(mag, y), sc);
+                        acc[t] = _mm256_add_epi32(acc[t], p);
+                    }
+                }
+                for t in 0..N {
+                    let isum = hsum_i32(acc[t]);
+                    out[t] += (d * ys[t][i].d) * isum as f32 * $mul;
+                }
+            }
+            out
+        }
+    };
+}
+
+#[inline(always)]
+fn d_at0(b: &[u8]) -> u16 {
+    u16_at(b, 0)
+}
+
+#[inline(always)]
+fn d_iq1m(b: &[u8]) -> u16 {
+    iq1m_d_bits(&b[48..56])
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn sub_iq2xxs(b: &[u8; IQ2_XXS_BYTES], ib: usize) -> Sub {
+    let p = 2 + 8 * ib;
+    let aux = u32_at(b, p + 4);
+    let g = |l: usize| IQ2XXS_GRID[b[p + l] as usize];
+    let s = |l: usize| KSIGNS_PM1[((aux >> (7 * l)) & 127) as usize];
+    let ls = aux >> 28;
+    (
+        rows4(g(0), g(1), g(2), g(3)),
+        rows4(s(0), s(1), s(2), s(3)),
+        mults(ls, ls),
+    )
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn sub_iq2xs(b: &[u8; IQ2_XS_BYTES], ib: usize) -> Sub {
+    let v = |l: usize| u16_at(b, 2 + 8 * ib + 2 * l) as usize;
+    let g = |l: usize| IQ2XS_GRID[v(l) & 511];
+    let s = |l: usize| KSIGNS_PM1[v(l) >> 9];
+    let sc = b[66 + ib] as u32;
+    (
+        rows4(g(0), g(1), g(2), g(3)),
+        rows4(s(0), s(1), s(2), s(3)),
+        mults(sc & 0x0F, sc >> 4),
+    )
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn sub_iq2s(b: &[u8; IQ2_S_BYTES], ib: usize) -> Sub {
+    let qh = b[66 + ib] as usize;
+    let g = |l: usize| IQ2S_GRID[b[2 + 4 * ib + l] as usize | (((qh >> (2 * l)) & 3) << 8)];
+    let s = |l: usize| SIGNS_PM1[b[34 + 4 * ib + l] as usize];
+    let sc = b[74 + ib] as u32;
+    (
+        rows4(g(0), g(1), g(2), g(3)),
+        rows4(s(0), s(1), s(2), s(3)),
+        mults(sc & 0x0F, sc >> 4),
+    )
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn sub_iq3xxs(b: &[u8; IQ3_XXS_BYTES], ib: usize) -> Sub {
+    let p = 2 + 8 * ib;
+    let g = |k: usize| IQ3XXS_GRID[b[p + k] as usize] as i32;
+    let aux = u32_at(b, 66 + 4 * ib);
+    let s = |l: usize| KSIGNS_PM1[((aux >> (7 * l)) & 127) as usize];
+    let ls = aux >> 28;
+    (
+        _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0)),
+        rows4(s(0), s(1), s(2), s(3)),
+        mults(ls, ls),
+    )
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn sub_iq3s(b: &[u8; IQ3_S_BYTES], ib: usize) -> Sub {
+    let p = 2 + 8 * ib;
+    let qh = b[66 + ib] as usize;
+    let g = |k: usize| IQ3S_GRID[b[p + k] as usize | (((qh >> k) & 1) << 8)] as i32;
+    let s = |l: usize| SIGNS_PM1[b[74 + 4 * ib + l] as usize];
+    let ls = ((b[106 + ib / 2] >> (4 * (ib % 2))) & 0x0F) as u32;
+    (
+        _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0)),
+        rows4(s(0), s(1), s(2), s(3)),
+        mults(ls, ls),
+    )
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn sub_iq1s(b: &[u8; IQ1_S_BYTES], ib: usize) -> Sub {
+    let qh = u16_at(b, 34 + 2 * ib) as usize;
+    let g = |l: usize| IQ1S_GRID[b[2 + 4 * ib + l] as usize | (((qh >> (3 * l)) & 7) << 8)];
+    let delta = if qh & 0x8000 != 0 { -1 } else { 1 };
+    let ls = ((qh >> 12) & 7) as u32;
+    let (mag, w) = iq1_weights(rows4(g(0), g(1), g(2), g(3)), _mm256_set1_epi8(delta));
+    (mag, w, mults(ls, ls))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn sub_iq1m(b: &[u8; IQ1_M_BYTES], ib: usize) -> Sub {
+    // 8-element group k = 4 ib + l: index bits and delta sign in nibble k of qh.
+    let nib = |l: usize| (b[32 + 2 * ib + l / 2] >> (4 * (l % 2))) as usize & 0x0F;
+    let g = |l: usize| IQ1S_GRID[b[4 * ib + l] as usize | ((nib(l) & 7) << 8)];
+    let dl = |l: usize| {
+        if nib(l) & 8 != 0 {
+            u64::MAX // -1 bytes
+        } else {
+            0x0101_0101_0101_0101
+        }
+    };
+    let w = u16_at(b, 48 + 2 * (ib / 2)) as u32;
+    let sh = 6 * (ib % 2);
+    let (mag, wq) = iq1_weights(
+        rows4(g(0), g(1), g(2), g(3)),
+        rows4(dl(0), dl(1), dl(2), dl(3)),
+    );
+    (mag, wq, mults((w >> sh) & 7, (w >> (sh + 3)) & 7))
+}
+
+iq_kernel!(dot_iq2xxs, IQ2_XXS_BYTES, d_at0, sub_iq2xxs, 0.125);
+iq_kernel!(dot_iq2xs, IQ2_XS_BYTES, d_at0, sub_iq2xs, 0.125);
+iq_kernel!(dot_iq2s, IQ2_S_BYTES, d_at0, sub_iq2s, 0.125);
+iq_kernel!(dot_iq3xxs, IQ3_XXS_BYTES, d_at0, sub_iq3xxs, 0.25);
+iq_kernel!(dot_iq3s, IQ3_S_BYTES, d_at0, sub_iq3s, 1.0);
+iq_kernel!(dot_iq1s, IQ1_S_BYTES, d_at0, sub_iq1s, 0.125);
+iq_kernel!(dot_iq1m, IQ1_M_BYTES, d_iq1m, sub_iq1m, 0.125);
