@@ -28,6 +28,11 @@ fn u16_at(b: &[u8], i: usize) -> u16 {
 }
 
 #[inline(always)]
+fn u64_at(b: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
+}
+
+#[inline(always)]
 fn u32_at(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
@@ -120,11 +125,10 @@ fn d_iq1m(b: &[u8]) -> u16 {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn sub_iq2xxs(b: &[u8; IQ2_XXS_BYTES], ib: usize) -> Sub {
-    let p = 2 + 8 * ib;
-    let aux = u32_at(b, p + 4);
-    let g = |l: usize| IQ2XXS_GRID[b[p + l] as usize];
-    let s = |l: usize| KSIGNS_PM1[((aux >> (7 * l)) & 127) as usize];
-    let ls = aux >> 28;
+    let q = u64_at(b, 2 + 8 * ib);
+    let g = |l: usize| IQ2XXS_GRID[((q >> (8 * l)) & 0xFF) as usize];
+    let s = |l: usize| KSIGNS_PM1[((q >> (32 + 7 * l)) & 127) as usize];
+    let ls = (q >> 60) as u32;
     (
         rows4(g(0), g(1), g(2), g(3)),
         rows4(s(0), s(1), s(2), s(3)),
@@ -135,9 +139,9 @@ fn sub_iq2xxs(b: &[u8; IQ2_XXS_BYTES], ib: usize) -> Sub {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn sub_iq2xs(b: &[u8; IQ2_XS_BYTES], ib: usize) -> Sub {
-    let v = |l: usize| u16_at(b, 2 + 8 * ib + 2 * l) as usize;
-    let g = |l: usize| IQ2XS_GRID[v(l) & 511];
-    let s = |l: usize| KSIGNS_PM1[v(l) >> 9];
+    let q = u64_at(b, 2 + 8 * ib);
+    let g = |l: usize| IQ2XS_GRID[((q >> (16 * l)) & 511) as usize];
+    let s = |l: usize| KSIGNS_PM1[((q >> (16 * l + 9)) & 127) as usize];
     let sc = b[66 + ib] as u32;
     (
         rows4(g(0), g(1), g(2), g(3)),
@@ -149,9 +153,11 @@ fn sub_iq2xs(b: &[u8; IQ2_XS_BYTES], ib: usize) -> Sub {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn sub_iq2s(b: &[u8; IQ2_S_BYTES], ib: usize) -> Sub {
+    let qs = u32_at(b, 2 + 4 * ib) as usize;
+    let sg = u32_at(b, 34 + 4 * ib) as usize;
     let qh = b[66 + ib] as usize;
-    let g = |l: usize| IQ2S_GRID[b[2 + 4 * ib + l] as usize | (((qh >> (2 * l)) & 3) << 8)];
-    let s = |l: usize| SIGNS_PM1[b[34 + 4 * ib + l] as usize];
+    let g = |l: usize| IQ2S_GRID[((qs >> (8 * l)) & 0xFF) | (((qh >> (2 * l)) & 3) << 8)];
+    let s = |l: usize| SIGNS_PM1[(sg >> (8 * l)) & 0xFF];
     let sc = b[74 + ib] as u32;
     (
         rows4(g(0), g(1), g(2), g(3)),
@@ -163,6 +169,7 @@ fn sub_iq2s(b: &[u8; IQ2_S_BYTES], ib: usize) -> Sub {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn sub_iq3xxs(b: &[u8; IQ3_XXS_BYTES], ib: usize) -> Sub {
+    // Byte loads beat one u64 load + 8 shifts here (8 indices).
     let p = 2 + 8 * ib;
     let g = |k: usize| IQ3XXS_GRID[b[p + k] as usize] as i32;
     let aux = u32_at(b, 66 + 4 * ib);
@@ -193,8 +200,9 @@ fn sub_iq3s(b: &[u8; IQ3_S_BYTES], ib: usize) -> Sub {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn sub_iq1s(b: &[u8; IQ1_S_BYTES], ib: usize) -> Sub {
+    let qs = u32_at(b, 2 + 4 * ib) as usize;
     let qh = u16_at(b, 34 + 2 * ib) as usize;
-    let g = |l: usize| IQ1S_GRID[b[2 + 4 * ib + l] as usize | (((qh >> (3 * l)) & 7) << 8)];
+    let g = |l: usize| IQ1S_GRID[((qs >> (8 * l)) & 0xFF) | (((qh >> (3 * l)) & 7) << 8)];
     let delta = if qh & 0x8000 != 0 { -1 } else { 1 };
     let ls = ((qh >> 12) & 7) as u32;
     let (mag, w) = iq1_weights(rows4(g(0), g(1), g(2), g(3)), _mm256_set1_epi8(delta));
@@ -204,22 +212,26 @@ fn sub_iq1s(b: &[u8; IQ1_S_BYTES], ib: usize) -> Sub {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn sub_iq1m(b: &[u8; IQ1_M_BYTES], ib: usize) -> Sub {
-    // 8-element group k = 4 ib + l: index bits and delta sign in nibble k of qh.
-    let nib = |l: usize| (b[32 + 2 * ib + l / 2] >> (4 * (l % 2))) as usize & 0x0F;
-    let g = |l: usize| IQ1S_GRID[b[4 * ib + l] as usize | ((nib(l) & 7) << 8)];
-    let dl = |l: usize| {
-        if nib(l) & 8 != 0 {
-            u64::MAX // -1 bytes
-        } else {
-            0x0101_0101_0101_0101
-        }
-    };
+    // 8-element group l of this sub-block: index bits and delta sign in nibble l of qh.
+    let qs = u32_at(b, 4 * ib) as usize;
+    let qh = u16_at(b, 32 + 2 * ib) as usize;
+    let g = |l: usize| IQ1S_GRID[((qs >> (8 * l)) & 0xFF) | (((qh >> (4 * l)) & 7) << 8)];
+    // Delta bytes 1 - 2 * bit, bit = bit 3 of nibble l, spread over qword l.
+    let bits = _mm256_and_si256(
+        _mm256_srlv_epi64(
+            _mm256_set1_epi64x(qh as i64),
+            _mm256_setr_epi64x(3, 7, 11, 15),
+        ),
+        _mm256_set1_epi64x(1),
+    );
+    let bits = _mm256_shuffle_epi8(
+        bits,
+        _mm256_setr_epi64x(0, 0x0808_0808_0808_0808, 0, 0x0808_0808_0808_0808),
+    );
+    let dl = _mm256_sub_epi8(_mm256_set1_epi8(1), _mm256_add_epi8(bits, bits));
     let w = u16_at(b, 48 + 2 * (ib / 2)) as u32;
     let sh = 6 * (ib % 2);
-    let (mag, wq) = iq1_weights(
-        rows4(g(0), g(1), g(2), g(3)),
-        rows4(dl(0), dl(1), dl(2), dl(3)),
-    );
+    let (mag, wq) = iq1_weights(rows4(g(0), g(1), g(2), g(3)), dl);
     (mag, wq, mults((w >> sh) & 7, (w >> (sh + 3)) & 7))
 }
 
