@@ -94,12 +94,15 @@ macro_rules! iq_kernel {
             for (i, b) in blocks.iter().enumerate() {
                 let d = tab[$d(b) as usize];
                 let mut acc = [_mm256_setzero_si256(); N];
-                for ib in 0..8 {
-                    let (mag, sgn, sc) = $sub(b, ib);
+                for ib in (0..8).step_by(2) {
+                    let (mag0, sgn0, sc0) = $sub(b, ib);
+                    let (mag1, sgn1, sc1) = $sub(b, ib + 1);
                     for t in 0..N {
-                        let y = _mm256_sign_epi8(ld_y(&ys[t][i].qs, ib), sgn);
-                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(mag, y), sc);
-                        acc[t] = _mm256_add_epi32(acc[t], p);
+                        let y0 = _mm256_sign_epi8(ld_y(&ys[t][i].qs, ib), sgn0);
+                        let y1 = _mm256_sign_epi8(ld_y(&ys[t][i].qs, ib + 1), sgn1);
+                        let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(mag0, y0), sc0);
+                        let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(mag1, y1), sc1);
+                        acc[t] = _mm256_add_epi32(acc[t], _mm256_add_epi32(p0, p1));
                     }
                 }
                 for t in 0..N {
