@@ -2,7 +2,7 @@
 //! built here against the libs of `tools/get-llama-cpp.sh --build`, dots random IQ rows with
 //! the Q8_K quantization of random activations through `ggml_get_type_traits_cpu`.
 //! The source dir comes from env SLUICE_LLAMA_CPP (skipped when unset, unless
-//! SLUICE_REQUIRE_MODELS=1). llama.cpp sums the same exact integers in another float order,
+//! SLUICE_REQUIRE_MODELS=1; skipped when the source has no build). llama.cpp sums the same exact integers in another float order,
 //! so results must agree within the two-orders bound of `fast_vs_ref.rs`:
 //! |ours - llama| <= (2 * blocks + 16) * u * T, T = sum_i |w_i * dy * qy_i|.
 
@@ -28,10 +28,8 @@ fn llama_libs() -> Option<(PathBuf, PathBuf)> {
     };
     let libs = src.join("build/bin");
     if !libs.join("libggml-cpu.so").exists() {
-        assert!(
-            !require,
-            "no {libs:?}/libggml-cpu.so: run tools/get-llama-cpp.sh --build"
-        );
+        // tools/test.sh fetches the source only; the build (tools/get-llama-cpp.sh --build)
+        // is optional, even with SLUICE_REQUIRE_MODELS=1.
         eprintln!("note: no llama.cpp build in {libs:?}; skipping the llama.cpp IQ dot check");
         return None;
     }
