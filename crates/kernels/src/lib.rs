@@ -10,7 +10,8 @@
 //! for Q4_K/Q6_K, plain f32 for the dense formats.
 //!
 //! IQ grid formats ([`iq`]): IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, with
-//! Q8_K activations (scalar reference + AVX2 kernels; the AVX-512 tier uses the AVX2 ones).
+//! Q8_K activations (scalar reference + AVX2 kernels, recompiled with AVX-512 enabled for
+//! that tier).
 
 pub mod formats;
 pub mod iq;

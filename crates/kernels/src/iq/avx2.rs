@@ -8,12 +8,18 @@
 //! `ls` give exact i32 lanes. At the end of a block the lanes are summed to the exact
 //! integer `isum` of [`super::reference::block_isum`], and the float operations are the
 //! reference's, so results equal the reference bit for bit, for any tile size N.
-//! Every function here is a `#[target_feature]` fn: callers must hold the `Avx2` token.
+//! Signs come from 8-byte +-1 table rows for the `ksigns` formats and from a shuffle + bit
+//! test of the sign bytes for IQ2_S / IQ3_S. Grid rows are scalar loads: AVX2 gathers were
+//! ~4x slower on the development Xeon.
+//!
+//! The `dot512_*` kernels are the same code compiled with AVX-512 F/BW/VL enabled (EVEX
+//! encodings, 32 registers: a few % faster) for the AVX-512 tier; callers hold `Avx512`.
+//! Every other function here is a `#[target_feature]` fn: callers must hold the `Avx2` token.
 
 use core::arch::x86_64::*;
 
 use super::grids::*;
-use super::{iq1m_d_bits, KSIGNS_PM1, SIGNS_PM1};
+use super::{iq1m_d_bits, KSIGNS_PM1};
 use super::{
     IQ1_M_BYTES, IQ1_S_BYTES, IQ2_S_BYTES, IQ2_XS_BYTES, IQ2_XXS_BYTES, IQ3_S_BYTES, IQ3_XXS_BYTES,
 };
@@ -73,6 +79,25 @@ fn mults(lo: u32, hi: u32) -> __m256i {
     )
 }
 
+/// +-1 bytes from 4 explicit sign bytes `s` (byte `l` holds the signs of elements
+/// `8 l .. 8 l + 8`): spread each byte over its 8 lanes, test one bit per lane.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn signs_pm1(s: u32) -> __m256i {
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(s as i32),
+        _mm256_setr_epi64x(
+            0,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+        ),
+    );
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let neg = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    _mm256_or_si256(neg, _mm256_set1_epi8(1))
+}
+
 /// IQ1 weights `8 g + delta` from grid rows `g` (i8 -1/0/1) and per-8 deltas `dl` (+-1 bytes).
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -85,8 +110,11 @@ fn iq1_weights(g: __m256i, dl: __m256i) -> (__m256i, __m256i) {
 /// scale bits and `$sub(block, ib)` the decode of sub-block `ib`.
 macro_rules! iq_kernel {
     ($name:ident, $bytes:expr, $d:ident, $sub:ident, $mul:expr) => {
+        iq_kernel!($name, $bytes, $d, $sub, $mul, "avx2,fma,f16c");
+    };
+    ($name:ident, $bytes:expr, $d:ident, $sub:ident, $mul:expr, $features:literal) => {
         /// IQ row . N Q8_K rows (see the module docs).
-        #[target_feature(enable = "avx2,fma,f16c")]
+        #[target_feature(enable = $features)]
         pub(crate) fn $name<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32; N] {
             let tab = crate::formats::f16_table();
             let mut out = [0.0f32; N];
@@ -157,14 +185,12 @@ fn sub_iq2xs(b: &[u8; IQ2_XS_BYTES], ib: usize) -> Sub {
 #[target_feature(enable = "avx2")]
 fn sub_iq2s(b: &[u8; IQ2_S_BYTES], ib: usize) -> Sub {
     let qs = u32_at(b, 2 + 4 * ib) as usize;
-    let sg = u32_at(b, 34 + 4 * ib) as usize;
     let qh = b[66 + ib] as usize;
     let g = |l: usize| IQ2S_GRID[((qs >> (8 * l)) & 0xFF) | (((qh >> (2 * l)) & 3) << 8)];
-    let s = |l: usize| SIGNS_PM1[(sg >> (8 * l)) & 0xFF];
     let sc = b[74 + ib] as u32;
     (
         rows4(g(0), g(1), g(2), g(3)),
-        rows4(s(0), s(1), s(2), s(3)),
+        signs_pm1(u32_at(b, 34 + 4 * ib)),
         mults(sc & 0x0F, sc >> 4),
     )
 }
@@ -191,11 +217,10 @@ fn sub_iq3s(b: &[u8; IQ3_S_BYTES], ib: usize) -> Sub {
     let p = 2 + 8 * ib;
     let qh = b[66 + ib] as usize;
     let g = |k: usize| IQ3S_GRID[b[p + k] as usize | (((qh >> k) & 1) << 8)] as i32;
-    let s = |l: usize| SIGNS_PM1[b[74 + 4 * ib + l] as usize];
     let ls = ((b[106 + ib / 2] >> (4 * (ib % 2))) & 0x0F) as u32;
     (
         _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0)),
-        rows4(s(0), s(1), s(2), s(3)),
+        signs_pm1(u32_at(b, 74 + 4 * ib)),
         mults(ls, ls),
     )
 }
@@ -245,3 +270,61 @@ iq_kernel!(dot_iq3xxs, IQ3_XXS_BYTES, d_at0, sub_iq3xxs, 0.25);
 iq_kernel!(dot_iq3s, IQ3_S_BYTES, d_at0, sub_iq3s, 1.0);
 iq_kernel!(dot_iq1s, IQ1_S_BYTES, d_at0, sub_iq1s, 0.125);
 iq_kernel!(dot_iq1m, IQ1_M_BYTES, d_iq1m, sub_iq1m, 0.125);
+
+// The same kernels compiled for the AVX-512 tier (EVEX encodings, 32 vector registers).
+iq_kernel!(
+    dot512_iq2xxs,
+    IQ2_XXS_BYTES,
+    d_at0,
+    sub_iq2xxs,
+    0.125,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
+);
+iq_kernel!(
+    dot512_iq2xs,
+    IQ2_XS_BYTES,
+    d_at0,
+    sub_iq2xs,
+    0.125,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
+);
+iq_kernel!(
+    dot512_iq2s,
+    IQ2_S_BYTES,
+    d_at0,
+    sub_iq2s,
+    0.125,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
+);
+iq_kernel!(
+    dot512_iq3xxs,
+    IQ3_XXS_BYTES,
+    d_at0,
+    sub_iq3xxs,
+    0.25,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
+);
+iq_kernel!(
+    dot512_iq3s,
+    IQ3_S_BYTES,
+    d_at0,
+    sub_iq3s,
+    1.0,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
+);
+iq_kernel!(
+    dot512_iq1s,
+    IQ1_S_BYTES,
+    d_at0,
+    sub_iq1s,
+    0.125,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
+);
+iq_kernel!(
+    dot512_iq1m,
+    IQ1_M_BYTES,
+    d_iq1m,
+    sub_iq1m,
+    0.125,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
+);
