@@ -13,7 +13,9 @@
 //! ~4x slower on the development Xeon.
 //!
 //! The `dot512_*` kernels are the same code compiled with AVX-512 F/BW/VL enabled (EVEX
-//! encodings, 32 registers: a few % faster) for the AVX-512 tier; callers hold `Avx512`.
+//! encodings, 32 registers) for the AVX-512 tier, kept for the formats where that measured
+//! faster on the development Xeon (IQ2_XXS +10%, IQ2_XS, IQ1_S, IQ1_M +2..7%; IQ3_XXS was
+//! 15% slower, so the tier runs the AVX2 build there); callers hold `Avx512`.
 //! Every other function here is a `#[target_feature]` fn: callers must hold the `Avx2` token.
 
 use core::arch::x86_64::*;
@@ -107,7 +109,7 @@ fn iq1_weights(g: __m256i, dl: __m256i) -> (__m256i, __m256i) {
 }
 
 /// Generates `$name::<N>(row, ys)`: IQ row . N Q8_K rows, with `$d(block)` the block's f16
-/// scale bits and `$sub(block, ib)` the decode of sub-block `ib`.
+/// scale bits and `$sub(block, ib)` the decode of sub-blocks `ib` and `ib + 1`.
 macro_rules! iq_kernel {
     ($name:ident, $bytes:expr, $d:ident, $sub:ident, $mul:expr) => {
         iq_kernel!($name, $bytes, $d, $sub, $mul, "avx2,fma,f16c");
@@ -123,8 +125,7 @@ macro_rules! iq_kernel {
                 let d = tab[$d(b) as usize];
                 let mut acc = [_mm256_setzero_si256(); N];
                 for ib in (0..8).step_by(2) {
-                    let (mag0, sgn0, sc0) = $sub(b, ib);
-                    let (mag1, sgn1, sc1) = $sub(b, ib + 1);
+                    let ((mag0, sgn0, sc0), (mag1, sgn1, sc1)) = $sub(b, ib);
                     for t in 0..N {
                         let y0 = _mm256_sign_epi8(ld_y(&ys[t][i].qs, ib), sgn0);
                         let y1 = _mm256_sign_epi8(ld_y(&ys[t][i].qs, ib + 1), sgn1);
@@ -155,20 +156,6 @@ fn d_iq1m(b: &[u8]) -> u16 {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn sub_iq2xxs(b: &[u8; IQ2_XXS_BYTES], ib: usize) -> Sub {
-    let q = u64_at(b, 2 + 8 * ib);
-    let g = |l: usize| IQ2XXS_GRID[((q >> (8 * l)) & 0xFF) as usize];
-    let s = |l: usize| KSIGNS_PM1[((q >> (32 + 7 * l)) & 127) as usize];
-    let ls = (q >> 60) as u32;
-    (
-        rows4(g(0), g(1), g(2), g(3)),
-        rows4(s(0), s(1), s(2), s(3)),
-        mults(ls, ls),
-    )
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
 fn sub_iq2xs(b: &[u8; IQ2_XS_BYTES], ib: usize) -> Sub {
     let q = u64_at(b, 2 + 8 * ib);
     let g = |l: usize| IQ2XS_GRID[((q >> (16 * l)) & 511) as usize];
@@ -192,22 +179,6 @@ fn sub_iq2s(b: &[u8; IQ2_S_BYTES], ib: usize) -> Sub {
         rows4(g(0), g(1), g(2), g(3)),
         signs_pm1(u32_at(b, 34 + 4 * ib)),
         mults(sc & 0x0F, sc >> 4),
-    )
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn sub_iq3xxs(b: &[u8; IQ3_XXS_BYTES], ib: usize) -> Sub {
-    // Byte loads beat one u64 load + 8 shifts here (8 indices).
-    let p = 2 + 8 * ib;
-    let g = |k: usize| IQ3XXS_GRID[b[p + k] as usize] as i32;
-    let aux = u32_at(b, 66 + 4 * ib);
-    let s = |l: usize| KSIGNS_PM1[((aux >> (7 * l)) & 127) as usize];
-    let ls = aux >> 28;
-    (
-        _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0)),
-        rows4(s(0), s(1), s(2), s(3)),
-        mults(ls, ls),
     )
 }
 
@@ -263,20 +234,128 @@ fn sub_iq1m(b: &[u8; IQ1_M_BYTES], ib: usize) -> Sub {
     (mag, wq, mults((w >> sh) & 7, (w >> (sh + 3)) & 7))
 }
 
-iq_kernel!(dot_iq2xxs, IQ2_XXS_BYTES, d_at0, sub_iq2xxs, 0.125);
-iq_kernel!(dot_iq2xs, IQ2_XS_BYTES, d_at0, sub_iq2xs, 0.125);
-iq_kernel!(dot_iq2s, IQ2_S_BYTES, d_at0, sub_iq2s, 0.125);
-iq_kernel!(dot_iq3xxs, IQ3_XXS_BYTES, d_at0, sub_iq3xxs, 0.25);
-iq_kernel!(dot_iq3s, IQ3_S_BYTES, d_at0, sub_iq3s, 1.0);
-iq_kernel!(dot_iq1s, IQ1_S_BYTES, d_at0, sub_iq1s, 0.125);
-iq_kernel!(dot_iq1m, IQ1_M_BYTES, d_iq1m, sub_iq1m, 0.125);
+/// `$pair(block, ib)`: sub-blocks `ib` and `ib + 1` of a format decoded one at a time.
+macro_rules! pair_of {
+    ($pair:ident, $sub:ident, $bytes:expr) => {
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        fn $pair(b: &[u8; $bytes], ib: usize) -> (Sub, Sub) {
+            ($sub(b, ib), $sub(b, ib + 1))
+        }
+    };
+}
+pair_of!(pair_iq2xs, sub_iq2xs, IQ2_XS_BYTES);
+pair_of!(pair_iq2s, sub_iq2s, IQ2_S_BYTES);
+pair_of!(pair_iq3s, sub_iq3s, IQ3_S_BYTES);
+pair_of!(pair_iq1s, sub_iq1s, IQ1_S_BYTES);
+pair_of!(pair_iq1m, sub_iq1m, IQ1_M_BYTES);
+
+/// The +-1 signs of two sub-blocks from their `ksigns` words `a0`, `a1`, given as
+/// `v = [a0, a0, a1, a1]` in both 128-bit lanes: shift each 7-bit field to the low byte of
+/// its own dword (lane 0: fields 0, 1; lane 1: fields 2, 3), add the parity bit (bit 7) from
+/// a nibble-parity table, then spread each byte over its 8 elements and test one bit each.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ksigns_pair(v: __m256i) -> (__m256i, __m256i) {
+    let f = _mm256_and_si256(
+        _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 7, 0, 7, 14, 21, 14, 21)),
+        _mm256_set1_epi32(127),
+    );
+    // parity(7 bits) = parity(low nibble ^ high 3 bits); other bytes are 0 (parity 0).
+    let nib = _mm256_and_si256(
+        _mm256_xor_si256(f, _mm256_srli_epi16::<4>(f)),
+        _mm256_set1_epi8(0x0F),
+    );
+    let parity_tab = _mm256_setr_epi8(
+        0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0, 0, -128, -128, 0,
+        -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0,
+    );
+    let full = _mm256_or_si256(f, _mm256_shuffle_epi8(parity_tab, nib));
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let spread = |m: i64, n: i64| {
+        let s = _mm256_shuffle_epi8(full, _mm256_setr_epi64x(m, n, m, n));
+        _mm256_or_si256(
+            _mm256_cmpeq_epi8(_mm256_and_si256(s, bit), bit),
+            _mm256_set1_epi8(1),
+        )
+    };
+    (
+        spread(0, 0x0404_0404_0404_0404),
+        spread(0x0808_0808_0808_0808, 0x0c0c_0c0c_0c0c_0c0c),
+    )
+}
+
+/// 16 bytes of `b` from `at` as a vector.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ld128_at(b: &[u8], at: usize) -> __m128i {
+    let p: &[u8; 16] = b[at..at + 16].try_into().expect("in bounds");
+    // SAFETY: `p` is 16 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm_loadu_si128(p.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn pair_iq2xxs(b: &[u8; IQ2_XXS_BYTES], ib: usize) -> (Sub, Sub) {
+    let p = 2 + 8 * ib;
+    // dwords [idx0, aux0, idx1, aux1] -> [aux0, aux0, aux1, aux1] in both lanes.
+    let raw = _mm_shuffle_epi32::<0b1111_0101>(ld128_at(b, p));
+    let (s0, s1) = ksigns_pair(_mm256_set_m128i(raw, raw));
+    let q0 = u64_at(b, p);
+    let q1 = u64_at(b, p + 8);
+    let g = |q: u64, l: usize| IQ2XXS_GRID[((q >> (8 * l)) & 0xFF) as usize];
+    let (l0, l1) = ((q0 >> 60) as u32, (q1 >> 60) as u32);
+    (
+        (
+            rows4(g(q0, 0), g(q0, 1), g(q0, 2), g(q0, 3)),
+            s0,
+            mults(l0, l0),
+        ),
+        (
+            rows4(g(q1, 0), g(q1, 1), g(q1, 2), g(q1, 3)),
+            s1,
+            mults(l1, l1),
+        ),
+    )
+}
+
+/// The 8 IQ3_XXS grid rows (4 bytes each) indexed by `b[p..p + 8]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn iq3xxs_rows(b: &[u8], p: usize) -> __m256i {
+    let g = |k: usize| IQ3XXS_GRID[b[p + k] as usize] as i32;
+    _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn pair_iq3xxs(b: &[u8; IQ3_XXS_BYTES], ib: usize) -> (Sub, Sub) {
+    let a = u64_at(b, 66 + 4 * ib);
+    // [aux0, aux1, ..] -> [aux0, aux0, aux1, aux1] in both lanes.
+    let raw = _mm_shuffle_epi32::<0b0101_0000>(_mm_cvtsi64_si128(a as i64));
+    let (s0, s1) = ksigns_pair(_mm256_set_m128i(raw, raw));
+    let p = 2 + 8 * ib;
+    let (l0, l1) = ((a >> 28) as u32 & 0xF, (a >> 60) as u32);
+    (
+        (iq3xxs_rows(b, p), s0, mults(l0, l0)),
+        (iq3xxs_rows(b, p + 8), s1, mults(l1, l1)),
+    )
+}
+
+iq_kernel!(dot_iq2xxs, IQ2_XXS_BYTES, d_at0, pair_iq2xxs, 0.125);
+iq_kernel!(dot_iq2xs, IQ2_XS_BYTES, d_at0, pair_iq2xs, 0.125);
+iq_kernel!(dot_iq2s, IQ2_S_BYTES, d_at0, pair_iq2s, 0.125);
+iq_kernel!(dot_iq3xxs, IQ3_XXS_BYTES, d_at0, pair_iq3xxs, 0.25);
+iq_kernel!(dot_iq3s, IQ3_S_BYTES, d_at0, pair_iq3s, 1.0);
+iq_kernel!(dot_iq1s, IQ1_S_BYTES, d_at0, pair_iq1s, 0.125);
+iq_kernel!(dot_iq1m, IQ1_M_BYTES, d_iq1m, pair_iq1m, 0.125);
 
 // The same kernels compiled for the AVX-512 tier (EVEX encodings, 32 vector registers).
 iq_kernel!(
     dot512_iq2xxs,
     IQ2_XXS_BYTES,
     d_at0,
-    sub_iq2xxs,
+    pair_iq2xxs,
     0.125,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
 );
@@ -284,39 +363,15 @@ iq_kernel!(
     dot512_iq2xs,
     IQ2_XS_BYTES,
     d_at0,
-    sub_iq2xs,
+    pair_iq2xs,
     0.125,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
-);
-iq_kernel!(
-    dot512_iq2s,
-    IQ2_S_BYTES,
-    d_at0,
-    sub_iq2s,
-    0.125,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
-);
-iq_kernel!(
-    dot512_iq3xxs,
-    IQ3_XXS_BYTES,
-    d_at0,
-    sub_iq3xxs,
-    0.25,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
-);
-iq_kernel!(
-    dot512_iq3s,
-    IQ3_S_BYTES,
-    d_at0,
-    sub_iq3s,
-    1.0,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
 );
 iq_kernel!(
     dot512_iq1s,
     IQ1_S_BYTES,
     d_at0,
-    sub_iq1s,
+    pair_iq1s,
     0.125,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
 );
@@ -324,7 +379,7 @@ iq_kernel!(
     dot512_iq1m,
     IQ1_M_BYTES,
     d_iq1m,
-    sub_iq1m,
+    pair_iq1m,
     0.125,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
 );
