@@ -21,7 +21,7 @@
 use core::arch::x86_64::*;
 
 use super::grids::*;
-use super::{iq1m_d_bits, KSIGNS_PM1};
+use super::iq1m_d_bits;
 use super::{
     IQ1_M_BYTES, IQ1_S_BYTES, IQ2_S_BYTES, IQ2_XS_BYTES, IQ2_XXS_BYTES, IQ3_S_BYTES, IQ3_XXS_BYTES,
 };
@@ -86,18 +86,7 @@ fn mults(lo: u32, hi: u32) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn signs_pm1(s: u32) -> __m256i {
-    let spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(s as i32),
-        _mm256_setr_epi64x(
-            0,
-            0x0101_0101_0101_0101,
-            0x0202_0202_0202_0202,
-            0x0303_0303_0303_0303,
-        ),
-    );
-    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let neg = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    _mm256_or_si256(neg, _mm256_set1_epi8(1))
+    spread_signs(_mm256_set1_epi32(s as i32), rep8(0, 1, 2, 3))
 }
 
 /// IQ1 weights `8 g + delta` from grid rows `g` (i8 -1/0/1) and per-8 deltas `dl` (+-1 bytes).
@@ -152,20 +141,6 @@ fn d_at0(b: &[u8]) -> u16 {
 #[inline(always)]
 fn d_iq1m(b: &[u8]) -> u16 {
     iq1m_d_bits(&b[48..56])
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn sub_iq2xs(b: &[u8; IQ2_XS_BYTES], ib: usize) -> Sub {
-    let q = u64_at(b, 2 + 8 * ib);
-    let g = |l: usize| IQ2XS_GRID[((q >> (16 * l)) & 511) as usize];
-    let s = |l: usize| KSIGNS_PM1[((q >> (16 * l + 9)) & 127) as usize];
-    let sc = b[66 + ib] as u32;
-    (
-        rows4(g(0), g(1), g(2), g(3)),
-        rows4(s(0), s(1), s(2), s(3)),
-        mults(sc & 0x0F, sc >> 4),
-    )
 }
 
 #[inline]
@@ -244,24 +219,16 @@ macro_rules! pair_of {
         }
     };
 }
-pair_of!(pair_iq2xs, sub_iq2xs, IQ2_XS_BYTES);
 pair_of!(pair_iq2s, sub_iq2s, IQ2_S_BYTES);
 pair_of!(pair_iq3s, sub_iq3s, IQ3_S_BYTES);
 pair_of!(pair_iq1s, sub_iq1s, IQ1_S_BYTES);
 pair_of!(pair_iq1m, sub_iq1m, IQ1_M_BYTES);
 
-/// The +-1 signs of two sub-blocks from their `ksigns` words `a0`, `a1`, given as
-/// `v = [a0, a0, a1, a1]` in both 128-bit lanes: shift each 7-bit field to the low byte of
-/// its own dword (lane 0: fields 0, 1; lane 1: fields 2, 3), add the parity bit (bit 7) from
-/// a nibble-parity table, then spread each byte over its 8 elements and test one bit each.
+/// Adds the `ksigns` parity bit (bit 7) to 7-bit sign fields: every byte of `f` is a field
+/// (or 0). parity(7 bits) = parity(low nibble ^ high 3 bits), looked up per byte.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn ksigns_pair(v: __m256i) -> (__m256i, __m256i) {
-    let f = _mm256_and_si256(
-        _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 7, 0, 7, 14, 21, 14, 21)),
-        _mm256_set1_epi32(127),
-    );
-    // parity(7 bits) = parity(low nibble ^ high 3 bits); other bytes are 0 (parity 0).
+fn with_parity(f: __m256i) -> __m256i {
     let nib = _mm256_and_si256(
         _mm256_xor_si256(f, _mm256_srli_epi16::<4>(f)),
         _mm256_set1_epi8(0x0F),
@@ -270,18 +237,42 @@ fn ksigns_pair(v: __m256i) -> (__m256i, __m256i) {
         0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0, 0, -128, -128, 0,
         -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0,
     );
-    let full = _mm256_or_si256(f, _mm256_shuffle_epi8(parity_tab, nib));
+    _mm256_or_si256(f, _mm256_shuffle_epi8(parity_tab, nib))
+}
+
+/// +-1 bytes from sign bytes: element `e` gets bit `e % 8` of the byte (of its own 128-bit
+/// lane of `full`) that `idx` names for it (`idx` is a `vpshufb` control).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn spread_signs(full: __m256i, idx: __m256i) -> __m256i {
     let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let spread = |m: i64, n: i64| {
-        let s = _mm256_shuffle_epi8(full, _mm256_setr_epi64x(m, n, m, n));
-        _mm256_or_si256(
-            _mm256_cmpeq_epi8(_mm256_and_si256(s, bit), bit),
-            _mm256_set1_epi8(1),
-        )
-    };
+    let s = _mm256_and_si256(_mm256_shuffle_epi8(full, idx), bit);
+    _mm256_or_si256(_mm256_cmpeq_epi8(s, bit), _mm256_set1_epi8(1))
+}
+
+/// `vpshufb` control repeating byte `a` 8 times, then `b`, `c`, `d` (lane 1: `c`, `d`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn rep8(a: u8, b: u8, c: u8, d: u8) -> __m256i {
+    let r = |x: u8| (x as u64 * 0x0101_0101_0101_0101) as i64;
+    _mm256_setr_epi64x(r(a), r(b), r(c), r(d))
+}
+
+/// The +-1 signs of two sub-blocks from their `ksigns` words `a0`, `a1`, given as
+/// `v = [a0, a0, a1, a1]` in both 128-bit lanes: each 7-bit field goes to the low byte of
+/// its own dword (lane 0: fields 0, 1; lane 1: fields 2, 3), gets its parity bit, and is
+/// spread over its 8 elements.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ksigns_pair(v: __m256i) -> (__m256i, __m256i) {
+    let f = _mm256_and_si256(
+        _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 7, 0, 7, 14, 21, 14, 21)),
+        _mm256_set1_epi32(127),
+    );
+    let full = with_parity(f);
     (
-        spread(0, 0x0404_0404_0404_0404),
-        spread(0x0808_0808_0808_0808, 0x0c0c_0c0c_0c0c_0c0c),
+        spread_signs(full, rep8(0, 4, 0, 4)),
+        spread_signs(full, rep8(8, 12, 8, 12)),
     )
 }
 
@@ -325,6 +316,30 @@ fn pair_iq2xxs(b: &[u8; IQ2_XXS_BYTES], ib: usize) -> (Sub, Sub) {
 fn iq3xxs_rows(b: &[u8], p: usize) -> __m256i {
     let g = |k: usize| IQ3XXS_GRID[b[p + k] as usize] as i32;
     _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn pair_iq2xs(b: &[u8; IQ2_XS_BYTES], ib: usize) -> (Sub, Sub) {
+    let p = 2 + 8 * ib;
+    // 8 u16 = 9-bit grid index | 7-bit ksigns index << 9; the fields in the low bytes.
+    let v = ld128_at(b, p);
+    let full = with_parity(_mm256_srli_epi16::<9>(_mm256_set_m128i(v, v)));
+    let (q0, q1) = (u64_at(b, p), u64_at(b, p + 8));
+    let g = |q: u64, l: usize| IQ2XS_GRID[((q >> (16 * l)) & 511) as usize];
+    let (sc0, sc1) = (b[66 + ib] as u32, b[67 + ib] as u32);
+    (
+        (
+            rows4(g(q0, 0), g(q0, 1), g(q0, 2), g(q0, 3)),
+            spread_signs(full, rep8(0, 2, 4, 6)),
+            mults(sc0 & 0x0F, sc0 >> 4),
+        ),
+        (
+            rows4(g(q1, 0), g(q1, 1), g(q1, 2), g(q1, 3)),
+            spread_signs(full, rep8(8, 10, 12, 14)),
+            mults(sc1 & 0x0F, sc1 >> 4),
+        ),
+    )
 }
 
 #[inline]
