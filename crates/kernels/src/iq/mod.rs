@@ -104,65 +104,16 @@ pub fn iq1m_d_bits(sc: &[u8]) -> u16 {
     (w(0) >> 12) | ((w(1) >> 8) & 0x00F0) | ((w(2) >> 4) & 0x0F00) | (w(3) & 0xF000)
 }
 
-/// 8 bytes of +1 (0x01) / -1 (0xFF), byte `j` negative when bit `j` of `s` is set.
-const fn sign_bytes(s: u8) -> u64 {
-    let mut v = 0u64;
-    let mut j = 0;
-    while j < 8 {
-        let b: u64 = if (s >> j) & 1 == 1 { 0xFF } else { 0x01 };
-        v |= b << (8 * j);
-        j += 1;
-    }
-    v
-}
-
-const fn sign_table() -> [u64; 256] {
-    let mut t = [0u64; 256];
-    let mut i = 0;
-    while i < 256 {
-        t[i] = sign_bytes(i as u8);
-        i += 1;
-    }
-    t
-}
-
-/// `SIGNS_PM1[s]`: the 8 signs of sign byte `s` as i8 bytes +1 / -1.
-pub static SIGNS_PM1: [u64; 256] = sign_table();
-
-/// `ksigns[i]`: 7 sign bits `i`, the 8th bit set when `i` has odd parity (even total).
-const fn ksign(i: usize) -> u8 {
-    (i as u8) | (((i.count_ones() & 1) as u8) << 7)
-}
-
-const fn ksign_table() -> [u64; 128] {
-    let mut t = [0u64; 128];
-    let mut i = 0;
-    while i < 128 {
-        t[i] = sign_bytes(ksign(i));
-        i += 1;
-    }
-    t
-}
-
-/// `KSIGNS_PM1[i]`: the 8 signs of `ksigns[i]` as i8 bytes +1 / -1.
-pub static KSIGNS_PM1: [u64; 128] = ksign_table();
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn sign_tables_follow_ksigns() {
+    fn ksigns_are_7_bits_plus_even_parity() {
+        // The AVX2 kernels rebuild bit 7 from the low 7 bits; this is the rule they use.
         for (i, &k) in grids::KSIGNS.iter().enumerate() {
-            assert_eq!(ksign(i), k, "ksigns[{i}]");
-            assert_eq!(KSIGNS_PM1[i], SIGNS_PM1[k as usize]);
-            assert_eq!(k.count_ones() % 2, 0);
-        }
-        for (s, &v) in SIGNS_PM1.iter().enumerate() {
-            for j in 0..8 {
-                let b = (v >> (8 * j)) as u8 as i8;
-                assert_eq!(b, if (s >> j) & 1 == 1 { -1 } else { 1 });
-            }
+            assert_eq!(k & 0x7F, i as u8);
+            assert_eq!(k.count_ones() % 2, 0, "ksigns[{i}]");
         }
     }
 
