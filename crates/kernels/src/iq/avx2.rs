@@ -8,14 +8,17 @@
 //! `ls` give exact i32 lanes. At the end of a block the lanes are summed to the exact
 //! integer `isum` of [`super::reference::block_isum`], and the float operations are the
 //! reference's, so results equal the reference bit for bit, for any tile size N.
-//! Signs come from 8-byte +-1 table rows for the `ksigns` formats and from a shuffle + bit
-//! test of the sign bytes for IQ2_S / IQ3_S. Grid rows are scalar loads: AVX2 gathers were
-//! ~4x slower on the development Xeon.
+//! Sub-blocks are decoded in pairs. Signs are computed in SIMD: explicit sign bytes
+//! (IQ2_S, IQ3_S) are spread over their 8 elements and bit-tested; `ksigns` indices
+//! (IQ2_XXS, IQ2_XS, IQ3_XXS) first get their parity bit from a nibble-parity `vpshufb`.
+//! Grid rows are scalar loads combined into vectors: AVX2 gathers were ~4x slower, and
+//! building the indices in SIMD and reloading them through memory ~8% slower, on the
+//! development Xeon.
 //!
 //! The `dot512_*` kernels are the same code compiled with AVX-512 F/BW/VL enabled (EVEX
 //! encodings, 32 registers) for the AVX-512 tier, kept for the formats where that measured
-//! faster on the development Xeon (IQ2_XXS +10%, IQ2_XS, IQ1_S, IQ1_M +2..7%; IQ3_XXS was
-//! 15% slower, so the tier runs the AVX2 build there); callers hold `Avx512`.
+//! faster on the development Xeon (IQ2_XXS +22%, IQ1_S/IQ1_M +5..8%, IQ2_XS +2%); the tier
+//! runs the AVX2 build for the others. Callers of `dot512_*` hold `Avx512`.
 //! Every other function here is a `#[target_feature]` fn: callers must hold the `Avx2` token.
 
 use core::arch::x86_64::*;
