@@ -2,7 +2,7 @@
 //!
 //! Owns: their block layouts (ggml's, byte for byte), the grid / sign tables
 //! ([`grids`], generated from the `gguf` Python package), the scalar reference
-//! ([`reference`]: dequantize bit-equal to `gguf.quants.dequantize`, dot with Q8_K
+//! ([`reference`](mod@reference): dequantize bit-equal to `gguf.quants.dequantize`, dot with Q8_K
 //! activations) and the AVX2 kernels (`avx2.rs`).
 //!
 //! Every IQ block is 256 elements and decodes to the same integer form: a block scale `d`
