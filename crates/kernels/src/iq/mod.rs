@@ -1,9 +1,9 @@
 //! The IQ "grid" formats: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M.
 //!
-//! Owns: their block layouts (ggml's, byte for byte), the grid / sign tables
-//! ([`grids`], generated from the `gguf` Python package), the scalar reference
-//! ([`reference`](mod@reference): dequantize bit-equal to `gguf.quants.dequantize`, dot with Q8_K
-//! activations) and the AVX2 kernels (`avx2.rs`).
+//! Owns: their block layouts (ggml's, byte for byte), the grid / sign tables ([`grids`],
+//! generated from the `gguf` Python package), the scalar reference
+//! ([`reference`](mod@reference): dequantize bit-equal to `gguf.quants.dequantize`, dot
+//! with Q8_K activations) and the AVX2 kernels (`avx2.rs`).
 //!
 //! Every IQ block is 256 elements and decodes to the same integer form: a block scale `d`
 //! (f32), 256 signed integer weights `q` (grid value times sign, or for IQ1 `8 * g + delta`)
