@@ -3,7 +3,8 @@
 //!
 //! Run: `cargo bench -p sluice-kernels --bench matvec` (a few minutes). Filter with e.g.
 //! `-- Q4_K`. `SLUICE_ISA` does not matter here except for the `auto/` group: the `isa/`
-//! group runs each available tier explicitly.
+//! group runs each available tier explicitly; `iq/` does the same for the IQ grid formats
+//! (1 thread, 4096x2048 and 2048x768; filter with `-- iq/`).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use sluice_kernels::{matvec_with, GgmlType, Isa};
@@ -63,6 +64,7 @@ fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
         GgmlType::Q6_K => w
             .chunks_exact_mut(bsz)
             .for_each(|b| b[208..].copy_from_slice(&half(0.01))),
+        _ if sluice_kernels::iq::is_iq(ty) => iq_scales(ty, &mut w),
         _ => unreachable!(),
     }
     w
@@ -175,9 +177,72 @@ fn bench_memory(c: &mut Criterion) {
     g.finish();
 }
 
+// ---- IQ grid formats ---------------------------------------------------------------------
+
+/// (rows, cols) for the IQ formats: an attention-size matrix and an expert down projection.
+const IQ_SHAPES: [(usize, usize); 2] = [(4096, 2048), (2048, 768)];
+
+/// Sane f16 block scales (0.01) in random IQ blocks (IQ1_M: in its scale words' top nibbles).
+fn iq_scales(ty: GgmlType, w: &mut [u8]) {
+    let d = half::f16::from_f32(0.01).to_bits();
+    for b in w.chunks_exact_mut(ty.type_size() as usize) {
+        if ty == GgmlType::IQ1_M {
+            for k in 0..4 {
+                let p = 48 + 2 * k;
+                let v = u16::from_le_bytes([b[p], b[p + 1]]);
+                let v = (v & 0x0FFF) | (((d >> (4 * k)) & 0xF) << 12);
+                b[p..p + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        } else {
+            b[..2].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+}
+
+/// IQ formats, 1 thread, every available tier: `iq/<TYPE>/<rows>x<cols>/<tier>`.
+fn bench_iq(c: &mut Criterion) {
+    let p = pool(1);
+    for ty in sluice_kernels::iq::IQ_TYPES {
+        let mut g = c.benchmark_group(format!("iq/{ty}"));
+        g.sample_size(10)
+            .warm_up_time(Duration::from_millis(300))
+            .measurement_time(Duration::from_millis(1200));
+        for (rows, cols) in IQ_SHAPES {
+            let w = weights(ty, rows, cols);
+            let x: Vec<f32> = (0..cols)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+                .collect();
+            let mut y = vec![0.0f32; rows];
+            g.throughput(Throughput::Bytes(w.len() as u64));
+            for isa in Isa::available() {
+                g.bench_function(
+                    BenchmarkId::new(format!("{rows}x{cols}"), isa.name()),
+                    |b| {
+                        b.iter(|| {
+                            p.install(|| {
+                                matvec_with(
+                                    isa,
+                                    ty,
+                                    black_box(&w),
+                                    rows,
+                                    cols,
+                                    black_box(&x),
+                                    &mut y,
+                                )
+                            })
+                            .unwrap()
+                        })
+                    },
+                );
+            }
+        }
+        g.finish();
+    }
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default();
-    targets = bench_memory, bench_matvec, bench_tiers
+    targets = bench_memory, bench_matvec, bench_tiers, bench_iq
 }
 criterion_main!(benches);

@@ -8,8 +8,13 @@
 //! Weight formats: F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K. Activations are prepared once
 //! per weight format ([`QuantizedActs`]): Q8_0 blocks for Q8_0/Q5_0 weights, Q8_K blocks
 //! for Q4_K/Q6_K, plain f32 for the dense formats.
+//!
+//! IQ grid formats ([`iq`]): IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, with
+//! Q8_K activations (scalar reference + AVX2 kernels, recompiled with AVX-512 enabled for
+//! that tier).
 
 pub mod formats;
+pub mod iq;
 mod isa;
 pub mod reference;
 pub mod x86;
@@ -24,7 +29,7 @@ pub use sluice_gguf::GgmlType;
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum KernelError {
     /// The weight type has no kernels here.
-    #[error("kernels: weight type {ty} is not supported (supported: F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K)")]
+    #[error("kernels: weight type {ty} is not supported (supported: F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M)")]
     Unsupported {
         /// The type asked for.
         ty: GgmlType,
@@ -51,7 +56,7 @@ pub enum KernelError {
 /// Whether `ty` has kernels here.
 pub fn is_supported(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, F32 | F16 | BF16 | Q8_0 | Q5_0 | Q4_K | Q6_K)
+    matches!(ty, F32 | F16 | BF16 | Q8_0 | Q5_0 | Q4_K | Q6_K) || iq::is_iq(ty)
 }
 
 fn check_supported(ty: GgmlType) -> Result<(), KernelError> {
@@ -111,6 +116,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), K
         Q5_0 => reference::dequantize_q5_0(src, dst),
         Q4_K => reference::dequantize_q4_k(src, dst),
         Q6_K => reference::dequantize_q6_k(src, dst),
+        _ if iq::is_iq(ty) => iq::reference::dequantize(ty, src, dst),
         _ => unreachable!("checked by row_bytes"),
     }
     Ok(())
@@ -142,6 +148,7 @@ impl QuantizedActs {
             F32 | F16 | BF16 => ActData::F32(x.to_vec()),
             Q8_0 | Q5_0 => ActData::Q8_0(formats::quantize_row_q8_0(x)),
             Q4_K | Q6_K => ActData::Q8K(formats::quantize_row_q8_k(x)),
+            _ if iq::is_iq(weight_ty) => ActData::Q8K(formats::quantize_row_q8_k(x)),
             _ => unreachable!("checked by row_bytes"),
         };
         Ok(QuantizedActs {
@@ -169,7 +176,7 @@ impl QuantizedActs {
         }
     }
 
-    /// The Q8_K blocks, when prepared for Q4_K/Q6_K weights.
+    /// The Q8_K blocks, when prepared for Q4_K/Q6_K or IQ weights.
     pub fn q8_k_blocks(&self) -> Option<&[BlockQ8K]> {
         match &self.data {
             ActData::Q8K(v) => Some(v),
@@ -243,6 +250,7 @@ pub(crate) fn ref_dot(ty: GgmlType, row: &[u8], a: &QuantizedActs) -> f32 {
         (Q5_0, ActData::Q8_0(y)) => reference::dot_q5_0(row, y),
         (Q4_K, ActData::Q8K(y)) => reference::dot_q4_k(row, y),
         (Q6_K, ActData::Q8K(y)) => reference::dot_q6_k(row, y),
+        (t, ActData::Q8K(y)) if iq::is_iq(t) => iq::reference::dot(t, row, y),
         _ => unreachable!("activation format checked by the caller"),
     }
 }
@@ -265,7 +273,7 @@ fn check_acts(
             ActData::F32(_)
         ) | (GgmlType::Q8_0 | GgmlType::Q5_0, ActData::Q8_0(_))
             | (GgmlType::Q4_K | GgmlType::Q6_K, ActData::Q8K(_))
-    );
+    ) || (iq::is_iq(ty) && matches!(a.data, ActData::Q8K(_)));
     if !compatible {
         return Err(KernelError::Shape {
             op,

@@ -75,6 +75,10 @@ fn dequantize_matches_gguf_python() {
     for ty in [F32, Q8_0, Q5_0, Q4_K, Q6_K] {
         assert!(seen.contains(&(ty, true)), "no Gemma case for {ty}");
     }
+    // IQ grid formats: random + edge blocks only (no IQ tensors in Gemma).
+    for ty in sluice_kernels::iq::IQ_TYPES {
+        assert!(seen.contains(&(ty, false)), "no random case for {ty}");
+    }
 }
 
 #[test]

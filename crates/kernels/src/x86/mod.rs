@@ -207,6 +207,13 @@ mod tokens {
                 F32 => tiled!(acts, out, dense, row, super::avx2::dot_f32),
                 F16 => tiled!(acts, out, dense, row, super::avx2::dot_f16),
                 BF16 => tiled!(acts, out, dense, row, super::avx2::dot_bf16),
+                IQ2_XXS => tiled!(acts, out, q8k, row, crate::iq::avx2::dot_iq2xxs),
+                IQ2_XS => tiled!(acts, out, q8k, row, crate::iq::avx2::dot_iq2xs),
+                IQ2_S => tiled!(acts, out, q8k, row, crate::iq::avx2::dot_iq2s),
+                IQ3_XXS => tiled!(acts, out, q8k, row, crate::iq::avx2::dot_iq3xxs),
+                IQ3_S => tiled!(acts, out, q8k, row, crate::iq::avx2::dot_iq3s),
+                IQ1_S => tiled!(acts, out, q8k, row, crate::iq::avx2::dot_iq1s),
+                IQ1_M => tiled!(acts, out, q8k, row, crate::iq::avx2::dot_iq1m),
                 _ => unreachable!("unsupported types are rejected before dispatch"),
             }
         }
@@ -225,6 +232,10 @@ mod tokens {
             match ty {
                 Q8_0 => tiled!(acts, out, q8_0, row, super::avx512::dot_q8_0),
                 Q5_0 => tiled!(acts, out, q8_0, row, super::avx512::dot_q5_0),
+                IQ2_XXS => tiled!(acts, out, q8k, row, crate::iq::avx2::dot512_iq2xxs),
+                IQ2_XS => tiled!(acts, out, q8k, row, crate::iq::avx2::dot512_iq2xs),
+                IQ1_S => tiled!(acts, out, q8k, row, crate::iq::avx2::dot512_iq1s),
+                IQ1_M => tiled!(acts, out, q8k, row, crate::iq::avx2::dot512_iq1m),
                 _ => self.avx2().dot_tile(ty, row, acts, out),
             }
         }
