@@ -56,7 +56,7 @@ for arg in "$@"; do
     --build) build=1 ;;
     --print-flags) cpu_cmake_flags; exit 0 ;;
     --built-flags) if [ -f "$stamp" ]; then cat "$stamp"; else echo "(not built)"; fi; exit 0 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "get-llama-cpp.sh: unknown argument '$arg'" >&2; exit 2 ;;
   esac
 done
