@@ -9,12 +9,13 @@
 # find the cache warm): use -k for more samples. Without -C both tools run warm (each does
 # its own warm-up run first).
 #
-# Builds the pinned llama.cpp (llama-cpp-python 0.3.36's vendored copy, without AMX) into
-# ${SLUICE_CACHE:-~/.cache/sluice} via tools/get-llama-cpp.sh --build, builds sluice in
+# Builds the pinned llama.cpp (llama-cpp-python 0.3.36's vendored copy, tuned to this CPU's
+# flags, without AMX) into ${SLUICE_CACHE:-$HOME/.cache/sluice} via tools/get-llama-cpp.sh --build
+# (rebuilt when the cached build was made for another CPU), builds sluice in
 # release mode, then runs ROUNDS rounds of (sluice bench, llama-bench). Each tool repeats
 # each test REPS (3) times per round; the ratio printed is median(sluice) / median(llama.cpp)
 # over all samples of all rounds. Extra sluice flags can be passed in SLUICE_FLAGS and
-# extra llama-bench flags in LLAMA_FLAGS.
+# extra llama-bench flags in LLAMA_FLAGS. The summary names the CPU and llama.cpp's build flags.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model="${1:?usage: bench/side-by-side.sh MODEL.gguf [-t N] [-p N] [-n N] [-k ROUNDS]}"
@@ -39,6 +40,10 @@ if [ "$cold" = 1 ]; then sluice_cold=(--no-warmup); llama_cold=(--no-warmup); re
 ll="$(tools/get-llama-cpp.sh --build)"
 llama_bench="$ll/build/bin/llama-bench"
 [ -x "$llama_bench" ] || { echo "error: $llama_bench was not built" >&2; exit 1; }
+cpu="$(grep -m1 '^model name' /proc/cpuinfo | sed 's/^[^:]*:[[:space:]]*//' || true)"
+llama_flags="$(tools/get-llama-cpp.sh --built-flags)"
+echo "cpu: ${cpu:-unknown}" >&2
+echo "llama.cpp build flags: $llama_flags" >&2
 cargo build --release -p sluice-cli >&2
 sluice=target/release/sluice
 out="$(mktemp -d)"
@@ -54,9 +59,10 @@ for r in $(seq 1 "$rounds"); do
   "$llama_bench" -m "$model" -t "$threads" -p "$pp" -n "$tg" -r "$reps" "${llama_cold[@]}" -o json ${LLAMA_FLAGS:-} > "$out/llama-$r.json"
 done
 cp "$out/sluice.csv" "${SIDE_BY_SIDE_CSV:-/dev/null}" 2>/dev/null || true
-python3 - "$out" "$pp" "$tg" "$threads" "$model" <<'PY'
+python3 - "$out" "$pp" "$tg" "$threads" "$model" "${cpu:-unknown}" "$llama_flags" <<'PY'
 import csv, glob, json, statistics, sys
 out, pp, tg, threads, model = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+cpu, llama_flags = sys.argv[6], sys.argv[7]
 s = {"pp": [], "tg": []}
 for row in csv.DictReader(open(f"{out}/sluice.csv")):
     s[row["test"][:2]] += [float(x) for x in row["samples"].split(";")]
@@ -66,6 +72,8 @@ for f in sorted(glob.glob(f"{out}/llama-*.json")):
         kind = "pp" if t["n_gen"] == 0 else "tg"
         l[kind] += [float(x) for x in t["samples_ts"]]
 print(f"model: {model}, threads: {threads}")
+print(f"cpu: {cpu}")
+print(f"llama.cpp build flags: {llama_flags}")
 print("| test | sluice t/s (median) | llama.cpp t/s (median) | ratio sluice/llama.cpp | samples |")
 print("|---|---:|---:|---:|---:|")
 for kind, n in (("pp", pp), ("tg", tg)):

