@@ -65,9 +65,10 @@ pub fn gqa(
         scale,
         rms_eps,
     } = *shape;
-    let mut q = env.linear(&w.wq, h, t_len)?;
-    let mut k = env.linear(&w.wk, h, t_len)?;
-    let v = env.linear(&w.wv, h, t_len)?;
+    let mut qkv = env.linear_many(&[&w.wq, &w.wk, &w.wv], h, t_len)?;
+    let v = qkv.pop().expect("three outputs");
+    let mut k = qkv.pop().expect("three outputs");
+    let mut q = qkv.pop().expect("three outputs");
     let mut cs = Vec::with_capacity(inv_freq.len());
     for t in 0..t_len {
         // cos/sin once per position, shared by every q and k head.

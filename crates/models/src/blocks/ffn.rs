@@ -48,8 +48,9 @@ pub fn glu(
     h: &[f32],
     t_len: usize,
 ) -> Result<Vec<f32>, ModelError> {
-    let g = env.linear(&w.gate, h, t_len)?;
-    let u = env.linear(&w.up, h, t_len)?;
+    let mut gu = env.linear_many(&[&w.gate, &w.up], h, t_len)?;
+    let u = gu.pop().expect("two outputs");
+    let g = gu.pop().expect("two outputs");
     let a: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| act.glu(g, u)).collect();
     env.linear(&w.down, &a, t_len)
 }

@@ -46,6 +46,36 @@ impl Env<'_> {
     }
 }
 
+impl Env<'_> {
+    /// Several products of the same input `x` (`[n, cols]`), e.g. q/k/v or gate/up:
+    /// one grouped pass, the input prepared once per weight type. Same bits as
+    /// [`Env::linear`] on each.
+    pub fn linear_many(
+        &self,
+        ms: &[&Mat],
+        x: &[f32],
+        n: usize,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let mut ys: Vec<Vec<f32>> = ms.iter().map(|m| vec![0.0f32; n * m.rows]).collect();
+        let mut jobs: Vec<crate::compute::LinearJob<'_>> = ms
+            .iter()
+            .zip(ys.iter_mut())
+            .map(|(m, y)| crate::compute::LinearJob {
+                ty: m.ty,
+                w: m.bytes(self.map),
+                rows: m.rows,
+                cols: m.cols,
+                x,
+                n,
+                y,
+            })
+            .collect();
+        self.compute.linear_group(&mut jobs)?;
+        drop(jobs);
+        Ok(ys)
+    }
+}
+
 /// The tokens of one forward call and where they sit in the sequence.
 pub struct Batch<'a> {
     pub tokens: &'a [u32],
