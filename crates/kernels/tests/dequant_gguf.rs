@@ -72,6 +72,12 @@ fn dequantize_matches_gguf_python() {
     for ty in [F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K] {
         assert!(seen.contains(&(ty, false)), "no random case for {ty}");
     }
+    // quants-k
+    for ty in [
+        Q4_0, Q4_1, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q5_K, IQ4_XS, TQ1_0, TQ2_0,
+    ] {
+        assert!(seen.contains(&(ty, false)), "no random case for {ty}");
+    }
     for ty in [F32, Q8_0, Q5_0, Q4_K, Q6_K] {
         assert!(seen.contains(&(ty, true)), "no Gemma case for {ty}");
     }
@@ -83,5 +89,6 @@ fn dequantize_rejects_bad_lengths() {
     assert!(dequantize_row(GgmlType::Q4_K, &[0u8; 143], &mut out).is_err());
     let mut out = vec![0.0f32; 100];
     assert!(dequantize_row(GgmlType::Q8_0, &[0u8; 34 * 3], &mut out).is_err());
-    assert!(dequantize_row(GgmlType::Q4_0, &[0u8; 18], &mut out[..32]).is_err());
+    assert!(dequantize_row(GgmlType::Q4_0, &[0u8; 17], &mut out[..32]).is_err());
+    assert!(dequantize_row(GgmlType::Q8_1, &[0u8; 36], &mut out[..32]).is_err());
 }

@@ -207,6 +207,12 @@ mod tokens {
                 F32 => tiled!(acts, out, dense, row, super::avx2::dot_f32),
                 F16 => tiled!(acts, out, dense, row, super::avx2::dot_f16),
                 BF16 => tiled!(acts, out, dense, row, super::avx2::dot_bf16),
+                Q4_0 | Q4_1 | Q5_1 | IQ4_NL | MXFP4 | Q2_K | Q3_K | Q5_K | IQ4_XS | TQ1_0
+                | TQ2_0 => {
+                    for (o, a) in out.iter_mut().zip(acts) {
+                        *o = crate::ref_dot(ty, row, a);
+                    }
+                }
                 _ => unreachable!("unsupported types are rejected before dispatch"),
             }
         }
