@@ -8,6 +8,8 @@
 //! exact sum of the Q8_0 block's quants for the min term (llama.cpp pairs them with
 //! Q8_1, whose stored sum is this same integer times the scale, rounded to f16).
 
+#![allow(clippy::needless_range_loop)] // index loops read like the layouts
+
 use crate::formats::*;
 
 /// The 32 nibbles of 16 packed bytes in element order: low nibbles, then high nibbles.
