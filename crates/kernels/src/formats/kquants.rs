@@ -75,6 +75,23 @@ pub fn q3k_scales(s: &[u8]) -> [i8; 16] {
     out
 }
 
+/// The 16 Q3_K scales biased by +32 (0..=63), four per little-endian u32 in scale order:
+/// the same values as [`q3k_scales`] plus 32, with whole-word masks and shifts.
+#[inline]
+pub fn q3k_scales_biased(s: &[u8; 12]) -> [u32; 4] {
+    const LO4: u32 = 0x0f0f_0f0f;
+    const LO2: u32 = 0x0303_0303;
+    let a0 = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+    let a1 = u32::from_le_bytes([s[4], s[5], s[6], s[7]]);
+    let a2 = u32::from_le_bytes([s[8], s[9], s[10], s[11]]);
+    [
+        (a0 & LO4) | ((a2 & LO2) << 4),
+        (a1 & LO4) | (((a2 >> 2) & LO2) << 4),
+        ((a0 >> 4) & LO4) | (((a2 >> 4) & LO2) << 4),
+        ((a1 >> 4) & LO4) | (((a2 >> 6) & LO2) << 4),
+    ]
+}
+
 /// The 8 signed 6-bit scales (-32..=31) of an IQ4_XS block (bytes 2..8): low 4 bits of
 /// scale `j` are nibble `j % 2` of `scales_l[j / 2]`, high 2 bits are bits `2 j` of the
 /// little-endian u16 `scales_h`.
@@ -90,9 +107,72 @@ pub fn iq4xs_scales(b: &[u8]) -> [i8; 8] {
     out
 }
 
+/// The 8 IQ4_XS scales biased by +32 (0..=63) as two little-endian u32: bytes of the first
+/// are scales 0, 2, 4, 6, of the second scales 1, 3, 5, 7 (interleave them to get 0..8).
+#[inline]
+pub fn iq4xs_scales_biased(b: &[u8]) -> (u32, u32) {
+    const LO4: u32 = 0x0f0f_0f0f;
+    const LO2: u32 = 0x0303_0303;
+    let l = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+    let h = u16::from_le_bytes([b[2], b[3]]) as u32;
+    // Nibble i of scales_h to byte i.
+    let t = (h | (h << 8)) & 0x00ff_00ff;
+    let t = (t | (t << 4)) & LO4;
+    (
+        (l & LO4) | ((t & LO2) << 4),
+        ((l >> 4) & LO4) | (((t >> 2) & LO2) << 4),
+    )
+}
+
 /// Base-3 digit `k` (0..5) of a TQ1_0 byte, 0..=2, the way ggml reads it.
 #[inline]
 pub fn tq1_trit(byte: u8, k: u32) -> u8 {
     let p = byte.wrapping_mul(3u8.pow(k));
     ((p as u16 * 3) >> 8) as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iq4xs_biased_scales_equal_the_plain_unpacking() {
+        let mut b = [0u8; 8];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..20_000 {
+            for v in b.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *v = x as u8;
+            }
+            let (even, odd) = iq4xs_scales_biased(&b);
+            let plain = iq4xs_scales(&b);
+            for j in 0..8 {
+                let w = if j % 2 == 0 { even } else { odd };
+                let v = (w >> (8 * (j / 2))) as u8;
+                assert_eq!(v as i32 - 32, plain[j] as i32, "{b:?} scale {j}");
+            }
+        }
+    }
+
+    #[test]
+    fn q3k_biased_scales_equal_the_plain_unpacking() {
+        let mut s = [0u8; 12];
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..20_000 {
+            for v in s.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *v = x as u8;
+            }
+            let words = q3k_scales_biased(&s);
+            let plain = q3k_scales(&s);
+            for j in 0..16 {
+                let b = (words[j / 4] >> (8 * (j % 4))) as u8;
+                assert_eq!(b as i32 - 32, plain[j] as i32, "{s:?} scale {j}");
+            }
+        }
+    }
 }

@@ -291,8 +291,9 @@ pub(super) fn dot_q3k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
     let (blocks, _) = row.as_chunks::<Q3_K_BYTES>();
     for (i, b) in blocks.iter().enumerate() {
         let d = tab[u16::from_le_bytes([b[108], b[109]]) as usize];
-        let sc = q3k_scales(sub::<12, u8>(b, 96)).map(|v| v as u8);
-        let sc16 = _mm256_cvtepi8_epi16(ld128(&sc));
+        let u = q3k_scales_biased(sub::<12, u8>(b, 96));
+        let sc8 = _mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32);
+        let sc16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(sc8, _mm_set1_epi8(32)));
         let mut sumi = [_mm256_setzero_si256(); N];
         for t in 0..N {
             let corr = _mm256_madd_epi16(sc16, ld256_i16(&ys[t][i].bsums));
@@ -408,8 +409,12 @@ pub(super) fn dot_iq4xs<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f3
     let (blocks, _) = row.as_chunks::<IQ4_XS_BYTES>();
     for (i, b) in blocks.iter().enumerate() {
         let d = tab[u16::from_le_bytes([b[0], b[1]]) as usize];
-        let ls = iq4xs_scales(b).map(|v| v as i16);
-        let sc = _mm_set_epi16(ls[7], ls[6], ls[5], ls[4], ls[3], ls[2], ls[1], ls[0]);
+        let (even, odd) = iq4xs_scales_biased(b);
+        let ls = _mm_unpacklo_epi8(
+            _mm_cvtsi32_si128(even as i32),
+            _mm_cvtsi32_si128(odd as i32),
+        );
+        let sc = _mm_cvtepi8_epi16(_mm_sub_epi8(ls, _mm_set1_epi8(32)));
         let scales = _mm256_set_m128i(sc, sc);
         let mut sumi = [_mm256_setzero_si256(); N];
         for p in 0..4 {
