@@ -148,10 +148,10 @@ mod tests {
             }
             let (even, odd) = iq4xs_scales_biased(&b);
             let plain = iq4xs_scales(&b);
-            for j in 0..8 {
+            for (j, &p) in plain.iter().enumerate() {
                 let w = if j % 2 == 0 { even } else { odd };
                 let v = (w >> (8 * (j / 2))) as u8;
-                assert_eq!(v as i32 - 32, plain[j] as i32, "{b:?} scale {j}");
+                assert_eq!(v as i32 - 32, p as i32, "{b:?} scale {j}");
             }
         }
     }
@@ -169,9 +169,9 @@ mod tests {
             }
             let words = q3k_scales_biased(&s);
             let plain = q3k_scales(&s);
-            for j in 0..16 {
+            for (j, &p) in plain.iter().enumerate() {
                 let b = (words[j / 4] >> (8 * (j % 4))) as u8;
-                assert_eq!(b as i32 - 32, plain[j] as i32, "{s:?} scale {j}");
+                assert_eq!(b as i32 - 32, p as i32, "{s:?} scale {j}");
             }
         }
     }
