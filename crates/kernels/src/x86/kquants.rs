@@ -112,7 +112,9 @@ macro_rules! q8_min_kernel {
             let dot = $dot;
             let tab = f16_table();
             let ones = _mm256_set1_epi8(1);
+            // Two accumulators per token (quant term, min term): two independent FMA chains.
             let mut acc = [_mm256_setzero_ps(); N];
+            let mut accm = [_mm256_setzero_ps(); N];
             let (blocks, _) = row.as_chunks::<{ $bytes }>();
             for (i, b) in blocks.iter().enumerate() {
                 let (dx, mx, qx) = $decode(b, tab);
@@ -123,12 +125,12 @@ macro_rules! q8_min_kernel {
                     let s = _mm256_cvtepi32_ps(dot(qx, qy));
                     let ysum = _mm256_cvtepi32_ps(dot(ones, qy));
                     acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dy), s, acc[t]);
-                    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(mx * dy), ysum, acc[t]);
+                    accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(mx * dy), ysum, accm[t]);
                 }
             }
             let mut out = [0.0f32; N];
             for t in 0..N {
-                out[t] = hsum8(acc[t]);
+                out[t] = hsum8(acc[t]) + hsum8(accm[t]);
             }
             out
         }
