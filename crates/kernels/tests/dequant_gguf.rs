@@ -1,7 +1,8 @@
 //! Dequantizers against the `gguf` Python package (`gguf.quants.dequantize`).
 //!
 //! Fixture: `tests/fixtures/quant_blocks.bin`, made by `tools/fixtures/gen_quant_blocks.py`
-//! (random blocks of every weight format + the first blocks of real Gemma 3 270M tensors).
+//! (random blocks of every weight format + the first blocks of real Gemma 3 270M tensors +
+//! real Gemma values quantized by gguf's own quantizers to the formats it can write).
 //! Every value must match bit for bit (both sides do the same f32 operations).
 
 use sluice_kernels::{dequantize_row, GgmlType};
@@ -77,6 +78,10 @@ fn dequantize_matches_gguf_python() {
         Q4_0, Q4_1, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q5_K, IQ4_XS, TQ1_0, TQ2_0,
     ] {
         assert!(seen.contains(&(ty, false)), "no random case for {ty}");
+    }
+    for ty in [Q4_0, Q4_1, Q5_1, MXFP4, TQ1_0, TQ2_0] {
+        let requant = |c: &Case| c.ty == ty && c.name.starts_with("requant/");
+        assert!(cases.iter().any(requant), "no gguf-quantized case for {ty}");
     }
     for ty in [F32, Q8_0, Q5_0, Q4_K, Q6_K] {
         assert!(seen.contains(&(ty, true)), "no Gemma case for {ty}");
