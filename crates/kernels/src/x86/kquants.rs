@@ -485,12 +485,14 @@ pub(super) fn dot_tq2<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
     out
 }
 
-/// Base-3 digit read-out of TQ1_0 bytes already multiplied by 3^k (mod 256):
-/// `(v * 3) >> 8` is 0 for v <= 85, 1 for 86..=170, 2 above (unsigned compares).
+/// Base-3 digit read-out of TQ1_0 bytes already multiplied by 3^k (mod 256), given as
+/// `x = v ^ 0x80` (so signed compares order them as unsigned): `(v * 3) >> 8` is 0 for
+/// v <= 85, 1 for 86..=170, 2 above. The bias survives the multiplications: if
+/// `x = v + 128` then `3 x = 3 v + 384 = 3 v + 128 (mod 256)`, so `x` is xor'ed once per
+/// source byte and then multiplied by 3 like `v`.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn trits(v: __m256i) -> __m256i {
-    let x = _mm256_xor_si256(v, _mm256_set1_epi8(-128));
+fn trits(x: __m256i) -> __m256i {
     let g1 = _mm256_cmpgt_epi8(x, _mm256_set1_epi8((85u8 ^ 0x80) as i8));
     let g2 = _mm256_cmpgt_epi8(x, _mm256_set1_epi8((170u8 ^ 0x80) as i8));
     _mm256_sub_epi8(_mm256_sub_epi8(_mm256_setzero_si256(), g1), g2)
@@ -520,18 +522,20 @@ pub(super) fn dot_tq1<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
     let (blocks, _) = row.as_chunks::<TQ1_0_BYTES>();
     for (i, b) in blocks.iter().enumerate() {
         let d = tab[u16::from_le_bytes([b[52], b[53]]) as usize];
-        // The 8 32-byte groups of (byte * 3^k) in element order.
+        // The 8 32-byte groups of (byte * 3^k) ^ 0x80 in element order.
         let mut v = [_mm256_setzero_si256(); 8];
-        v[0] = ld256(sub::<32, u8>(b, 0));
+        v[0] = _mm256_xor_si256(ld256(sub::<32, u8>(b, 0)), _mm256_set1_epi8(-128));
         for k in 1..5 {
             v[k] = mul3_256(v[k - 1]);
         }
-        let w0 = ld128(sub::<16, u8>(b, 32));
+        let w0 = _mm_xor_si128(ld128(sub::<16, u8>(b, 32)), _mm_set1_epi8(-128));
         let w1 = mul3(w0);
         let w2 = mul3(w1);
         let w3 = mul3(w2);
         let w4 = mul3(w3);
-        let h0 = _mm_set1_epi32(i32::from_le_bytes([b[48], b[49], b[50], b[51]]));
+        let h0 = _mm_set1_epi32(
+            i32::from_le_bytes([b[48], b[49], b[50], b[51]]) ^ 0x8080_8080u32 as i32,
+        );
         let h1 = mul3(h0);
         let h2 = mul3(h1);
         let h3 = mul3(h2);
