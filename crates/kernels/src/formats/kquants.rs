@@ -75,6 +75,22 @@ pub fn q3k_scales(s: &[u8]) -> [i8; 16] {
     out
 }
 
+/// [`e8m0_to_f32_half`] of every byte, for table lookups in the kernels.
+pub static E8M0_HALF: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        let bits = if e < 2 {
+            0x0020_0000u32 << e
+        } else {
+            ((e as u32) - 1) << 23
+        };
+        t[e] = f32::from_bits(bits);
+        e += 1;
+    }
+    t
+};
+
 /// The 16 Q3_K scales biased by +32 (0..=63), four per little-endian u32 in scale order:
 /// the same values as [`q3k_scales`] plus 32, with whole-word masks and shifts.
 #[inline]
@@ -134,6 +150,16 @@ pub fn tq1_trit(byte: u8, k: u32) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn e8m0_table_equals_the_function() {
+        for e in 0..=255u8 {
+            assert_eq!(
+                E8M0_HALF[e as usize].to_bits(),
+                e8m0_to_f32_half(e).to_bits()
+            );
+        }
+    }
 
     #[test]
     fn iq4xs_biased_scales_equal_the_plain_unpacking() {

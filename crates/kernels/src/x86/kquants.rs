@@ -77,7 +77,7 @@ pub(super) fn decode_iq4_nl(b: &[u8; IQ4_NL_BYTES], tab: &[f32; 65536]) -> (f32,
 #[target_feature(enable = "avx2")]
 pub(super) fn decode_mxfp4(b: &[u8; MXFP4_BYTES], _tab: &[f32; 65536]) -> (f32, __m256i) {
     let q = _mm256_shuffle_epi8(table(&KVALUES_MXFP4), nibbles(sub::<16, u8>(b, 1)));
-    (e8m0_to_f32_half(b[0]), q)
+    (E8M0_HALF[b[0] as usize], q)
 }
 
 /// Q4_1 block: scale, min and the 32 unsigned quants 0..=15.
