@@ -475,7 +475,11 @@ pub fn matmul_with(
         return Ok(());
     }
     #[cfg(target_arch = "x86_64")]
-    if let (Backend::Avx512(tok), GgmlType::Q5_0 | GgmlType::Q8_0) = (be, ty) {
+    if let (
+        Backend::Avx512(tok),
+        GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::MXFP4,
+    ) = (be, ty)
+    {
         if n >= 2 && cols > 0 {
             matmul_q8_packed(tok, ty, w, rows, cols, rb, x, n, y);
             return Ok(());
@@ -513,7 +517,8 @@ pub fn matmul_with(
     Ok(())
 }
 
-/// The AVX-512 register-blocked matmul of Q8_0 / Q5_0 weights (shapes checked by the caller).
+/// The AVX-512 register-blocked matmul of Q8_0 / Q5_0 / Q4_0 / IQ4_NL / MXFP4 weights
+/// (shapes checked by the caller).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn matmul_q8_packed(
