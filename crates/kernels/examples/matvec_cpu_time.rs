@@ -4,8 +4,9 @@
 //! figure is the best of 7 runs of 20 matvecs. Also a 256 MiB read loop for reference.
 //!
 //! Run: `cargo run -p sluice-kernels --release --example matvec_cpu_time [FORMAT_FILTER]`
+//! (`-- --matmul [FILTER]`: matmul of 32 tokens at 4096x2048 on each tier instead).
 
-use sluice_kernels::{matvec_with, GgmlType, Isa};
+use sluice_kernels::{matmul_with, matvec_with, GgmlType, Isa};
 use std::hint::black_box;
 
 /// CPU time of every thread of this process so far, in ns.
@@ -62,8 +63,32 @@ fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     w
 }
 
+/// Best CPU time (ns) of one call of `f`, over 7 runs of `iters` calls on `pool`'s thread.
+fn best_ns(pool: &rayon::ThreadPool, iters: usize, mut f: impl FnMut() + Send) -> f64 {
+    let mut best = f64::MAX;
+    for rep in 0..8 {
+        let c0 = cpu_ns();
+        // The whole loop on the pool's one thread: no hand-offs between calls.
+        pool.install(|| {
+            for _ in 0..iters {
+                f();
+            }
+        });
+        let dt = (cpu_ns() - c0) as f64 / iters as f64;
+        if rep > 0 {
+            best = best.min(dt);
+        }
+    }
+    best
+}
+
 fn main() {
-    let filter = std::env::args().nth(1).unwrap_or_default();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let matmul = args.first().map(String::as_str) == Some("--matmul");
+    if matmul {
+        args.remove(0);
+    }
+    let filter = args.first().cloned().unwrap_or_default();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
         .build()
@@ -73,6 +98,30 @@ fn main() {
         Q4_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q5_K, IQ4_XS, TQ1_0,
         TQ2_0,
     ];
+    if matmul {
+        let (rows, cols, n) = (4096usize, 2048usize, 32usize);
+        println!("matmul {rows}x{cols}, {n} tokens, 1 thread: GB of weights per CPU-second");
+        for ty in types
+            .into_iter()
+            .filter(|t| t.to_string().contains(&filter))
+        {
+            let w = weights(ty, rows, cols);
+            let x: Vec<f32> = (0..n * cols)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+                .collect();
+            let mut y = vec![0.0f32; n * rows];
+            let mut line = format!("{ty:7}");
+            for isa in Isa::available().into_iter().skip(1) {
+                let ns = best_ns(&pool, 2, || {
+                    matmul_with(isa, ty, black_box(&w), rows, cols, black_box(&x), n, &mut y)
+                        .unwrap()
+                });
+                line += &format!("  {}: {:6.2}", isa.name(), (n * w.len()) as f64 / ns);
+            }
+            println!("{line}");
+        }
+        return;
+    }
     let buf: Vec<u64> = (0..(256usize << 20) / 8).map(|i| i as u64).collect();
     let mut best = f64::MAX;
     for _ in 0..5 {
@@ -101,22 +150,9 @@ fn main() {
                 if rows == 2048 && isa != Isa::best() {
                     continue;
                 }
-                let mut best = f64::MAX;
-                for rep in 0..8 {
-                    let iters = 20;
-                    let c0 = cpu_ns();
-                    // The whole loop on the pool's one thread: no hand-offs between matvecs.
-                    pool.install(|| {
-                        for _ in 0..iters {
-                            matvec_with(isa, ty, black_box(&w), rows, cols, black_box(&x), &mut y)
-                                .unwrap();
-                        }
-                    });
-                    let dt = (cpu_ns() - c0) as f64 / iters as f64;
-                    if rep > 0 {
-                        best = best.min(dt);
-                    }
-                }
+                let best = best_ns(&pool, 20, || {
+                    matvec_with(isa, ty, black_box(&w), rows, cols, black_box(&x), &mut y).unwrap()
+                });
                 line += &format!(
                     "  {rows}x{cols}/{}: {:6.2}",
                     isa.name(),
