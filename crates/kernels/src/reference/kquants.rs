@@ -5,8 +5,9 @@
 //! (so they match it bit for bit). Dots follow the crate convention: the integer parts of
 //! a block are exact i32, then one f32 expression per block is added to a single
 //! accumulator in block order. Formats with a per-block minimum (Q4_1, Q5_1) use the
-//! exact sum of the Q8_0 block's quants for the min term (llama.cpp pairs them with
-//! Q8_1, whose stored sum is this same integer times the scale, rounded to f16).
+//! exact sum of the Q8_0 block's quants times the block's f16 scale for the min term
+//! (llama.cpp pairs them with Q8_1, which stores `f16(d * sum)` with d not yet rounded;
+//! the quants themselves are the same).
 
 #![allow(clippy::needless_range_loop)] // index loops read like the layouts
 
