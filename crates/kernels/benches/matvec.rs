@@ -3,8 +3,9 @@
 //!
 //! Run: `cargo bench -p sluice-kernels --bench matvec` (a few minutes). Filter with e.g.
 //! `-- Q4_K`. `SLUICE_ISA` does not matter here except for the `auto/` group: the `isa/`
-//! group runs each available tier explicitly; `iq/` does the same for the IQ grid formats
-//! (1 thread, 4096x2048 and 2048x768; filter with `-- iq/`).
+//! group runs each available tier explicitly; the `kq/` group (the quants-k formats, 1
+//! thread, 4096x2048 and 2048x768) runs every tier at 4096x2048; `iq/` does the same for
+//! the IQ grid formats (1 thread, 4096x2048 and 2048x768; filter with `-- iq/`).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use sluice_kernels::{matvec_with, GgmlType, Isa};
@@ -65,9 +66,95 @@ fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
             .chunks_exact_mut(bsz)
             .for_each(|b| b[208..].copy_from_slice(&half(0.01))),
         _ if sluice_kernels::iq::is_iq(ty) => iq_scales(ty, &mut w),
-        _ => unreachable!(),
+        _ => kq_scales(ty, &mut w),
     }
     w
+}
+
+/// The quants-k formats (their own group, 1 thread, two shapes).
+const KQ_TYPES: [GgmlType; 11] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
+    GgmlType::IQ4_NL,
+    GgmlType::MXFP4,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q5_K,
+    GgmlType::IQ4_XS,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+];
+
+/// Sane scales for the quants-k formats (offsets of their f16 scales / E8M0 byte).
+fn kq_scales(ty: GgmlType, w: &mut [u8]) {
+    let half = |v: f32| half::f16::from_f32(v).to_bits().to_le_bytes();
+    let bsz = ty.type_size() as usize;
+    let offs: &[usize] = match ty {
+        GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::TQ1_0 => &[52],
+        GgmlType::TQ2_0 => &[64],
+        GgmlType::MXFP4 => {
+            w.chunks_exact_mut(bsz).for_each(|b| b[0] = 120);
+            return;
+        }
+        _ => unreachable!(),
+    };
+    for b in w.chunks_exact_mut(bsz) {
+        for &o in offs {
+            b[o..o + 2].copy_from_slice(&half(0.01));
+        }
+    }
+}
+
+/// quants-k formats: 1 thread, 4096x2048 and 2048x768, on the tier `isa()` picks and on
+/// every available tier for 4096x2048.
+fn bench_kquants(c: &mut Criterion) {
+    let p = pool(1);
+    for ty in KQ_TYPES {
+        let mut g = c.benchmark_group(format!("kq/{ty}"));
+        g.sample_size(10)
+            .warm_up_time(Duration::from_millis(300))
+            .measurement_time(Duration::from_millis(1200));
+        for (rows, cols) in [(4096usize, 2048usize), (2048, 768)] {
+            let w = weights(ty, rows, cols);
+            let x: Vec<f32> = (0..cols)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+                .collect();
+            let mut y = vec![0.0f32; rows];
+            g.throughput(Throughput::Bytes(w.len() as u64));
+            let tiers = if rows == 4096 {
+                Isa::available()
+            } else {
+                vec![sluice_kernels::isa()]
+            };
+            for isa in tiers {
+                g.bench_function(
+                    BenchmarkId::new(format!("{rows}x{cols}"), format!("1t-{}", isa.name())),
+                    |b| {
+                        b.iter(|| {
+                            p.install(|| {
+                                matvec_with(
+                                    isa,
+                                    ty,
+                                    black_box(&w),
+                                    rows,
+                                    cols,
+                                    black_box(&x),
+                                    &mut y,
+                                )
+                            })
+                            .unwrap()
+                        })
+                    },
+                );
+            }
+        }
+        g.finish();
+    }
 }
 
 fn pool(n: usize) -> rayon::ThreadPool {
@@ -243,6 +330,6 @@ fn bench_iq(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default();
-    targets = bench_memory, bench_matvec, bench_tiers, bench_iq
+    targets = bench_memory, bench_matvec, bench_tiers, bench_kquants, bench_iq
 }
 criterion_main!(benches);

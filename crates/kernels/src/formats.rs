@@ -7,6 +7,9 @@
 
 use half::f16;
 
+mod kquants;
+pub use kquants::*;
+
 /// Elements per block of Q8_0 / Q5_0.
 pub const QK8_0: usize = 32;
 /// Elements per super-block of the K-quants.

@@ -5,9 +5,11 @@
 //! (`SLUICE_ISA=scalar|avx2|avx512` forces a lower tier), and the row-parallel
 //! `matvec` / `matmul` drivers on the current rayon pool.
 //!
-//! Weight formats: F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K. Activations are prepared once
-//! per weight format ([`QuantizedActs`]): Q8_0 blocks for Q8_0/Q5_0 weights, Q8_K blocks
-//! for Q4_K/Q6_K, plain f32 for the dense formats.
+//! Weight formats: F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K, and Q4_0, Q4_1, Q5_1, IQ4_NL,
+//! MXFP4, Q2_K, Q3_K, Q5_K, IQ4_XS, TQ1_0, TQ2_0. Activations are prepared once per weight
+//! format ([`QuantizedActs`]): Q8_0 blocks for the 32-element block formats (Q8_0, Q5_0,
+//! Q4_0, Q4_1, Q5_1, IQ4_NL, MXFP4), Q8_K blocks for the 256-element ones (the K-quants,
+//! IQ4_XS, TQ1_0, TQ2_0), plain f32 for the dense formats.
 //!
 //! IQ grid formats ([`iq`]): IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, with
 //! Q8_K activations (scalar reference + AVX2 kernels, recompiled with AVX-512 enabled for
@@ -29,7 +31,7 @@ pub use sluice_gguf::GgmlType;
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum KernelError {
     /// The weight type has no kernels here.
-    #[error("kernels: weight type {ty} is not supported (supported: F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M)")]
+    #[error("kernels: weight type {ty} is not supported (supported: F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K, Q4_0, Q4_1, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q5_K, IQ4_XS, TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M)")]
     Unsupported {
         /// The type asked for.
         ty: GgmlType,
@@ -56,7 +58,10 @@ pub enum KernelError {
 /// Whether `ty` has kernels here.
 pub fn is_supported(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, F32 | F16 | BF16 | Q8_0 | Q5_0 | Q4_K | Q6_K) || iq::is_iq(ty)
+    matches!(ty, F32 | F16 | BF16 | Q8_0 | Q5_0 | Q4_K | Q6_K)
+        || matches!(ty, Q4_0 | Q4_1 | Q5_1 | IQ4_NL | MXFP4) // quants-k, Q8_0 activations
+        || matches!(ty, Q2_K | Q3_K | Q5_K | IQ4_XS | TQ1_0 | TQ2_0) // quants-k, Q8_K activations
+        || iq::is_iq(ty)
 }
 
 fn check_supported(ty: GgmlType) -> Result<(), KernelError> {
@@ -116,6 +121,17 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), K
         Q5_0 => reference::dequantize_q5_0(src, dst),
         Q4_K => reference::dequantize_q4_k(src, dst),
         Q6_K => reference::dequantize_q6_k(src, dst),
+        Q4_0 => reference::dequantize_q4_0(src, dst),
+        Q4_1 => reference::dequantize_q4_1(src, dst),
+        Q5_1 => reference::dequantize_q5_1(src, dst),
+        IQ4_NL => reference::dequantize_iq4_nl(src, dst),
+        MXFP4 => reference::dequantize_mxfp4(src, dst),
+        Q2_K => reference::dequantize_q2_k(src, dst),
+        Q3_K => reference::dequantize_q3_k(src, dst),
+        Q5_K => reference::dequantize_q5_k(src, dst),
+        IQ4_XS => reference::dequantize_iq4_xs(src, dst),
+        TQ1_0 => reference::dequantize_tq1_0(src, dst),
+        TQ2_0 => reference::dequantize_tq2_0(src, dst),
         _ if iq::is_iq(ty) => iq::reference::dequantize(ty, src, dst),
         _ => unreachable!("checked by row_bytes"),
     }
@@ -139,8 +155,9 @@ pub struct QuantizedActs {
 }
 
 impl QuantizedActs {
-    /// Prepare `x` for weights of type `weight_ty`: quantize to Q8_0 (Q8_0/Q5_0 weights),
-    /// to Q8_K (Q4_K/Q6_K), or keep f32 (F32/F16/BF16). `x.len()` must be whole blocks.
+    /// Prepare `x` for weights of type `weight_ty`: quantize to Q8_0 (32-element block
+    /// formats), to Q8_K (256-element ones), or keep f32 (F32/F16/BF16). `x.len()` must be
+    /// whole blocks.
     pub fn new(weight_ty: GgmlType, x: &[f32]) -> Result<Self, KernelError> {
         row_bytes("QuantizedActs::new", weight_ty, x.len())?;
         use GgmlType::*;
@@ -148,6 +165,10 @@ impl QuantizedActs {
             F32 | F16 | BF16 => ActData::F32(x.to_vec()),
             Q8_0 | Q5_0 => ActData::Q8_0(formats::quantize_row_q8_0(x)),
             Q4_K | Q6_K => ActData::Q8K(formats::quantize_row_q8_k(x)),
+            Q4_0 | Q4_1 | Q5_1 | IQ4_NL | MXFP4 => ActData::Q8_0(formats::quantize_row_q8_0(x)),
+            Q2_K | Q3_K | Q5_K | IQ4_XS | TQ1_0 | TQ2_0 => {
+                ActData::Q8K(formats::quantize_row_q8_k(x))
+            }
             _ if iq::is_iq(weight_ty) => ActData::Q8K(formats::quantize_row_q8_k(x)),
             _ => unreachable!("checked by row_bytes"),
         };
@@ -168,7 +189,7 @@ impl QuantizedActs {
         self.cols
     }
 
-    /// The Q8_0 blocks, when prepared for Q8_0/Q5_0 weights.
+    /// The Q8_0 blocks, when prepared for a 32-element block format.
     pub fn q8_0_blocks(&self) -> Option<&[BlockQ8_0]> {
         match &self.data {
             ActData::Q8_0(v) => Some(v),
@@ -176,7 +197,7 @@ impl QuantizedActs {
         }
     }
 
-    /// The Q8_K blocks, when prepared for Q4_K/Q6_K or IQ weights.
+    /// The Q8_K blocks, when prepared for a 256-element block format (K-quants, IQ).
     pub fn q8_k_blocks(&self) -> Option<&[BlockQ8K]> {
         match &self.data {
             ActData::Q8K(v) => Some(v),
@@ -250,6 +271,17 @@ pub(crate) fn ref_dot(ty: GgmlType, row: &[u8], a: &QuantizedActs) -> f32 {
         (Q5_0, ActData::Q8_0(y)) => reference::dot_q5_0(row, y),
         (Q4_K, ActData::Q8K(y)) => reference::dot_q4_k(row, y),
         (Q6_K, ActData::Q8K(y)) => reference::dot_q6_k(row, y),
+        (Q4_0, ActData::Q8_0(y)) => reference::dot_q4_0(row, y),
+        (Q4_1, ActData::Q8_0(y)) => reference::dot_q4_1(row, y),
+        (Q5_1, ActData::Q8_0(y)) => reference::dot_q5_1(row, y),
+        (IQ4_NL, ActData::Q8_0(y)) => reference::dot_iq4_nl(row, y),
+        (MXFP4, ActData::Q8_0(y)) => reference::dot_mxfp4(row, y),
+        (Q2_K, ActData::Q8K(y)) => reference::dot_q2_k(row, y),
+        (Q3_K, ActData::Q8K(y)) => reference::dot_q3_k(row, y),
+        (Q5_K, ActData::Q8K(y)) => reference::dot_q5_k(row, y),
+        (IQ4_XS, ActData::Q8K(y)) => reference::dot_iq4_xs(row, y),
+        (TQ1_0, ActData::Q8K(y)) => reference::dot_tq1_0(row, y),
+        (TQ2_0, ActData::Q8K(y)) => reference::dot_tq2_0(row, y),
         (t, ActData::Q8K(y)) if iq::is_iq(t) => iq::reference::dot(t, row, y),
         _ => unreachable!("activation format checked by the caller"),
     }
@@ -273,6 +305,21 @@ fn check_acts(
             ActData::F32(_)
         ) | (GgmlType::Q8_0 | GgmlType::Q5_0, ActData::Q8_0(_))
             | (GgmlType::Q4_K | GgmlType::Q6_K, ActData::Q8K(_))
+    ) || matches!(
+        // quants-k
+        (ty, &a.data),
+        (
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::IQ4_NL | GgmlType::MXFP4,
+            ActData::Q8_0(_)
+        ) | (
+            GgmlType::Q2_K
+                | GgmlType::Q3_K
+                | GgmlType::Q5_K
+                | GgmlType::IQ4_XS
+                | GgmlType::TQ1_0
+                | GgmlType::TQ2_0,
+            ActData::Q8K(_)
+        )
     ) || (iq::is_iq(ty) && matches!(a.data, ActData::Q8K(_)));
     if !compatible {
         return Err(KernelError::Shape {
@@ -459,7 +506,11 @@ pub fn matmul_with(
         return Ok(());
     }
     #[cfg(target_arch = "x86_64")]
-    if let (Backend::Avx512(tok), GgmlType::Q5_0 | GgmlType::Q8_0) = (be, ty) {
+    if let (
+        Backend::Avx512(tok),
+        GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::MXFP4,
+    ) = (be, ty)
+    {
         if n >= 2 && cols > 0 {
             matmul_q8_packed(tok, ty, w, rows, cols, rb, x, n, y);
             return Ok(());
@@ -497,7 +548,8 @@ pub fn matmul_with(
     Ok(())
 }
 
-/// The AVX-512 register-blocked matmul of Q8_0 / Q5_0 weights (shapes checked by the caller).
+/// The AVX-512 register-blocked matmul of Q8_0 / Q5_0 / Q4_0 / IQ4_NL / MXFP4 weights
+/// (shapes checked by the caller).
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn matmul_q8_packed(

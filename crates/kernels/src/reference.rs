@@ -10,6 +10,9 @@
 
 use crate::formats::*;
 
+mod kquants;
+pub use kquants::*;
+
 /// F32 row bytes -> f32.
 pub fn dequantize_f32(src: &[u8], dst: &mut [f32]) {
     for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {

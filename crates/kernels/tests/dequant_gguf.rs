@@ -1,7 +1,8 @@
 //! Dequantizers against the `gguf` Python package (`gguf.quants.dequantize`).
 //!
 //! Fixture: `tests/fixtures/quant_blocks.bin`, made by `tools/fixtures/gen_quant_blocks.py`
-//! (random blocks of every weight format + the first blocks of real Gemma 3 270M tensors).
+//! (random blocks of every weight format + the first blocks of real Gemma 3 270M tensors +
+//! real Gemma values quantized by gguf's own quantizers to the formats it can write).
 //! Every value must match bit for bit (both sides do the same f32 operations).
 
 use sluice_kernels::{dequantize_row, GgmlType};
@@ -72,6 +73,16 @@ fn dequantize_matches_gguf_python() {
     for ty in [F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K] {
         assert!(seen.contains(&(ty, false)), "no random case for {ty}");
     }
+    // quants-k
+    for ty in [
+        Q4_0, Q4_1, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q5_K, IQ4_XS, TQ1_0, TQ2_0,
+    ] {
+        assert!(seen.contains(&(ty, false)), "no random case for {ty}");
+    }
+    for ty in [Q4_0, Q4_1, Q5_1, MXFP4, TQ1_0, TQ2_0] {
+        let requant = |c: &Case| c.ty == ty && c.name.starts_with("requant/");
+        assert!(cases.iter().any(requant), "no gguf-quantized case for {ty}");
+    }
     for ty in [F32, Q8_0, Q5_0, Q4_K, Q6_K] {
         assert!(seen.contains(&(ty, true)), "no Gemma case for {ty}");
     }
@@ -87,5 +98,6 @@ fn dequantize_rejects_bad_lengths() {
     assert!(dequantize_row(GgmlType::Q4_K, &[0u8; 143], &mut out).is_err());
     let mut out = vec![0.0f32; 100];
     assert!(dequantize_row(GgmlType::Q8_0, &[0u8; 34 * 3], &mut out).is_err());
-    assert!(dequantize_row(GgmlType::Q4_0, &[0u8; 18], &mut out[..32]).is_err());
+    assert!(dequantize_row(GgmlType::Q4_0, &[0u8; 17], &mut out[..32]).is_err());
+    assert!(dequantize_row(GgmlType::Q8_1, &[0u8; 36], &mut out[..32]).is_err());
 }

@@ -40,24 +40,21 @@ fn abs_terms(ty: GgmlType, row: &[u8], x: &[f32]) -> f64 {
     if let Some(ys) = acts.q8_0_blocks() {
         for (b, yb) in ys.iter().enumerate() {
             let dy = f16_to_f32(yb.d) as f64;
+            let m = min_term(ty, row, b);
             for i in 0..32 {
                 t += (w[32 * b + i] as f64 * dy * yb.qs[i] as f64).abs();
+                t += 2.0 * (m * dy * yb.qs[i] as f64).abs();
             }
         }
         return t;
     }
     let ys = acts.q8_k_blocks().unwrap();
-    // Q4_K: dequantized w = d*sc*q - dmin*m; bound both parts by |w| + 2 |dmin*m| via the raw block.
+    // Formats with a min (w = d*sc*q - dmin*m): bound both parts by |w| + 2 |dmin*m|.
     for (b, yb) in ys.iter().enumerate() {
+        let m = min_term(ty, row, b);
         for i in 0..256 {
             t += (w[256 * b + i] as f64 * yb.d as f64 * yb.qs[i] as f64).abs();
-        }
-        if ty == GgmlType::Q4_K {
-            let blk = &row[144 * b..144 * b + 144];
-            let dmin = f16_to_f32(u16::from_le_bytes([blk[2], blk[3]])) as f64;
-            for i in 0..256 {
-                t += 2.0 * (dmin * 63.0 * yb.d as f64 * yb.qs[i] as f64).abs();
-            }
+            t += 2.0 * (m * yb.d as f64 * yb.qs[i] as f64).abs();
         }
     }
     t
@@ -66,7 +63,8 @@ fn abs_terms(ty: GgmlType, row: &[u8], x: &[f32]) -> f64 {
 fn n_terms(ty: GgmlType, cols: usize) -> usize {
     match ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => cols,
-        GgmlType::Q4_K => 2 * cols / 256,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q2_K => 2 * cols / 256,
+        GgmlType::Q4_1 | GgmlType::Q5_1 => 2 * cols / 32,
         _ => cols / ty.block_size() as usize,
     }
 }
@@ -139,7 +137,7 @@ proptest! {
         let mut w = vec![0.0f32; cols];
         dequantize_row(ty, &row, &mut w).unwrap();
         let exact: f64 = w.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
-        let ablock = match ty { GgmlType::Q4_K | GgmlType::Q6_K => 256, GgmlType::Q8_0 | GgmlType::Q5_0 => 32, _ => 1 };
+        let ablock = act_block(ty);
         let u = f32::EPSILON as f64;
         let mut qerr = 0.0f64;
         let mut ferr = 0.0f64;

@@ -97,7 +97,7 @@ fn shape_errors_are_errors() {
         Err(KernelError::Shape { .. })
     ));
     assert!(matches!(
-        matvec_with(Isa::Scalar, GgmlType::Q2_K, &w, 2, 256, &x, &mut y),
+        matvec_with(Isa::Scalar, GgmlType::Q8_K, &w, 2, 256, &x, &mut y),
         Err(KernelError::Unsupported { .. })
     ));
     let mut y2 = vec![0.0f32; 4];

@@ -50,6 +50,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
+mod kquants;
+#[cfg(target_arch = "x86_64")]
 mod q8gemm;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use q8gemm::{DecodedRows, PackedQ8, TR};
@@ -207,6 +209,18 @@ mod tokens {
                 F32 => tiled!(acts, out, dense, row, super::avx2::dot_f32),
                 F16 => tiled!(acts, out, dense, row, super::avx2::dot_f16),
                 BF16 => tiled!(acts, out, dense, row, super::avx2::dot_bf16),
+                // quants-k
+                Q4_0 => tiled!(acts, out, q8_0, row, super::kquants::dot_q4_0),
+                Q4_1 => tiled!(acts, out, q8_0, row, super::kquants::dot_q4_1),
+                Q5_1 => tiled!(acts, out, q8_0, row, super::kquants::dot_q5_1),
+                IQ4_NL => tiled!(acts, out, q8_0, row, super::kquants::dot_iq4_nl),
+                MXFP4 => tiled!(acts, out, q8_0, row, super::kquants::dot_mxfp4),
+                Q2_K => tiled!(acts, out, q8k, row, super::kquants::dot_q2k),
+                Q3_K => tiled!(acts, out, q8k, row, super::kquants::dot_q3k),
+                Q5_K => tiled!(acts, out, q8k, row, super::kquants::dot_q5k),
+                IQ4_XS => tiled!(acts, out, q8k, row, super::kquants::dot_iq4xs),
+                TQ1_0 => tiled!(acts, out, q8k, row, super::kquants::dot_tq1),
+                TQ2_0 => tiled!(acts, out, q8k, row, super::kquants::dot_tq2),
                 IQ2_XXS => tiled!(acts, out, q8k, row, crate::iq::avx2::dot_iq2xxs),
                 IQ2_XS => tiled!(acts, out, q8k, row, crate::iq::avx2::dot_iq2xs),
                 IQ2_S => tiled!(acts, out, q8k, row, crate::iq::avx2::dot_iq2s),
@@ -232,6 +246,12 @@ mod tokens {
             match ty {
                 Q8_0 => tiled!(acts, out, q8_0, row, super::avx512::dot_q8_0),
                 Q5_0 => tiled!(acts, out, q8_0, row, super::avx512::dot_q5_0),
+                // quants-k
+                Q4_0 => tiled!(acts, out, q8_0, row, super::kquants::dot_q4_0_vnni),
+                Q4_1 => tiled!(acts, out, q8_0, row, super::kquants::dot_q4_1_vnni),
+                Q5_1 => tiled!(acts, out, q8_0, row, super::kquants::dot_q5_1_vnni),
+                IQ4_NL => tiled!(acts, out, q8_0, row, super::kquants::dot_iq4_nl_vnni),
+                MXFP4 => tiled!(acts, out, q8_0, row, super::kquants::dot_mxfp4_vnni),
                 IQ2_XXS => tiled!(acts, out, q8k, row, crate::iq::avx2::dot512_iq2xxs),
                 IQ2_XS => tiled!(acts, out, q8k, row, crate::iq::avx2::dot512_iq2xs),
                 IQ1_S => tiled!(acts, out, q8k, row, crate::iq::avx2::dot512_iq1s),

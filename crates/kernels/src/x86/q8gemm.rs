@@ -12,7 +12,9 @@
 use core::arch::x86_64::*;
 
 use super::avx2::{decode_q5_0, decode_q8_0, hsum8, ld256, ld256_i8};
-use crate::formats::{BlockQ8_0, Q5_0_BYTES, Q8_0_BYTES, QK8_0};
+use crate::formats::{
+    BlockQ8_0, IQ4_NL_BYTES, MXFP4_BYTES, Q4_0_BYTES, Q5_0_BYTES, Q8_0_BYTES, QK8_0,
+};
 use crate::GgmlType;
 
 /// One activation block for the tile kernel: quants, the offset correction
@@ -31,12 +33,13 @@ pub(crate) struct PackedQ8 {
     blocks: Vec<PackedBlock>,
 }
 
-/// The unsigned shift of the weight quants: Q5_0 `q + 16` (0..=31), Q8_0 `q + 128`.
+/// The unsigned shift of the weight quants: Q5_0 `q + 16` (0..=31), Q4_0 `q + 8` (0..=15),
+/// Q8_0 / IQ4_NL / MXFP4 `q + 128`.
 fn offset(ty: GgmlType) -> i32 {
-    if ty == GgmlType::Q5_0 {
-        16
-    } else {
-        128
+    match ty {
+        GgmlType::Q5_0 => 16,
+        GgmlType::Q4_0 => 8,
+        _ => 128,
     }
 }
 
@@ -105,6 +108,25 @@ fn st256(p: &mut [u8; QK8_0], v: __m256i) {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn decode_rows(ty: GgmlType, rows: &[u8], dst: &mut DecodedRows) {
     let tab = crate::formats::f16_table();
+    // quants-k formats (x86/kquants.rs decoders).
+    macro_rules! shifted {
+        ($bytes:expr, $decode:path) => {{
+            let (blocks, _) = rows.as_chunks::<{ $bytes }>();
+            let k = _mm256_set1_epi8(offset(ty) as u8 as i8);
+            for (b, o) in blocks.iter().zip(dst.blocks.iter_mut()) {
+                let (d, q) = $decode(b, tab);
+                o.d = d;
+                st256(&mut o.u, _mm256_add_epi8(q, k));
+            }
+            return;
+        }};
+    }
+    match ty {
+        GgmlType::Q4_0 => shifted!(Q4_0_BYTES, super::kquants::decode_q4_0),
+        GgmlType::IQ4_NL => shifted!(IQ4_NL_BYTES, super::kquants::decode_iq4_nl),
+        GgmlType::MXFP4 => shifted!(MXFP4_BYTES, super::kquants::decode_mxfp4),
+        _ => {}
+    }
     if ty == GgmlType::Q5_0 {
         let (blocks, _) = rows.as_chunks::<Q5_0_BYTES>();
         let k = _mm256_set1_epi8(16);

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use sluice_kernels::GgmlType;
 
 /// The weight formats with kernels.
-pub const TYPES: [GgmlType; 7] = [
+pub const TYPES: [GgmlType; 18] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -14,7 +14,46 @@ pub const TYPES: [GgmlType; 7] = [
     GgmlType::Q5_0,
     GgmlType::Q4_K,
     GgmlType::Q6_K,
+    // quants-k
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_1,
+    GgmlType::IQ4_NL,
+    GgmlType::MXFP4,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q5_K,
+    GgmlType::IQ4_XS,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
 ];
+
+/// Elements per activation block: 256 (Q8_K) for the 256-element weight formats, 32
+/// (Q8_0) for the other quantized ones, 1 for the dense ones.
+pub fn act_block(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
+        _ => ty.block_size() as usize,
+    }
+}
+
+/// Largest magnitude of the per-element offset subtracted through the activation sums
+/// (`dmin * m`, Q4_1/Q5_1 `m`) of block `b` of `row`, 0 for formats without one.
+pub fn min_term(ty: GgmlType, row: &[u8], b: usize) -> f64 {
+    let bs = ty.type_size() as usize;
+    let blk = &row[bs * b..bs * b + bs];
+    let h = |i: usize| {
+        half::f16::from_bits(u16::from_le_bytes([blk[i], blk[i + 1]]))
+            .to_f64()
+            .abs()
+    };
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K => h(2) * 63.0,
+        GgmlType::Q2_K => h(82) * 15.0,
+        GgmlType::Q4_1 | GgmlType::Q5_1 => h(2),
+        _ => 0.0,
+    }
+}
 
 /// Tiny deterministic generator (SplitMix64) so row contents follow from one proptest seed.
 pub struct SplitMix(pub u64);
@@ -119,7 +158,7 @@ pub fn random_row(ty: GgmlType, cols: usize, rng: &mut SplitMix, unit_scales: bo
                 out.extend_from_slice(&f16s(rng, 1e-4, 0.1));
             }
         }
-        _ => unreachable!(),
+        _ => random_row_kq(ty, cols, rng, unit_scales, &mut out),
     }
     assert_eq!(out.len() as u64, ty.row_bytes(cols as u64).unwrap());
     out
@@ -128,10 +167,7 @@ pub fn random_row(ty: GgmlType, cols: usize, rng: &mut SplitMix, unit_scales: bo
 /// Random activations. `exact`: integers in -127..=127 whose quantization is lossless
 /// (each activation block has an element equal to -127, so its scale is exactly 1).
 pub fn random_x(ty: GgmlType, cols: usize, rng: &mut SplitMix, exact: bool) -> Vec<f32> {
-    let ablock = match ty {
-        GgmlType::Q4_K | GgmlType::Q6_K => 256,
-        _ => 32,
-    };
+    let ablock = act_block(ty).max(32);
     if exact {
         let mut x: Vec<f32> = (0..cols).map(|_| rng.int(-127, 127) as f32).collect();
         if !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
@@ -168,5 +204,56 @@ pub fn cols_for(ty: GgmlType, n_blocks: usize, seed: u64) -> usize {
     match ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => n_blocks * 37 + (seed % 29) as usize,
         _ => n_blocks * block(ty),
+    }
+}
+
+/// [`random_row`] for the quants-k formats: random bytes, sane f16 (MXFP4: E8M0) scales.
+fn random_row_kq(ty: GgmlType, cols: usize, rng: &mut SplitMix, unit: bool, out: &mut Vec<u8>) {
+    let f16s = |rng: &mut SplitMix, out: &mut Vec<u8>, lo: f32, hi: f32| {
+        let v = if unit { 1.0 } else { rng.scale(lo, hi) };
+        out.extend_from_slice(&f16::from_f32(v).to_bits().to_le_bytes());
+    };
+    let bytes =
+        |rng: &mut SplitMix, out: &mut Vec<u8>, n: usize| out.extend((0..n).map(|_| rng.byte()));
+    for _ in 0..cols / block(ty) {
+        match ty {
+            GgmlType::Q4_0 | GgmlType::IQ4_NL => {
+                f16s(rng, out, 1e-3, 1.0);
+                bytes(rng, out, 16);
+            }
+            GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                f16s(rng, out, 1e-3, 1.0);
+                f16s(rng, out, 1e-3, 1.0);
+                bytes(rng, out, if ty == GgmlType::Q4_1 { 16 } else { 20 });
+            }
+            GgmlType::MXFP4 => {
+                // E8M0 128 is 2^1, halved: 1.0.
+                out.push(if unit { 128 } else { rng.int(110, 135) as u8 });
+                bytes(rng, out, 16);
+            }
+            GgmlType::Q2_K => {
+                bytes(rng, out, 80);
+                f16s(rng, out, 1e-4, 0.1);
+                f16s(rng, out, 1e-4, 0.1);
+            }
+            GgmlType::Q3_K => {
+                bytes(rng, out, 108);
+                f16s(rng, out, 1e-4, 0.1);
+            }
+            GgmlType::Q5_K => {
+                f16s(rng, out, 1e-4, 0.1);
+                f16s(rng, out, 1e-4, 0.1);
+                bytes(rng, out, 172);
+            }
+            GgmlType::IQ4_XS => {
+                f16s(rng, out, 1e-4, 0.1);
+                bytes(rng, out, 134);
+            }
+            GgmlType::TQ1_0 | GgmlType::TQ2_0 => {
+                bytes(rng, out, if ty == GgmlType::TQ1_0 { 52 } else { 64 });
+                f16s(rng, out, 1e-3, 1.0);
+            }
+            _ => unreachable!("{ty}"),
+        }
     }
 }
