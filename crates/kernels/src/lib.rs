@@ -505,41 +505,18 @@ pub fn matmul_with(
     if rows == 0 || n == 0 {
         return Ok(());
     }
-    #[cfg(target_arch = "x86_64")]
-    if let (
-        Backend::Avx512(tok),
-        GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::MXFP4,
-    ) = (be, ty)
-    {
-        if n >= 2 && cols > 0 {
-            matmul_q8_packed(tok, ty, w, rows, cols, rb, x, n, y);
-            return Ok(());
-        }
-    }
-    let acts: Vec<QuantizedActs> = if cols == 0 {
-        (0..n)
-            .map(|_| QuantizedActs::new(ty, &[]))
-            .collect::<Result<_, _>>()?
-    } else {
-        x.par_chunks(cols)
-            .map(|xt| QuantizedActs::new(ty, xt))
-            .collect::<Result<_, _>>()?
-    };
-    let acts: Vec<&QuantizedActs> = acts.iter().collect();
+    let batch = PreparedBatch::with_backend(be, ty, x, n, cols)?;
     // yt is rows x n (row-major): each task owns whole rows of it.
     let mut yt = vec![0.0f32; rows * n];
-    let chunk = rows_per_task(rows, rb);
-    yt.par_chunks_mut(chunk * n)
-        .enumerate()
-        .for_each(|(c, ys)| {
+    let chunk = rows_per_task(rows, rb).next_multiple_of(batch.row_group());
+    yt.par_chunks_mut(chunk * n).enumerate().try_for_each_init(
+        || batch.scratch(),
+        |scratch, (c, ys)| {
             let r0 = c * chunk;
-            for (i, yrow) in ys.chunks_mut(n).enumerate() {
-                let row = &w[(r0 + i) * rb..(r0 + i + 1) * rb];
-                for (a, o) in acts.chunks(TILE).zip(yrow.chunks_mut(TILE)) {
-                    be.dot_tile(ty, row, a, o);
-                }
-            }
-        });
+            let nr = ys.len() / n;
+            batch.rows_t_with(scratch, &w[r0 * rb..(r0 + nr) * rb], ys)
+        },
+    )?;
     for (r, yrow) in yt.chunks(n).enumerate() {
         for (t, &v) in yrow.iter().enumerate() {
             y[t * rows + r] = v;
@@ -548,40 +525,158 @@ pub fn matmul_with(
     Ok(())
 }
 
-/// The AVX-512 register-blocked matmul of Q8_0 / Q5_0 / Q4_0 / IQ4_NL / MXFP4 weights
-/// (shapes checked by the caller).
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-fn matmul_q8_packed(
-    tok: x86::Avx512,
+/// Activations of `n` tokens prepared once for one weight type, in the form the fastest
+/// available kernel wants (the AVX-512 register-blocked Q8 kernels take packed Q8_0
+/// blocks; every other path takes [`QuantizedActs`]). Lets a caller schedule row blocks of
+/// several matrices in one parallel pass ([`PreparedBatch::rows_t`]); every path gives
+/// the same bits as [`matvec`] on each token.
+pub struct PreparedBatch {
+    be: Backend,
     ty: GgmlType,
-    w: &[u8],
-    rows: usize,
     cols: usize,
-    rb: usize,
-    x: &[f32],
     n: usize,
-    y: &mut [f32],
-) {
-    let acts: Vec<x86::PackedQ8> = x
-        .par_chunks(cols)
-        .map(|xt| x86::PackedQ8::new(ty, &formats::quantize_row_q8_0(xt)))
-        .collect();
-    let nb = cols / formats::QK8_0;
-    let mut yt = vec![0.0f32; rows * n];
-    // Whole row groups per task.
-    let chunk = rows_per_task(rows, rb).next_multiple_of(x86::TR);
-    yt.par_chunks_mut(chunk * n).enumerate().for_each_init(
-        || x86::DecodedRows::new(nb, x86::TR),
-        |scratch, (c, ys)| {
-            let r0 = c * chunk;
-            let nr = ys.len() / n;
-            tok.matmul_q8_rows(ty, &w[r0 * rb..(r0 + nr) * rb], rb, &acts, scratch, ys);
-        },
-    );
-    for (r, yrow) in yt.chunks(n).enumerate() {
-        for (t, &v) in yrow.iter().enumerate() {
-            y[t * rows + r] = v;
+    acts: BatchActs,
+}
+
+enum BatchActs {
+    Generic(Vec<QuantizedActs>),
+    #[cfg(target_arch = "x86_64")]
+    PackedQ8(x86::Avx512, Vec<x86::PackedQ8>),
+}
+
+/// Per-task scratch space of [`PreparedBatch::rows_t_with`].
+pub struct BatchScratch(Option<BatchScratchInner>);
+
+#[cfg(target_arch = "x86_64")]
+type BatchScratchInner = x86::DecodedRows;
+#[cfg(not(target_arch = "x86_64"))]
+type BatchScratchInner = ();
+
+impl PreparedBatch {
+    /// Prepare `x` (`[n, cols]`) for weights of type `ty` on the best ISA tier.
+    pub fn new(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Result<Self, KernelError> {
+        Self::with_backend(Backend::new(isa())?, ty, x, n, cols)
+    }
+
+    fn with_backend(
+        be: Backend,
+        ty: GgmlType,
+        x: &[f32],
+        n: usize,
+        cols: usize,
+    ) -> Result<Self, KernelError> {
+        check_supported(ty)?;
+        shape(
+            "matmul",
+            ty,
+            "x length (n * cols)",
+            n.saturating_mul(cols),
+            x.len(),
+        )?;
+        #[cfg(target_arch = "x86_64")]
+        if let (
+            Backend::Avx512(tok),
+            GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::MXFP4,
+        ) = (be, ty)
+        {
+            if n >= 2 && cols > 0 {
+                let acts = x
+                    .chunks(cols)
+                    .map(|xt| x86::PackedQ8::new(ty, &formats::quantize_row_q8_0(xt)))
+                    .collect();
+                return Ok(PreparedBatch {
+                    be,
+                    ty,
+                    cols,
+                    n,
+                    acts: BatchActs::PackedQ8(tok, acts),
+                });
+            }
         }
+        let acts = if cols == 0 {
+            (0..n)
+                .map(|_| QuantizedActs::new(ty, &[]))
+                .collect::<Result<_, _>>()?
+        } else {
+            x.chunks(cols)
+                .map(|xt| QuantizedActs::new(ty, xt))
+                .collect::<Result<_, _>>()?
+        };
+        Ok(PreparedBatch {
+            be,
+            ty,
+            cols,
+            n,
+            acts: BatchActs::Generic(acts),
+        })
+    }
+
+    /// Tokens in the batch.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Row blocks given to [`PreparedBatch::rows_t`] should be multiples of this (except
+    /// the last block of a matrix).
+    pub fn row_group(&self) -> usize {
+        match &self.acts {
+            BatchActs::Generic(_) => 1,
+            #[cfg(target_arch = "x86_64")]
+            BatchActs::PackedQ8(..) => x86::TR,
+        }
+    }
+
+    /// Scratch space for one task (reuse it across calls on one thread).
+    pub fn scratch(&self) -> BatchScratch {
+        match &self.acts {
+            BatchActs::Generic(_) => BatchScratch(None),
+            #[cfg(target_arch = "x86_64")]
+            BatchActs::PackedQ8(..) => BatchScratch(Some(x86::DecodedRows::new(
+                self.cols / formats::QK8_0,
+                x86::TR,
+            ))),
+        }
+    }
+
+    /// `yt[r, t] = row(r) . x[t]` for the consecutive weight rows `w_rows` (`yt` is
+    /// `[rows, n]` row-major), on the calling thread.
+    pub fn rows_t(&self, w_rows: &[u8], yt: &mut [f32]) -> Result<(), KernelError> {
+        let mut s = self.scratch();
+        self.rows_t_with(&mut s, w_rows, yt)
+    }
+
+    /// [`PreparedBatch::rows_t`] with caller-kept scratch space.
+    pub fn rows_t_with(
+        &self,
+        scratch: &mut BatchScratch,
+        w_rows: &[u8],
+        yt: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let (ty, n) = (self.ty, self.n);
+        if n == 0 {
+            return Ok(());
+        }
+        let nr = yt.len() / n;
+        shape("matmul", ty, "output length (rows * n)", nr * n, yt.len())?;
+        let rb = check_matrix("matmul", ty, w_rows, nr, self.cols)?;
+        match &self.acts {
+            BatchActs::Generic(acts) => {
+                let acts: Vec<&QuantizedActs> = acts.iter().collect();
+                for (i, yrow) in yt.chunks_mut(n).enumerate() {
+                    let row = &w_rows[i * rb..(i + 1) * rb];
+                    for (a, o) in acts.chunks(TILE).zip(yrow.chunks_mut(TILE)) {
+                        self.be.dot_tile(ty, row, a, o);
+                    }
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            BatchActs::PackedQ8(tok, acts) => {
+                let scratch = scratch.0.get_or_insert_with(|| {
+                    x86::DecodedRows::new(self.cols / formats::QK8_0, x86::TR)
+                });
+                tok.matmul_q8_rows(ty, w_rows, rb, acts, scratch, yt);
+            }
+        }
+        Ok(())
     }
 }

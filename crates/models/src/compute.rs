@@ -6,7 +6,9 @@
 //! implementation of this trait, not a fork of every architecture.
 
 use rayon::prelude::*;
-use sluice_kernels::{matmul, matvec, matvec_rows, GgmlType, KernelError, QuantizedActs};
+use sluice_kernels::{
+    matmul, matvec, matvec_rows, BatchScratch, GgmlType, KernelError, PreparedBatch, QuantizedActs,
+};
 
 /// One product of a [`Compute::linear_group`]: `y[n, rows] = x[n, cols] W^T`.
 pub struct LinearJob<'a> {
@@ -72,22 +74,26 @@ impl Compute for Cpu {
         }
     }
 
-    /// Single-token jobs run as one parallel pass over (job, row block) tasks, each
-    /// activation prepared once per (input, weight type); jobs with several tokens use
-    /// the register-blocked matmul one after another.
+    /// All jobs run as one parallel pass over (job, row block) tasks, each input prepared
+    /// once per weight type: single-token jobs with `matvec_rows`, several-token jobs
+    /// with the register-blocked kernels of a `PreparedBatch`.
     fn linear_group(&self, jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
-        let well_formed = |j: &LinearJob<'_>| {
+        let well_formed_n = |j: &LinearJob<'_>| {
             j.rows > 0
-                && j.y.len() == j.rows
-                && j.x.len() == j.cols
+                && j.n > 0
+                && j.y.len() == j.rows * j.n
+                && j.x.len() == j.cols * j.n
                 && j.w.len().is_multiple_of(j.rows)
         };
-        // Several tokens, a single job, or a shape the kernels must report: one at a time.
-        if jobs.len() == 1 || jobs.iter().any(|j| j.n != 1 || !well_formed(j)) {
+        // A single job, or a shape the kernels must report: one at a time.
+        if jobs.len() == 1 || jobs.iter().any(|j| !well_formed_n(j)) {
             for j in jobs.iter_mut() {
                 self.linear(j.ty, j.w, j.rows, j.cols, j.x, j.n, j.y)?;
             }
             return Ok(());
+        }
+        if jobs.iter().any(|j| j.n != 1) {
+            return grouped_matmul(jobs);
         }
         // Activations: one per distinct (input slice, weight type).
         let mut acts: Vec<((usize, usize, GgmlType), QuantizedActs)> = Vec::new();
@@ -126,4 +132,59 @@ impl Compute for Cpu {
     fn name(&self) -> &'static str {
         "cpu"
     }
+}
+
+/// Several-token jobs in one parallel pass: each input prepared once per weight type
+/// ([`PreparedBatch`]), tasks over (job, row block) write disjoint rows of per-job
+/// `[rows, n]` buffers, transposed into `y` afterwards. Same bits as `matmul` per job.
+fn grouped_matmul(jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
+    let mut batches: Vec<((usize, usize, GgmlType), PreparedBatch)> = Vec::new();
+    let mut meta = Vec::with_capacity(jobs.len());
+    for j in jobs.iter() {
+        let key = (j.x.as_ptr() as usize, j.x.len(), j.ty);
+        let idx = match batches.iter().position(|b| b.0 == key) {
+            Some(i) => i,
+            None => {
+                batches.push((key, PreparedBatch::new(j.ty, j.x, j.n, j.cols)?));
+                batches.len() - 1
+            }
+        };
+        // (weights, row bytes, tokens, batch index)
+        meta.push((j.w, j.w.len() / j.rows, j.n, idx));
+    }
+    let total: usize = jobs.iter().map(|j| j.rows * j.n).sum();
+    let threads = rayon::current_num_threads().max(1);
+    let mut yts: Vec<Vec<f32>> = jobs.iter().map(|j| vec![0.0f32; j.rows * j.n]).collect();
+    let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
+    for (ji, yt) in yts.iter_mut().enumerate() {
+        let (_, _, n, bi) = meta[ji];
+        // About 8 tasks per thread over all jobs (in row-token products), whole row groups.
+        let group = batches[bi].1.row_group();
+        let rows_per = (total.div_ceil(threads * 8) / n)
+            .max(8)
+            .next_multiple_of(group);
+        for (c, ys) in yt.chunks_mut(rows_per * n).enumerate() {
+            tasks.push((ji, c * rows_per, ys));
+        }
+    }
+    let (meta_r, batches_r) = (&meta, &batches);
+    tasks.into_par_iter().try_for_each_init(
+        || -> Vec<Option<BatchScratch>> { (0..batches_r.len()).map(|_| None).collect() },
+        |scratch, (ji, r0, ys)| {
+            let (w, rb, n, bi) = meta_r[ji];
+            let nr = ys.len() / n;
+            let b = &batches_r[bi].1;
+            let s = scratch[bi].get_or_insert_with(|| b.scratch());
+            b.rows_t_with(s, &w[r0 * rb..(r0 + nr) * rb], ys)
+        },
+    )?;
+    for (j, yt) in jobs.iter_mut().zip(&yts) {
+        let (rows, n) = (j.rows, j.n);
+        for (r, yrow) in yt.chunks(n).enumerate() {
+            for (t, &v) in yrow.iter().enumerate() {
+                j.y[t * rows + r] = v;
+            }
+        }
+    }
+    Ok(())
 }
