@@ -138,20 +138,32 @@ impl Compute for Cpu {
 /// ([`PreparedBatch`]), tasks over (job, row block) write disjoint rows of per-job
 /// `[rows, n]` buffers, transposed into `y` afterwards. Same bits as `matmul` per job.
 fn grouped_matmul(jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
-    let mut batches: Vec<((usize, usize, GgmlType), PreparedBatch)> = Vec::new();
+    // Distinct (input, weight type) pairs, each prepared once, in parallel.
+    let mut keys: Vec<(usize, usize, GgmlType)> = Vec::new();
     let mut meta = Vec::with_capacity(jobs.len());
     for j in jobs.iter() {
         let key = (j.x.as_ptr() as usize, j.x.len(), j.ty);
-        let idx = match batches.iter().position(|b| b.0 == key) {
-            Some(i) => i,
-            None => {
-                batches.push((key, PreparedBatch::new(j.ty, j.x, j.n, j.cols)?));
-                batches.len() - 1
-            }
-        };
+        let idx = keys.iter().position(|k| *k == key).unwrap_or_else(|| {
+            keys.push(key);
+            keys.len() - 1
+        });
         // (weights, row bytes, tokens, batch index)
         meta.push((j.w, j.w.len() / j.rows, j.n, idx));
     }
+    let first_job: Vec<usize> = (0..keys.len())
+        .map(|bi| {
+            meta.iter()
+                .position(|m| m.3 == bi)
+                .expect("every key has a job")
+        })
+        .collect();
+    let batches: Vec<((), PreparedBatch)> = first_job
+        .par_iter()
+        .map(|&ji| {
+            let j = &jobs[ji];
+            PreparedBatch::new(j.ty, j.x, j.n, j.cols).map(|b| ((), b))
+        })
+        .collect::<Result<_, _>>()?;
     let total: usize = jobs.iter().map(|j| j.rows * j.n).sum();
     let threads = rayon::current_num_threads().max(1);
     let mut yts: Vec<Vec<f32>> = jobs.iter().map(|j| vec![0.0f32; j.rows * j.n]).collect();
@@ -178,13 +190,13 @@ fn grouped_matmul(jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
             b.rows_t_with(s, &w[r0 * rb..(r0 + nr) * rb], ys)
         },
     )?;
-    for (j, yt) in jobs.iter_mut().zip(&yts) {
+    jobs.par_iter_mut().zip(&yts).for_each(|(j, yt)| {
         let (rows, n) = (j.rows, j.n);
         for (r, yrow) in yt.chunks(n).enumerate() {
             for (t, &v) in yrow.iter().enumerate() {
                 j.y[t * rows + r] = v;
             }
         }
-    }
+    });
     Ok(())
 }

@@ -6,6 +6,7 @@
 //! through the [`sluice_tier::ExpertSource`], then summing every token's k weighted outputs
 //! in slot order (so the order experts arrive in never changes a bit).
 
+use rayon::prelude::*;
 use sluice_kernels::GgmlType;
 use sluice_tier::Stop;
 
@@ -198,7 +199,7 @@ pub fn routed(
         let (gm, um, dm) = (&w.gate, &w.up, &w.down);
         let lists: Vec<&[usize]> = batch.iter().map(|&(i, _)| &users[needed[i]][..]).collect();
         let xs: Vec<Vec<f32>> = lists
-            .iter()
+            .par_iter()
             .map(|ts_list| {
                 let mut xs = Vec::with_capacity(ts_list.len() * e);
                 for &ts in ts_list.iter() {
@@ -240,11 +241,11 @@ pub fn routed(
             }
             compute.linear_group(&mut jobs)?;
         }
-        for (gj, uj) in g.iter_mut().zip(&u) {
+        g.par_iter_mut().zip(&u).for_each(|(gj, uj)| {
             for (a, &b) in gj.iter_mut().zip(uj) {
                 *a = w.act.glu(*a, b);
             }
-        }
+        });
         {
             let mut jobs = Vec::with_capacity(batch.len());
             for (((&(_, view), gj), dj), l) in batch.iter().zip(&g).zip(d.iter_mut()).zip(&lists) {
@@ -260,15 +261,25 @@ pub fn routed(
             }
             compute.linear_group(&mut jobs)?;
         }
-        for (ts_list, dj) in lists.iter().zip(&d) {
+        // (token, slot) -> (expert in this batch, its row): each slot_out row is written
+        // by exactly one expert, so rows are filled in parallel.
+        let mut src: Vec<Option<(usize, usize)>> = vec![None; t_len * k];
+        for (bi, ts_list) in lists.iter().enumerate() {
             for (j, &ts) in ts_list.iter().enumerate() {
-                let wt = weights[ts];
-                let dst = &mut slot_out[ts * e..(ts + 1) * e];
-                for (o, &v) in dst.iter_mut().zip(&dj[j * e..(j + 1) * e]) {
-                    *o = v * wt;
-                }
+                src[ts] = Some((bi, j));
             }
         }
+        slot_out
+            .par_chunks_mut(e)
+            .enumerate()
+            .for_each(|(ts, dst)| {
+                if let Some((bi, j)) = src[ts] {
+                    let wt = weights[ts];
+                    for (o, &v) in dst.iter_mut().zip(&d[bi][j * e..(j + 1) * e]) {
+                        *o = v * wt;
+                    }
+                }
+            });
         Ok(())
     };
     let walked = env
@@ -284,13 +295,12 @@ pub fn routed(
     }
     walked?;
     let mut out = vec![0.0f32; t_len * e];
-    for t in 0..t_len {
-        let dst = &mut out[t * e..(t + 1) * e];
+    out.par_chunks_mut(e).enumerate().for_each(|(t, dst)| {
         for slot in 0..k {
             let src = &slot_out[(t * k + slot) * e..(t * k + slot + 1) * e];
             dst.iter_mut().zip(src).for_each(|(a, &b)| *a += b);
         }
-    }
+    });
     Ok(out)
 }
 
