@@ -174,6 +174,8 @@ pub fn routed(
     let t_len = batch.len();
     let e = w.down.rows;
     let (k, ff) = (w.k, w.gate.rows);
+    // Small steps (decode) stay on one thread: splitting them costs more than they take.
+    let seq_len = if t_len * k < 64 { usize::MAX } else { 1 };
     let logits = env.linear(&w.router_w, h, t_len)?;
     let (chosen, weights) = w.router.route(&logits, batch.tokens, w.n_expert, k)?;
     if let Some(rec) = env.routing {
@@ -200,6 +202,7 @@ pub fn routed(
         let lists: Vec<&[usize]> = batch.iter().map(|&(i, _)| &users[needed[i]][..]).collect();
         let xs: Vec<Vec<f32>> = lists
             .par_iter()
+            .with_min_len(seq_len)
             .map(|ts_list| {
                 let mut xs = Vec::with_capacity(ts_list.len() * e);
                 for &ts in ts_list.iter() {
@@ -241,11 +244,14 @@ pub fn routed(
             }
             compute.linear_group(&mut jobs)?;
         }
-        g.par_iter_mut().zip(&u).for_each(|(gj, uj)| {
-            for (a, &b) in gj.iter_mut().zip(uj) {
-                *a = w.act.glu(*a, b);
-            }
-        });
+        g.par_iter_mut()
+            .zip(&u)
+            .with_min_len(seq_len)
+            .for_each(|(gj, uj)| {
+                for (a, &b) in gj.iter_mut().zip(uj) {
+                    *a = w.act.glu(*a, b);
+                }
+            });
         {
             let mut jobs = Vec::with_capacity(batch.len());
             for (((&(_, view), gj), dj), l) in batch.iter().zip(&g).zip(d.iter_mut()).zip(&lists) {
@@ -272,6 +278,7 @@ pub fn routed(
         slot_out
             .par_chunks_mut(e)
             .enumerate()
+            .with_min_len(seq_len)
             .for_each(|(ts, dst)| {
                 if let Some((bi, j)) = src[ts] {
                     let wt = weights[ts];
@@ -295,12 +302,15 @@ pub fn routed(
     }
     walked?;
     let mut out = vec![0.0f32; t_len * e];
-    out.par_chunks_mut(e).enumerate().for_each(|(t, dst)| {
-        for slot in 0..k {
-            let src = &slot_out[(t * k + slot) * e..(t * k + slot + 1) * e];
-            dst.iter_mut().zip(src).for_each(|(a, &b)| *a += b);
-        }
-    });
+    out.par_chunks_mut(e)
+        .enumerate()
+        .with_min_len(seq_len)
+        .for_each(|(t, dst)| {
+            for slot in 0..k {
+                let src = &slot_out[(t * k + slot) * e..(t * k + slot + 1) * e];
+                dst.iter_mut().zip(src).for_each(|(a, &b)| *a += b);
+            }
+        });
     Ok(out)
 }
 
