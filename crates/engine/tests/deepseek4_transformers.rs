@@ -1,0 +1,250 @@
+//! DeepSeek V4 (`deepseek4`) forward pass against transformers (float32) on tiny random
+//! models, chunking invariance, and streaming == resident.
+//!
+//! Fixtures: tests/fixtures/deepseek4/, made by tools/fixtures/make_deepseek4.py
+//! (transformers 5.24 `DeepseekV4ForCausalLM` builds the models with fixed seeds; llama.cpp's
+//! converter writes the GGUF; transformers saves its own float32 logits for the 200 token
+//! ids of manifest.json). sluice never produced these numbers.
+
+use std::path::{Path, PathBuf};
+
+use sluice_engine::eval::read_npy_f32;
+use sluice_engine::tier::{PolicyKind, StreamConfig, StreamingExperts};
+use sluice_engine::{Logits, Model};
+use sluice_io::{Backend, IoConfig};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/deepseek4")
+        .join(name)
+}
+
+fn manifest() -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture("manifest.json")).unwrap()).unwrap()
+}
+
+fn tokens() -> Vec<u32> {
+    manifest()["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Every position's logits: prefill in chunks of `batch`, with `threads` threads.
+fn run(m: &Model, batch: usize, threads: usize, kv_f32: bool) -> Vec<f32> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let toks = tokens();
+    let mut st = m.new_state(512, kv_f32);
+    let mut out = Vec::new();
+    for c in toks.chunks(batch) {
+        out.extend(pool.install(|| m.forward(&mut st, c, Logits::All)).unwrap());
+    }
+    out
+}
+
+fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// With an f32 KV cache sluice computes what transformers computes in float32; only the
+/// summation order differs (blocked dot products, a different softmax/Sinkhorn order), a
+/// relative error of ~1e-6 per operation that 4 layers, 20 Sinkhorn iterations and 200
+/// positions of attention grow to ~1e-5 of the largest |logit|. The tolerance, 1e-3 of the
+/// largest |logit| (the bound), leaves room for that and fails on any real mistake
+/// (a wrong rotation, mask, pool or norm moves logits by 1e-2..1). Discrete choices (router
+/// top-k, indexer top-k) could flip on a near-tie; the fixture records the smallest gaps
+/// (manifest: >= 5e-5, far above the ~1e-6 noise). Top-1 must agree wherever the
+/// reference's top-1 margin exceeds 1e-3.
+fn check(name: &str) {
+    let man = manifest();
+    let entry = &man["models"][name];
+    let m = Model::load(&fixture(entry["file"].as_str().unwrap())).unwrap();
+    let (want, shape) = read_npy_f32(&fixture(entry["logits"].as_str().unwrap())).unwrap();
+    let n_vocab = m.cfg.n_vocab;
+    assert_eq!(shape[1], n_vocab);
+    let got = run(&m, 64, 2, true);
+    assert_eq!(got.len(), want.len());
+    let max_ref = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let mut worst = (0.0f32, 0usize);
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        let d = (a - b).abs();
+        assert!(d.is_finite(), "{name}: non-finite logit at {i}");
+        if d > worst.0 {
+            worst = (d, i / n_vocab);
+        }
+    }
+    eprintln!(
+        "{name}: max |sluice - transformers| = {} at position {} (max |logit| {max_ref}, relative {})",
+        worst.0,
+        worst.1,
+        worst.0 / max_ref
+    );
+    assert!(
+        worst.0 <= 1e-3 * max_ref,
+        "{name}: max |sluice - transformers| = {} at position {} > 1e-3 * {max_ref}",
+        worst.0,
+        worst.1
+    );
+    for (p, (g, w)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
+        let wi = argmax(w);
+        let mut sorted = w.to_vec();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        if sorted[0] - sorted[1] > 1e-3 {
+            assert_eq!(argmax(g), wi, "{name}: top-1 differs at position {p}");
+        }
+    }
+}
+
+#[test]
+fn model_a_matches_transformers() {
+    check("a");
+}
+
+#[test]
+fn model_b_matches_transformers() {
+    check("b");
+}
+
+/// Compressor state and compressed rows carry across prefill chunks and decode steps:
+/// one-shot prefill, odd chunks, and token-by-token give the same bits (f16 KV, 1 or 2
+/// threads).
+#[test]
+fn chunked_prefill_equals_token_by_token() {
+    for name in ["a-f32.gguf", "b-f32.gguf"] {
+        let m = Model::load(&fixture(name)).unwrap();
+        let whole = run(&m, 200, 1, false);
+        for (batch, threads) in [(1, 2), (7, 2), (129, 1)] {
+            let got = run(&m, batch, threads, false);
+            assert!(
+                same_bits(&got, &whole),
+                "{name}: batch {batch} threads {threads} differs from one-shot prefill"
+            );
+        }
+    }
+}
+
+/// A snapshot taken mid-sequence and restored continues exactly like the original.
+#[test]
+fn snapshot_restore_continues_identically() {
+    let m = Model::load(&fixture("a-f32.gguf")).unwrap();
+    let toks = tokens();
+    let mut st = m.new_state(512, false);
+    m.forward(&mut st, &toks[..130], Logits::Last).unwrap();
+    let snap = st.snapshot();
+    let a = m.forward(&mut st, &toks[130..140], Logits::All).unwrap();
+    let mut other = m.new_state(512, false);
+    other.restore(&snap);
+    let b = m.forward(&mut other, &toks[130..140], Logits::All).unwrap();
+    assert!(same_bits(&a, &b));
+}
+
+/// Routed experts streamed through the byte-budgeted cache at the minimum budget (and with
+/// everything cached) give the resident logits bit for bit, including the hash-routed layers.
+#[test]
+fn streaming_equals_resident() {
+    for name in ["a-f32.gguf", "b-f32.gguf"] {
+        let path = fixture(name);
+        let resident = Model::load(&path).unwrap();
+        let want = run(&resident, 16, 2, false);
+        let k = resident.cfg.n_expert_used;
+        let min = StreamingExperts::min_budget(&resident.groups.experts, k);
+        let all = resident.groups.experts.total_bytes() * 2;
+        for (budget, backend, direct) in [
+            (min, Backend::Pread, true),
+            (min, Backend::Uring, false),
+            (all, Backend::Pread, false),
+        ] {
+            let cfg = StreamConfig {
+                budget,
+                policy: PolicyKind::Lru,
+                resident_layers: 0,
+                io: IoConfig {
+                    backend,
+                    direct,
+                    depth: 8,
+                    threads: 2,
+                    high_priority: false,
+                },
+            };
+            let mut m = Model::load(&path).unwrap();
+            let s = StreamingExperts::open(&path, &m.groups.experts, k, &cfg).unwrap();
+            m.set_expert_source(Box::new(s));
+            let got = run(&m, 16, 2, false);
+            assert!(
+                same_bits(&got, &want),
+                "{name}: streamed logits differ (budget {budget}, {backend:?}, direct {direct})"
+            );
+        }
+    }
+}
+
+/// Inconsistent hyper-parameters are refused at load with an error naming the key.
+#[test]
+fn bad_metadata_is_refused() {
+    use sluice_gguf::MetaValue;
+    let path = fixture("a-f32.gguf");
+    let bytes = std::fs::read(&path).unwrap();
+    let cases: Vec<(&str, MetaValue, &str)> = vec![
+        (
+            "deepseek4.hyper_connection.count",
+            MetaValue::U32(2),
+            "hyper_connection.count",
+        ),
+        (
+            "deepseek4.attention.compress_ratios",
+            MetaValue::Array(sluice_gguf::MetaArray {
+                elem_type: sluice_gguf::MetaType::I32,
+                values: vec![MetaValue::I32(0), MetaValue::I32(4)],
+            }),
+            "compress_ratios",
+        ),
+        (
+            "deepseek4.attention.compress_ratios",
+            MetaValue::Array(sluice_gguf::MetaArray {
+                elem_type: sluice_gguf::MetaType::I32,
+                values: [0, 4, 64, 4].iter().map(|&v| MetaValue::I32(v)).collect(),
+            }),
+            "compress_ratios",
+        ),
+    ];
+    for (key, value, needle) in cases {
+        let dir = std::env::temp_dir().join(format!("sluice-ds4-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("bad.gguf");
+        rewrite_with(&bytes, &path, key, value, &out);
+        let err = match Model::load(&out) {
+            Ok(_) => panic!("{key}: a bad value was accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(needle), "{key}: error does not name it: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+/// The file `bytes` with metadata `key` set to `value`, written to `out`.
+fn rewrite_with(bytes: &[u8], path: &Path, key: &str, value: sluice_gguf::MetaValue, out: &Path) {
+    let mut file = sluice_gguf::GgufFile::parse(bytes, path).unwrap();
+    for (k, v) in file.metadata.iter_mut() {
+        if k == key {
+            *v = value.clone();
+        }
+    }
+    let dst = std::fs::File::create(out).unwrap();
+    sluice_gguf::GgufWriter::rewrite(&file, &mut std::io::Cursor::new(bytes), dst, out).unwrap();
+}
