@@ -120,12 +120,17 @@ fn model_b_matches_transformers() {
     check("b");
 }
 
+#[test]
+fn model_c_matches_transformers() {
+    check("c");
+}
+
 /// Compressor state and compressed rows carry across prefill chunks and decode steps:
 /// one-shot prefill, odd chunks, and token-by-token give the same bits (f16 KV, 1 or 2
 /// threads).
 #[test]
 fn chunked_prefill_equals_token_by_token() {
-    for name in ["a-f32.gguf", "b-f32.gguf"] {
+    for name in ["a-f32.gguf", "b-f32.gguf", "c-f32.gguf"] {
         let m = Model::load(&fixture(name)).unwrap();
         let whole = run(&m, 200, 1, false);
         for (batch, threads) in [(1, 2), (7, 2), (129, 1)] {

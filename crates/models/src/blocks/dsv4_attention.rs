@@ -212,7 +212,7 @@ fn compress_step(
     let s = p % slots;
     st.c[s * width..(s + 1) * width].copy_from_slice(c);
     st.z[s * width..(s + 1) * width].copy_from_slice(z);
-    if (p + 1) % r != 0 {
+    if !(p + 1).is_multiple_of(r) {
         return;
     }
     let start = p + 1 - r;
