@@ -369,7 +369,9 @@ pub fn attention(
                 let qt = &iq[t * ix.n_head * ihd..(t + 1) * ix.n_head * ihd];
                 let wt = &wh[t * ix.n_head..(t + 1) * ix.n_head];
                 let (ks, ws) = (1.0 / (ihd as f32).sqrt(), 1.0 / (ix.n_head as f32).sqrt());
+                // One score per row, rows in parallel (each by one thread: same bits).
                 let scores: Vec<f32> = (0..n_idx)
+                    .into_par_iter()
                     .map(|r| {
                         let k = &rows[r * ihd..(r + 1) * ihd];
                         let mut acc = 0.0f32;
