@@ -125,6 +125,59 @@ fn model_c_matches_transformers() {
     check("c");
 }
 
+/// Q8_0 dense projections (the converter's output for an FP8 checkpoint, as the real
+/// releases ship attention and shared experts) against transformers on the same weights
+/// dequantised, in float32. sluice (like llama.cpp) rounds activations to Q8_0 before each
+/// Q8_0 product, which moves logits by ~1% of the largest |logit| on these O(1)-weight
+/// models, and at a few positions flips a router or indexer choice whose gap is below that
+/// rounding (then a position moves by up to ~1.5). llama.cpp on the same file shows the
+/// same picture (llama_cpp_check.json `a_fp8`, F32 KV: median position 0.055, max 1.50 at
+/// the same position 58, 164/200 positions within 2%, top-1 169/172 where the margin exceeds
+/// 0.05; sluice when written: 0.056, 1.48, 163/200, 170/172). So: the median position within
+/// 2%, at least 75% of positions within 2%, and top-1 agreement at >= 95% of the positions
+/// whose reference margin exceeds 0.05. The f32 fixtures above are the tight check.
+#[test]
+fn model_a_fp8_q8_0_within_2_percent() {
+    let man = manifest();
+    let entry = &man["models"]["a_fp8"];
+    let m = Model::load(&fixture(entry["file"].as_str().unwrap())).unwrap();
+    let (want, _) = read_npy_f32(&fixture(entry["logits"].as_str().unwrap())).unwrap();
+    let n_vocab = m.cfg.n_vocab;
+    let got = run(&m, 64, 2, true);
+    let max_ref = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let mut per_pos = Vec::new();
+    let (mut clear, mut agree) = (0, 0);
+    for (g, w) in got.chunks(n_vocab).zip(want.chunks(n_vocab)) {
+        per_pos.push(
+            g.iter()
+                .zip(w)
+                .fold(0.0f32, |a, (x, y)| a.max((x - y).abs())),
+        );
+        let mut sorted = w.to_vec();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        if sorted[0] - sorted[1] > 0.05 {
+            clear += 1;
+            agree += usize::from(argmax(g) == argmax(w));
+        }
+    }
+    let within = per_pos.iter().filter(|&&d| d <= 0.02 * max_ref).count();
+    let mut sorted = per_pos.clone();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let median = sorted[sorted.len() / 2];
+    eprintln!(
+        "a_fp8: |sluice - transformers(dequantised Q8_0)|: median position {median} ({} of max |logit| {max_ref}), max {}, {within}/{} positions within 2%, top-1 {agree}/{clear} where the margin > 0.05",
+        median / max_ref,
+        sorted[sorted.len() - 1],
+        per_pos.len()
+    );
+    assert!(median <= 0.02 * max_ref, "median {median}");
+    assert!(
+        within * 4 >= per_pos.len() * 3,
+        "{within} positions within 2%"
+    );
+    assert!(agree * 100 >= clear * 95, "top-1 {agree}/{clear}");
+}
+
 /// Compressor state and compressed rows carry across prefill chunks and decode steps:
 /// one-shot prefill, odd chunks, and token-by-token give the same bits (f16 KV, 1 or 2
 /// threads).

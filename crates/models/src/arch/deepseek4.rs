@@ -230,7 +230,12 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     let window = hp.u("attention.sliding_window")?;
     let o_groups = hp.u("attention.output_group_count")?;
     let o_lora = hp.u("attention.output_lora_rank")?;
-    if window == 0 || q_lora == 0 || o_lora == 0 || o_groups == 0 || !n_head.is_multiple_of(o_groups) {
+    if window == 0
+        || q_lora == 0
+        || o_lora == 0
+        || o_groups == 0
+        || !n_head.is_multiple_of(o_groups)
+    {
         return Err(hp.bad(format!(
             "sliding_window {window}, q_lora_rank {q_lora}, output_lora_rank {o_lora} must be > 0 \
              and head_count {n_head} a multiple of output_group_count {o_groups}"
