@@ -306,3 +306,86 @@ fn rewrite_with(bytes: &[u8], path: &Path, key: &str, value: sluice_gguf::MetaVa
     let dst = std::fs::File::create(out).unwrap();
     sluice_gguf::GgufWriter::rewrite(&file, &mut std::io::Cursor::new(bytes), dst, out).unwrap();
 }
+
+/// A file that carries an MTP block (`nextn_predict_layers` 1, `blk.N.nextn.*` after the main
+/// layers, as llama.cpp's converter writes it with the MTP export) loads, ignores the block
+/// (same logits as without it) and describes its routed experts as streamable (so they stay
+/// on disk and are never locked).
+#[test]
+fn file_with_mtp_block_loads_and_ignores_it() {
+    use sluice_gguf::{GgmlType, GgufFile, GgufWriter, MetaArray, MetaType, MetaValue, TensorSpec};
+    let path = fixture("a-f32.gguf");
+    let bytes = std::fs::read(&path).unwrap();
+    let file = GgufFile::parse(&bytes, &path).unwrap();
+    let n = 4u64; // main layers of model a
+    let mut meta = file.metadata.clone();
+    for (k, v) in meta.iter_mut() {
+        match k.as_str() {
+            "deepseek4.block_count" => *v = MetaValue::U32(n as u32 + 1),
+            "deepseek4.attention.compress_ratios" => {
+                *v = MetaValue::Array(MetaArray {
+                    elem_type: MetaType::I32,
+                    values: [0, 4, 128, 4, 0]
+                        .iter()
+                        .map(|&x| MetaValue::I32(x))
+                        .collect(),
+                })
+            }
+            _ => {}
+        }
+    }
+    meta.push(("deepseek4.nextn_predict_layers".into(), MetaValue::U32(1)));
+    // The MTP block: layer 0's tensors renamed to blk.4 (minus the hash table), plus nextn.*.
+    let e = 64u64;
+    let mut specs: Vec<TensorSpec> = file.tensors.iter().map(TensorSpec::from).collect();
+    let mut data: Vec<Vec<u8>> = file
+        .tensors
+        .iter()
+        .map(|t| {
+            let r = file.tensor_range(t);
+            bytes[r.start as usize..r.end as usize].to_vec()
+        })
+        .collect();
+    for t in &file.tensors {
+        if let Some(rest) = t.name.strip_prefix("blk.0.") {
+            if rest.starts_with("ffn_gate_tid2eid") {
+                continue;
+            }
+            let r = file.tensor_range(t);
+            specs.push(TensorSpec::new(format!("blk.{n}.{rest}"), &t.dims, t.ty));
+            data.push(bytes[r.start as usize..r.end as usize].to_vec());
+        }
+    }
+    for (name, dims) in [
+        ("nextn.eh_proj.weight", vec![2 * e, e]),
+        ("nextn.enorm.weight", vec![e]),
+        ("nextn.hnorm.weight", vec![e]),
+    ] {
+        let len: u64 = dims.iter().product();
+        specs.push(TensorSpec::new(
+            format!("blk.{n}.{name}"),
+            &dims,
+            GgmlType::F32,
+        ));
+        data.push(vec![0u8; 4 * len as usize]);
+    }
+    let dir = std::env::temp_dir().join(format!("sluice-ds4-mtp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("mtp.gguf");
+    let f = std::fs::File::create(&out).unwrap();
+    let mut w = GgufWriter::new(f, &out, &meta, &specs).unwrap();
+    for (s, d) in specs.iter().zip(&data) {
+        w.write_tensor(&s.name, d).unwrap();
+    }
+    w.finish().unwrap();
+
+    let with_mtp = Model::load(&out).unwrap();
+    assert_eq!(with_mtp.cfg.n_layer, n as usize);
+    assert_eq!(with_mtp.groups.experts.layers.len(), n as usize + 1);
+    let plain = Model::load(&path).unwrap();
+    assert!(same_bits(
+        &run(&with_mtp, 64, 2, false),
+        &run(&plain, 64, 2, false)
+    ));
+    std::fs::remove_dir_all(&dir).ok();
+}

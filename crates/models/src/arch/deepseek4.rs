@@ -264,8 +264,8 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
             "{NAME}.hash_layer_count {n_hash} exceeds the {n_layer} layers"
         )));
     }
-    let clamp_exp = per_layer_f32(&hp, "swiglu_clamp_exp", n_block, Some(vec![0.0; n_block]))?;
-    let clamp_sh = per_layer_f32(&hp, "swiglu_clamp_shexp", n_block, Some(clamp_exp.clone()))?;
+    let clamp_exp = per_layer_f32(&hp, "swiglu_clamp_exp", n_layer, Some(vec![0.0; n_layer]))?;
+    let clamp_sh = per_layer_f32(&hp, "swiglu_clamp_shexp", n_layer, Some(clamp_exp.clone()))?;
     let compress_base = hp.f_or("attention.compress_rope_freq_base", rope_base)?;
     let yarn = hp
         .file
