@@ -212,10 +212,12 @@ fn snapshot_restore_continues_identically() {
 }
 
 /// Routed experts streamed through the byte-budgeted cache at the minimum budget (and with
-/// everything cached) give the resident logits bit for bit, including the hash-routed layers.
+/// room for certain prefetches of the hash-routed layers, and with everything cached) give
+/// the resident logits bit for bit. With room, the hash layers' experts are prefetched from
+/// the token ids, and every byte read is a miss or a prefetch.
 #[test]
 fn streaming_equals_resident() {
-    for name in ["a-f32.gguf", "b-f32.gguf"] {
+    for name in ["a-f32.gguf", "b-f32.gguf", "c-f32.gguf"] {
         let path = fixture(name);
         let resident = Model::load(&path).unwrap();
         let want = run(&resident, 16, 2, false);
@@ -225,6 +227,8 @@ fn streaming_equals_resident() {
         for (budget, backend, direct) in [
             (min, Backend::Pread, true),
             (min, Backend::Uring, false),
+            (3 * min, Backend::Pread, true),
+            (3 * min, Backend::Uring, true),
             (all, Backend::Pread, false),
         ] {
             let cfg = StreamConfig {
@@ -240,12 +244,48 @@ fn streaming_equals_resident() {
                 },
             };
             let mut m = Model::load(&path).unwrap();
-            let s = StreamingExperts::open(&path, &m.groups.experts, k, &cfg).unwrap();
-            m.set_expert_source(Box::new(s));
+            let s = std::sync::Arc::new(
+                StreamingExperts::open(&path, &m.groups.experts, k, &cfg).unwrap(),
+            );
+            m.set_expert_source(Box::new(s.clone()));
             let got = run(&m, 16, 2, false);
             assert!(
                 same_bits(&got, &want),
                 "{name}: streamed logits differ (budget {budget}, {backend:?}, direct {direct})"
+            );
+            let (cs, io, ss) = (s.cache_stats(), s.io_stats(), s.stream_stats());
+            let per_layer = m.groups.experts.unit_bytes_per_layer();
+            let misses: u64 = cs
+                .per_layer
+                .iter()
+                .zip(&per_layer)
+                .map(|(l, &b)| l.misses * b)
+                .sum();
+            assert_eq!(
+                io.bytes_requested,
+                misses + ss.prefetch_bytes,
+                "{name}: bytes read != misses + prefetches"
+            );
+            assert!(cs.peak_allocated <= budget);
+            let has_hash = name != "c-f32.gguf";
+            if budget == 3 * min && has_hash {
+                assert!(ss.prefetch_issued > 0, "{name}: no certain prefetch issued");
+            }
+            if budget == min || !has_hash {
+                assert_eq!(
+                    ss.prefetch_issued, 0,
+                    "{name}: prefetch at the minimum budget"
+                );
+            }
+            eprintln!(
+                "{name} budget {budget}: misses {} hits {} pending {} | prefetch issued {} bytes {} present {} skipped {}",
+                cs.total.misses,
+                cs.total.hits,
+                cs.total.pending,
+                ss.prefetch_issued,
+                ss.prefetch_bytes,
+                ss.prefetch_present,
+                ss.prefetch_skipped
             );
         }
     }

@@ -54,6 +54,9 @@ pub struct DeepSeek4 {
     layers: Vec<Layer>,
     /// Routed experts of the MTP block(s), never run, described so they stream (stay on disk).
     mtp_experts: Vec<[Stacked; 3]>,
+    /// Issue the reads of the hash-routed layers' experts (known from the token ids) at the
+    /// start of each forward call. Off with `SLUICE_NO_HASH_PREFETCH=1` (A/B).
+    hash_prefetch: bool,
 }
 
 /// Per-sequence state: every layer's raw window, compressor carry and compressed rows.
@@ -488,6 +491,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         },
         layers,
         mtp_experts,
+        hash_prefetch: std::env::var_os("SLUICE_NO_HASH_PREFETCH").is_none_or(|v| v == "0"),
     }))
 }
 
@@ -559,6 +563,25 @@ impl Architecture for DeepSeek4 {
             })?;
         let (e, hc) = (self.cfg.n_embd, self.hc.n_hc);
         let eps = self.shape.rms_eps;
+        if self.hash_prefetch {
+            // Certain: the hash-routed layers' experts follow from the token ids alone.
+            for (il, l) in self.layers.iter().enumerate() {
+                let Router::Hash { table, .. } = &l.moe.router else {
+                    continue;
+                };
+                let k = l.moe.k;
+                let mut units: Vec<usize> = batch
+                    .tokens
+                    .iter()
+                    .filter_map(|&t| table.get(t as usize * k..(t as usize + 1) * k))
+                    .flatten()
+                    .map(|&x| x as usize)
+                    .collect();
+                units.sort_unstable();
+                units.dedup();
+                env.experts.prefetch(il, &units);
+            }
+        }
         let emb = head::embed(env, &self.token_embd, batch, 1.0)?;
         let mut x = Vec::with_capacity(emb.len() * hc);
         for row in emb.chunks(e) {
