@@ -429,3 +429,50 @@ fn file_with_mtp_block_loads_and_ignores_it() {
     ));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Three sequences forwarding at once through one streaming source with room for
+/// prefetches (prefetch reads landed by whichever sequence polls) each get the resident
+/// logits bit for bit.
+#[test]
+fn concurrent_sequences_with_prefetch_equal_resident() {
+    let path = fixture("a-f32.gguf");
+    let resident = Model::load(&path).unwrap();
+    let want = run(&resident, 5, 1, false);
+    let k = resident.cfg.n_expert_used;
+    let min = StreamingExperts::min_budget(&resident.groups.experts, k);
+    for budget in [min, 3 * min] {
+        let cfg = StreamConfig {
+            budget,
+            policy: PolicyKind::Lru,
+            resident_layers: 0,
+            io: IoConfig {
+                backend: Backend::Pread,
+                direct: true,
+                depth: 8,
+                threads: 2,
+                high_priority: false,
+            },
+        };
+        let mut m = Model::load(&path).unwrap();
+        let s =
+            std::sync::Arc::new(StreamingExperts::open(&path, &m.groups.experts, k, &cfg).unwrap());
+        m.set_expert_source(Box::new(s.clone()));
+        let outs: Vec<Vec<f32>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = [5usize, 1, 16]
+                .iter()
+                .map(|&b| {
+                    let m = &m;
+                    sc.spawn(move || run(m, b, 1, false))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for o in &outs {
+            assert!(
+                same_bits(o, &want),
+                "budget {budget}: a concurrent sequence differs"
+            );
+        }
+        assert!(s.cache_stats().peak_allocated <= budget);
+    }
+}
