@@ -100,6 +100,32 @@ fn check(name: &str) {
         worst.0,
         worst.1
     );
+    // The default f16-rounded KV rows (llama.cpp's default cache type): the rounding
+    // (~5e-4 relative) can flip an indexer choice whose gap is smaller (the fixtures' smallest
+    // gaps are ~1e-4), which moves that position by ~0.1; llama.cpp shows the same (its F32-KV
+    // run of model b deviates 0.114 at position 132). Recorded, and bounded: positions
+    // beyond 1e-2 of the largest |logit| are at most 2%.
+    let f16 = run(&m, 64, 2, false);
+    let per_pos: Vec<f32> = f16
+        .chunks(n_vocab)
+        .zip(want.chunks(n_vocab))
+        .map(|(g, w)| {
+            g.iter()
+                .zip(w)
+                .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()))
+        })
+        .collect();
+    let far: Vec<usize> = (0..per_pos.len())
+        .filter(|&p| per_pos[p] > 1e-2 * max_ref)
+        .collect();
+    eprintln!(
+        "{name}: with f16 KV rows: max |sluice - transformers| = {}, positions beyond 1e-2 relative: {far:?}",
+        per_pos.iter().fold(0.0f32, |a, &b| a.max(b))
+    );
+    assert!(
+        far.len() * 50 <= per_pos.len(),
+        "{name}: f16 KV far positions {far:?}"
+    );
     for (p, (g, w)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
         let wi = argmax(w);
         let mut sorted = w.to_vec();
