@@ -502,3 +502,85 @@ fn concurrent_sequences_with_prefetch_equal_resident() {
         assert!(s.cache_stats().peak_allocated <= budget);
     }
 }
+
+/// The `joyai-llm` pre-tokenizer the converter writes for DeepSeek V4 splits text as
+/// llama.cpp does: token ids of varied text (code, CJK, kana, Hangul, combining marks,
+/// symbols, emoji, digits, whitespace, and llama.cpp's qwen2 tokenizer corpus) equal
+/// llama-tokenize's (tests/fixtures/deepseek4/tokenizer.json,
+/// tools/fixtures/make_deepseek4_tokens.py), on the fixture's tiny vocabulary and on
+/// llama.cpp's qwen2 vocabulary (151k tokens, so a wrong split changes the ids) relabelled
+/// `joyai-llm`. The second part needs the llama.cpp source (SLUICE_LLAMA_CPP or the
+/// tools/get-llama-cpp.sh cache) and is skipped with a note without it.
+#[test]
+fn joyai_tokenizer_matches_llama_cpp() {
+    use sluice_gguf::{GgufFile, MetaValue};
+    use sluice_text::tokenizer::Tokenizer;
+    let cases: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("tokenizer.json")).unwrap()).unwrap();
+    let check = |tok: &Tokenizer, set: &str| {
+        let mut bad = Vec::new();
+        let list = cases[set].as_array().unwrap();
+        for c in list {
+            let text = c["text"].as_str().unwrap();
+            let want: Vec<u32> = c["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect();
+            let got = tok.encode(text, false, false);
+            if got != want {
+                bad.push(format!("{text:?}: sluice {got:?} llama.cpp {want:?}"));
+            }
+        }
+        assert!(bad.is_empty(), "{set}:\n{}", bad.join("\n"));
+        list.len()
+    };
+    let file = GgufFile::open(&fixture("a-f32.gguf")).unwrap();
+    check(&Tokenizer::from_gguf(&file).unwrap(), "fixture");
+    // The pieces themselves, against Python's `regex` module on the same patterns.
+    let mut bad = Vec::new();
+    for c in cases["splits"].as_array().unwrap() {
+        let text = c["text"].as_str().unwrap();
+        let want: Vec<&str> = c["pieces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap())
+            .collect();
+        let got: Vec<&str> = sluice_text::tokenizer::PreTokenizer::JoyAi
+            .split(text)
+            .into_iter()
+            .map(|r| &text[r])
+            .collect();
+        if got != want {
+            bad.push(format!("{text:?}: sluice {got:?} regex {want:?}"));
+        }
+    }
+    assert!(bad.is_empty(), "splits:\n{}", bad.join("\n"));
+
+    let dir = std::env::var_os("SLUICE_LLAMA_CPP")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let home = std::env::var_os("HOME")?;
+            let d = PathBuf::from(home)
+                .join(".cache/sluice/llama-cpp-python/llama_cpp_python-0.3.36/vendor/llama.cpp");
+            d.exists().then_some(d)
+        });
+    let Some(dir) = dir else {
+        eprintln!("note: no llama.cpp source dir; skipping the qwen2-joyai vocabulary");
+        return;
+    };
+    let path = dir.join("models/ggml-vocab-qwen2.gguf");
+    // Vocab-only files end before the data section's alignment padding: pad to parse.
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes.resize(bytes.len().next_multiple_of(64), 0);
+    let mut f = GgufFile::parse(&bytes, &path).unwrap();
+    for (k, v) in f.metadata.iter_mut() {
+        if k == "tokenizer.ggml.pre" {
+            *v = MetaValue::Str("joyai-llm".into());
+        }
+    }
+    let n = check(&Tokenizer::from_gguf(&f).unwrap(), "qwen2-joyai");
+    eprintln!("joyai-llm: {n} cases on the qwen2 vocabulary match llama.cpp");
+}
