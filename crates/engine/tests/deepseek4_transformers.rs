@@ -345,6 +345,17 @@ fn bad_metadata_is_refused() {
             }),
             "compress_ratios",
         ),
+        // a shape that disagrees with the metadata names the tensor
+        (
+            "deepseek4.attention.q_lora_rank",
+            MetaValue::U32(16),
+            "blk.0.attn_q_a.weight",
+        ),
+        (
+            "deepseek4.expert_used_count",
+            MetaValue::U32(9),
+            "expert_used_count",
+        ),
     ];
     for (key, value, needle) in cases {
         let dir = std::env::temp_dir().join(format!("sluice-ds4-bad-{}", std::process::id()));
