@@ -270,11 +270,16 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     let clamp_exp = per_layer_f32(&hp, "swiglu_clamp_exp", n_layer, Some(vec![0.0; n_layer]))?;
     let clamp_sh = per_layer_f32(&hp, "swiglu_clamp_shexp", n_layer, Some(clamp_exp.clone()))?;
     let compress_base = hp.f_or("attention.compress_rope_freq_base", rope_base)?;
-    let yarn = hp
+    // YaRN on the compressed layers when the file says so, or (no type written) when it
+    // carries a scaling factor > 1.
+    let yarn = match hp
         .file
         .get(&format!("{NAME}.rope.scaling.type"))
         .and_then(|v| v.as_str())
-        == Some("yarn");
+    {
+        Some(t) => t == "yarn",
+        None => hp.f_or("rope.scaling.factor", 1.0)? > 1.0,
+    };
     let rope_compress = if yarn {
         yarn_inv_freq(
             n_rot,
