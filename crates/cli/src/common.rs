@@ -234,6 +234,15 @@ impl Loaded {
             human(cs.resident_bytes)
         );
         eprintln!("io: {io}");
+        if ss.prefetch_issued + ss.prefetch_present + ss.prefetch_skipped > 0 {
+            eprintln!(
+                "prefetch (certain, hash-routed layers): issued {} ({}) | already cached or in flight {} | left out (budget) {}",
+                ss.prefetch_issued,
+                human(ss.prefetch_bytes),
+                ss.prefetch_present,
+                ss.prefetch_skipped
+            );
+        }
         let per_layer_bytes = self.model.groups.experts.unit_bytes_per_layer();
         let expected: u64 = cs
             .per_layer
@@ -241,9 +250,10 @@ impl Loaded {
             .zip(&per_layer_bytes)
             .map(|(s, &b)| s.misses * b)
             .sum::<u64>()
-            + st.resident_read_bytes();
+            + st.resident_read_bytes()
+            + ss.prefetch_bytes;
         eprintln!(
-            "reconcile: bytes requested {} = misses x expert bytes {} ({}); read incl. alignment {} (+{:.1}%)",
+            "reconcile: bytes requested {} = misses x expert bytes + prefetches {} ({}); read incl. alignment {} (+{:.1}%)",
             io.bytes_requested,
             expected,
             if io.bytes_requested == expected { "ok" } else { "MISMATCH" },

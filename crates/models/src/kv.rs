@@ -40,6 +40,11 @@ impl KvCache {
         self.f16 = on;
     }
 
+    /// Whether rows are kept at f16 precision.
+    pub fn f16(&self) -> bool {
+        self.f16
+    }
+
     /// Positions evaluated so far (the position of the next token).
     pub fn len(&self) -> usize {
         self.len

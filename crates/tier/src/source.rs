@@ -101,6 +101,11 @@ pub trait ExpertSource: Send + Sync {
 
     /// `n` more tokens were evaluated (the clock of decaying eviction policies).
     fn end_tokens(&self, _n: usize) {}
+
+    /// Units of `layer` that are certain to be needed soon (e.g. hash-routed layers, whose
+    /// experts follow from the token ids): a streaming source may start reading them now,
+    /// without waiting. Never changes what [`ExpertSource::for_each_expert`] computes.
+    fn prefetch(&self, _layer: usize, _units: &[usize]) {}
 }
 
 /// A callback over a batch of ready units: (index in the unit list, view).
@@ -130,5 +135,9 @@ impl<T: ExpertSource> ExpertSource for std::sync::Arc<T> {
 
     fn end_tokens(&self, n: usize) {
         (**self).end_tokens(n)
+    }
+
+    fn prefetch(&self, layer: usize, units: &[usize]) {
+        (**self).prefetch(layer, units)
     }
 }

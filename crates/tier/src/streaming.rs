@@ -86,6 +86,13 @@ pub struct StreamStats {
     pub overlapped: u64,
     /// Layer visits that had to be split because the batch's experts exceed the budget.
     pub budget_rounds: u64,
+    /// Certain prefetches ([`ExpertSource::prefetch`]): reads issued, their expert bytes,
+    /// units already cached or in flight (no read), and units left out because the budget
+    /// beyond one layer's top-k was used up.
+    pub prefetch_issued: u64,
+    pub prefetch_bytes: u64,
+    pub prefetch_present: u64,
+    pub prefetch_skipped: u64,
 }
 
 /// Routed experts streamed from the model file through a byte-budgeted cache.
@@ -108,6 +115,14 @@ pub struct StreamingExperts {
     io_wait_ns: AtomicU64,
     overlapped: AtomicU64,
     budget_rounds: AtomicU64,
+    /// Prefetch reads in flight (issued by no caller): tag -> reservation. Whoever polls
+    /// the IO engine lands them.
+    prefetching: Mutex<HashMap<u64, Ticket>>,
+    top_k: usize,
+    prefetch_issued: AtomicU64,
+    prefetch_bytes: AtomicU64,
+    prefetch_present: AtomicU64,
+    prefetch_skipped: AtomicU64,
 }
 
 /// Completions that arrived for a caller other than the one polling.
@@ -184,6 +199,12 @@ impl StreamingExperts {
             io_wait_ns: AtomicU64::new(0),
             overlapped: AtomicU64::new(0),
             budget_rounds: AtomicU64::new(0),
+            prefetching: Mutex::new(HashMap::new()),
+            top_k,
+            prefetch_issued: AtomicU64::new(0),
+            prefetch_bytes: AtomicU64::new(0),
+            prefetch_present: AtomicU64::new(0),
+            prefetch_skipped: AtomicU64::new(0),
         };
         s.load_resident(cfg.resident_layers)?;
         Ok(s)
@@ -248,7 +269,38 @@ impl StreamingExperts {
             io_wait_ns: self.io_wait_ns.load(Ordering::Relaxed),
             overlapped: self.overlapped.load(Ordering::Relaxed),
             budget_rounds: self.budget_rounds.load(Ordering::Relaxed),
+            prefetch_issued: self.prefetch_issued.load(Ordering::Relaxed),
+            prefetch_bytes: self.prefetch_bytes.load(Ordering::Relaxed),
+            prefetch_present: self.prefetch_present.load(Ordering::Relaxed),
+            prefetch_skipped: self.prefetch_skipped.load(Ordering::Relaxed),
         }
+    }
+
+    fn prefetching(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Ticket>> {
+        self.prefetching
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A completion of a prefetch read: fill its slot (unpinned at once: cached for the
+    /// caller that needs it) or give the slot back if the read failed. Returns whether
+    /// `done` was a prefetch read.
+    fn land_prefetch(&self, done: &mut Option<ReadDone>) -> bool {
+        let Some(d) = done.as_ref() else {
+            return false;
+        };
+        let Some(ticket) = self.prefetching().remove(&d.tag) else {
+            return false;
+        };
+        let d = done.take().expect("checked above");
+        match d.result {
+            Ok(()) => {
+                let _ = self.cache.fill(ticket, d.buf, &d.placed);
+            }
+            Err(_) => self.cache.release_failed(ticket, Some(d.buf)),
+        }
+        self.landed.notify_all();
+        true
     }
 
     fn mailbox(&self) -> std::sync::MutexGuard<'_, Mailbox> {
@@ -286,6 +338,10 @@ impl StreamingExperts {
             mb = self.mailbox();
             mb.polling = false;
             self.landed.notify_all();
+            let mut done = done;
+            if self.land_prefetch(&mut done) {
+                continue;
+            }
             match done {
                 Some(d) if in_flight.contains_key(&d.tag) => return Ok(d),
                 Some(d) => {
@@ -299,7 +355,22 @@ impl StreamingExperts {
     /// Block briefly until another sequence lands or releases something (used when a unit
     /// is being read by another sequence, or the budget is held by others' pins).
     fn wait_for_others(&self) {
-        let mb = self.mailbox();
+        let mut mb = self.mailbox();
+        if !mb.polling && !self.prefetching().is_empty() {
+            // A unit we need may be a prefetch read nobody else polls for: poll once.
+            mb.polling = true;
+            drop(mb);
+            let mut done = self.io.wait_one();
+            mb = self.mailbox();
+            mb.polling = false;
+            if !self.land_prefetch(&mut done) {
+                if let Some(d) = done {
+                    mb.done.insert(d.tag, d);
+                }
+            }
+            self.landed.notify_all();
+            return;
+        }
         let _ = self
             .landed
             .wait_timeout(mb, Duration::from_micros(200))
@@ -394,6 +465,66 @@ impl ExpertSource for StreamingExperts {
     fn end_tokens(&self, n: usize) {
         for _ in 0..n {
             self.cache.end_token();
+        }
+    }
+
+    /// Start reading the units of `layer` that are neither cached nor in flight, without
+    /// waiting. Prefetches never take the last `top_k` largest slots' worth of budget (what
+    /// one layer needs to run), so they cannot starve the layer being computed nor evict
+    /// each other before use; pinned units are never evicted (the cache's rule).
+    fn prefetch(&self, layer: usize, units: &[usize]) {
+        let Some(layout) = self.layers.get(layer).and_then(Option::as_ref) else {
+            return;
+        };
+        let largest = self
+            .layers
+            .iter()
+            .flatten()
+            .map(|l| l.capacity as u64)
+            .max()
+            .unwrap_or(0);
+        let reserve = crate::min_budget(self.top_k, largest);
+        let in_flight: u64 = self.prefetching().len() as u64 * largest;
+        let mut room = self
+            .cache
+            .budget()
+            .saturating_sub(reserve)
+            .saturating_sub(in_flight);
+        for &e in units {
+            let key = ExpertKey::new(layer as u32, e as u32);
+            if self.cache.contains(key) {
+                self.prefetch_present.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if (layout.capacity as u64) > room {
+                self.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let Ok(r) = self.cache.reserve(key, layout.class) else {
+                self.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            room -= layout.capacity as u64;
+            let tag = self.tag();
+            self.prefetching().insert(tag, r.ticket);
+            let segments = layout.segments(e);
+            let bytes: u64 = segments.iter().map(|s| s.len as u64).sum();
+            if self
+                .io
+                .submit(ReadReq {
+                    tag,
+                    segments,
+                    buf: r.buf,
+                })
+                .is_err()
+            {
+                if let Some(t) = self.prefetching().remove(&tag) {
+                    self.cache.release_failed(t, None);
+                }
+                continue;
+            }
+            self.prefetch_issued.fetch_add(1, Ordering::Relaxed);
+            self.prefetch_bytes.fetch_add(bytes, Ordering::Relaxed);
         }
     }
 }

@@ -4,6 +4,7 @@
 //! the shared [`crate::blocks`]. Adding one: write `arch/<name>.rs` with a `load` function
 //! returning a `Box<dyn Architecture>`, add `pub mod <name>;` and one line to [`REGISTRY`].
 
+pub mod deepseek4;
 pub mod gemma3;
 pub mod qwen3moe;
 
@@ -45,7 +46,11 @@ pub trait Architecture: Send + Sync {
 pub type LoadFn = fn(&GgufFile, &MappedFile) -> Result<Box<dyn Architecture>, ModelError>;
 
 /// `general.architecture` name -> loader. One line per architecture.
-pub const REGISTRY: &[(&str, LoadFn)] = &[("qwen3moe", qwen3moe::load), ("gemma3", gemma3::load)];
+pub const REGISTRY: &[(&str, LoadFn)] = &[
+    ("qwen3moe", qwen3moe::load),
+    ("gemma3", gemma3::load),
+    ("deepseek4", deepseek4::load),
+];
 
 /// Names of every registered architecture.
 pub fn known() -> Vec<&'static str> {

@@ -10,12 +10,17 @@
 //! - [`moe`]: routed experts with a [`moe::Router`] (softmax, biased sqrt-softplus /
 //!   sigmoid, token-id hash table), run through the expert source.
 //! - [`head`]: token embedding rows and the output head.
+//! - [`hyper`]: hyper-connections (several residual streams mixed by Sinkhorn; DeepSeek V4).
+//! - [`dsv4_attention`]: DeepSeek V4 attention (q-LoRA, shared K=V latent, sinks, KV
+//!   compressors, lightning indexer) and its per-sequence layer state.
 //!
 //! Norms, RoPE tables and activations are in [`crate::ops`].
 
 pub mod attention;
+pub mod dsv4_attention;
 pub mod ffn;
 pub mod head;
+pub mod hyper;
 pub mod moe;
 
 use std::sync::Mutex;

@@ -26,6 +26,12 @@ pub enum PreTokenizer {
     Qwen35,
     /// Gemma 4: only runs of newlines versus the rest.
     Newlines,
+    /// `joyai-llm` (DeepSeek V4; llama.cpp's DEEPSEEK3_LLM regexes), three passes as
+    /// llama.cpp runs them (std::regex on category-collapsed text): `\p{N}{1,3}`, then runs
+    /// of CJK / Hiragana / Katakana, then punctuation-led ASCII words, letter(+mark) runs with
+    /// one optional leading other character, punctuation/symbol runs keeping trailing
+    /// newlines, and the usual whitespace rules.
+    JoyAi,
 }
 
 /// Unicode classes the splitters need (the categories of llama.cpp's `unicode_cpt_flags`).
@@ -36,6 +42,8 @@ pub(crate) struct Flags {
     pub whitespace: bool,
     pub punctuation: bool,
     pub mark: bool,
+    /// Unicode symbols (Sm, Sc, Sk, So).
+    pub symbol: bool,
     /// False only for positions outside the segment (llama.cpp's zero flags).
     pub any: bool,
 }
@@ -65,8 +73,13 @@ pub(crate) fn flags_of(c: char) -> Flags {
         cat,
         Gc::NonspacingMark | Gc::SpacingMark | Gc::EnclosingMark
     );
+    let symbol = matches!(
+        cat,
+        Gc::MathSymbol | Gc::CurrencySymbol | Gc::ModifierSymbol | Gc::OtherSymbol
+    );
     Flags {
         mark,
+        symbol,
         letter,
         number,
         // Rust's White_Space set equals llama.cpp's unicode_set_whitespace.
@@ -104,6 +117,11 @@ impl PreTokenizer {
             PreTokenizer::Qwen2 => split_llama3(&cps, &whole, 1, false),
             PreTokenizer::Qwen35 => split_llama3(&cps, &whole, 1, true),
             PreTokenizer::Newlines => split_newlines(&cps, &whole),
+            PreTokenizer::JoyAi => {
+                let s = split_number_groups(&cps, &whole, 3);
+                let s = split_runs(&cps, &s, is_cjk_kana);
+                split_joyai(&cps, &s)
+            }
         };
         segs.into_iter()
             .filter(|r| r.start < r.end)
@@ -427,6 +445,170 @@ fn split_llama3(
     out
 }
 
+/// `\p{N}{1,max}` (collapsed): leftmost greedy groups of up to `max` numbers, gaps kept.
+fn split_number_groups(cps: &[char], segs: &[Range<usize>], max: usize) -> Vec<Range<usize>> {
+    let mut out = Vec::with_capacity(segs.len());
+    for seg in segs {
+        let mut gap = seg.start;
+        let mut pos = seg.start;
+        while pos < seg.end {
+            if !is_collapsed_number(cps[pos]) {
+                pos += 1;
+                continue;
+            }
+            if gap < pos {
+                out.push(gap..pos);
+            }
+            let mut n = 0;
+            while pos + n < seg.end && n < max && is_collapsed_number(cps[pos + n]) {
+                n += 1;
+            }
+            out.push(pos..pos + n);
+            pos += n;
+            gap = pos;
+        }
+        if gap < seg.end {
+            out.push(gap..seg.end);
+        }
+    }
+    out
+}
+
+/// `[一-龥぀-ゟ゠-ヿ]` (matched on the code points themselves).
+fn is_cjk_kana(c: char) -> bool {
+    matches!(c, '\u{4E00}'..='\u{9FA5}' | '\u{3040}'..='\u{309F}' | '\u{30A0}'..='\u{30FF}')
+}
+
+/// Character classes of the third `joyai-llm` regex as llama.cpp's collapsed std::regex
+/// sees them: ASCII by its own sets, any other code point by its category (whitespace
+/// first).
+#[derive(Clone, Copy, Default)]
+struct JoyClass {
+    ws: bool,
+    letter: bool,
+    punct: bool,
+    symbol: bool,
+    mark: bool,
+}
+
+fn joy_class(c: char) -> JoyClass {
+    if c.is_ascii() {
+        // \s of std::regex in the C locale: space, \t, \n, \v, \f, \r.
+        let ws = matches!(c, ' ' | '\t' | '\n' | '\x0B' | '\x0C' | '\r');
+        // llama.cpp's ASCII symbol set; the rest of ASCII punctuation is \p{P}.
+        let symbol = matches!(c, '$' | '+' | '<' | '=' | '>' | '^' | '`' | '|' | '~');
+        return JoyClass {
+            ws,
+            letter: c.is_ascii_alphabetic(),
+            punct: c.is_ascii_punctuation() && !symbol,
+            symbol,
+            mark: false,
+        };
+    }
+    let f = flags_of(c);
+    if f.whitespace {
+        return JoyClass {
+            ws: true,
+            ..JoyClass::default()
+        };
+    }
+    JoyClass {
+        ws: false,
+        letter: f.letter,
+        punct: f.punctuation,
+        symbol: f.symbol,
+        mark: f.mark,
+    }
+}
+
+/// `[!-/:-@[-`{-~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+/// (leftmost alternative at the leftmost position; unmatched characters stay as gaps).
+fn split_joyai(cps: &[char], segs: &[Range<usize>]) -> Vec<Range<usize>> {
+    let mut out = Vec::with_capacity(segs.len() * 2);
+    for seg in segs {
+        let end = seg.end;
+        let cls = |p: usize| {
+            if p < end {
+                joy_class(cps[p])
+            } else {
+                JoyClass::default()
+            }
+        };
+        let lm = |p: usize| p < end && (cls(p).letter || cls(p).mark);
+        let ps = |p: usize| p < end && (cls(p).punct || cls(p).symbol);
+        let rn = |p: usize| p < end && matches!(cps[p], '\r' | '\n');
+        let ws = |p: usize| p < end && cls(p).ws;
+        let run = |mut p: usize, f: &dyn Fn(usize) -> bool| {
+            while f(p) {
+                p += 1;
+            }
+            p
+        };
+        let match_at = |pos: usize| -> Option<usize> {
+            let c = cps[pos];
+            let k = cls(pos);
+            // [ASCII punctuation][A-Za-z]+
+            if c.is_ascii_punctuation() && pos + 1 < end && cps[pos + 1].is_ascii_alphabetic() {
+                return Some(run(pos + 1, &|p| p < end && cps[p].is_ascii_alphabetic()));
+            }
+            // [^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+
+            let opt = !matches!(c, '\r' | '\n') && !k.letter && !k.punct && !k.symbol;
+            if opt && lm(pos + 1) {
+                return Some(run(pos + 1, &lm));
+            }
+            if lm(pos) {
+                return Some(run(pos, &lm));
+            }
+            //  ?[\p{P}\p{S}]+[\r\n]*
+            let p0 = if c == ' ' && ps(pos + 1) {
+                pos + 1
+            } else {
+                pos
+            };
+            if ps(p0) {
+                let p = run(p0, &ps);
+                return Some(run(p, &rn));
+            }
+            let n_ws = run(pos, &ws) - pos;
+            if n_ws == 0 {
+                return None;
+            }
+            // \s*[\r\n]+
+            if let Some(last) = (pos..pos + n_ws).rev().find(|&p| rn(p)) {
+                return Some(last + 1);
+            }
+            // \s+(?!\S)
+            if pos + n_ws == end {
+                return Some(end);
+            }
+            if n_ws > 1 {
+                return Some(pos + n_ws - 1);
+            }
+            // \s+
+            Some(pos + n_ws)
+        };
+        let mut gap = seg.start;
+        let mut pos = seg.start;
+        while pos < end {
+            match match_at(pos) {
+                Some(m) => {
+                    if gap < pos {
+                        out.push(gap..pos);
+                    }
+                    out.push(pos..m);
+                    pos = m;
+                    gap = m;
+                }
+                None => pos += 1,
+            }
+        }
+        if gap < end {
+            out.push(gap..end);
+        }
+    }
+    out
+}
+
 /// GPT-2's byte-to-unicode table: printable bytes map to themselves, the rest to U+0100+n.
 pub(crate) fn byte_to_unicode_table() -> [char; 256] {
     let mut table = ['\0'; 256];
@@ -473,6 +655,16 @@ mod tests {
             ["I", "'M", " ok", "\n\n", " ", " x"]
         );
         assert_eq!(words(PreTokenizer::Llama3, "(hi)\r\n"), ["(hi", ")\r\n"]);
+    }
+
+    #[test]
+    fn joyai_regexes() {
+        let j = |t| words(PreTokenizer::JoyAi, t);
+        assert_eq!(j("12345 abc"), ["123", "45", " abc"]);
+        assert_eq!(j("x;\n\ny"), ["x", ";\n\n", "y"]);
+        assert_eq!(j("(hi) .Net"), ["(hi", ")", " .", "Net"]);
+        assert_eq!(j("中文abc"), ["中文", "abc"]);
+        assert_eq!(j("a  b"), ["a", " ", " b"]);
     }
 
     #[test]

@@ -76,7 +76,7 @@ fn pre_info(name: &str) -> Option<PreInfo> {
         | "lfm2" | "jina-v5-nano" => PreInfo {
             ignore_merges: true,
             add_bos: true,
-            ..base(PreTokenizer::Llama3)
+            ..base(PreTokenizer::JoyAi)
         },
         "dbrx" | "smaug-bpe" => base(PreTokenizer::Llama3),
         "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
@@ -97,6 +97,10 @@ fn pre_info(name: &str) -> Option<PreInfo> {
         "qwen35" => PreInfo {
             clean_spaces: false,
             ..base(PreTokenizer::Qwen35)
+        },
+        "joyai-llm" => PreInfo {
+            clean_spaces: false,
+            ..base(PreTokenizer::JoyAi)
         },
         "gemma4" => PreInfo {
             escape_whitespaces: true,
