@@ -1,8 +1,9 @@
 //! Flags and helpers shared by the commands that load a model (run, perplexity, bench).
 
-use std::path::PathBuf;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use sluice_engine::load::{resident_bytes, Budget, LoadOptions, StreamOptions};
 use sluice_engine::session::Session;
 use sluice_engine::tier::PolicyKind;
@@ -158,15 +159,78 @@ impl ModelArgs {
         if self.batch == 0 {
             anyhow::bail!("--batch must be at least 1");
         }
-        if !self.model.exists() {
-            anyhow::bail!("{}: no such file", self.model.display());
+        if let Err(e) = std::fs::metadata(&self.model) {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                anyhow::bail!("{}: no such file", self.model.display());
+            }
+            anyhow::bail!("{}: {e}", self.model.display());
         }
+        regular_file(&self.model)?;
         let inner = self.options().load()?;
         for n in &inner.notes {
             eprintln!("{n}");
         }
         Ok(Loaded { inner })
     }
+}
+
+/// The most `perplexity -f` (and other text inputs) will read: far more than any
+/// evaluation corpus, far less than this machine's memory.
+pub const MAX_TEXT_BYTES: u64 = 1 << 30;
+
+/// Checks that `path` is a regular file (not a FIFO, device, socket or directory, which
+/// could block or never end) and returns its size. Errors name the path and say what it is.
+pub fn regular_file(path: &Path) -> Result<u64> {
+    let md = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
+    if !md.is_file() {
+        let ft = md.file_type();
+        use std::os::unix::fs::FileTypeExt;
+        let what = if ft.is_dir() {
+            "a directory"
+        } else if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_char_device() || ft.is_block_device() {
+            "a device"
+        } else if ft.is_socket() {
+            "a socket"
+        } else {
+            "a special file"
+        };
+        anyhow::bail!("{}: not a regular file ({what})", path.display());
+    }
+    Ok(md.len())
+}
+
+/// Read a UTF-8 text file of at most [`MAX_TEXT_BYTES`]: regular files only, the first
+/// invalid byte named.
+pub fn read_text_file(path: &Path) -> Result<String> {
+    let size = regular_file(path)?;
+    if size > MAX_TEXT_BYTES {
+        anyhow::bail!(
+            "{}: {} is more than the {} sluice reads as text",
+            path.display(),
+            human(size),
+            human(MAX_TEXT_BYTES)
+        );
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_TEXT_BYTES + 1).read_to_end(&mut bytes))
+        .with_context(|| format!("{}: cannot read", path.display()))?;
+    if bytes.len() as u64 > MAX_TEXT_BYTES {
+        anyhow::bail!(
+            "{}: grew past {} while being read",
+            path.display(),
+            human(MAX_TEXT_BYTES)
+        );
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not UTF-8 text: invalid byte at byte {}",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
 }
 
 /// This process's peak resident set size (VmHWM), if /proc says.
