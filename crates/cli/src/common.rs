@@ -159,6 +159,12 @@ impl ModelArgs {
         if self.batch == 0 {
             anyhow::bail!("--batch must be at least 1");
         }
+        if self.stream.resident_layers > 0 && self.stream.expert_cache.is_none() {
+            anyhow::bail!(
+                "--resident-layers {} needs --expert-cache (without it every expert is read through the memory map)",
+                self.stream.resident_layers
+            );
+        }
         if let Err(e) = std::fs::metadata(&self.model) {
             if e.kind() == std::io::ErrorKind::NotFound {
                 anyhow::bail!("{}: no such file", self.model.display());

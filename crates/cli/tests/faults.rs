@@ -366,7 +366,7 @@ fn thread_counts_beyond_the_machine_are_refused() {
         ],
         b"",
     );
-    fails_with(&out, &["-t 100000", "cores", "at most"]);
+    fails_with(&out, &["-t: 100000", "cores", "at most"]);
     let out = sluice_limited(
         &[
             "run",
@@ -385,7 +385,7 @@ fn thread_counts_beyond_the_machine_are_refused() {
         ],
         b"",
     );
-    fails_with(&out, &["--io-threads 100000", "at most"]);
+    fails_with(&out, &["--io-threads: 100000", "at most"]);
 }
 
 #[test]
