@@ -49,25 +49,43 @@ pub struct RunArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
     /// Temperature; 0 = greedy (always the most likely token).
-    #[arg(long = "temp", default_value_t = 0.8)]
+    #[arg(long = "temp", default_value_t = 0.8, value_parser = finite, allow_negative_numbers = true)]
     pub temp: f32,
     /// Keep only the K most likely tokens (0 = off).
     #[arg(long = "top-k", default_value_t = 40)]
     pub top_k: usize,
     /// Keep the smallest set of tokens whose probability reaches P (1.0 = off).
-    #[arg(long = "top-p", default_value_t = 0.95)]
+    #[arg(long = "top-p", default_value_t = 0.95, value_parser = finite, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Drop tokens less likely than P times the most likely one (0 = off).
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    #[arg(long = "min-p", default_value_t = 0.05, value_parser = finite, allow_negative_numbers = true)]
     pub min_p: f32,
     /// Penalise tokens seen in the last --repeat-last-n tokens (1.0 = off).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_parser = positive, allow_negative_numbers = true)]
     pub repeat_penalty: f32,
     #[arg(long = "repeat-last-n", default_value_t = 64)]
     pub repeat_last_n: usize,
     /// Random seed (default: from the clock; printed with the stats).
     #[arg(long)]
     pub seed: Option<u64>,
+}
+
+/// A finite number (NaN or Inf would make every draw the same garbage).
+fn finite(s: &str) -> Result<f32, String> {
+    let v: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    if !v.is_finite() {
+        return Err("must be a finite number".into());
+    }
+    Ok(v)
+}
+
+/// A finite number > 0 (a penalty of 0 divides by zero, a negative one flips signs).
+fn positive(s: &str) -> Result<f32, String> {
+    let v = finite(s)?;
+    if v <= 0.0 {
+        return Err("must be > 0 (1.0 = off)".into());
+    }
+    Ok(v)
 }
 
 impl SamplingArgs {
