@@ -172,6 +172,9 @@ impl ModelArgs {
             anyhow::bail!("{}: {e}", self.model.display());
         }
         regular_file(&self.model)?;
+        if let Some(p) = &self.stream.record_routing {
+            check_output_file(p, "--record-routing")?;
+        }
         let inner = self.options().load()?;
         for n in &inner.notes {
             eprintln!("{n}");
@@ -205,6 +208,47 @@ pub fn regular_file(path: &Path) -> Result<u64> {
         anyhow::bail!("{}: not a regular file ({what})", path.display());
     }
     Ok(md.len())
+}
+
+/// Checks, before any work, that `path` can be written by the output flag `flag`: an
+/// existing regular file (opened for append to prove it), or a new name in an existing
+/// directory. Nothing is created.
+pub fn check_output_file(path: &Path, flag: &str) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(md) if !md.is_file() => {
+            let what = if md.is_dir() {
+                "a directory"
+            } else {
+                "a special file"
+            };
+            anyhow::bail!(
+                "{flag} {}: not a regular file ({what}); give a file name",
+                path.display()
+            )
+        }
+        Ok(_) => {
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .with_context(|| format!("{flag} {}: cannot write", path.display()))?;
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            if !parent.is_dir() {
+                anyhow::bail!(
+                    "{flag} {}: directory {} does not exist",
+                    path.display(),
+                    parent.display()
+                );
+            }
+            Ok(())
+        }
+        Err(e) => anyhow::bail!("{flag} {}: {e}", path.display()),
+    }
 }
 
 /// Read a UTF-8 text file of at most [`MAX_TEXT_BYTES`]: regular files only, the first

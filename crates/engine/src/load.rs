@@ -216,7 +216,12 @@ impl LoadOptions {
                     what: format!("{} has no routed experts", self.path.display()),
                 });
             }
-            model.record_routing(path)?;
+            model
+                .record_routing(path)
+                .map_err(|e| EngineError::Option {
+                    flag: "--record-routing",
+                    what: e.to_string(),
+                })?;
         }
         Ok(Loaded {
             model,

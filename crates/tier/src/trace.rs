@@ -510,11 +510,28 @@ pub struct RoutingRecorder {
     done: Vec<bool>,
     n_tokens: u64,
     n_batches: u64,
+    /// Renamed into place: the temporary file is no longer ours to remove.
+    finished: bool,
+}
+
+impl Drop for RoutingRecorder {
+    /// A recorder dropped without `finish` (the run failed) removes its temporary file.
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
 }
 
 impl RoutingRecorder {
     pub fn create(path: &Path, header: TraceHeader) -> Result<Self, TraceError> {
         header.validate(path)?;
+        if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+            return Err(TraceError::Record {
+                path: path.to_path_buf(),
+                what: "exists and is not a regular file (a directory or device)".into(),
+            });
+        }
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(".tmp");
         let tmp = PathBuf::from(tmp);
@@ -536,6 +553,7 @@ impl RoutingRecorder {
             batch_tokens: 0,
             n_tokens: 0,
             n_batches: 0,
+            finished: false,
         })
     }
 
@@ -658,6 +676,7 @@ impl RoutingRecorder {
             path: self.dest.clone(),
             source,
         })?;
-        Ok(self.dest)
+        self.finished = true;
+        Ok(self.dest.clone())
     }
 }
