@@ -183,6 +183,18 @@ impl ModelArgs {
     }
 }
 
+/// A command stopped by Ctrl-C (after saying so): `main` exits 130 without another line.
+#[derive(Debug)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted")
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
 /// The most `perplexity -f` (and other text inputs) will read: far more than any
 /// evaluation corpus, far less than this machine's memory.
 pub const MAX_TEXT_BYTES: u64 = 1 << 30;

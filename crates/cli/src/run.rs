@@ -14,7 +14,7 @@ use sluice_engine::text::chat::{ChatMessage, ChatTemplate};
 use sluice_engine::text::tokenizer::{StreamDecoder, Tokenizer};
 use sluice_engine::Model;
 
-use crate::common::{Loaded, ModelArgs};
+use crate::common::{Interrupted, Loaded, ModelArgs};
 
 /// Generate text. With -p: answer one prompt and exit. Without: interactive chat
 /// (Ctrl-C stops the current answer, Ctrl-D exits).
@@ -127,16 +127,7 @@ struct Dump {
 }
 
 pub fn main(args: RunArgs) -> Result<()> {
-    let mut loaded = args.model.load()?;
-    let tok = Tokenizer::from_gguf(&loaded.model.gguf)?;
-    eprintln!(
-        "loaded {} ({}, {} layers) in {:.2} s, {} threads",
-        args.model.model.display(),
-        loaded.model.cfg.arch,
-        loaded.model.cfg.n_layer,
-        loaded.load_secs,
-        loaded.pool.current_num_threads()
-    );
+    // Installed before loading so an early Ctrl-C is seen too (never the default kill).
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
@@ -147,6 +138,16 @@ pub fn main(args: RunArgs) -> Result<()> {
             }
         });
     }
+    let mut loaded = args.model.load()?;
+    let tok = Tokenizer::from_gguf(&loaded.model.gguf)?;
+    eprintln!(
+        "loaded {} ({}, {} layers) in {:.2} s, {} threads",
+        args.model.model.display(),
+        loaded.model.cfg.arch,
+        loaded.model.cfg.n_layer,
+        loaded.load_secs,
+        loaded.pool.current_num_threads()
+    );
     let mut sampler = Sampler::new(args.sampling.config());
     let mut session = loaded.session(&args.model);
     let mut dump = args.dump_logits.as_ref().map(|dir| Dump {
@@ -187,7 +188,12 @@ pub fn main(args: RunArgs) -> Result<()> {
         if let Some(d) = &dump {
             write_dump(d, &loaded.model)?;
         }
-        return loaded.finish();
+        loaded.finish()?;
+        if stop.load(Ordering::SeqCst) {
+            eprintln!("[interrupted after {} generated tokens]", timing.generated);
+            return Err(Interrupted.into());
+        }
+        return Ok(());
     }
 
     // Interactive chat: the whole conversation is re-rendered each turn and only the new
