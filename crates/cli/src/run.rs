@@ -204,21 +204,58 @@ pub fn main(args: RunArgs) -> Result<()> {
     }
     let mut history: Vec<u32> = Vec::new();
     let stdin = std::io::stdin();
+    let n_ctx = session.state.n_ctx();
     loop {
         eprint!("\n> ");
         std::io::stderr().flush().ok();
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 {
+        let mut raw = Vec::new();
+        if stdin.lock().read_until(b'\n', &mut raw)? == 0 {
             eprintln!();
             return loaded.finish();
         }
+        // One bad line never ends the conversation: say what was wrong and skip it.
+        let line = match String::from_utf8(raw) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!(
+                    "[this line is not valid UTF-8 text (invalid byte at byte {}); skipped]",
+                    e.utf8_error().valid_up_to()
+                );
+                continue;
+            }
+        };
         let line = line.trim_end_matches(['\n', '\r']).to_string();
         if line.is_empty() {
             continue;
         }
         messages.push(ChatMessage::new("user", &line));
-        let text = render(&loaded.model, &tok, &args, &messages)?;
-        let all = tok.encode(&text, true, true);
+        // The whole conversation must fit the context with room to answer: drop the
+        // oldest turns (never the system prompt) until it does, and say so.
+        let keep_from = usize::from(args.system.is_some());
+        let mut dropped = 0;
+        let all = loop {
+            let text = render(&loaded.model, &tok, &args, &messages)?;
+            let all = tok.encode(&text, true, true);
+            if all.len() < n_ctx || messages.len() <= keep_from + 1 {
+                break all;
+            }
+            let n = 2.min(messages.len() - keep_from - 1);
+            messages.drain(keep_from..keep_from + n);
+            dropped += n;
+        };
+        if dropped > 0 {
+            eprintln!(
+                "[the conversation outgrew the context of {n_ctx} tokens: dropped the {dropped} oldest messages]"
+            );
+        }
+        if all.len() >= n_ctx {
+            messages.pop();
+            eprintln!(
+                "[this message is {} tokens with the template; the context holds {n_ctx} (raise --ctx); skipped]",
+                all.len()
+            );
+            continue;
+        }
         // Reuse the cached prefix.
         let common = session.reuse_prefix(&all);
         history.truncate(common);
