@@ -639,3 +639,52 @@ fn chat_survives_invalid_utf8_and_context_overflow() {
     assert!(err.contains("context"), "{err}");
     assert!(err.matches("prefill:").count() >= 1, "{err}");
 }
+
+#[test]
+fn synth_cleans_up_on_sigterm() {
+    let dir = tmp_dir("synth-term");
+    let out = dir.join("big.gguf");
+    let mut child = spawn(
+        &[
+            "synth",
+            "-o",
+            out.to_str().unwrap(),
+            "--layers",
+            "16",
+            "--experts",
+            "64",
+            "--quant",
+            "F32",
+        ],
+        false,
+    );
+    // wait for the temporary file to appear (the handler is installed before it is
+    // created), then terminate
+    let deadline =
+        std::time::Instant::now() + std::time::Duration::from_secs(common::WATCHDOG_SECS);
+    let temps = || {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .count()
+    };
+    while temps() == 0 && std::time::Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let st = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let o = finish(child, Some(Vec::new()));
+    let err = stderr(&o);
+    assert_ne!(exited(&o), 0, "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    assert_eq!(temps(), 0, "a temporary file was left behind");
+    assert!(!out.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
