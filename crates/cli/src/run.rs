@@ -164,13 +164,9 @@ pub fn main(args: RunArgs) -> Result<()> {
     if one_shot {
         let prompt_tokens = match (&args.tokens, &args.prompt) {
             (Some(t), _) => t.clone(),
+            (None, Some(p)) if args.raw => tok.encode(p, true, false),
             (None, Some(p)) => {
-                let text = if args.raw {
-                    p.clone()
-                } else {
-                    render(&loaded.model, &tok, &args, &[ChatMessage::new("user", p)])?
-                };
-                tok.encode(&text, true, !args.raw)
+                prompt_ids(&loaded.model, &tok, &args, &[ChatMessage::new("user", p)])?
             }
             (None, None) => unreachable!(),
         };
@@ -234,8 +230,7 @@ pub fn main(args: RunArgs) -> Result<()> {
         let keep_from = usize::from(args.system.is_some());
         let mut dropped = 0;
         let all = loop {
-            let text = render(&loaded.model, &tok, &args, &messages)?;
-            let all = tok.encode(&text, true, true);
+            let all = prompt_ids(&loaded.model, &tok, &args, &messages)?;
             if all.len() < n_ctx || messages.len() <= keep_from + 1 {
                 break all;
             }
@@ -279,12 +274,16 @@ pub fn main(args: RunArgs) -> Result<()> {
     }
 }
 
-fn render(
+/// The conversation rendered with the chat template and encoded with one BOS: a template
+/// that writes the BOS text itself is not given a second one (as llama.cpp's
+/// `common_chat_templates_apply` strips the template's leading BOS when the vocabulary
+/// adds one).
+fn prompt_ids(
     model: &Model,
     tok: &Tokenizer,
     args: &RunArgs,
     messages: &[ChatMessage],
-) -> Result<String> {
+) -> Result<Vec<u32>> {
     let mut all = Vec::new();
     if let Some(s) = &args.system {
         if messages.first().map(|m| m.role.as_str()) != Some("system") {
@@ -293,7 +292,7 @@ fn render(
     }
     all.extend_from_slice(messages);
     let template = ChatTemplate::from_gguf(&model.gguf, tok);
-    Ok(template.render(&all, true)?)
+    Ok(template.encode_prompt(tok, &all, true)?)
 }
 
 /// What `run` plugs into the session's generate loop: print each piece as it decodes,

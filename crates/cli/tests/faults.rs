@@ -688,3 +688,48 @@ fn synth_cleans_up_on_sigterm() {
     assert!(!out.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+// ---- item 8: one BOS on chat prompts ----------------------------------------------------
+
+/// The Gemma chat template writes `<bos>` itself; the prompt must hold it once, as
+/// llama.cpp's common_chat_templates_apply gives it (it strips the template's leading BOS
+/// text when the vocabulary adds one): [2, 105 <start_of_turn>, ...].
+#[test]
+fn gemma_chat_prompt_has_one_bos() {
+    let g = match std::env::var("SLUICE_GEMMA") {
+        Ok(g) => g,
+        Err(_) if std::env::var("SLUICE_REQUIRE_MODELS").as_deref() == Ok("1") => {
+            panic!("SLUICE_GEMMA is not set (and SLUICE_REQUIRE_MODELS=1)")
+        }
+        Err(_) => {
+            eprintln!("note: SLUICE_GEMMA not set; skipping");
+            return;
+        }
+    };
+    let dir = tmp_dir("bos");
+    let out = sluice(&[
+        "run",
+        "-m",
+        &g,
+        "-p",
+        "Hi",
+        "-n",
+        "1",
+        "--temp",
+        "0",
+        "--dump-logits",
+        dir.to_str().unwrap(),
+    ]);
+    succeeds(&out);
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tokens.json")).unwrap()).unwrap();
+    let ids: Vec<u64> = j["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(&ids[..2], &[2, 105], "{ids:?}");
+    assert_eq!(ids.iter().filter(|&&i| i == 2).count(), 1, "{ids:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
