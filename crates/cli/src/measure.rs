@@ -106,17 +106,6 @@ fn inward_pages(mut v: Vec<Range<u64>>, page: u64) -> Vec<Range<u64>> {
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::inward_pages;
-
-    #[test]
-    fn ranges_merge_and_round_inward() {
-        let v = inward_pages(vec![5000..9000, 100..5000, 9000..20000, 30000..30100], 4096);
-        assert_eq!(v, vec![4096..16384]);
-    }
-}
-
 fn residency(path: &Path, ranges: &[Range<u64>]) -> (u64, u64) {
     ranges.iter().fold((0, 0), |acc, r| {
         match pagecache::residency(path, r.clone()) {
@@ -201,5 +190,16 @@ impl<'m> Measure<'m> {
                 .map(|(a, b)| a.saturating_sub(b)),
             block_read: blk.zip(self.blk_start).map(|(a, b)| a.saturating_sub(b)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::inward_pages;
+
+    #[test]
+    fn ranges_merge_and_round_inward() {
+        let v = inward_pages(vec![5000..9000, 100..5000, 9000..20000, 30000..30100], 4096);
+        assert_eq!(v, vec![4096..16384]);
     }
 }
