@@ -733,3 +733,65 @@ fn gemma_chat_prompt_has_one_bos() {
     assert_eq!(ids.iter().filter(|&&i| i == 2).count(), 1, "{ids:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+// ---- item 4: the model file truncated under a running process --------------------------
+
+/// Interactive chat on a copy of a fixture: answer one line, truncate the file, send
+/// another line. The next forward reads truncated pages of the map (SIGBUS): sluice must
+/// end with an error naming the file, not by the signal. Resident and streaming (where
+/// the resident weights are a locked map) both.
+#[test]
+fn truncated_model_file_is_an_error_not_sigbus() {
+    use std::io::Write;
+    let dir = tmp_dir("truncate");
+    for (i, extra) in [&[][..], &["--expert-cache", "100%", "--io", "pread"][..]]
+        .iter()
+        .enumerate()
+    {
+        let m = dir.join(format!("m{i}.gguf"));
+        std::fs::copy(fixture("a-f32.gguf"), &m).unwrap();
+        let ms = m.to_str().unwrap();
+        let mut args = vec!["run", "-m", ms, "-n", "2", "--temp", "0"];
+        args.extend_from_slice(extra);
+        let mut child = spawn(&args, false);
+        let mut stdin = child.stdin.take().unwrap();
+        let mut se = std::io::BufReader::new(child.stderr.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let mut all = String::new();
+            loop {
+                let mut line = String::new();
+                if std::io::BufRead::read_line(&mut se, &mut line).unwrap_or(0) == 0 {
+                    return all;
+                }
+                if line.contains("prefill:") {
+                    let _ = tx.send(());
+                }
+                all.push_str(&line);
+            }
+        });
+        stdin.write_all(b"hello\n").unwrap();
+        stdin.flush().unwrap();
+        let answered = rx.recv_timeout(std::time::Duration::from_secs(common::WATCHDOG_SECS));
+        if answered.is_ok() {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&m)
+                .unwrap()
+                .set_len(4096)
+                .unwrap();
+            let _ = stdin.write_all(b"again\n");
+        }
+        drop(stdin);
+        let out = finish(child, None);
+        let err = reader.join().unwrap();
+        assert!(answered.is_ok(), "the first line was never answered: {err}");
+        let code = exited(&out);
+        assert_ne!(code, 0, "{err}");
+        assert!(
+            err.contains(ms) && err.contains("changed while sluice was running"),
+            "{err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
