@@ -410,6 +410,12 @@ fn resident_layers_beyond_the_model_or_without_streaming_are_refused() {
         &with(&["--resident-layers", "1"]),
         &["--resident-layers", "--expert-cache"],
     );
+    // streaming-only flag values are checked without --expert-cache too
+    fails_with(
+        &with(&["--cache-policy", "bogus"]),
+        &["--cache-policy bogus"],
+    );
+    fails_with(&with(&["--io", "foo"]), &["--io foo"]);
     // within range and streaming: runs, and says how many were read at start
     let err = succeeds(&with(&[
         "--expert-cache",
