@@ -173,6 +173,9 @@ pub fn main(args: BenchArgs) -> Result<()> {
     if args.repetitions == 0 {
         anyhow::bail!("--repetitions must be at least 1");
     }
+    if let Some(p) = &args.csv {
+        crate::common::check_output_file(p, "--csv")?;
+    }
     let mut l = args.model.load()?;
     let cfg = &l.model.cfg;
     let bos = l

@@ -1,8 +1,9 @@
 //! Flags and helpers shared by the commands that load a model (run, perplexity, bench).
 
-use std::path::PathBuf;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use sluice_engine::load::{resident_bytes, Budget, LoadOptions, StreamOptions};
 use sluice_engine::session::Session;
 use sluice_engine::tier::PolicyKind;
@@ -158,8 +159,21 @@ impl ModelArgs {
         if self.batch == 0 {
             anyhow::bail!("--batch must be at least 1");
         }
-        if !self.model.exists() {
-            anyhow::bail!("{}: no such file", self.model.display());
+        if self.stream.resident_layers > 0 && self.stream.expert_cache.is_none() {
+            anyhow::bail!(
+                "--resident-layers {} needs --expert-cache (without it every expert is read through the memory map)",
+                self.stream.resident_layers
+            );
+        }
+        if let Err(e) = std::fs::metadata(&self.model) {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                anyhow::bail!("{}: no such file", self.model.display());
+            }
+            anyhow::bail!("{}: {e}", self.model.display());
+        }
+        regular_file(&self.model)?;
+        if let Some(p) = &self.stream.record_routing {
+            check_output_file(p, "--record-routing")?;
         }
         let inner = self.options().load()?;
         for n in &inner.notes {
@@ -167,6 +181,118 @@ impl ModelArgs {
         }
         Ok(Loaded { inner })
     }
+}
+
+/// A command stopped by Ctrl-C (after saying so): `main` exits 130 without another line.
+#[derive(Debug)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted")
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// The most `perplexity -f` (and other text inputs) will read: far more than any
+/// evaluation corpus, far less than this machine's memory.
+pub const MAX_TEXT_BYTES: u64 = 1 << 30;
+
+/// Checks that `path` is a regular file (not a FIFO, device, socket or directory, which
+/// could block or never end) and returns its size. Errors name the path and say what it is.
+pub fn regular_file(path: &Path) -> Result<u64> {
+    let md = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
+    if !md.is_file() {
+        let ft = md.file_type();
+        use std::os::unix::fs::FileTypeExt;
+        let what = if ft.is_dir() {
+            "a directory"
+        } else if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_char_device() || ft.is_block_device() {
+            "a device"
+        } else if ft.is_socket() {
+            "a socket"
+        } else {
+            "a special file"
+        };
+        anyhow::bail!("{}: not a regular file ({what})", path.display());
+    }
+    Ok(md.len())
+}
+
+/// Checks, before any work, that `path` can be written by the output flag `flag`: an
+/// existing regular file (opened for append to prove it), or a new name in an existing
+/// directory. Nothing is created.
+pub fn check_output_file(path: &Path, flag: &str) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(md) if !md.is_file() => {
+            let what = if md.is_dir() {
+                "a directory"
+            } else {
+                "a special file"
+            };
+            anyhow::bail!(
+                "{flag} {}: not a regular file ({what}); give a file name",
+                path.display()
+            )
+        }
+        Ok(_) => {
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .with_context(|| format!("{flag} {}: cannot write", path.display()))?;
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            if !parent.is_dir() {
+                anyhow::bail!(
+                    "{flag} {}: directory {} does not exist",
+                    path.display(),
+                    parent.display()
+                );
+            }
+            Ok(())
+        }
+        Err(e) => anyhow::bail!("{flag} {}: {e}", path.display()),
+    }
+}
+
+/// Read a UTF-8 text file of at most [`MAX_TEXT_BYTES`]: regular files only, the first
+/// invalid byte named.
+pub fn read_text_file(path: &Path) -> Result<String> {
+    let size = regular_file(path)?;
+    if size > MAX_TEXT_BYTES {
+        anyhow::bail!(
+            "{}: {} is more than the {} sluice reads as text",
+            path.display(),
+            human(size),
+            human(MAX_TEXT_BYTES)
+        );
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_TEXT_BYTES + 1).read_to_end(&mut bytes))
+        .with_context(|| format!("{}: cannot read", path.display()))?;
+    if bytes.len() as u64 > MAX_TEXT_BYTES {
+        anyhow::bail!(
+            "{}: grew past {} while being read",
+            path.display(),
+            human(MAX_TEXT_BYTES)
+        );
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not UTF-8 text: invalid byte at byte {}",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
 }
 
 /// This process's peak resident set size (VmHWM), if /proc says.

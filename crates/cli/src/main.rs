@@ -62,6 +62,7 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<common::Interrupted>() => ExitCode::from(130),
         Err(e) => {
             eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE

@@ -75,14 +75,35 @@ impl MeasureReport {
 }
 
 /// The file ranges `--measure` invalidates: the routed experts, or the whole file for a
-/// dense model (whose weights are then all read through the page cache).
+/// dense model (whose weights are then all read through the page cache). Touching ranges
+/// are merged and each is rounded inward to whole pages: with `--expert-cache` the
+/// resident tensors around them are locked in RAM page by page, and a locked page cannot
+/// be dropped (madvise fails with EINVAL), so a page shared with one is left alone.
 pub fn expert_ranges(model: &Model) -> Vec<Range<u64>> {
     let v = model.groups.expert_ranges();
     if v.is_empty() {
         std::iter::once(0..model.gguf.file_size).collect()
     } else {
-        v
+        inward_pages(v, pagecache::page_size())
     }
+}
+
+/// Sort and merge touching ranges, then round each inward to multiples of `page`
+/// (ranges left empty are dropped).
+fn inward_pages(mut v: Vec<Range<u64>>, page: u64) -> Vec<Range<u64>> {
+    v.sort_by_key(|r| r.start);
+    let mut merged: Vec<Range<u64>> = Vec::with_capacity(v.len());
+    for r in v {
+        match merged.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => merged.push(r),
+        }
+    }
+    merged
+        .into_iter()
+        .map(|r| r.start.div_ceil(page) * page..r.end / page * page)
+        .filter(|r| r.start < r.end)
+        .collect()
 }
 
 fn residency(path: &Path, ranges: &[Range<u64>]) -> (u64, u64) {
@@ -169,5 +190,16 @@ impl<'m> Measure<'m> {
                 .map(|(a, b)| a.saturating_sub(b)),
             block_read: blk.zip(self.blk_start).map(|(a, b)| a.saturating_sub(b)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::inward_pages;
+
+    #[test]
+    fn ranges_merge_and_round_inward() {
+        let v = inward_pages(vec![5000..9000, 100..5000, 9000..20000, 30000..30100], 4096);
+        assert_eq!(v, vec![4096..16384]);
     }
 }

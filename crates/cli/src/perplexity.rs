@@ -5,7 +5,10 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use sluice_engine::text::tokenizer::Tokenizer;
 
-use crate::common::ModelArgs;
+use crate::common::{read_text_file, ModelArgs};
+
+/// Smallest --ctx that scores at least one token per chunk (the second half minus the last).
+const MIN_CTX: usize = 4;
 
 /// Perplexity of a text file, chunked and scored as llama.cpp's llama-perplexity does.
 #[derive(clap::Args, Debug)]
@@ -18,25 +21,31 @@ pub struct PerplexityArgs {
 }
 
 pub fn main(args: PerplexityArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&args.file)
-        .with_context(|| format!("{}: cannot read the text file", args.file.display()))?;
+    if args.model.ctx < MIN_CTX {
+        anyhow::bail!(
+            "--ctx {}: perplexity needs at least {MIN_CTX} (it scores the second half of each chunk)",
+            args.model.ctx
+        );
+    }
+    let text = read_text_file(&args.file).context("-f")?;
     let loaded = args.model.load()?;
     let model = &loaded.model;
     let tok = Tokenizer::from_gguf(&model.gguf)?;
     let tokens = tok.encode(&text, true, false);
-    let n_ctx = args.model.ctx;
+    // --ctx is capped at the model's trained context, as its help says.
+    let n_ctx = args.model.ctx.min(model.cfg.n_ctx_train);
+    if n_ctx < args.model.ctx {
+        eprintln!(
+            "--ctx {} capped at the model's context {n_ctx}",
+            args.model.ctx
+        );
+    }
     if tokens.len() < 2 * n_ctx {
         anyhow::bail!(
             "{}: {} tokens, need at least 2 x ctx = {} (lower --ctx)",
             args.file.display(),
             tokens.len(),
             2 * n_ctx
-        );
-    }
-    if n_ctx > model.cfg.n_ctx_train {
-        anyhow::bail!(
-            "--ctx {n_ctx} exceeds the model's context {}",
-            model.cfg.n_ctx_train
         );
     }
     eprintln!(
@@ -52,6 +61,13 @@ pub fn main(args: PerplexityArgs) -> Result<()> {
         eprint!("[{i}]{est:.4},");
     })?;
     eprintln!();
+    if !res.ppl.is_finite() || res.scored == 0 {
+        anyhow::bail!(
+            "perplexity is {} ({} tokens scored): not a result",
+            res.ppl,
+            res.scored
+        );
+    }
     let secs = t0.elapsed().as_secs_f64();
     println!(
         "Final estimate: PPL = {:.4} ({} tokens scored, {:.1} s, {:.1} tok/s)",

@@ -14,7 +14,7 @@ use sluice_engine::text::chat::{ChatMessage, ChatTemplate};
 use sluice_engine::text::tokenizer::{StreamDecoder, Tokenizer};
 use sluice_engine::Model;
 
-use crate::common::{Loaded, ModelArgs};
+use crate::common::{Interrupted, Loaded, ModelArgs};
 
 /// Generate text. With -p: answer one prompt and exit. Without: interactive chat
 /// (Ctrl-C stops the current answer, Ctrl-D exits).
@@ -49,25 +49,43 @@ pub struct RunArgs {
 #[derive(clap::Args, Debug, Clone)]
 pub struct SamplingArgs {
     /// Temperature; 0 = greedy (always the most likely token).
-    #[arg(long = "temp", default_value_t = 0.8)]
+    #[arg(long = "temp", default_value_t = 0.8, value_parser = finite, allow_negative_numbers = true)]
     pub temp: f32,
     /// Keep only the K most likely tokens (0 = off).
     #[arg(long = "top-k", default_value_t = 40)]
     pub top_k: usize,
     /// Keep the smallest set of tokens whose probability reaches P (1.0 = off).
-    #[arg(long = "top-p", default_value_t = 0.95)]
+    #[arg(long = "top-p", default_value_t = 0.95, value_parser = finite, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Drop tokens less likely than P times the most likely one (0 = off).
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    #[arg(long = "min-p", default_value_t = 0.05, value_parser = finite, allow_negative_numbers = true)]
     pub min_p: f32,
     /// Penalise tokens seen in the last --repeat-last-n tokens (1.0 = off).
-    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    #[arg(long = "repeat-penalty", default_value_t = 1.0, value_parser = positive, allow_negative_numbers = true)]
     pub repeat_penalty: f32,
     #[arg(long = "repeat-last-n", default_value_t = 64)]
     pub repeat_last_n: usize,
     /// Random seed (default: from the clock; printed with the stats).
     #[arg(long)]
     pub seed: Option<u64>,
+}
+
+/// A finite number (NaN or Inf would make every draw the same garbage).
+fn finite(s: &str) -> Result<f32, String> {
+    let v: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    if !v.is_finite() {
+        return Err("must be a finite number".into());
+    }
+    Ok(v)
+}
+
+/// A finite number > 0 (a penalty of 0 divides by zero, a negative one flips signs).
+fn positive(s: &str) -> Result<f32, String> {
+    let v = finite(s)?;
+    if v <= 0.0 {
+        return Err("must be > 0 (1.0 = off)".into());
+    }
+    Ok(v)
 }
 
 impl SamplingArgs {
@@ -109,16 +127,7 @@ struct Dump {
 }
 
 pub fn main(args: RunArgs) -> Result<()> {
-    let mut loaded = args.model.load()?;
-    let tok = Tokenizer::from_gguf(&loaded.model.gguf)?;
-    eprintln!(
-        "loaded {} ({}, {} layers) in {:.2} s, {} threads",
-        args.model.model.display(),
-        loaded.model.cfg.arch,
-        loaded.model.cfg.n_layer,
-        loaded.load_secs,
-        loaded.pool.current_num_threads()
-    );
+    // Installed before loading so an early Ctrl-C is seen too (never the default kill).
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
@@ -129,6 +138,16 @@ pub fn main(args: RunArgs) -> Result<()> {
             }
         });
     }
+    let mut loaded = args.model.load()?;
+    let tok = Tokenizer::from_gguf(&loaded.model.gguf)?;
+    eprintln!(
+        "loaded {} ({}, {} layers) in {:.2} s, {} threads",
+        args.model.model.display(),
+        loaded.model.cfg.arch,
+        loaded.model.cfg.n_layer,
+        loaded.load_secs,
+        loaded.pool.current_num_threads()
+    );
     let mut sampler = Sampler::new(args.sampling.config());
     let mut session = loaded.session(&args.model);
     let mut dump = args.dump_logits.as_ref().map(|dir| Dump {
@@ -145,13 +164,9 @@ pub fn main(args: RunArgs) -> Result<()> {
     if one_shot {
         let prompt_tokens = match (&args.tokens, &args.prompt) {
             (Some(t), _) => t.clone(),
+            (None, Some(p)) if args.raw => tok.encode(p, true, false),
             (None, Some(p)) => {
-                let text = if args.raw {
-                    p.clone()
-                } else {
-                    render(&loaded.model, &tok, &args, &[ChatMessage::new("user", p)])?
-                };
-                tok.encode(&text, true, !args.raw)
+                prompt_ids(&loaded.model, &tok, &args, &[ChatMessage::new("user", p)])?
             }
             (None, None) => unreachable!(),
         };
@@ -169,7 +184,12 @@ pub fn main(args: RunArgs) -> Result<()> {
         if let Some(d) = &dump {
             write_dump(d, &loaded.model)?;
         }
-        return loaded.finish();
+        loaded.finish()?;
+        if stop.load(Ordering::SeqCst) {
+            eprintln!("[interrupted after {} generated tokens]", timing.generated);
+            return Err(Interrupted.into());
+        }
+        return Ok(());
     }
 
     // Interactive chat: the whole conversation is re-rendered each turn and only the new
@@ -180,21 +200,57 @@ pub fn main(args: RunArgs) -> Result<()> {
     }
     let mut history: Vec<u32> = Vec::new();
     let stdin = std::io::stdin();
+    let n_ctx = session.state.n_ctx();
     loop {
         eprint!("\n> ");
         std::io::stderr().flush().ok();
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 {
+        let mut raw = Vec::new();
+        if stdin.lock().read_until(b'\n', &mut raw)? == 0 {
             eprintln!();
             return loaded.finish();
         }
+        // One bad line never ends the conversation: say what was wrong and skip it.
+        let line = match String::from_utf8(raw) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!(
+                    "[this line is not valid UTF-8 text (invalid byte at byte {}); skipped]",
+                    e.utf8_error().valid_up_to()
+                );
+                continue;
+            }
+        };
         let line = line.trim_end_matches(['\n', '\r']).to_string();
         if line.is_empty() {
             continue;
         }
         messages.push(ChatMessage::new("user", &line));
-        let text = render(&loaded.model, &tok, &args, &messages)?;
-        let all = tok.encode(&text, true, true);
+        // The whole conversation must fit the context with room to answer: drop the
+        // oldest turns (never the system prompt) until it does, and say so.
+        let keep_from = usize::from(args.system.is_some());
+        let mut dropped = 0;
+        let all = loop {
+            let all = prompt_ids(&loaded.model, &tok, &args, &messages)?;
+            if all.len() < n_ctx || messages.len() <= keep_from + 1 {
+                break all;
+            }
+            let n = 2.min(messages.len() - keep_from - 1);
+            messages.drain(keep_from..keep_from + n);
+            dropped += n;
+        };
+        if dropped > 0 {
+            eprintln!(
+                "[the conversation outgrew the context of {n_ctx} tokens: dropped the {dropped} oldest messages]"
+            );
+        }
+        if all.len() >= n_ctx {
+            messages.pop();
+            eprintln!(
+                "[this message is {} tokens with the template; the context holds {n_ctx} (raise --ctx); skipped]",
+                all.len()
+            );
+            continue;
+        }
         // Reuse the cached prefix.
         let common = session.reuse_prefix(&all);
         history.truncate(common);
@@ -218,12 +274,16 @@ pub fn main(args: RunArgs) -> Result<()> {
     }
 }
 
-fn render(
+/// The conversation rendered with the chat template and encoded with one BOS: a template
+/// that writes the BOS text itself is not given a second one (as llama.cpp's
+/// `common_chat_templates_apply` strips the template's leading BOS when the vocabulary
+/// adds one).
+fn prompt_ids(
     model: &Model,
     tok: &Tokenizer,
     args: &RunArgs,
     messages: &[ChatMessage],
-) -> Result<String> {
+) -> Result<Vec<u32>> {
     let mut all = Vec::new();
     if let Some(s) = &args.system {
         if messages.first().map(|m| m.role.as_str()) != Some("system") {
@@ -232,7 +292,7 @@ fn render(
     }
     all.extend_from_slice(messages);
     let template = ChatTemplate::from_gguf(&model.gguf, tok);
-    Ok(template.render(&all, true)?)
+    Ok(template.encode_prompt(tok, &all, true)?)
 }
 
 /// What `run` plugs into the session's generate loop: print each piece as it decodes,

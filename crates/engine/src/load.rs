@@ -138,9 +138,63 @@ pub fn resident_bytes(model: &Model) -> u64 {
         .saturating_sub(model.groups.total_bytes())
 }
 
+/// The most reader threads `--io-threads` may ask for: reads are IO-bound, so more than
+/// the cores can help, but each thread costs a stack and a file descriptor's queue.
+pub const MAX_IO_THREADS: usize = 256;
+/// The most reads in flight `--io-depth` may ask for (io_uring's ring size).
+pub const MAX_IO_DEPTH: usize = 4096;
+
+/// The most compute threads this machine is given: 4 x its logical CPUs (more only adds
+/// contention; a typo such as `-t 100000` would hang starting them).
+pub fn max_compute_threads() -> usize {
+    4 * logical_cpus()
+}
+
+fn logical_cpus() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
 impl LoadOptions {
+    /// Refuse thread counts and queue depths this machine cannot use (before any work).
+    pub fn check(&self) -> Result<(), EngineError> {
+        let max = max_compute_threads();
+        if self.threads > max {
+            return Err(EngineError::Option {
+                flag: "-t",
+                what: format!(
+                    "{}: this machine has {} physical cores ({} logical CPUs); at most {max} compute threads (4 x logical CPUs)",
+                    self.threads,
+                    sluice_models::threads::physical_cores(),
+                    logical_cpus()
+                ),
+            });
+        }
+        if let Some(s) = &self.stream {
+            if s.io.threads > MAX_IO_THREADS {
+                return Err(EngineError::Option {
+                    flag: "--io-threads",
+                    what: format!(
+                        "{}: at most {MAX_IO_THREADS} reader threads (this machine has {} logical CPUs)",
+                        s.io.threads,
+                        logical_cpus()
+                    ),
+                });
+            }
+            if s.io.depth > MAX_IO_DEPTH {
+                return Err(EngineError::Option {
+                    flag: "--io-depth",
+                    what: format!("{}: at most {MAX_IO_DEPTH} reads in flight", s.io.depth),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Load the model, start the compute pool, set up streaming and routing traces.
     pub fn load(&self) -> Result<Loaded, EngineError> {
+        self.check()?;
         let t0 = Instant::now();
         let mut model = Model::load(&self.path)?;
         let threads = if self.threads == 0 {
@@ -162,7 +216,12 @@ impl LoadOptions {
                     what: format!("{} has no routed experts", self.path.display()),
                 });
             }
-            model.record_routing(path)?;
+            model
+                .record_routing(path)
+                .map_err(|e| EngineError::Option {
+                    flag: "--record-routing",
+                    what: e.to_string(),
+                })?;
         }
         Ok(Loaded {
             model,

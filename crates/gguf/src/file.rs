@@ -73,6 +73,13 @@ impl GgufFile {
                 source,
             }
         };
+        // A FIFO, device or socket could block on open or never end: refuse it first.
+        let md = std::fs::metadata(path).map_err(io("opening"))?;
+        if !md.is_file() {
+            return Err(io("opening")(std::io::Error::other(
+                "not a regular file (a directory, FIFO, device or socket)",
+            )));
+        }
         let file = std::fs::File::open(path).map_err(io("opening"))?;
         let file_size = file.metadata().map_err(io("reading metadata"))?.len();
         let src = ReaderSource::new(BufReader::with_capacity(1 << 16, file), file_size);

@@ -3,7 +3,9 @@
 //! Owns: every way sluice gets bytes off the disk (mmap for the resident tensors; the IO
 //! engine for the expert tier: io_uring, a pread pool and an mmap baseline, O_DIRECT,
 //! read-ahead hints, IO statistics) plus the page-cache tools used by honest measurement,
-//! and the unsafe code all of that needs. The other crates stay free of `unsafe`.
+//! the SIGBUS guard of the maps (a model file truncated under a running process ends it
+//! with an error naming the file, never a bare signal), and the unsafe code all of that
+//! needs. The other crates stay free of `unsafe`.
 
 mod aligned;
 mod completion;
@@ -13,6 +15,7 @@ mod hint;
 mod mmap;
 pub mod pagecache;
 mod pool;
+mod sigbus;
 mod stats;
 mod uring;
 

@@ -23,6 +23,16 @@ pub struct MappedFile {
     path: PathBuf,
     file: File,
     map: Option<memmap2::Mmap>,
+    /// The SIGBUS guard's slot for this map (see `sigbus.rs`).
+    guard: Option<usize>,
+}
+
+impl Drop for MappedFile {
+    fn drop(&mut self) {
+        if let Some(slot) = self.guard.take() {
+            crate::sigbus::unregister(slot);
+        }
+    }
 }
 
 impl MappedFile {
@@ -44,21 +54,25 @@ impl MappedFile {
                 path: path.to_path_buf(),
                 file,
                 map: None,
+                guard: None,
             });
         }
         // SAFETY: the map is read-only and private to this process. Model files are not
         // expected to change while sluice runs; if another process truncates the file,
         // access past the new end raises SIGBUS, which is the documented hazard of every
-        // mmap-based model loader (llama.cpp included). Callers validate offsets against
-        // the length seen here before touching bytes.
+        // mmap-based model loader (llama.cpp included): the SIGBUS guard registered below
+        // turns it into an error message naming the file and exit status 1. Callers
+        // validate offsets against the length seen here before touching bytes.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| MapError::Map {
             path: path.to_path_buf(),
             source,
         })?;
+        let guard = crate::sigbus::register(map.as_ptr() as usize, map.len(), path);
         Ok(MappedFile {
             path: path.to_path_buf(),
             file,
             map: Some(map),
+            guard,
         })
     }
 

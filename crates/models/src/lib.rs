@@ -53,4 +53,12 @@ pub enum ModelError {
     TokenOutOfRange { id: u32, n_vocab: usize },
     #[error("{0}")]
     Compute(String),
+    /// NaN or Inf in the activations: broken weights or hyper-parameters, or a file that
+    /// changed under the running process. Never silently turned into tokens.
+    #[error("{}: non-finite values (NaN or Inf) at position {position}, first in {stage}: the model's weights or hyper-parameters are broken (or the file changed while sluice ran); stopping", .path.display())]
+    NonFinite {
+        path: PathBuf,
+        position: usize,
+        stage: blocks::Stage,
+    },
 }

@@ -171,7 +171,19 @@ impl Model {
             experts: self.experts.as_ref(),
             routing,
         };
-        let logits = self.arch.forward(&env, &batch, state, &rows)?;
+        let logits = self
+            .arch
+            .forward(&env, &batch, state, &rows)
+            .map_err(|e| match e {
+                ModelError::NonFinite {
+                    position, stage, ..
+                } => ModelError::NonFinite {
+                    path: self.gguf.path.clone(),
+                    position,
+                    stage,
+                },
+                e => e,
+            })?;
         state.kv.advance(t_len);
         if let Some(rec) = routing {
             lock(rec).end_batch().map_err(StreamError::from)?;

@@ -49,6 +49,8 @@ pub enum SynthError {
     Vocab { path: PathBuf, what: String },
     #[error("bad synth configuration: {0}")]
     Config(String),
+    #[error("{path}: not a regular file (a device, FIFO or directory); synth only writes or replaces regular files")]
+    NotRegular { path: PathBuf },
     #[error("{path} exists (pass --force to replace it)")]
     Exists { path: PathBuf },
     #[error("interrupted; the partial file {path} was removed")]

@@ -62,10 +62,14 @@ pub fn available_space(path: &Path) -> Result<u64, SynthError> {
     Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
-/// The temporary name `path` is written under: `<path>.tmp`.
+/// A fresh temporary name for writing `path`: `<path>.<pid>.<n>.tmp`, unique per process
+/// and call, so two writers of the same output never share a temporary file (it is also
+/// created exclusively).
 pub fn temp_path(path: &Path) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let mut s = path.as_os_str().to_os_string();
-    s.push(".tmp");
+    s.push(format!(".{}.{n}.tmp", std::process::id()));
     PathBuf::from(s)
 }
 
@@ -182,33 +186,27 @@ impl Write for Sink {
 }
 
 impl Sink {
-    /// Create `path`, O_DIRECT if possible.
+    /// Create `path` (exclusively: it must not exist), O_DIRECT if the file system allows.
     fn create(path: &Path) -> std::io::Result<Sink> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let direct = std::fs::OpenOptions::new()
+        let file = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
-            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
-            .open(path);
-        match direct {
-            Ok(file) => Ok(Sink::Direct(DirectFile {
+            .create_new(true)
+            .open(path)?;
+        match rustix::fs::fcntl_setfl(&file, rustix::fs::OFlags::DIRECT) {
+            Ok(()) => Ok(Sink::Direct(DirectFile {
                 file,
                 buf: sluice_io::AlignedBuf::new(DirectFile::STAGE),
                 len: 0,
                 total: 0,
             })),
-            Err(_) => {
-                let file = File::create(path)?;
-                Ok(Sink::Buffered(BufWriter::with_capacity(
-                    4 << 20,
-                    CacheDropping {
-                        file,
-                        written: 0,
-                        advised: 0,
-                    },
-                )))
-            }
+            Err(_) => Ok(Sink::Buffered(BufWriter::with_capacity(
+                4 << 20,
+                CacheDropping {
+                    file,
+                    written: 0,
+                    advised: 0,
+                },
+            ))),
         }
     }
 
@@ -237,6 +235,13 @@ pub struct WriteOptions<'a> {
 /// Write `plan` to `path`: check free space, write `<path>.tmp`, sync, rename. On any error
 /// or cancellation the temporary file is removed.
 pub fn write(plan: &Plan, path: &Path, opts: &WriteOptions) -> Result<(), SynthError> {
+    // Only a regular file is ever replaced: renaming over a device node, a FIFO or a
+    // directory would destroy it (or fail after all the work).
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        return Err(SynthError::NotRegular {
+            path: path.to_path_buf(),
+        });
+    }
     if path.exists() && !opts.force {
         return Err(SynthError::Exists {
             path: path.to_path_buf(),

@@ -48,7 +48,48 @@ fn write_file(cfg: &SynthConfig, path: &Path) {
     )
     .unwrap();
     assert_eq!(std::fs::metadata(path).unwrap().len(), plan.file_size());
-    assert!(!temp_path(path).exists());
+    assert!(temps_of(path).is_empty());
+}
+
+/// Temporary files of `path` (`<path>.<pid>.<n>.tmp`) in its directory.
+fn temps_of(path: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let name = path.file_name().unwrap().to_string_lossy().to_string() + ".";
+    std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.starts_with(&name) && n.ends_with(".tmp")
+        })
+        .collect()
+}
+
+#[test]
+fn temp_names_are_unique_and_non_regular_targets_refused() {
+    let p = std::path::Path::new("/x/out.gguf");
+    let (a, b) = (temp_path(p), temp_path(p));
+    assert_ne!(a, b);
+    assert!(a.to_string_lossy().starts_with("/x/out.gguf."));
+    let plan = Plan::new(&tiny(GgmlType::Q8_0, 0), Vocab::builtin()).unwrap();
+    let cancel = AtomicBool::new(false);
+    for target in ["/dev/null", "/tmp"] {
+        let err = synth::write(
+            &plan,
+            std::path::Path::new(target),
+            &WriteOptions {
+                force: true,
+                progress: &|_| {},
+                cancel: &cancel,
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(err, SynthError::NotRegular { .. }), "{err}");
+    }
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata("/dev/null")
+        .unwrap()
+        .file_type()
+        .is_char_device());
 }
 
 fn bytes_of(cfg: &SynthConfig, threads: usize) -> Vec<u8> {
@@ -168,7 +209,7 @@ fn a_file_larger_than_the_disk_is_refused_before_anything_is_written() {
     )
     .unwrap_err();
     assert!(matches!(err, SynthError::NoSpace { .. }), "{err}");
-    assert!(!path.exists() && !temp_path(&path).exists());
+    assert!(!path.exists() && temps_of(&path).is_empty());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -182,10 +223,9 @@ fn cancelling_removes_the_temporary_file() {
     let plan = Plan::new(&cfg, Vocab::builtin()).unwrap();
     let cancel = AtomicBool::new(false);
     let seen_tmp = AtomicBool::new(false);
-    let tmp = temp_path(&path);
     let progress = |done: u64| {
         if done > 1 << 20 {
-            seen_tmp.store(tmp.exists(), Ordering::SeqCst);
+            seen_tmp.store(temps_of(&path).len() == 1, Ordering::SeqCst);
             cancel.store(true, Ordering::SeqCst);
         }
     };
@@ -204,7 +244,7 @@ fn cancelling_removes_the_temporary_file() {
         seen_tmp.load(Ordering::SeqCst),
         "the temporary file was never written"
     );
-    assert!(!tmp.exists(), "temporary file left behind");
+    assert!(temps_of(&path).is_empty(), "temporary file left behind");
     assert!(!path.exists());
     // An existing output is not replaced without force.
     std::fs::write(&path, b"keep").unwrap();

@@ -29,7 +29,7 @@
 //! `n_moe` = number of layers with non-zero expert bytes.
 
 use std::fs::File;
-use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
@@ -98,6 +98,16 @@ pub enum TraceError {
         path: PathBuf,
         offset: u64,
         extra: u64,
+    },
+    #[error("routing trace {path}: not a regular file (a device, FIFO or directory); a trace is a file written by --record-routing")]
+    NotRegular { path: PathBuf },
+    #[error("routing trace {path}: the header says {n_tokens} tokens in {n_batches} batches = {expected} bytes, the file has {found} bytes")]
+    Size {
+        path: PathBuf,
+        n_tokens: u64,
+        n_batches: u64,
+        expected: u128,
+        found: u64,
     },
     #[error("recording routing trace {path}: {what}")]
     Record { path: PathBuf, what: String },
@@ -251,22 +261,57 @@ impl Cursor<'_> {
 }
 
 impl RoutingTrace {
-    /// Reads and validates a trace file.
+    /// Reads and validates a trace file. Only a regular file is read, and only after its
+    /// header is checked and the size it implies (header + batches) matches the file's: a
+    /// device, a FIFO or a file whose header lies is refused before its body is read, so
+    /// memory stays bounded by a size the header vouches for.
     pub fn read(path: &Path) -> Result<RoutingTrace, TraceError> {
-        let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
+        let io = |source| TraceError::Io {
             path: path.to_path_buf(),
             source,
-        })?;
-        Self::parse(&bytes, path)
-    }
-
-    /// Parses and validates trace bytes (`path` only names the source in errors).
-    pub fn parse(bytes: &[u8], path: &Path) -> Result<RoutingTrace, TraceError> {
+        };
+        let md = std::fs::metadata(path).map_err(io)?;
+        if !md.is_file() {
+            return Err(TraceError::NotRegular {
+                path: path.to_path_buf(),
+            });
+        }
+        let len = md.len();
+        let file = File::open(path).map_err(io)?;
+        let max_header = (FIXED_HEADER + MAX_NAME as usize + 8 * MAX_LAYERS as usize) as u64;
+        let mut head = Vec::new();
+        (&file)
+            .take(max_header.min(len))
+            .read_to_end(&mut head)
+            .map_err(io)?;
         let mut c = Cursor {
-            b: bytes,
+            b: &head,
             pos: 0,
             path,
         };
+        let (header, n_tokens, n_batches) = Self::parse_header(&mut c)?;
+        let per_token = (header.moe_layers().len() * header.top_k as usize) as u128;
+        let expected = c.pos as u128 + 4 * n_batches as u128 + 2 * per_token * n_tokens as u128;
+        if expected != len as u128 {
+            return Err(TraceError::Size {
+                path: path.to_path_buf(),
+                n_tokens,
+                n_batches,
+                expected,
+                found: len,
+            });
+        }
+        let mut bytes = Vec::with_capacity(len as usize);
+        (&file)
+            .seek(SeekFrom::Start(0))
+            .and_then(|_| (&file).take(len).read_to_end(&mut bytes))
+            .map_err(io)?;
+        Self::parse(&bytes, path)
+    }
+
+    /// The header: (header, n_tokens, n_batches); `c` is left after it.
+    fn parse_header(c: &mut Cursor<'_>) -> Result<(TraceHeader, u64, u64), TraceError> {
+        let path = c.path;
         let magic = c.take(4, "magic")?;
         if magic != MAGIC {
             return Err(TraceError::BadMagic {
@@ -317,6 +362,22 @@ impl RoutingTrace {
             expert_bytes,
         };
         header.validate(path)?;
+        Ok((header, n_tokens, n_batches))
+    }
+
+    /// Parses and validates trace bytes (`path` only names the source in errors).
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<RoutingTrace, TraceError> {
+        let mut c = Cursor {
+            b: bytes,
+            pos: 0,
+            path,
+        };
+        let (header, n_tokens, n_batches) = Self::parse_header(&mut c)?;
+        let header_err = |what: String| TraceError::Header {
+            path: path.to_path_buf(),
+            what,
+        };
+        let (n_expert, top_k) = (header.n_expert, header.top_k);
         let moe = header.moe_layers();
         let per_token = moe.len() * top_k as usize;
         let k = top_k as usize;
@@ -449,11 +510,28 @@ pub struct RoutingRecorder {
     done: Vec<bool>,
     n_tokens: u64,
     n_batches: u64,
+    /// Renamed into place: the temporary file is no longer ours to remove.
+    finished: bool,
+}
+
+impl Drop for RoutingRecorder {
+    /// A recorder dropped without `finish` (the run failed) removes its temporary file.
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
 }
 
 impl RoutingRecorder {
     pub fn create(path: &Path, header: TraceHeader) -> Result<Self, TraceError> {
         header.validate(path)?;
+        if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+            return Err(TraceError::Record {
+                path: path.to_path_buf(),
+                what: "exists and is not a regular file (a directory or device)".into(),
+            });
+        }
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(".tmp");
         let tmp = PathBuf::from(tmp);
@@ -475,6 +553,7 @@ impl RoutingRecorder {
             batch_tokens: 0,
             n_tokens: 0,
             n_batches: 0,
+            finished: false,
         })
     }
 
@@ -597,6 +676,7 @@ impl RoutingRecorder {
             path: self.dest.clone(),
             source,
         })?;
-        Ok(self.dest)
+        self.finished = true;
+        Ok(self.dest.clone())
     }
 }

@@ -1,7 +1,19 @@
-//! Helpers shared by the CLI integration tests: a scratch directory and the built binary.
+//! Helpers shared by the CLI integration tests: a scratch directory and the built binary,
+//! always run under a watchdog (a hang fails the test instead of hanging the suite).
+#![allow(dead_code)]
 
+use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Seconds after which a sluice process is killed and its test fails (a watchdog, not a
+/// timing assertion: every case finishes in a fraction of this).
+pub const WATCHDOG_SECS: u64 = 300;
+
+/// Virtual-memory limit (KiB) of [`sluice_limited`]: far above what the tiny models need,
+/// far below what an unbounded read would reach.
+pub const VM_LIMIT_KIB: u64 = 4 << 20;
 
 /// A fresh scratch directory for one test (per test binary, by process id).
 pub fn tmp_dir(name: &str) -> PathBuf {
@@ -10,10 +22,103 @@ pub fn tmp_dir(name: &str) -> PathBuf {
     d
 }
 
-/// Run the built `sluice` binary.
+/// Run the built `sluice` binary (stdin empty) under the watchdog.
 pub fn sluice(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(args)
-        .output()
+    let child = spawn(args, false);
+    finish(child, Some(Vec::new()))
+}
+
+/// Run the built `sluice` binary under the watchdog and a virtual-memory ulimit, with
+/// `stdin` as its standard input.
+pub fn sluice_limited(args: &[&str], stdin: &[u8]) -> Output {
+    let child = spawn(args, true);
+    finish(child, Some(stdin.to_vec()))
+}
+
+/// Start `sluice` with piped stdin/stdout/stderr (under the VM ulimit if `limit`). The
+/// child's pid is sluice's own (the shell execs it), so signals sent to it reach sluice.
+pub fn spawn(args: &[&str], limit: bool) -> Child {
+    let bin = env!("CARGO_BIN_EXE_sluice");
+    let mut cmd = if limit {
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg(format!("ulimit -v {VM_LIMIT_KIB} && exec \"$0\" \"$@\""))
+            .arg(bin);
+        c
+    } else {
+        Command::new(bin)
+    };
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap()
+}
+
+/// Feed `stdin` (then close it; None leaves it open), collect the output (stdout or stderr
+/// empty if the caller took it), and kill the
+/// child if it outlives the watchdog (the test then fails, saying so).
+pub fn finish(mut child: Child, stdin: Option<Vec<u8>>) -> Output {
+    let feeder = match (child.stdin.take(), stdin) {
+        (Some(mut s), Some(data)) => Some(std::thread::spawn(move || {
+            let _ = s.write_all(&data);
+        })),
+        (Some(s), None) => {
+            std::mem::forget(s);
+            None
+        }
+        _ => None,
+    };
+    // stdout may already have been taken by the caller (who then drains it)
+    let out_pipe = child.stdout.take();
+    let err_pipe = child.stderr.take();
+    let out_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(mut p) = out_pipe {
+            let _ = p.read_to_end(&mut v);
+        }
+        v
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(mut p) = err_pipe {
+            let _ = p.read_to_end(&mut v);
+        }
+        v
+    });
+    let deadline = Instant::now() + Duration::from_secs(WATCHDOG_SECS);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("sluice did not finish within {WATCHDOG_SECS} s (killed): it hangs");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    if let Some(f) = feeder {
+        let _ = f.join();
+    }
+    Output {
+        status,
+        stdout: out_t.join().unwrap(),
+        stderr: err_t.join().unwrap(),
+    }
+}
+
+/// The process ended by itself (an exit status, not a signal such as SIGBUS, SIGABRT or
+/// SIGKILL from the OOM killer).
+pub fn exited(out: &Output) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    match out.status.code() {
+        Some(c) => c,
+        None => panic!(
+            "sluice was killed by signal {:?}; stderr: {}",
+            out.status.signal(),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
 }

@@ -11,6 +11,7 @@ pub fn qwen3moe_fixture(name: &str) -> PathBuf {
 }
 
 /// The fixture's token ids (tokens.json).
+#[allow(dead_code)]
 pub fn qwen3moe_tokens() -> Vec<u32> {
     let text = std::fs::read_to_string(qwen3moe_fixture("tokens.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();

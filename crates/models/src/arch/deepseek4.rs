@@ -21,7 +21,7 @@ use crate::blocks::dsv4_attention::{
 use crate::blocks::ffn::{glu, Activation, GluWeights};
 use crate::blocks::hyper::{self, HcShape, HcWeights};
 use crate::blocks::moe::{routed, MoeWeights, Router, ScoreFn, UnitMat};
-use crate::blocks::{add_into, head, rms_norm_rows, Batch, Env};
+use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
 use crate::state::{ExtraState, SeqState};
@@ -588,6 +588,7 @@ impl Architecture for DeepSeek4 {
             }
         }
         let emb = head::embed(env, &self.token_embd, batch, 1.0)?;
+        check_finite(&emb, e, &batch.positions, Stage::Embedding)?;
         let mut x = Vec::with_capacity(emb.len() * hc);
         for row in emb.chunks(e) {
             for _ in 0..hc {
@@ -614,6 +615,8 @@ impl Architecture for DeepSeek4 {
             let sh = glu(env, &l.shared, l.shared_act, &mix.input, batch.len())?;
             add_into(&mut y, &sh);
             hyper::post(&mut x, &y, &mix, &self.hc);
+            // hc streams of width e per position.
+            check_finite(&x, hc * e, &batch.positions, Stage::Layer(il))?;
         }
         let mut sel = Vec::with_capacity(rows.len() * hc * e);
         for &r in rows {

@@ -9,7 +9,7 @@ use sluice_tier::StreamableGroups;
 use super::Architecture;
 use crate::blocks::attention::{gqa, AttnShape, GqaWeights};
 use crate::blocks::ffn::{glu, Activation, GluWeights};
-use crate::blocks::{add_into, head, rms_norm_rows, Batch, Env};
+use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
 use crate::ops::rope_inv_freq;
@@ -158,7 +158,9 @@ impl Architecture for Gemma3 {
     ) -> Result<Vec<f32>, ModelError> {
         let eps = self.shape.rms_eps;
         let scale = (self.cfg.n_embd as f32).sqrt();
+        let e = self.cfg.n_embd;
         let mut x = head::embed(env, &self.token_embd, batch, scale)?;
+        check_finite(&x, e, &batch.positions, Stage::Embedding)?;
         for (il, l) in self.layers.iter().enumerate() {
             let swa = self.is_swa_layer(il);
             let (rope, window) = if swa {
@@ -187,7 +189,10 @@ impl Architecture for Gemma3 {
             let mut f = glu(env, &l.ffn, Activation::GeluTanh, &h, batch.len())?;
             rms_norm_rows(&mut f, &l.post_ffn_norm, eps);
             add_into(&mut x, &f);
+            check_finite(&x, e, &batch.positions, Stage::Layer(il))?;
         }
-        head::logits(env, &x, rows, &self.output_norm, eps, &self.output)
+        let logits = head::logits(env, &x, rows, &self.output_norm, eps, &self.output)?;
+        head::check_logits(&logits, rows, batch)?;
+        Ok(logits)
     }
 }

@@ -9,7 +9,7 @@ use super::Architecture;
 use crate::blocks::attention::{gqa, AttnShape, GqaWeights};
 use crate::blocks::ffn::Activation;
 use crate::blocks::moe::{routed, MoeWeights, Router, UnitMat};
-use crate::blocks::{add_into, head, rms_norm_rows, Batch, Env};
+use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
 use crate::ops::rope_inv_freq;
@@ -182,7 +182,9 @@ impl Architecture for Qwen3Moe {
         rows: &[usize],
     ) -> Result<Vec<f32>, ModelError> {
         let eps = self.shape.rms_eps;
+        let e = self.cfg.n_embd;
         let mut x = head::embed(env, &self.token_embd, batch, 1.0)?;
+        check_finite(&x, e, &batch.positions, Stage::Embedding)?;
         for (il, l) in self.layers.iter().enumerate() {
             let mut h = x.clone();
             rms_norm_rows(&mut h, &l.attn_norm, eps);
@@ -203,7 +205,10 @@ impl Architecture for Qwen3Moe {
             rms_norm_rows(&mut h, &l.ffn_norm, eps);
             let f = routed(env, batch, il, &l.moe, &h)?;
             add_into(&mut x, &f);
+            check_finite(&x, e, &batch.positions, Stage::Layer(il))?;
         }
-        head::logits(env, &x, rows, &self.output_norm, eps, &self.output)
+        let logits = head::logits(env, &x, rows, &self.output_norm, eps, &self.output)?;
+        head::check_logits(&logits, rows, batch)?;
+        Ok(logits)
     }
 }

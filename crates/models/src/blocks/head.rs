@@ -2,7 +2,7 @@
 
 use sluice_kernels::dequantize_row;
 
-use super::{Batch, Env};
+use super::{check_finite, Batch, Env, Stage};
 use crate::weights::Mat;
 use crate::ModelError;
 
@@ -45,4 +45,12 @@ pub fn logits(
         h.extend_from_slice(&row);
     }
     env.linear(output, &h, rows.len())
+}
+
+/// Fails if the logits of `rows` (`[rows.len(), n_vocab]`) hold NaN or Inf, naming the
+/// first such row's position.
+pub fn check_logits(logits: &[f32], rows: &[usize], batch: &Batch<'_>) -> Result<(), ModelError> {
+    let positions: Vec<usize> = rows.iter().map(|&r| batch.positions[r]).collect();
+    let width = logits.len() / rows.len().max(1);
+    check_finite(logits, width, &positions, Stage::Logits)
 }

@@ -110,6 +110,47 @@ pub fn add_into(x: &mut [f32], y: &[f32]) {
     x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
 }
 
+/// Where a check for non-finite values looks (for the error message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// The token embedding rows.
+    Embedding,
+    /// The residual stream after layer `n`.
+    Layer(usize),
+    /// The output logits.
+    Logits,
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stage::Embedding => f.write_str("the token embedding"),
+            Stage::Layer(l) => write!(f, "the output of layer {l}"),
+            Stage::Logits => f.write_str("the logits"),
+        }
+    }
+}
+
+/// Fails if a `width`-wide row of `x` holds NaN or Inf, naming the first such row's
+/// position (`positions[row]`) and `stage`. One pass over the activations: cheap next to
+/// the matrix products that made them, and it changes no value.
+pub fn check_finite(
+    x: &[f32],
+    width: usize,
+    positions: &[usize],
+    stage: Stage,
+) -> Result<(), ModelError> {
+    if x.iter().all(|v| v.is_finite()) {
+        return Ok(());
+    }
+    let row = x.iter().position(|v| !v.is_finite()).unwrap_or(0) / width.max(1);
+    Err(ModelError::NonFinite {
+        path: std::path::PathBuf::new(),
+        position: positions.get(row).copied().unwrap_or(row),
+        stage,
+    })
+}
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
