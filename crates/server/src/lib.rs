@@ -138,19 +138,20 @@ impl Drop for RunningServer {
 }
 
 /// Whether `host` only reaches this machine.
-async fn is_loopback(host: &str) -> Result<bool, ServeError> {
+fn is_loopback(host: &str) -> Result<bool, ServeError> {
+    use std::net::ToSocketAddrs;
     if let Ok(ip) = host.trim_matches(['[', ']']).parse::<IpAddr>() {
         return Ok(ip.is_loopback());
     }
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, 0))
-        .await
+    let addrs: Vec<SocketAddr> = (host, 0)
+        .to_socket_addrs()
         .map_err(|e| ServeError(format!("--host {host}: {e}")))?
         .collect();
     Ok(!addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback()))
 }
 
 /// Check the configuration (the safe-by-default rules).
-async fn validate(cfg: &ServerConfig) -> Result<(), ServeError> {
+fn validate(cfg: &ServerConfig) -> Result<(), ServeError> {
     if cfg.parallel == 0 {
         return Err(ServeError("--parallel must be at least 1".into()));
     }
@@ -162,7 +163,7 @@ async fn validate(cfg: &ServerConfig) -> Result<(), ServeError> {
             return Err(ServeError("the API key is empty".into()));
         }
     }
-    if cfg.api_key.is_none() && !cfg.insecure_public && !is_loopback(&cfg.host).await? {
+    if cfg.api_key.is_none() && !cfg.insecure_public && !is_loopback(&cfg.host)? {
         return Err(ServeError(format!(
             "--host {}: refusing to listen beyond this machine without --api-key or --api-key-file (or say --insecure-public)",
             cfg.host
@@ -172,29 +173,34 @@ async fn validate(cfg: &ServerConfig) -> Result<(), ServeError> {
 }
 
 /// Bind and start serving on a thread of its own; the model loads in the background.
+/// Safe to call from inside another async runtime (the server has its own).
 pub fn start(cfg: ServerConfig, loader: Loader) -> Result<RunningServer, ServeError> {
+    validate(&cfg)?;
+    let host = cfg.host.trim_matches(['[', ']']).to_string();
+    let std_listener = std::net::TcpListener::bind((host.as_str(), cfg.port))
+        .map_err(|e| ServeError(format!("cannot listen on {}:{}: {e}", cfg.host, cfg.port)))?;
+    std_listener
+        .set_nonblocking(true)
+        .map_err(|e| ServeError(e.to_string()))?;
+    let addr = std_listener
+        .local_addr()
+        .map_err(|e| ServeError(e.to_string()))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("sluice-http")
         .enable_all()
         .build()
         .map_err(|e| ServeError(format!("cannot start the async runtime: {e}")))?;
-    let listener = rt.block_on(async {
-        validate(&cfg).await?;
-        let host = cfg.host.trim_matches(['[', ']']).to_string();
-        TcpListener::bind((host.as_str(), cfg.port))
-            .await
-            .map_err(|e| ServeError(format!("cannot listen on {}:{}: {e}", cfg.host, cfg.port)))
-    })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| ServeError(e.to_string()))?;
     let stop = Arc::new(Notify::new());
     let stop2 = stop.clone();
     let thread = std::thread::Builder::new()
         .name("sluice-server".into())
         .spawn(move || {
-            let r = rt.block_on(serve(cfg, listener, loader, stop2));
+            let r = rt.block_on(async move {
+                let listener = TcpListener::from_std(std_listener)
+                    .map_err(|e| ServeError(format!("cannot listen: {e}")))?;
+                serve(cfg, listener, loader, stop2).await
+            });
             rt.shutdown_timeout(Duration::from_secs(1));
             r
         })
@@ -228,6 +234,8 @@ pub(crate) struct AppState {
     pub ready: OnceLock<Arc<Ready>>,
     pub prefix: Arc<Mutex<prefix::PrefixCache>>,
     pub created: u64,
+    /// One permit per open connection (`max_connections`).
+    pub connections: Arc<tokio::sync::Semaphore>,
 }
 
 async fn signal() {
@@ -264,6 +272,7 @@ async fn serve(
         metrics: Arc::new(metrics::Metrics::default()),
         ready: OnceLock::new(),
         prefix: Arc::new(Mutex::new(prefix::PrefixCache::new(cfg.prefix_cache))),
+        connections: Arc::new(tokio::sync::Semaphore::new(cfg.max_connections)),
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -302,7 +311,7 @@ async fn serve(
         }
     });
     let app = routes::router(state.clone());
-    let listener = routes::LimitedListener::new(listener, state.cfg.max_connections);
+    let listener = routes::LimitedListener::new(listener, state.connections.clone());
     let handle_signals = state.cfg.handle_signals;
     let drain = state.cfg.drain_timeout;
     let state2 = state.clone();

@@ -123,6 +123,8 @@ pub struct Gauges {
     pub prefix_cache_entries: usize,
     pub prefix_cache_budget: u64,
     pub ready: bool,
+    /// Connections open now.
+    pub connections: usize,
 }
 
 fn counter(out: &mut String, name: &str, help: &str, v: u64) {
@@ -205,6 +207,12 @@ impl Metrics {
             "sluice_ready",
             "1 once the model is loaded.",
             g.ready as u8,
+        );
+        gauge(
+            &mut out,
+            "sluice_connections",
+            "HTTP connections open now.",
+            g.connections,
         );
         gauge(
             &mut out,

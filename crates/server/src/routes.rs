@@ -150,6 +150,10 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         prefix_cache_entries: pc_entries,
         prefix_cache_budget: pc_budget,
         ready: ready.is_some(),
+        connections: st
+            .cfg
+            .max_connections
+            .saturating_sub(st.connections.available_permits()),
     };
     let streaming = ready.and_then(|r| r.shared.loaded.streaming.clone());
     let text = st.metrics.render(&g, streaming.as_deref());
@@ -889,11 +893,8 @@ pub(crate) struct LimitedListener {
 }
 
 impl LimitedListener {
-    pub fn new(inner: TcpListener, n: usize) -> LimitedListener {
-        LimitedListener {
-            inner,
-            sem: Arc::new(Semaphore::new(n)),
-        }
+    pub fn new(inner: TcpListener, sem: Arc<Semaphore>) -> LimitedListener {
+        LimitedListener { inner, sem }
     }
 }
 

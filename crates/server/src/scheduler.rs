@@ -249,6 +249,12 @@ fn worker(shared: &Shared, q: &(Mutex<Queue>, Condvar), running: &AtomicUsize, a
         }));
         match result {
             Ok(Ok(done)) => {
+                let m = &shared.metrics;
+                if done.finish == Finish::Cancelled {
+                    m.cancelled.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    m.completed.fetch_add(1, Ordering::Relaxed);
+                }
                 let _ = events.send(Event::Done(done));
             }
             Ok(Err(e)) => {
@@ -397,11 +403,6 @@ fn run_job(
     metrics
         .completion_tokens
         .fetch_add(completion as u64, Ordering::Relaxed);
-    if finish == Finish::Cancelled {
-        metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-    } else {
-        metrics.completed.fetch_add(1, Ordering::Relaxed);
-    }
     Ok(done(finish, completion, cached))
 }
 

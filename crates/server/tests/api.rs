@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::*;
 use serde_json::{json, Value};
 
@@ -483,8 +481,9 @@ async fn disconnect_cancels_generation() {
     let mut s = start(cfg, fixture(), false).await;
     let hold = g.write().unwrap();
     let body = json!({"prompt": "a b c", "max_tokens": 200, "temperature": 0, "stream": true});
-    let r = s
-        .client
+    // Its own client, so that dropping the response closes its own connection.
+    let other = reqwest::Client::builder().timeout(TIMEOUT).build().unwrap();
+    let r = other
         .post(s.url("/v1/completions"))
         .json(&body)
         .send()
@@ -492,9 +491,12 @@ async fn disconnect_cancels_generation() {
         .unwrap();
     assert_eq!(r.status(), 200);
     s.wait_metric("sluice_running", |v| v == 1.0).await;
+    let open = s.metric("sluice_connections").await;
     drop(r);
-    // Give the server a moment to notice the closed connection before the worker starts.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(other);
+    // The server notices the closed connection (and drops the response stream).
+    s.wait_metric("sluice_connections", |v| v == open - 1.0)
+        .await;
     drop(hold);
     s.wait_metric("sluice_running", |v| v == 0.0).await;
     assert_eq!(s.metric("sluice_requests_cancelled_total").await, 1.0);
