@@ -54,10 +54,10 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// Install SIGINT/SIGTERM handlers ([`run`]); tests leave them alone.
     pub handle_signals: bool,
-    /// Workers take a read lock of this before each job; holding the write lock keeps
-    /// requests waiting (for tests that need a full queue without timing).
+    /// Workers wait at this gate before each job while it is closed (tests that need
+    /// requests held in the system without timing).
     #[doc(hidden)]
-    pub gate: Option<Arc<std::sync::RwLock<()>>>,
+    pub gate: Option<Arc<scheduler::Gate>>,
 }
 
 impl ServerConfig {

@@ -82,6 +82,32 @@ pub struct Job {
     pub _slot: Slot,
 }
 
+/// A gate workers pass before each job; while closed they wait (tests use it to keep
+/// requests in the system without relying on timing).
+#[derive(Debug, Default)]
+pub struct Gate {
+    closed: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Gate {
+    pub fn close(&self) {
+        *self.closed.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    }
+
+    pub fn open(&self) {
+        *self.closed.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        self.cv.notify_all();
+    }
+
+    fn pass(&self) {
+        let mut c = self.closed.lock().unwrap_or_else(|e| e.into_inner());
+        while *c {
+            c = self.cv.wait(c).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
 /// An admission slot; dropping it frees room in the queue.
 pub struct Slot {
     inflight: Arc<AtomicUsize>,
@@ -117,9 +143,8 @@ pub struct Shared {
     pub params: SessionParams,
     pub metrics: Arc<Metrics>,
     pub prefix: Arc<Mutex<PrefixCache>>,
-    /// Workers take a read lock before each job (tests hold the write lock to keep
-    /// requests in the system deterministically).
-    pub gate: Option<Arc<std::sync::RwLock<()>>>,
+    /// Workers wait at this gate before each job while it is closed (tests).
+    pub gate: Option<Arc<Gate>>,
 }
 
 impl Scheduler {
@@ -239,10 +264,9 @@ fn worker(shared: &Shared, q: &(Mutex<Queue>, Condvar), running: &AtomicUsize, a
             }
         };
         running.fetch_add(1, Ordering::SeqCst);
-        let _gate = shared
-            .gate
-            .as_ref()
-            .map(|g| g.read().unwrap_or_else(|e| e.into_inner()));
+        if let Some(g) = &shared.gate {
+            g.pass();
+        }
         let events = job.events.clone();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             run_job(shared, &mut session, &job, abort)
@@ -268,7 +292,6 @@ fn worker(shared: &Shared, q: &(Mutex<Queue>, Condvar), running: &AtomicUsize, a
         }
         running.fetch_sub(1, Ordering::SeqCst);
         drop(job);
-        drop(_gate);
     }
 }
 

@@ -335,7 +335,7 @@ async fn queue_full_is_503_with_retry_after() {
     cfg.queue = 1;
     cfg.gate = Some(g.clone());
     let mut s = start(cfg, fixture(), false).await;
-    let hold = g.write().unwrap();
+    g.close();
     let body = json!({"prompt": "a b c", "max_tokens": 4, "temperature": 0});
     let (c1, c2) = (s.client.clone(), s.client.clone());
     let (u1, u2) = (s.url("/v1/completions"), s.url("/v1/completions"));
@@ -357,7 +357,7 @@ async fn queue_full_is_503_with_retry_after() {
     let v: Value = r.json().await.unwrap();
     assert!(v["error"]["message"].is_string());
     assert_eq!(s.metric("sluice_requests_rejected_total").await, 1.0);
-    drop(hold);
+    g.open();
     assert_eq!(a.await.unwrap(), 200);
     assert_eq!(b.await.unwrap(), 200);
     s.stop();
@@ -479,7 +479,7 @@ async fn disconnect_cancels_generation() {
     cfg.max_tokens = 200;
     cfg.gate = Some(g.clone());
     let mut s = start(cfg, fixture(), false).await;
-    let hold = g.write().unwrap();
+    g.close();
     let body = json!({"prompt": "a b c", "max_tokens": 200, "temperature": 0, "stream": true});
     // Its own client, so that dropping the response closes its own connection.
     let other = reqwest::Client::builder().timeout(TIMEOUT).build().unwrap();
@@ -497,7 +497,7 @@ async fn disconnect_cancels_generation() {
     // The server notices the closed connection (and drops the response stream).
     s.wait_metric("sluice_connections", |v| v == open - 1.0)
         .await;
-    drop(hold);
+    g.open();
     s.wait_metric("sluice_running", |v| v == 0.0).await;
     assert_eq!(s.metric("sluice_requests_cancelled_total").await, 1.0);
     assert!(s.metric("sluice_completion_tokens_total").await < 200.0);
@@ -510,7 +510,7 @@ async fn graceful_shutdown_drains() {
     let mut cfg = config();
     cfg.gate = Some(g.clone());
     let mut s = start(cfg, fixture(), false).await;
-    let hold = g.write().unwrap();
+    g.close();
     let c = s.client.clone();
     let u = s.url("/v1/completions");
     let t = tokio::spawn(async move {
@@ -521,7 +521,7 @@ async fn graceful_shutdown_drains() {
     s.wait_metric("sluice_running", |v| v == 1.0).await;
     let srv = s.srv.take().unwrap();
     srv.shutdown();
-    drop(hold);
+    g.open();
     let text = t.await.unwrap();
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
     srv.wait().unwrap();

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -14,6 +14,7 @@ use sluice_engine::text::chat::{ChatMessage, ChatTemplate};
 use sluice_engine::text::tokenizer::Tokenizer;
 use sluice_engine::tier::{PolicyKind, SizeSpec};
 use sluice_io::IoConfig;
+use sluice_server::scheduler::Gate;
 use sluice_server::{RunningServer, ServerConfig, SessionParams};
 
 pub const TIMEOUT: Duration = Duration::from_secs(120);
@@ -239,6 +240,6 @@ pub fn chat_tokens(path: &Path, msgs: &[(&str, &str)]) -> Vec<u32> {
     t.encode_prompt(&tok, &msgs, true).unwrap()
 }
 
-pub fn gate() -> Arc<RwLock<()>> {
-    Arc::new(RwLock::new(()))
+pub fn gate() -> Arc<Gate> {
+    Arc::new(Gate::default())
 }
