@@ -59,9 +59,9 @@ try:
 except openai.AuthenticationError:
     pass
 an = anthropic.Anthropic(base_url=base, api_key="test-key", timeout=120)
-m = an.messages.create(model="x", max_tokens=16, messages=msgs)
+m = an.messages.create(model="x", max_tokens=16, messages=msgs, extra_body={"temperature": 0})
 atext = m.content[0].text
-with an.messages.stream(model="x", max_tokens=16, messages=msgs) as s:
+with an.messages.stream(model="x", max_tokens=16, messages=msgs, extra_body={"temperature": 0}) as s:
     streamed = "".join(s.text_stream)
     final = s.get_final_message()
 assert streamed == atext, (streamed, atext)
