@@ -108,7 +108,7 @@ pub fn main(args: ServeArgs) -> Result<()> {
     let opts = args.model.options();
     let path = args.model.model.display().to_string();
     let loader: sluice_server::Loader = Box::new(move || {
-        let loaded = opts.load().map_err(|e| format!("{path}: {e}"))?;
+        let loaded = opts.load().map_err(|e| e.to_string())?;
         for n in &loaded.notes {
             eprintln!("{n}");
         }

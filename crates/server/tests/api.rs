@@ -527,3 +527,60 @@ async fn graceful_shutdown_drains() {
     srv.wait().unwrap();
     assert!(s.client.get(s.url("/health")).send().await.is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_503_while_loading() {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let opts = options(&fixture(), false);
+    let srv = sluice_server::start(
+        config(),
+        Box::new(move || {
+            // Loading waits until the test says so.
+            let _ = rx.recv_timeout(TIMEOUT);
+            opts.load().map_err(|e| e.to_string())
+        }),
+    )
+    .unwrap();
+    let base = format!("http://{}", srv.addr());
+    let c = reqwest::Client::builder().timeout(TIMEOUT).build().unwrap();
+    let r = c.get(format!("{base}/health")).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let r = c
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    let r = c
+        .post(format!("{base}/v1/messages"))
+        .json(&json!({"max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["type"],
+        "overloaded_error"
+    );
+    tx.send(()).unwrap();
+    let mut s = Server {
+        srv: Some(srv),
+        base,
+        client: c,
+    };
+    s.wait_metric("sluice_ready", |v| v == 1.0).await;
+    let r = s.client.get(s.url("/health")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    s.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_failure_stops_the_server() {
+    let srv =
+        sluice_server::start(config(), Box::new(|| Err("no such model".to_string()))).unwrap();
+    let e = srv.wait().unwrap_err();
+    assert!(e.to_string().contains("no such model"), "{e}");
+}
