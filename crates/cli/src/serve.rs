@@ -105,7 +105,10 @@ pub fn main(args: ServeArgs) -> Result<()> {
     cfg.max_tokens = args.max_tokens.max(1);
     cfg.max_connections = args.max_connections;
     cfg.drain_timeout = std::time::Duration::from_secs(args.drain_timeout);
-    let opts = args.model.options();
+    let mut opts = args.model.options();
+    // The memory plan counts the KV cache of every sequence, not one (`--expert-cache
+    // auto` must leave room for all of them). Snapshots (--prefix-cache) are not counted.
+    opts.ctx = args.model.ctx.saturating_mul(args.parallel.max(1));
     let path = args.model.model.display().to_string();
     let loader: sluice_server::Loader = Box::new(move || {
         let loaded = opts.load().map_err(|e| e.to_string())?;
