@@ -210,6 +210,9 @@ pub struct ChatMessageIn {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    /// `tool_calls`, `tool_call_id`, `name`, ...: passed to templates when tools are used.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
 }
 
 #[derive(Debug, Deserialize, Clone, Default)]
@@ -291,6 +294,8 @@ pub struct ChatRequest {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub n: Option<u32>,
+    /// Tool definitions, passed through to the chat template.
+    pub tools: Option<Vec<Value>>,
 }
 
 /// `prompt` of `/v1/completions`: a string or a list of one string.

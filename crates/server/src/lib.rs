@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod prefix;
 mod routes;
 pub mod scheduler;
+pub mod template;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, OnceLock};

@@ -672,7 +672,26 @@ async fn chat_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
     }
     let ready = ready(st, f)?;
     let msgs = chat_messages(&req)?;
-    let prompt = encode_chat(&ready, f, &msgs)?;
+    let uses_tools = req.tools.as_ref().is_some_and(|t| !t.is_empty())
+        || req
+            .messages
+            .iter()
+            .any(|m| m.extra.contains_key("tool_calls"));
+    let prompt = if uses_tools {
+        // The model's template with `tools` and the messages' extra fields.
+        let mut values = Vec::with_capacity(msgs.len());
+        for (m, src) in msgs.iter().zip(&req.messages) {
+            let mut o = src.extra.clone();
+            o.insert("role".into(), Value::String(m.role.clone()));
+            o.insert("content".into(), Value::String(m.content.clone()));
+            values.push(Value::Object(o));
+        }
+        let tools = Value::Array(req.tools.clone().unwrap_or_default());
+        crate::template::encode_with_tools(&ready.template, &ready.shared.tok, &values, &tools)
+            .map_err(|e| ApiError::bad_request(f, e))?
+    } else {
+        encode_chat(&ready, f, &msgs)?
+    };
     let run = submit(
         st,
         &ready,

@@ -584,3 +584,25 @@ async fn load_failure_stops_the_server() {
     let e = srv.wait().unwrap_err();
     assert!(e.to_string().contains("no such model"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_pass_through() {
+    let path = fixture();
+    let mut s = start(config(), path.clone(), false).await;
+    // The fixture's template (built-in ChatML) ignores tools: same prompt as without.
+    let body = json!({
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+        "max_tokens": 4, "temperature": 0});
+    let (st, v) = s.post("/v1/chat/completions", &body).await;
+    assert_eq!(st, 200, "{v}");
+    let plain = chat_tokens(
+        &path,
+        &[("user", "weather?"), ("assistant", ""), ("tool", "sunny")],
+    );
+    assert_eq!(v["usage"]["prompt_tokens"], plain.len());
+    s.stop();
+}
