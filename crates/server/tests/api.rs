@@ -606,3 +606,29 @@ async fn tools_pass_through() {
     assert_eq!(v["usage"]["prompt_tokens"], plain.len());
     s.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_cancels_non_streamed_generation() {
+    let g = gate();
+    let mut cfg = config();
+    cfg.parallel = 1;
+    cfg.max_tokens = 200;
+    cfg.gate = Some(g.clone());
+    let mut s = start(cfg, fixture(), false).await;
+    g.close();
+    let other = reqwest::Client::builder().timeout(TIMEOUT).build().unwrap();
+    let u = s.url("/v1/completions");
+    let body = json!({"prompt": "a b c", "max_tokens": 200, "temperature": 0});
+    let task = tokio::spawn(async move { other.post(u).json(&body).send().await });
+    s.wait_metric("sluice_running", |v| v == 1.0).await;
+    let open = s.metric("sluice_connections").await;
+    task.abort();
+    let _ = task.await;
+    s.wait_metric("sluice_connections", |v| v == open - 1.0)
+        .await;
+    g.open();
+    s.wait_metric("sluice_running", |v| v == 0.0).await;
+    assert_eq!(s.metric("sluice_requests_cancelled_total").await, 1.0);
+    assert_eq!(s.metric("sluice_completion_tokens_total").await, 0.0);
+    s.stop();
+}
