@@ -296,6 +296,9 @@ pub struct ChatRequest {
     pub n: Option<u32>,
     /// Tool definitions, passed through to the chat template.
     pub tools: Option<Vec<Value>>,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<u32>,
 }
 
 /// `prompt` of `/v1/completions`: a string or a list of one string.

@@ -227,6 +227,7 @@ struct Request2 {
     sampler: sluice_engine::sampler::SamplerConfig,
     max_tokens: Option<u64>,
     stop: Vec<String>,
+    logprobs: Option<usize>,
 }
 
 /// A job admitted and queued: its events, and a flag that stops it when dropped.
@@ -319,6 +320,7 @@ fn submit(st: &AppState, ready: &Ready, flavor: Flavor, r: Request2) -> Result<R
         events: tx,
         admitted: Instant::now(),
         snapshot: st.cfg.prefix_cache > 0,
+        logprobs: r.logprobs,
         _slot: slot,
     });
     Ok(Running {
@@ -328,14 +330,18 @@ fn submit(st: &AppState, ready: &Ready, flavor: Flavor, r: Request2) -> Result<R
     })
 }
 
-/// Wait for the whole generation.
-async fn collect(mut run: Running, flavor: Flavor) -> Result<(String, Done), ApiError> {
+/// Wait for the whole generation: text, logprob entries, the result.
+async fn collect(mut run: Running, flavor: Flavor) -> Result<(String, Vec<Value>, Done), ApiError> {
     let mut text = String::new();
+    let mut logprobs = Vec::new();
     while let Some(ev) = run.rx.recv().await {
         match ev {
             Event::Started { .. } => {}
-            Event::Text(t) => text.push_str(&t),
-            Event::Done(d) => return Ok((text, d)),
+            Event::Text(t, lp) => {
+                text.push_str(&t);
+                logprobs.extend(lp);
+            }
+            Event::Done(d) => return Ok((text, logprobs, d)),
             Event::Error(e) => return Err(ApiError::internal(flavor, e)),
         }
     }
@@ -408,6 +414,7 @@ enum Sse {
         model: String,
         created: u64,
         include_usage: bool,
+        logprobs: bool,
     },
     Completion {
         id: String,
@@ -439,6 +446,7 @@ impl Sse {
                 model,
                 created,
                 include_usage,
+                ..
             } => {
                 let mut v = json!({
                     "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -473,17 +481,23 @@ impl Sse {
         }
     }
 
-    fn text(&self, t: &str) -> String {
+    fn text(&self, t: &str, lp: Vec<Value>) -> String {
         match self {
             Sse::Chat {
                 id,
                 model,
                 created,
                 include_usage,
+                logprobs,
             } => {
+                let lp = if *logprobs {
+                    json!({"content": lp})
+                } else {
+                    Value::Null
+                };
                 let mut v = json!({
                     "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [{"index": 0, "delta": {"content": t}, "logprobs": null, "finish_reason": null}],
+                    "choices": [{"index": 0, "delta": {"content": t}, "logprobs": lp, "finish_reason": null}],
                 });
                 if *include_usage {
                     v["usage"] = Value::Null;
@@ -519,6 +533,7 @@ impl Sse {
                 model,
                 created,
                 include_usage,
+                ..
             } => {
                 let mut v = json!({
                     "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -622,8 +637,8 @@ fn sse_response(run: Running, sse: Sse) -> Response {
         loop {
             match st.run.rx.recv().await {
                 Some(Event::Started { .. }) => continue,
-                Some(Event::Text(t)) => {
-                    let s = st.sse.text(&t);
+                Some(Event::Text(t, lp)) => {
+                    let s = st.sse.text(&t, lp);
                     return Some((Ok(Bytes::from(s)), st));
                 }
                 Some(Event::Done(d)) => {
@@ -692,6 +707,15 @@ async fn chat_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
     } else {
         encode_chat(&ready, f, &msgs)?
     };
+    let logprobs = match (req.logprobs, req.top_logprobs) {
+        (false, _) => None,
+        (true, Some(k)) if k > 20 => {
+            return Err(
+                ApiError::bad_request(f, "`top_logprobs` must be at most 20").param("top_logprobs"),
+            )
+        }
+        (true, k) => Some(k.unwrap_or(0) as usize),
+    };
     let run = submit(
         st,
         &ready,
@@ -701,6 +725,7 @@ async fn chat_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
             sampler: req.sampling.config(f)?,
             max_tokens: req.max_completion_tokens.or(req.max_tokens),
             stop: req.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
+            logprobs,
         },
     )?;
     let id = new_id("chatcmpl-");
@@ -715,10 +740,11 @@ async fn chat_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
                 model,
                 created,
                 include_usage,
+                logprobs: logprobs.is_some(),
             },
         ));
     }
-    let (text, d) = collect(run, f).await?;
+    let (text, lp, d) = collect(run, f).await?;
     Ok(Json(json!({
         "id": id,
         "object": "chat.completion",
@@ -727,7 +753,7 @@ async fn chat_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
         "choices": [{
             "index": 0,
             "message": {"role": "assistant", "content": text},
-            "logprobs": null,
+            "logprobs": if logprobs.is_some() { json!({"content": lp}) } else { Value::Null },
             "finish_reason": openai_finish(&d.finish),
         }],
         "usage": openai_usage(&d),
@@ -780,6 +806,7 @@ async fn completions_inner(st: &AppState, body: Body) -> Result<Response, ApiErr
             sampler: req.sampling.config(f)?,
             max_tokens: Some(req.max_tokens.unwrap_or(16)),
             stop: req.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
+            logprobs: None,
         },
     )?;
     let id = new_id("cmpl-");
@@ -797,7 +824,7 @@ async fn completions_inner(st: &AppState, body: Body) -> Result<Response, ApiErr
             },
         ));
     }
-    let (text, d) = collect(run, f).await?;
+    let (text, _, d) = collect(run, f).await?;
     Ok(Json(json!({
         "id": id,
         "object": "text_completion",
@@ -869,6 +896,7 @@ async fn messages_inner(st: &AppState, body: Body) -> Result<Response, ApiError>
             sampler: req.sampling.config(f)?,
             max_tokens: Some(req.max_tokens),
             stop: req.stop_sequences.clone().unwrap_or_default(),
+            logprobs: None,
         },
     )?;
     let id = new_id("msg_");
@@ -884,7 +912,7 @@ async fn messages_inner(st: &AppState, body: Body) -> Result<Response, ApiError>
             },
         ));
     }
-    let (text, d) = collect(run, f).await?;
+    let (text, _, d) = collect(run, f).await?;
     let (reason, seq) = anthropic_stop(&d.finish);
     Ok(Json(json!({
         "id": id,

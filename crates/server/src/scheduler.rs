@@ -52,8 +52,9 @@ pub enum Event {
     Started {
         cached: usize,
     },
-    /// Newly generated text (never half a UTF-8 character, never part of a stop string).
-    Text(String),
+    /// Newly generated text (never half a UTF-8 character, never part of a stop string),
+    /// with the OpenAI `logprobs.content` entries of the tokens it completes (when asked).
+    Text(String, Vec<serde_json::Value>),
     Done(Done),
     Error(String),
 }
@@ -78,6 +79,8 @@ pub struct Job {
     pub admitted: Instant,
     /// Whether a prompt snapshot may be kept for prefix reuse (chat-style prompts).
     pub snapshot: bool,
+    /// Report each token's log-probability and this many alternatives (None = off).
+    pub logprobs: Option<usize>,
     /// Releases the job's admission slot when dropped.
     pub _slot: Slot,
 }
@@ -398,6 +401,8 @@ fn run_job(
         last: None,
         metrics,
         n_tokens: 0,
+        prev: Vec::new(),
+        pending: Vec::new(),
     };
     let opts = GenerateOptions {
         max_tokens: job.max_tokens,
@@ -412,6 +417,10 @@ fn run_job(
         let tail = hooks.decoder.finish();
         hooks.text.push_str(&tail);
         hooks.flush(true);
+    }
+    if !hooks.pending.is_empty() {
+        let lp = std::mem::take(&mut hooks.pending);
+        let _ = job.events.send(Event::Text(String::new(), lp));
     }
     let finish = if let Some(s) = hooks.stopped.take() {
         Finish::StopString(s)
@@ -444,6 +453,10 @@ struct JobHooks<'a> {
     last: Option<Instant>,
     metrics: &'a Metrics,
     n_tokens: usize,
+    /// Logits the next token is sampled from (kept only when logprobs are asked for).
+    prev: Vec<f32>,
+    /// Logprob entries not sent yet.
+    pending: Vec<serde_json::Value>,
 }
 
 impl JobHooks<'_> {
@@ -468,12 +481,59 @@ impl JobHooks<'_> {
         if end > self.emitted {
             let piece = self.text[self.emitted..end].to_string();
             self.emitted = end;
-            let _ = self.job.events.send(Event::Text(piece));
+            let lp = std::mem::take(&mut self.pending);
+            let _ = self.job.events.send(Event::Text(piece, lp));
         }
     }
 }
 
+/// OpenAI's `logprobs.content` entry for `id` sampled from `logits` (raw model
+/// distribution, before temperature and truncation), with the `top` most likely tokens.
+fn logprob_entry(tok: &Tokenizer, logits: &[f32], id: u32, top: usize) -> serde_json::Value {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
+    let entry = |i: u32| {
+        let bytes = tok.piece(i).to_vec();
+        serde_json::json!({
+            "token": String::from_utf8_lossy(&bytes),
+            "logprob": logits.get(i as usize).map(|&l| l - lse).unwrap_or(f32::NEG_INFINITY).max(-9999.0),
+            "bytes": bytes,
+        })
+    };
+    let mut best: Vec<u32> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for (i, &l) in logits.iter().enumerate() {
+            if best.len() < top || l > logits[best[best.len() - 1] as usize] {
+                let pos = best
+                    .iter()
+                    .position(|&b| l > logits[b as usize])
+                    .unwrap_or(best.len());
+                best.insert(pos, i as u32);
+                best.truncate(top);
+            }
+        }
+    }
+    let mut e = entry(id);
+    e["top_logprobs"] = serde_json::Value::Array(best.into_iter().map(entry).collect());
+    e
+}
+
 impl Hooks for JobHooks<'_> {
+    fn prefill_chunk(&mut self, _tokens: &[u32], logits: &[f32]) -> Result<(), HookError> {
+        if self.job.logprobs.is_some() {
+            self.prev = logits.to_vec();
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, _id: u32, logits: &[f32]) -> Result<(), HookError> {
+        if self.job.logprobs.is_some() {
+            self.prev.clear();
+            self.prev.extend_from_slice(logits);
+        }
+        Ok(())
+    }
+
     fn should_stop(&mut self) -> bool {
         self.job.cancel.load(Ordering::SeqCst)
             || self.job.events.is_closed()
@@ -498,6 +558,12 @@ impl Hooks for JobHooks<'_> {
         }
         self.last = Some(now);
         self.n_tokens += 1;
+        if let Some(top) = self.job.logprobs {
+            if !self.prev.is_empty() {
+                let e = logprob_entry(self.tok, &self.prev, id, top);
+                self.pending.push(e);
+            }
+        }
         let piece = self.decoder.push(id);
         if piece.is_empty() {
             return Ok(ControlFlow::Continue(()));

@@ -632,3 +632,44 @@ async fn disconnect_cancels_non_streamed_generation() {
     assert_eq!(s.metric("sluice_completion_tokens_total").await, 0.0);
     s.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_logprobs() {
+    let mut s = start(config(), fixture(), false).await;
+    let mut body = chat_body(&[("user", "Hello there")], 12);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(3);
+    let (st, v) = s.post("/v1/chat/completions", &body).await;
+    assert_eq!(st, 200, "{v}");
+    let lp = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(
+        lp.len() as u64,
+        v["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    for e in lp {
+        let l = e["logprob"].as_f64().unwrap();
+        assert!(l <= 0.0);
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(top[0]["token"], e["token"]);
+        assert_eq!(top[0]["logprob"], e["logprob"]);
+        assert!(top[0]["logprob"].as_f64() >= top[1]["logprob"].as_f64());
+    }
+    body["stream"] = json!(true);
+    let ev = s.post_sse("/v1/chat/completions", &body).await;
+    let n: usize = ev[..ev.len() - 1]
+        .iter()
+        .map(|(_, d)| serde_json::from_str::<Value>(d).unwrap())
+        .filter_map(|c| {
+            c["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .map(|a| a.len())
+        })
+        .sum();
+    assert_eq!(n, lp.len());
+    body["top_logprobs"] = json!(21);
+    let (st, _) = s.post("/v1/chat/completions", &body).await;
+    assert_eq!(st, 400);
+    s.stop();
+}
