@@ -6,6 +6,7 @@
 
 pub mod gemma3;
 pub mod qwen3moe;
+pub mod qwen4exp;
 
 use sluice_gguf::GgufFile;
 use sluice_io::MappedFile;
@@ -45,7 +46,11 @@ pub trait Architecture: Send + Sync {
 pub type LoadFn = fn(&GgufFile, &MappedFile) -> Result<Box<dyn Architecture>, ModelError>;
 
 /// `general.architecture` name -> loader. One line per architecture.
-pub const REGISTRY: &[(&str, LoadFn)] = &[("qwen3moe", qwen3moe::load), ("gemma3", gemma3::load)];
+pub const REGISTRY: &[(&str, LoadFn)] = &[
+    ("qwen3moe", qwen3moe::load),
+    ("gemma3", gemma3::load),
+    ("qwen4exp", qwen4exp::load),
+];
 
 /// Names of every registered architecture.
 pub fn known() -> Vec<&'static str> {

@@ -14,9 +14,13 @@
 //! Norms, RoPE tables and activations are in [`crate::ops`].
 
 pub mod attention;
+pub mod deltanet;
 pub mod ffn;
 pub mod head;
+pub mod hyper_lowrank;
 pub mod moe;
+pub mod ple;
+pub mod qsa;
 
 use std::sync::Mutex;
 
