@@ -45,7 +45,10 @@ fn run(m: &Model, toks: &[u32], batch: usize, decode: usize, threads: usize) -> 
         out.extend(pool.install(|| m.forward(&mut st, c, Logits::All)).unwrap());
     }
     for &t in rest {
-        out.extend(pool.install(|| m.forward(&mut st, &[t], Logits::All)).unwrap());
+        out.extend(
+            pool.install(|| m.forward(&mut st, &[t], Logits::All))
+                .unwrap(),
+        );
     }
     out
 }
@@ -54,7 +57,10 @@ fn run(m: &Model, toks: &[u32], batch: usize, decode: usize, threads: usize) -> 
 fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     let max_ref = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let max_diff = a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+    let max_diff = a
+        .iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
     max_diff / max_ref
 }
 
@@ -104,8 +110,20 @@ fn model_c_f32_matches_transformers() {
 fn zero_compress_ratios_are_restored_like_the_patched_file() {
     check("a-ratios-f32.gguf", "a");
     let toks = prompt("long");
-    let a = run(&Model::load(&fixture("a-f32.gguf")).unwrap(), &toks, 512, 0, 1);
-    let b = run(&Model::load(&fixture("a-ratios-f32.gguf")).unwrap(), &toks, 512, 0, 1);
+    let a = run(
+        &Model::load(&fixture("a-f32.gguf")).unwrap(),
+        &toks,
+        512,
+        0,
+        1,
+    );
+    let b = run(
+        &Model::load(&fixture("a-ratios-f32.gguf")).unwrap(),
+        &toks,
+        512,
+        0,
+        1,
+    );
     assert!(same_bits(&a, &b));
 }
 
@@ -137,7 +155,80 @@ fn streaming_experts_at_minimum_budget_is_bit_identical() {
             let s = StreamingExperts::open(&path, &m.groups.experts, k, &cfg).unwrap();
             m.set_expert_source(Box::new(s));
             let got = run(&m, &toks, 6, 5, 2);
-            assert!(same_bits(&got, &want), "{name} {backend:?}: streamed differs");
+            assert!(
+                same_bits(&got, &want),
+                "{name} {backend:?}: streamed differs"
+            );
         }
     }
+}
+
+fn u64s(v: &serde_json::Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+/// The n-gram row ids of every token against transformers' own ids: the tiny models (hash
+/// constants read from the converted GGUF files) and the real model's constants.
+#[test]
+fn ngram_row_ids_match_transformers() {
+    use sluice_engine::models::arch::qwen4exp::load_qwen4exp;
+    use sluice_engine::models::blocks::ple::NgramHash;
+    let text = std::fs::read_to_string(fixture("ngram_rows.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for model in ["a", "b", "c"] {
+        let path = fixture(&format!("{model}-f32.gguf"));
+        let file = sluice_gguf::GgufFile::open(&path).unwrap();
+        let map = sluice_io::MappedFile::open(&path).unwrap();
+        let m = load_qwen4exp(&file, &map).unwrap();
+        let h = m.ple_hash().unwrap();
+        for p in ["short", "long"] {
+            let toks = prompt(p);
+            let want: Vec<u64> = v["tiny"][model][p]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(u64s)
+                .collect();
+            let ctx = vec![h.eos; h.ngram - 1];
+            let (got, _) = h.rows(&ctx, &toks);
+            assert_eq!(got, want, "{model} {p}");
+            // Token by token with the carried context: the same ids.
+            let mut ctx = ctx;
+            let mut one = Vec::new();
+            for &t in &toks {
+                let (ids, c) = h.rows(&ctx, &[t]);
+                one.extend(ids);
+                ctx = c;
+            }
+            assert_eq!(one, want, "{model} {p} token by token");
+        }
+    }
+    let r = &v["real"];
+    let h = NgramHash {
+        ngram: 3,
+        heads_per_ngram: 8,
+        eos: r["eos"].as_u64().unwrap() as u32,
+        multipliers: u64s(&r["multipliers"]),
+        offsets: u64s(&r["head_offsets"]),
+        vocab_sizes: u64s(&r["head_vocab_sizes"]),
+    };
+    // The constants of the spec (section 1.2), as the real GGUF files carry them.
+    assert_eq!(
+        h.multipliers,
+        [23703573157769, 20109073645365, 8052911324071]
+    );
+    assert_eq!(h.offsets[15] + h.vocab_sizes[15], 320_001_446);
+    let toks: Vec<u32> = u64s(&r["ids"]).iter().map(|&x| x as u32).collect();
+    let want: Vec<u64> = r["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(u64s)
+        .collect();
+    let (got, _) = h.rows(&[h.eos, h.eos], &toks);
+    assert_eq!(got, want);
 }

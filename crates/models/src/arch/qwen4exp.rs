@@ -42,7 +42,7 @@ pub const DEFAULT_RATIO: usize = 4;
 pub const PLE_TABLE: &str = "per_layer_token_embd.weight";
 
 enum Mixer {
-    Delta(DeltaWeights),
+    Delta(Box<DeltaWeights>),
     Qsa(Box<QsaWeights>, QsaShape),
 }
 
@@ -147,7 +147,14 @@ fn array_u64(hp: &Hparams<'_>, k: &str) -> Result<Option<Vec<u64>>, ModelError> 
         .map(Some)
 }
 
-fn hc(t: &Tensors<'_>, p: &str, d: usize, r: usize, s: usize, inject: bool) -> Result<HcWeights, ModelError> {
+fn hc(
+    t: &Tensors<'_>,
+    p: &str,
+    d: usize,
+    r: usize,
+    s: usize,
+    inject: bool,
+) -> Result<HcWeights, ModelError> {
     Ok(HcWeights {
         norm: t.vec(&format!("{p}_norm.weight"), d)?,
         down: t.mat(&format!("{p}_down.weight"), r, d)?,
@@ -187,20 +194,29 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
     let idx_dim = hp.u("attention.indexer.key_length")?;
     let budget = hp.u("attention.indexer.top_k")?;
     if n_layer == 0 || e == 0 || s < 2 || r == 0 {
-        return Err(hp.bad("block_count, embedding_length, hyper_connection.* must be > 0 (count > 1)".into()));
+        return Err(hp.bad(
+            "block_count, embedding_length, hyper_connection.* must be > 0 (count > 1)".into(),
+        ));
     }
     super::check_attention(&hp, n_head, n_head_kv, head_dim, rms_eps, rope_base)?;
-    if n_rot == 0 || n_rot % 2 != 0 || n_rot > head_dim || n_rot > idx_dim {
+    if n_rot == 0 || !n_rot.is_multiple_of(2) || n_rot > head_dim || n_rot > idx_dim {
         return Err(hp.bad(format!(
             "rope.dimension_count {n_rot} must be even, > 0 and fit key_length {head_dim} and the indexer's {idx_dim}"
         )));
     }
     if n_expert == 0 || k == 0 || k > n_expert {
-        return Err(hp.bad(format!("expert_used_count {k} must be in 1..=expert_count {n_expert}")));
+        return Err(hp.bad(format!(
+            "expert_used_count {k} must be in 1..=expert_count {n_expert}"
+        )));
     }
     let recurrent: Vec<bool> = match array_u64(&hp, "attention.recurrent_layers")? {
         Some(v) if v.len() == n_layer => v.iter().map(|&x| x != 0).collect(),
-        Some(v) => return Err(hp.bad(format!("attention.recurrent_layers has {} entries, block_count {n_layer}", v.len()))),
+        Some(v) => {
+            return Err(hp.bad(format!(
+                "attention.recurrent_layers has {} entries, block_count {n_layer}",
+                v.len()
+            )))
+        }
         None => {
             let iv = hp.u_or("full_attention_interval", 4)?.max(1);
             (0..n_layer).map(|i| (i + 1) % iv != 0).collect()
@@ -209,7 +225,12 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
     let mut notes = Vec::new();
     let mut ratios: Vec<usize> = match array_u64(&hp, "attention.compress_ratios")? {
         Some(v) if v.len() == n_layer => v.iter().map(|&x| x as usize).collect(),
-        Some(v) => return Err(hp.bad(format!("attention.compress_ratios has {} entries, block_count {n_layer}", v.len()))),
+        Some(v) => {
+            return Err(hp.bad(format!(
+                "attention.compress_ratios has {} entries, block_count {n_layer}",
+                v.len()
+            )))
+        }
         None => vec![0; n_layer],
     };
     if ratios.iter().all(|&x| x == 0) {
@@ -225,7 +246,7 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
         ));
     }
     for (i, &rr) in ratios.iter().enumerate() {
-        if rr > 0 && (recurrent[i] || budget % rr != 0) {
+        if rr > 0 && (recurrent[i] || !budget.is_multiple_of(rr)) {
             return Err(hp.bad(format!("layer {i}: compress ratio {rr} on a recurrent layer or not dividing top_k {budget}")));
         }
     }
@@ -239,7 +260,7 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
         gate_sigmoid: true,
     };
     if delta.n_k_heads == 0
-        || delta.n_v_heads % delta.n_k_heads != 0
+        || !delta.n_v_heads.is_multiple_of(delta.n_k_heads)
         || delta.conv_kernel < 1
         || hp.u("ssm.inner_size")? != delta.n_v_heads * delta.d_v
     {
@@ -258,7 +279,9 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
     let n_vocab = hp.n_vocab()?;
     let (hash, table) = if let Some(&pl) = ple_layers.first() {
         if pl >= n_layer || !recurrent[pl] {
-            return Err(hp.bad(format!("PLE layer {pl} must be a recurrent layer < {n_layer}")));
+            return Err(hp.bad(format!(
+                "PLE layer {pl} must be a recurrent layer < {n_layer}"
+            )));
         }
         let ngram = hp.u("ple.ngram_size")?;
         let hpn = hp.u("ple.heads_per_ngram")?;
@@ -286,11 +309,18 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
         let n_rows = info.dims.get(1).copied().unwrap_or(1);
         t.check_type(PLE_TABLE, info.ty)?;
         if width * nh != e {
-            return Err(hp.bad(format!("PLE rows of {width} x {nh} heads != embedding_length {e}")));
+            return Err(hp.bad(format!(
+                "PLE rows of {width} x {nh} heads != embedding_length {e}"
+            )));
         }
-        let max = (0..nh).map(|i| h.offsets[i] + h.vocab_sizes[i]).max().unwrap_or(0);
+        let max = (0..nh)
+            .map(|i| h.offsets[i] + h.vocab_sizes[i])
+            .max()
+            .unwrap_or(0);
         if h.vocab_sizes.contains(&0) || max > n_rows {
-            return Err(hp.bad(format!("PLE head offsets + sizes reach {max}, the table has {n_rows} rows")));
+            return Err(hp.bad(format!(
+                "PLE head offsets + sizes reach {max}, the table has {n_rows} rows"
+            )));
         }
         let range = t.range(info);
         let table = MappedPleTable {
@@ -314,13 +344,17 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
         let ff = gate.rows;
         let up = t.stacked(&n("ffn_up_exps"), ff, e, n_expert)?;
         let down = t.stacked(&n("ffn_down_exps"), e, ff, n_expert)?;
-        let um = |x: &Stacked| UnitMat { ty: x.ty, rows: x.rows, cols: x.cols };
+        let um = |x: &Stacked| UnitMat {
+            ty: x.ty,
+            rows: x.rows,
+            cols: x.cols,
+        };
         let sgate = t.mat_any_rows(&n("ffn_gate_shexp"), e)?;
         let sff = sgate.rows;
         let mixer = if recurrent[il] {
             let cd = delta.conv_dim();
             let hv = delta.n_v_heads;
-            Mixer::Delta(DeltaWeights {
+            Mixer::Delta(Box::new(DeltaWeights {
                 qkv: t.mat(&n("attn_qkv"), cd, e)?,
                 gate: t.mat(&n("attn_gate"), hv * delta.d_v, e)?,
                 beta: t.mat(&n("ssm_beta"), hv, e)?,
@@ -330,7 +364,7 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
                 a: t.vec(&format!("blk.{il}.ssm_a"), hv)?,
                 norm: t.vec(&n("ssm_norm"), delta.d_v)?,
                 out: t.mat(&n("ssm_out"), e, hv * delta.d_v)?,
-            })
+            }))
         } else {
             n_qsa += 1;
             Mixer::Qsa(
@@ -381,7 +415,9 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
             mixer,
             moe: MoeWeights {
                 router_w: t.mat(&n("ffn_gate_inp"), n_expert, e)?,
-                router: Router::Softmax { norm: hp.b_or("expert_weights_norm", true)? },
+                router: Router::Softmax {
+                    norm: hp.b_or("expert_weights_norm", true)?,
+                },
                 n_expert,
                 k,
                 gate: um(&gate),
@@ -495,7 +531,11 @@ impl Architecture for Qwen4Exp {
         let kvd = self.n_head_kv * self.head_dim;
         let mut st = SeqState::new(KvCache::new(self.cfg.n_layer, kvd, kvd, n_ctx));
         let d = self.n_stream * self.cfg.n_embd;
-        let ple = self.layers.iter().find_map(|l| l.ple.as_ref()).zip(self.hash.as_ref());
+        let ple = self
+            .layers
+            .iter()
+            .find_map(|l| l.ple.as_ref())
+            .zip(self.hash.as_ref());
         st.extra = Some(Box::new(Q4State {
             delta: self
                 .layers
@@ -523,7 +563,9 @@ impl Architecture for Qwen4Exp {
         let st = extra
             .as_mut()
             .and_then(|x| x.as_any_mut().downcast_mut::<Q4State>())
-            .ok_or_else(|| ModelError::Compute("qwen4exp: sequence state of another model".into()))?;
+            .ok_or_else(|| {
+                ModelError::Compute("qwen4exp: sequence state of another model".into())
+            })?;
         let (s, e, eps) = (self.n_stream, self.cfg.n_embd, self.rms_eps);
         let t_len = batch.len();
         let d = s * e;
@@ -554,12 +596,14 @@ impl Architecture for Qwen4Exp {
             let (m, inj) = hc_pre(env, &l.hc_attn, s, e, eps, &x, t_len)?;
             let y = match &l.mixer {
                 Mixer::Delta(w) => {
-                    let ds = st.delta[il]
-                        .as_mut()
-                        .ok_or_else(|| ModelError::Compute("qwen4exp: missing DeltaNet state".into()))?;
+                    let ds = st.delta[il].as_mut().ok_or_else(|| {
+                        ModelError::Compute("qwen4exp: missing DeltaNet state".into())
+                    })?;
                     delta_net(env, w, &self.delta, ds, &m, t_len)?
                 }
-                Mixer::Qsa(w, sh) => qsa(env, batch, kv, &mut st.qsa[il], il, w, sh, &self.rope, &m)?,
+                Mixer::Qsa(w, sh) => {
+                    qsa(env, batch, kv, &mut st.qsa[il], il, w, sh, &self.rope, &m)?
+                }
             };
             hc_post(&mut x, &inj.expect("block mixers inject"), &y, s, e);
             let (m, inj) = hc_pre(env, &l.hc_ffn, s, e, eps, &x, t_len)?;

@@ -144,8 +144,7 @@ pub fn delta_net(
     let mut o = vec![0.0f32; t_len * hv * dv];
     // Heads are independent: one task per value head walks the chunk's tokens in order.
     let mut outs: Vec<Vec<f32>> = vec![Vec::new(); hv];
-    st.s
-        .par_chunks_mut(dk * dv)
+    st.s.par_chunks_mut(dk * dv)
         .zip(outs.par_iter_mut())
         .enumerate()
         .for_each(|(j, (s, out))| {
@@ -201,7 +200,11 @@ pub fn delta_net(
             let r = 1.0 / (ms + sh.rms_eps).sqrt();
             let zr = &z[(t * hv + j) * dv..(t * hv + j + 1) * dv];
             for (((d, &x), &nw), &zz) in dst.iter_mut().zip(src).zip(&w.norm).zip(zr) {
-                let act = if sh.gate_sigmoid { sigmoid(zz) } else { silu(zz) };
+                let act = if sh.gate_sigmoid {
+                    sigmoid(zz)
+                } else {
+                    silu(zz)
+                };
                 *d = x * r * nw * act;
             }
         }

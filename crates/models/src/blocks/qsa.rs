@@ -176,7 +176,12 @@ pub fn qsa(
             rope_partial(&mut pk, &cs);
             st.pooled.extend_from_slice(&pk);
         }
-        let sel = select(sh, st, &iq[t * sh.idx_heads * d..(t + 1) * sh.idx_heads * d], pos);
+        let sel = select(
+            sh,
+            st,
+            &iq[t * sh.idx_heads * d..(t + 1) * sh.idx_heads * d],
+            pos,
+        );
         out[t * nh * hd..(t + 1) * nh * hd]
             .par_chunks_mut(hd)
             .enumerate()
