@@ -232,3 +232,57 @@ fn ngram_row_ids_match_transformers() {
     let (got, _) = h.rows(&[h.eos, h.eos], &toks);
     assert_eq!(got, want);
 }
+
+/// `--ple-io ram|mmap|direct` (any in-flight depth, row cache on or off, hints on or off):
+/// the same logits, bit for bit, as reading the table through the model's own map.
+#[test]
+fn ple_io_modes_give_identical_logits() {
+    use sluice_engine::load::LoadOptions;
+    use sluice_engine::tier::{PleIo, PleOptions};
+    for name in ["a-f32.gguf", "b-f32.gguf"] {
+        let toks = prompt("long");
+        let want = run(&Model::load(&fixture(name)).unwrap(), &toks, 8, 6, 1);
+        for (io, inflight, cache, prefetch) in [
+            (PleIo::Ram, 1, 0, true),
+            (PleIo::Mmap, 1, 0, true),
+            (PleIo::Mmap, 1, 0, false),
+            (PleIo::Direct, 1, 0, true),
+            (PleIo::Direct, 16, 1 << 10, true),
+            (PleIo::Direct, 64, 64 << 20, true),
+        ] {
+            let loaded = LoadOptions {
+                path: fixture(name),
+                threads: 1,
+                ctx: 512,
+                stream: None,
+                record_routing: None,
+                ple: PleOptions {
+                    io,
+                    prefetch,
+                    inflight,
+                    row_cache_bytes: cache,
+                },
+            }
+            .load()
+            .unwrap();
+            let ple = loaded.ple.as_ref().expect("a PLE reader is in effect");
+            assert_eq!(ple.mode(), io);
+            let got = run(&loaded.model, &toks, 8, 6, 1);
+            assert!(
+                same_bits(&got, &want),
+                "{name} {io:?} inflight {inflight} cache {cache}"
+            );
+            let st = ple.stats();
+            let heads = loaded.model.groups.row_tables[0].row_bytes; // nonzero
+            assert!(heads > 0 && st.rows > 0);
+            if io == PleIo::Direct && cache == 0 {
+                assert!(st.reads > 0 && st.cache_hits == 0);
+            }
+            if io != PleIo::Mmap || !prefetch {
+                assert_eq!(st.hints, 0, "{io:?}: no row hints");
+            } else {
+                assert!(st.hints > 0);
+            }
+        }
+    }
+}

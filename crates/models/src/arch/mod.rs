@@ -26,6 +26,16 @@ pub trait Architecture: Send + Sync {
     /// Every tensor group that may live outside RAM (routed experts, row tables).
     fn groups(&self) -> StreamableGroups;
 
+    /// Read the row table `name` (one of `groups().row_tables`) through `src`; false if
+    /// the architecture has no such table.
+    fn set_row_source(
+        &mut self,
+        _name: &str,
+        _src: std::sync::Arc<dyn sluice_tier::PleSource>,
+    ) -> bool {
+        false
+    }
+
     /// A fresh per-sequence state for up to `n_ctx` positions (already capped at the
     /// trained context by the caller).
     fn new_state(&self, n_ctx: usize) -> SeqState;

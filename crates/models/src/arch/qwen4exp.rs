@@ -25,7 +25,7 @@ use crate::blocks::deltanet::{delta_net, DeltaShape, DeltaState, DeltaWeights};
 use crate::blocks::ffn::{glu, Activation, GluWeights};
 use crate::blocks::hyper_lowrank::{hc_post, hc_pre, HcWeights};
 use crate::blocks::moe::{routed, MoeWeights, Router, UnitMat};
-use crate::blocks::ple::{ple_apply, NgramHash, PleRows, PleState, PleWeights};
+use crate::blocks::ple::{ple_apply, NgramHash, PleRows, PleState, PleWeights, TierRows};
 use crate::blocks::qsa::{qsa, QsaShape, QsaState, QsaWeights};
 use crate::blocks::{head, Batch, Env};
 use crate::config::{Hparams, ModelConfig};
@@ -493,6 +493,21 @@ impl Architecture for Qwen4Exp {
         &self.cfg
     }
 
+    fn set_row_source(&mut self, name: &str, src: Arc<dyn sluice_tier::PleSource>) -> bool {
+        match &self.table {
+            Some(tb) if name == PLE_TABLE => {
+                self.rows = Some(Arc::new(TierRows {
+                    src,
+                    ty: tb.ty,
+                    width: tb.width,
+                    row_bytes: tb.row_bytes,
+                }));
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn groups(&self) -> StreamableGroups {
         let names = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
         StreamableGroups {
@@ -569,18 +584,15 @@ impl Architecture for Qwen4Exp {
         let (s, e, eps) = (self.n_stream, self.cfg.n_embd, self.rms_eps);
         let t_len = batch.len();
         let d = s * e;
-        // PLE rows depend only on token ids: gather them before any layer runs.
-        let emb = match (&self.hash, &self.rows, &mut st.ple) {
-            (Some(h), Some(src), Some(ps)) => {
-                let (ids, ctx) = h.rows(&ps.ctx, batch.tokens);
-                let width = e / h.n_heads();
-                let mut out = vec![0.0f32; ids.len() * width];
-                src.gather(env.map, &ids, &mut out)?;
-                ps.ctx = ctx;
-                Some(out)
-            }
-            _ => None,
-        };
+        // PLE rows depend only on token ids: hint them before any layer runs, gather them
+        // right before the PLE layer.
+        let mut ple_ids = None;
+        if let (Some(h), Some(src), Some(ps)) = (&self.hash, &self.rows, &mut st.ple) {
+            let (ids, ctx) = h.rows(&ps.ctx, batch.tokens);
+            src.prefetch(&ids);
+            ps.ctx = ctx;
+            ple_ids = Some((ids, e / h.n_heads()));
+        }
         let x0 = head::embed(env, &self.token_embd, batch, 1.0)?;
         let mut x = vec![0.0f32; t_len * d];
         for (dst, src) in x.chunks_mut(d).zip(x0.chunks(e)) {
@@ -590,8 +602,12 @@ impl Architecture for Qwen4Exp {
         }
         drop(x0);
         for (il, l) in self.layers.iter().enumerate() {
-            if let (Some(pw), Some(emb), Some(ps)) = (&l.ple, &emb, &mut st.ple) {
-                ple_apply(env, pw, ps, s, e, eps, emb, &mut x, t_len)?;
+            if let (Some(pw), Some((ids, width)), Some(ps), Some(src)) =
+                (&l.ple, &ple_ids, &mut st.ple, &self.rows)
+            {
+                let mut emb = vec![0.0f32; ids.len() * width];
+                src.gather(env.map, ids, &mut emb)?;
+                ple_apply(env, pw, ps, s, e, eps, &emb, &mut x, t_len)?;
             }
             let (m, inj) = hc_pre(env, &l.hc_attn, s, e, eps, &x, t_len)?;
             let y = match &l.mixer {

@@ -75,6 +75,31 @@ impl NgramHash {
 /// mapped model file (sources that read it another way ignore it).
 pub trait PleRows: Send + Sync {
     fn gather(&self, map: &[u8], ids: &[u64], out: &mut [f32]) -> Result<(), ModelError>;
+    /// The rows of tokens just known: start reading them (may do nothing).
+    fn prefetch(&self, _ids: &[u64]) {}
+}
+
+/// PLE rows from a [`sluice_tier::PleSource`] (raw rows), dequantised here.
+pub struct TierRows {
+    pub src: std::sync::Arc<dyn sluice_tier::PleSource>,
+    pub ty: sluice_kernels::GgmlType,
+    pub width: usize,
+    pub row_bytes: usize,
+}
+
+impl PleRows for TierRows {
+    fn gather(&self, _map: &[u8], ids: &[u64], out: &mut [f32]) -> Result<(), ModelError> {
+        let mut raw = vec![0u8; ids.len() * self.row_bytes];
+        self.src.read_rows(ids, &mut raw)?;
+        for (r, o) in raw.chunks(self.row_bytes).zip(out.chunks_mut(self.width)) {
+            sluice_kernels::dequantize_row(self.ty, r, o)?;
+        }
+        Ok(())
+    }
+
+    fn prefetch(&self, ids: &[u64]) {
+        self.src.prefetch(ids);
+    }
 }
 
 /// The weights of the PLE layer.
