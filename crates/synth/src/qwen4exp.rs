@@ -102,6 +102,9 @@ fn arr(elem_type: MetaType, values: Vec<MetaValue>) -> MetaValue {
     MetaValue::Array(MetaArray { elem_type, values })
 }
 
+/// Adds one large matrix (name, ggml dims, sigma).
+type MatFn<'a> = dyn FnMut(&mut Vec<PlannedTensor>, String, &[u64], f32) + 'a;
+
 /// Lay out the file.
 pub fn plan(cfg: &Q4SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
     let nl = cfg.layers;
@@ -244,10 +247,7 @@ pub fn plan(cfg: &Q4SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
     let ones = Fill::Ones;
     let t = &mut tensors;
     mat(t, "token_embd.weight".into(), &[e, VOCAB as u64], 1.0);
-    let hc = |t: &mut Vec<PlannedTensor>,
-              mat: &mut dyn FnMut(&mut Vec<PlannedTensor>, String, &[u64], f32),
-              p: &str,
-              inject: bool| {
+    let hc = |t: &mut Vec<PlannedTensor>, mat: &mut MatFn<'_>, p: &str, inject: bool| {
         t.push(f32t(format!("{p}_norm.weight"), &[d], ones));
         mat(t, format!("{p}_down.weight"), &[d, r], sigma(d));
         mat(t, format!("{p}_up.weight"), &[r, d], sigma(r));
@@ -259,10 +259,10 @@ pub fn plan(cfg: &Q4SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
             ));
         }
     };
-    for il in 0..nl {
+    for (il, &rec) in recurrent.iter().enumerate() {
         let n = |x: &str| format!("blk.{il}.{x}.weight");
         hc(t, &mut mat, &format!("blk.{il}.hc_attn"), true);
-        if recurrent[il] {
+        if rec {
             let cd = (2 * GDN_K_HEADS * GDN_DIM + GDN_V_HEADS * GDN_DIM) as u64;
             let vd = (GDN_V_HEADS * GDN_DIM) as u64;
             let hv = GDN_V_HEADS as u64;

@@ -125,6 +125,22 @@ pub fn open_ple(
             let map = MappedFile::open(path).map_err(|e| StreamError::Config(e.to_string()))?;
             let r = table.range();
             let t = Instant::now();
+            let avail = mem_available();
+            if avail.is_some_and(|a| size > a / 10 * 9) {
+                // Locking more than the machine has would thrash it (or get the process
+                // killed) before failing: say so and read it through the page cache.
+                let note = format!(
+                    "PLE table: ram asked for, but the table ({:.2} GiB) does not fit in available memory ({:.2} GiB); not locked, read through the page cache",
+                    size as f64 / (1u64 << 30) as f64,
+                    avail.unwrap_or(0) as f64 / (1u64 << 30) as f64
+                );
+                return Ok((
+                    Box::new(RamPle {
+                        inner: MmapPle::with_map(map, table.clone(), None, false),
+                    }),
+                    note,
+                ));
+            }
             let note = match map.lock(r.start as usize..r.end as usize) {
                 Ok(()) => format!(
                     "PLE table: ram ({:.2} GiB read and locked in {:.1} s)",
@@ -197,6 +213,20 @@ pub fn open_ple(
             ))
         }
     }
+}
+
+/// MemAvailable from /proc/meminfo, bytes.
+fn mem_available() -> Option<u64> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 #[derive(Default)]
