@@ -204,9 +204,16 @@ pub fn open_ple(
                     engine,
                     table: table.clone(),
                     inflight: opts.inflight.max(1),
-                    cache: Mutex::new(RowCache::new(
-                        (opts.row_cache_bytes / table.row_bytes.max(1)) as usize,
-                    )),
+                    state: Mutex::new(DirectState {
+                        cache: RowCache::new(
+                            (opts.row_cache_bytes / table.row_bytes.max(1)) as usize,
+                        ),
+                        runs: Vec::new(),
+                        rows: Vec::new(),
+                        bufs: Vec::new(),
+                        in_flight: 0,
+                        ready: HashMap::new(),
+                    }),
                     counters: Counters::default(),
                 }),
                 note,
@@ -386,8 +393,131 @@ pub struct DirectPle {
     engine: Box<dyn IoEngine>,
     table: RowTable,
     inflight: usize,
-    cache: Mutex<RowCache>,
+    state: Mutex<DirectState>,
     counters: Counters,
+}
+
+/// Everything behind the reader's lock: the row cache, reads in flight (issued by
+/// `prefetch`, collected by the next `read_rows`) and the rows they brought.
+struct DirectState {
+    cache: RowCache,
+    /// Runs of adjacent pages (first page, pages) of the reads in flight, by tag.
+    runs: Vec<(u64, u64)>,
+    /// Missing rows whose pages those reads cover.
+    rows: Vec<u64>,
+    bufs: Vec<Option<AlignedBuf>>,
+    in_flight: usize,
+    /// Rows read ahead and not yet asked for.
+    ready: HashMap<u64, Vec<u8>>,
+}
+
+impl DirectPle {
+    /// Issue reads for the rows of `ids` that are neither cached nor ready; with `limit`,
+    /// at most that many in flight (waiting for completions as needed), else all at once.
+    fn issue(
+        &self,
+        st: &mut DirectState,
+        ids: &[u64],
+        limit: Option<usize>,
+    ) -> Result<(), StreamError> {
+        let mut missing: Vec<u64> = ids
+            .iter()
+            .copied()
+            .filter(|id| !st.cache.rows.contains_key(id) && !st.ready.contains_key(id))
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        // The 4 KiB pages of the missing rows, deduplicated, sorted, merged into runs.
+        let a = ALIGN as u64;
+        let mut pages: Vec<u64> = Vec::new();
+        for &id in &missing {
+            let s = self.table.start + id * self.table.row_bytes;
+            pages.extend(s / a..(s + self.table.row_bytes).div_ceil(a));
+        }
+        pages.sort_unstable();
+        pages.dedup();
+        let first_tag = st.runs.len();
+        for p in pages {
+            let mine = st.runs.len() > first_tag;
+            match st.runs.last_mut() {
+                Some((f, n)) if mine && *f + *n == p => *n += 1,
+                _ => st.runs.push((p, 1)),
+            }
+        }
+        st.rows.extend(missing);
+        for tag in first_tag..st.runs.len() {
+            while limit.is_some_and(|l| st.in_flight >= l) {
+                self.complete_one(st)?;
+            }
+            let (f, n) = st.runs[tag];
+            // The table's end need not be page aligned (nor the file's).
+            let end = ((f + n) * a).min(self.table.range().end);
+            let segments = vec![Segment {
+                offset: f * a,
+                len: (end - f * a) as usize,
+            }];
+            let buf = AlignedBuf::new(required_capacity(&segments));
+            st.bufs.push(None);
+            self.engine.submit(ReadReq {
+                tag: tag as u64,
+                segments,
+                buf,
+            })?;
+            st.in_flight += 1;
+            self.counters.reads.fetch_add(1, Relaxed);
+            self.counters.read_bytes.fetch_add(n * a, Relaxed);
+        }
+        Ok(())
+    }
+
+    fn complete_one(&self, st: &mut DirectState) -> Result<(), StreamError> {
+        let done = self.engine.wait_one().ok_or(StreamError::LostRead)?;
+        st.in_flight -= 1;
+        done.result?;
+        let slot = st
+            .bufs
+            .get_mut(done.tag as usize)
+            .ok_or(StreamError::LostRead)?;
+        *slot = Some(done.buf);
+        Ok(())
+    }
+
+    /// Wait for every read in flight and move the rows they cover to `ready`.
+    fn drain(&self, st: &mut DirectState) -> Result<(), StreamError> {
+        while st.in_flight > 0 {
+            self.complete_one(st)?;
+        }
+        let a = ALIGN as u64;
+        let rb = self.table.row_bytes as usize;
+        let rows = std::mem::take(&mut st.rows);
+        let mut order: Vec<usize> = (0..st.runs.len()).collect();
+        order.sort_by_key(|&i| st.runs[i].0);
+        for id in rows {
+            let s = self.table.start + id * self.table.row_bytes;
+            let page = s / a;
+            // The last run starting at or before the page holds it (runs of different
+            // issues may overlap; then any holder will do: look further back).
+            let runs = &st.runs;
+            let k = order.partition_point(|&i| runs[i].0 <= page);
+            let ri = order[..k]
+                .iter()
+                .rev()
+                .copied()
+                .find(|&i| (runs[i].0..runs[i].0 + runs[i].1).contains(&page))
+                .ok_or(StreamError::LostRead)?;
+            let (f, _) = st.runs[ri];
+            let buf = st.bufs[ri].as_ref().ok_or(StreamError::LostRead)?;
+            let off = (s - f * a) as usize;
+            let row = buf.as_slice()[off..off + rb].to_vec();
+            st.ready.insert(id, row);
+        }
+        st.runs.clear();
+        st.bufs.clear();
+        Ok(())
+    }
 }
 
 impl PleSource for DirectPle {
@@ -396,88 +526,46 @@ impl PleSource for DirectPle {
         let t = Instant::now();
         let rb = self.table.row_bytes as usize;
         // One walk at a time: completions of the engine are not per caller.
-        let mut cache = cache_lock(&self.cache);
-        let mut missing: Vec<u64> = Vec::new();
+        let mut st = state_lock(&self.state);
+        let st = &mut *st;
+        // Reads issued early (prefetch) first, then whatever is still missing.
+        self.drain(st)?;
+        self.issue(st, ids, Some(self.inflight))?;
+        self.drain(st)?;
         for (&id, dst) in ids.iter().zip(out.chunks_mut(rb)) {
-            if let Some(row) = cache.rows.get(&id) {
+            if let Some(row) = st.ready.get(&id) {
+                dst.copy_from_slice(row);
+            } else if let Some(row) = st.cache.rows.get(&id) {
                 dst.copy_from_slice(row);
                 self.counters.hits.fetch_add(1, Relaxed);
             } else {
-                missing.push(id);
+                return Err(StreamError::LostRead);
             }
         }
-        missing.sort_unstable();
-        missing.dedup();
-        // The 4 KiB pages of the missing rows, deduplicated, sorted, merged into runs.
-        let a = ALIGN as u64;
-        let mut pages: Vec<u64> = Vec::new();
-        for &id in &missing {
-            let s = self.table.start + id * self.table.row_bytes;
-            let e = s + self.table.row_bytes;
-            pages.extend(s / a..e.div_ceil(a));
-        }
-        pages.sort_unstable();
-        pages.dedup();
-        let mut runs: Vec<(u64, u64)> = Vec::new(); // (first page, pages)
-        for p in pages {
-            match runs.last_mut() {
-                Some((f, n)) if *f + *n == p => *n += 1,
-                _ => runs.push((p, 1)),
-            }
-        }
-        let mut bufs: Vec<Option<AlignedBuf>> = (0..runs.len()).map(|_| None).collect();
-        let mut next = 0usize;
-        let mut in_flight = 0usize;
-        while next < runs.len() || in_flight > 0 {
-            while next < runs.len() && in_flight < self.inflight {
-                let (f, n) = runs[next];
-                // The table's end need not be page aligned (nor the file's).
-                let end = ((f + n) * a).min(self.table.range().end);
-                let seg = Segment {
-                    offset: f * a,
-                    len: (end - f * a) as usize,
-                };
-                let segments = vec![seg];
-                let buf = AlignedBuf::new(required_capacity(&segments));
-                self.engine.submit(ReadReq {
-                    tag: next as u64,
-                    segments,
-                    buf,
-                })?;
-                self.counters.reads.fetch_add(1, Relaxed);
-                self.counters.read_bytes.fetch_add(n * a, Relaxed);
-                next += 1;
-                in_flight += 1;
-            }
-            let done = self.engine.wait_one().ok_or(StreamError::LostRead)?;
-            in_flight -= 1;
-            done.result?;
-            bufs[done.tag as usize] = Some(done.buf);
-        }
-        // Copy each missing row out of its run, then serve the request.
-        let mut fetched: HashMap<u64, Vec<u8>> = HashMap::with_capacity(missing.len());
-        for &id in &missing {
-            let s = self.table.start + id * self.table.row_bytes;
-            let page = s / a;
-            let ri = runs.partition_point(|&(f, n)| f + n <= page);
-            let (f, _) = runs[ri];
-            let buf = bufs[ri].as_ref().ok_or(StreamError::LostRead)?;
-            let off = (s - f * a) as usize;
-            fetched.insert(id, buf.as_slice()[off..off + rb].to_vec());
-        }
-        for (&id, dst) in ids.iter().zip(out.chunks_mut(rb)) {
-            if let Some(row) = fetched.get(&id) {
-                dst.copy_from_slice(row);
-            }
-        }
-        for (id, row) in &fetched {
-            cache.insert(*id, row);
+        for (id, row) in std::mem::take(&mut st.ready) {
+            st.cache.insert(id, &row);
         }
         let c = &self.counters;
         c.rows.fetch_add(ids.len() as u64, Relaxed);
         c.bytes.fetch_add(out.len() as u64, Relaxed);
         c.wait_ns.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
         Ok(())
+    }
+
+    /// Issue the reads now (all at once; the engine keeps its depth), collect them in the
+    /// next `read_rows`.
+    fn prefetch(&self, ids: &[u64]) {
+        let ids: Vec<u64> = ids
+            .iter()
+            .copied()
+            .filter(|&i| i < self.table.n_rows)
+            .collect();
+        let mut st = state_lock(&self.state);
+        // A failed early read is retried (and reported) by `read_rows`.
+        if self.issue(&mut st, &ids, None).is_err() {
+            let _ = self.drain(&mut st);
+            st.ready.clear();
+        }
     }
 
     fn stats(&self) -> PleStats {
@@ -489,7 +577,7 @@ impl PleSource for DirectPle {
     }
 }
 
-fn cache_lock(m: &Mutex<RowCache>) -> std::sync::MutexGuard<'_, RowCache> {
+fn state_lock(m: &Mutex<DirectState>) -> std::sync::MutexGuard<'_, DirectState> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
