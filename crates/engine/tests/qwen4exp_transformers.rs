@@ -286,3 +286,20 @@ fn ple_io_modes_give_identical_logits() {
         }
     }
 }
+
+/// The PLE table is a row-table group: never part of the resident (locked) ranges; routed
+/// experts are unit layers of every layer.
+#[test]
+fn groups_describe_the_table_and_experts() {
+    let m = Model::load(&fixture("a-f32.gguf")).unwrap();
+    let g = &m.groups;
+    assert_eq!(g.row_tables.len(), 1);
+    let t = &g.row_tables[0];
+    assert_eq!(t.name, "per_layer_token_embd.weight");
+    assert_eq!((t.n_rows, t.row_bytes), (256, 8 * 4));
+    let table = t.range();
+    for r in g.resident_ranges(m.gguf.data_offset, m.gguf.file_size) {
+        assert!(r.end <= table.start || r.start >= table.end);
+    }
+    assert_eq!(g.experts.layers.iter().flatten().count(), m.cfg.n_layer);
+}

@@ -167,6 +167,21 @@ fn hc(
     })
 }
 
+/// The shared expert's gate: `{E}` or `{E, 1}` (both spellings occur).
+fn shared_gate(t: &Tensors<'_>, name: &str, e: usize) -> Result<Mat, ModelError> {
+    let info = t.info(name)?;
+    if info.dims.len() == 1 && info.dims[0] as usize == e {
+        t.check_type(name, info.ty)?;
+        return Ok(Mat {
+            ty: info.ty,
+            rows: 1,
+            cols: e,
+            range: t.range(info),
+        });
+    }
+    t.mat(name, 1, e)
+}
+
 pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, ModelError> {
     let a = load_qwen4exp(file, map)?;
     for n in &a.notes {
@@ -431,7 +446,7 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
                 up: t.mat(&n("ffn_up_shexp"), sff, e)?,
                 down: t.mat(&n("ffn_down_shexp"), e, sff)?,
             },
-            shared_gate: t.mat(&n("ffn_gate_inp_shexp"), 1, e)?,
+            shared_gate: shared_gate(&t, &n("ffn_gate_inp_shexp"), e)?,
             ple,
         });
     }
