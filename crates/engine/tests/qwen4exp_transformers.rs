@@ -303,3 +303,25 @@ fn groups_describe_the_table_and_experts() {
     }
     assert_eq!(g.experts.layers.iter().flatten().count(), m.cfg.n_layer);
 }
+
+/// The per-sequence state beyond KV (DeltaNet conv/recurrent state, indexer keys, PLE
+/// history and n-gram context) snapshots, restores and clears like the KV cache.
+#[test]
+fn snapshot_restore_and_clear_cover_the_recurrent_state() {
+    let m = Model::load(&fixture("c-f32.gguf")).unwrap();
+    let toks = prompt("long");
+    let (a, b) = toks.split_at(13);
+    let mut st = m.new_state(512, true);
+    m.forward(&mut st, a, Logits::None).unwrap();
+    let snap = st.snapshot();
+    let first = m.forward(&mut st, b, Logits::All).unwrap();
+    st.restore(&snap);
+    let again = m.forward(&mut st, b, Logits::All).unwrap();
+    assert!(same_bits(&first, &again));
+    st.clear();
+    m.forward(&mut st, a, Logits::None).unwrap();
+    let cleared = m.forward(&mut st, b, Logits::All).unwrap();
+    assert!(same_bits(&first, &cleared));
+    // Prefix truncation is refused (recurrent state cannot be cut back).
+    assert!(!st.truncate(5));
+}
