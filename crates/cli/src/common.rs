@@ -309,6 +309,12 @@ impl Loaded {
                     io.direct
                 );
             }
+            if let Some(b) = s.device_read_bytes {
+                eprintln!(
+                    "ple device: {} read by the device since load (device-wide)",
+                    human(b)
+                );
+            }
         }
         let Some(st) = &self.streaming else {
             eprintln!("stats: experts are read through the memory map (no --expert-cache): no cache statistics");

@@ -100,6 +100,9 @@ pub struct PleStats {
     pub wait_ns: u64,
     /// The IO engine's own counters (`direct`: syscalls = tasks, effective queue depth).
     pub io: Option<IoStats>,
+    /// Bytes the block device holding the file read since the source opened (device-wide:
+    /// every reader on that device counts), when the kernel says.
+    pub device_read_bytes: Option<u64>,
 }
 
 /// Where PLE rows come from.
@@ -214,7 +217,7 @@ pub fn open_ple(
                         in_flight: 0,
                         ready: HashMap::new(),
                     }),
-                    counters: Counters::default(),
+                    counters: Counters::at_open(path),
                 }),
                 note,
             ))
@@ -238,6 +241,8 @@ fn mem_available() -> Option<u64> {
 
 #[derive(Default)]
 struct Counters {
+    /// The file and its device's read bytes at open.
+    device: Option<(std::path::PathBuf, u64)>,
     rows: AtomicU64,
     bytes: AtomicU64,
     hits: AtomicU64,
@@ -248,6 +253,15 @@ struct Counters {
 }
 
 impl Counters {
+    fn at_open(path: &Path) -> Counters {
+        Counters {
+            device: sluice_io::block_device_read_bytes(path)
+                .ok()
+                .map(|b| (path.to_path_buf(), b)),
+            ..Counters::default()
+        }
+    }
+
     fn snapshot(&self, io: Option<IoStats>) -> PleStats {
         PleStats {
             rows: self.rows.load(Relaxed),
@@ -258,6 +272,11 @@ impl Counters {
             hints: self.hints.load(Relaxed),
             wait_ns: self.wait_ns.load(Relaxed),
             io,
+            device_read_bytes: self.device.as_ref().and_then(|(p, at)| {
+                sluice_io::block_device_read_bytes(p)
+                    .ok()
+                    .map(|now| now.saturating_sub(*at))
+            }),
         }
     }
 }
@@ -293,12 +312,13 @@ impl MmapPle {
         hinter: Option<Box<dyn IoEngine>>,
         hints_on: bool,
     ) -> MmapPle {
+        let map_path = map.path().to_path_buf();
         MmapPle {
             map,
             table,
             hinter,
             hints_on,
-            counters: Counters::default(),
+            counters: Counters::at_open(&map_path),
         }
     }
 }
