@@ -325,3 +325,46 @@ fn snapshot_restore_and_clear_cover_the_recurrent_state() {
     // Prefix truncation is refused (recurrent state cannot be cut back).
     assert!(!st.truncate(5));
 }
+
+/// A file that counts the MTP draft layer in block_count (`nextn_predict_layers = 1`, the
+/// per-layer arrays one longer) runs the main model's layers only: the same logits.
+#[test]
+fn mtp_layer_in_block_count_is_skipped() {
+    use sluice_gguf::{GgufFile, GgufWriter, MetaArray, MetaValue};
+    let src = fixture("a-f32.gguf");
+    let mut file = GgufFile::open(&src).unwrap();
+    let longer = |v: &MetaValue, extra: MetaValue| match v {
+        MetaValue::Array(a) => {
+            let mut values = a.values.clone();
+            values.push(extra);
+            MetaValue::Array(MetaArray {
+                elem_type: a.elem_type,
+                values,
+            })
+        }
+        _ => panic!("not an array"),
+    };
+    for (k, v) in file.metadata.iter_mut() {
+        match k.as_str() {
+            "qwen4exp.block_count" => *v = MetaValue::U32(5),
+            "qwen4exp.attention.recurrent_layers" => *v = longer(v, MetaValue::Bool(false)),
+            "qwen4exp.attention.compress_ratios" => *v = longer(v, MetaValue::I32(0)),
+            _ => {}
+        }
+    }
+    file.metadata
+        .push(("qwen4exp.nextn_predict_layers".into(), MetaValue::U32(1)));
+    let dir = std::env::temp_dir().join(format!("sluice-q4mtp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("mtp.gguf");
+    let mut r = std::fs::File::open(&src).unwrap();
+    let w = std::io::BufWriter::new(std::fs::File::create(&out).unwrap());
+    GgufWriter::rewrite(&file, &mut r, w, &out).unwrap();
+    let toks = prompt("long");
+    let want = run(&Model::load(&src).unwrap(), &toks, 512, 0, 1);
+    let m = Model::load(&out).unwrap();
+    assert_eq!(m.cfg.n_layer, 4);
+    let got = run(&m, &toks, 512, 0, 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(same_bits(&got, &want));
+}

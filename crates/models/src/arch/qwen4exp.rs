@@ -194,7 +194,16 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
 pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, ModelError> {
     let hp = Hparams::new(file, NAME);
     let e = hp.u("embedding_length")?;
-    let n_layer = hp.u("block_count")?;
+    // Files with the MTP draft layer inside (`nextn_predict_layers`, e.g. ds4's and the
+    // GSQ-RCO repackaging) count it in block_count; the main model is the layers before it.
+    let n_block = hp.u("block_count")?;
+    let n_mtp = hp.u_or("nextn_predict_layers", 0)?;
+    if n_mtp >= n_block {
+        return Err(hp.bad(format!(
+            "nextn_predict_layers {n_mtp} >= block_count {n_block}"
+        )));
+    }
+    let n_layer = n_block - n_mtp;
     let n_head = hp.u("attention.head_count")?;
     let n_head_kv = hp.u_or("attention.head_count_kv", n_head)?;
     let head_dim = hp.u_or("attention.key_length", 256)?;
@@ -225,10 +234,10 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
         )));
     }
     let recurrent: Vec<bool> = match array_u64(&hp, "attention.recurrent_layers")? {
-        Some(v) if v.len() == n_layer => v.iter().map(|&x| x != 0).collect(),
+        Some(v) if v.len() >= n_layer => v[..n_layer].iter().map(|&x| x != 0).collect(),
         Some(v) => {
             return Err(hp.bad(format!(
-                "attention.recurrent_layers has {} entries, block_count {n_layer}",
+                "attention.recurrent_layers has {} entries, {n_layer} layers",
                 v.len()
             )))
         }
@@ -239,10 +248,10 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
     };
     let mut notes = Vec::new();
     let mut ratios: Vec<usize> = match array_u64(&hp, "attention.compress_ratios")? {
-        Some(v) if v.len() == n_layer => v.iter().map(|&x| x as usize).collect(),
+        Some(v) if v.len() >= n_layer => v[..n_layer].iter().map(|&x| x as usize).collect(),
         Some(v) => {
             return Err(hp.bad(format!(
-                "attention.compress_ratios has {} entries, block_count {n_layer}",
+                "attention.compress_ratios has {} entries, {n_layer} layers",
                 v.len()
             )))
         }
