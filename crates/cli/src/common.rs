@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use sluice_engine::load::{resident_bytes, Budget, LoadOptions, StreamOptions};
 use sluice_engine::session::Session;
-use sluice_engine::tier::PolicyKind;
+use sluice_engine::tier::{PleIo, PleOptions, PolicyKind};
 use sluice_io::{Backend, IoConfig};
 
 /// Where the model is and how many threads compute.
@@ -29,6 +29,80 @@ pub struct ModelArgs {
     pub kv_f32: bool,
     #[command(flatten)]
     pub stream: StreamArgs,
+    #[command(flatten)]
+    pub ple: PleArgs,
+}
+
+/// `--ple-io`: how a per-layer-embedding row table (qwen4exp's n-gram table) is read.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PleIoArg {
+    /// Read once at load and locked in RAM.
+    Ram,
+    /// Through the page cache (memory map), with optional row hints.
+    Mmap,
+    /// Unbuffered (O_DIRECT) reads at queue depth, with a row cache.
+    Direct,
+}
+
+impl PleIoArg {
+    fn from_lib(m: PleIo) -> PleIoArg {
+        match m {
+            PleIo::Ram => PleIoArg::Ram,
+            PleIo::Mmap => PleIoArg::Mmap,
+            PleIo::Direct => PleIoArg::Direct,
+        }
+    }
+    fn to_lib(self) -> PleIo {
+        match self {
+            PleIoArg::Ram => PleIo::Ram,
+            PleIoArg::Mmap => PleIo::Mmap,
+            PleIoArg::Direct => PleIo::Direct,
+        }
+    }
+}
+
+impl std::fmt::Display for PleIoArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.to_lib().name())
+    }
+}
+
+fn ple_default() -> PleOptions {
+    PleOptions::default()
+}
+
+/// Reading a per-layer-embedding row table that stays on disk (qwen4exp). Defaults come
+/// from the library (`PleOptions::default()`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct PleArgs {
+    /// How PLE rows are read: ram (locked copy), mmap (page cache), direct (O_DIRECT at depth).
+    #[arg(long = "ple-io", value_enum, default_value_t = PleIoArg::from_lib(ple_default().io))]
+    pub ple_io: PleIoArg,
+    /// mmap mode: no WILLNEED hints for the rows of the next tokens.
+    #[arg(long = "no-ple-prefetch")]
+    pub no_ple_prefetch: bool,
+    /// direct mode: PLE reads in flight.
+    #[arg(long = "ple-inflight", value_name = "N", default_value_t = ple_default().inflight)]
+    pub ple_inflight: usize,
+    /// direct mode: row cache size (e.g. 64M; 0 = off).
+    #[arg(long = "ple-row-cache", value_name = "SIZE", value_parser = parse_bytes,
+          default_value_t = ple_default().row_cache_bytes)]
+    pub ple_row_cache: u64,
+}
+
+fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    sluice_engine::tier::parse_size_bytes(s, None).map_err(|e| e.to_string())
+}
+
+impl PleArgs {
+    pub fn options(&self) -> PleOptions {
+        PleOptions {
+            io: self.ple_io.to_lib(),
+            prefetch: !self.no_ple_prefetch,
+            inflight: self.ple_inflight.max(1),
+            row_cache_bytes: self.ple_row_cache,
+        }
+    }
 }
 
 /// `on` / `off`.
@@ -152,6 +226,7 @@ impl ModelArgs {
                 },
             }),
             record_routing: s.record_routing.clone(),
+            ple: self.ple.options(),
         }
     }
 
@@ -339,6 +414,34 @@ impl Loaded {
     /// Print streaming statistics; `decode_secs` is the wall time the disk-busy fraction
     /// refers to.
     pub fn print_stats(&self, wall_secs: f64) {
+        if let Some(p) = &self.ple {
+            let s = p.stats();
+            eprintln!(
+                "ple ({}): rows {} ({}) | row cache hits {} | reads issued {} ({}) | hints {} | waited {:.3} s",
+                p.mode().name(),
+                s.rows,
+                human(s.bytes),
+                s.cache_hits,
+                s.reads,
+                human(s.read_bytes),
+                s.hints,
+                s.wait_ns as f64 * 1e-9
+            );
+            if let Some(io) = s.io {
+                eprintln!(
+                    "ple io: syscalls {} | effective queue depth {:.1} | O_DIRECT {}",
+                    io.tasks,
+                    io.effective_queue_depth(),
+                    io.direct
+                );
+            }
+            if let Some(b) = s.device_read_bytes {
+                eprintln!(
+                    "ple device: {} read by the device since load (device-wide)",
+                    human(b)
+                );
+            }
+        }
         let Some(st) = &self.streaming else {
             eprintln!("stats: experts are read through the memory map (no --expert-cache): no cache statistics");
             return;

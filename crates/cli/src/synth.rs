@@ -28,7 +28,9 @@ pub struct SynthArgs {
     /// Output file (written as FILE.tmp, renamed when complete).
     #[arg(short, long)]
     pub output: PathBuf,
-    /// Shape preset: tiny, qwen3-30b-a3b, qwen3-235b-a22b. The flags below override it.
+    /// Shape preset: tiny, qwen3-30b-a3b, qwen3-235b-a22b, or qwen3.8-flash-next (qwen4exp:
+    /// the real shape with its 320M-row n-gram PLE table; only --layers, --quant,
+    /// --ple-quant, --seed and --name apply). The flags below override it.
     #[arg(long, default_value = "tiny")]
     pub preset: String,
     #[arg(long)]
@@ -74,6 +76,10 @@ pub struct SynthArgs {
     /// models/ggml-vocab-qwen2.gguf. Default: a small built-in byte-level vocabulary.
     #[arg(long)]
     pub vocab_from: Option<PathBuf>,
+    /// qwen3.8-flash-next: type of the PLE table: Q4_0 (28.8 GB, ggml-org), Q8_0 (54.4 GB,
+    /// unsloth UD-Q5/Q6) or F32.
+    #[arg(long, default_value = "Q4_0")]
+    pub ple_quant: String,
     /// Seed: the same seed and flags give the same bytes.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -181,15 +187,72 @@ fn print_plan(args: &SynthArgs, cfg: &SynthConfig, plan: &Plan, vocab_src: &str)
     }
 }
 
-pub fn main(args: SynthArgs) -> Result<()> {
-    let cfg = config(&args)?;
+/// The `qwen3.8-flash-next` plan (qwen4exp).
+fn qwen4exp_plan(args: &SynthArgs) -> Result<Plan> {
+    let ty = |s: &str, flag: &str| {
+        GgmlType::from_name(&s.to_uppercase()).ok_or_else(|| anyhow!("{flag} '{s}': unknown type"))
+    };
+    let quant = ty(&args.quant, "--quant")?;
+    if !synth::QUANTS.contains(&quant) {
+        anyhow::bail!("--quant '{}': expected F32, Q8_0, Q4_K or Q6_K", args.quant);
+    }
+    let cfg = synth::qwen4exp::Q4SynthConfig {
+        layers: args.layers.unwrap_or(synth::qwen4exp::LAYERS),
+        quant,
+        ple_quant: ty(&args.ple_quant, "--ple-quant")?,
+        seed: args.seed,
+        name: args
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("sluice synth qwen3.8-flash-next {quant}")),
+    };
     let vocab = match &args.vocab_from {
         Some(p) => Vocab::from_gguf(p)?,
         None => Vocab::builtin(),
     };
-    let vocab_src = vocab.source.clone();
-    let plan = Plan::new(&cfg, vocab)?;
-    print_plan(&args, &cfg, &plan, &vocab_src);
+    let plan = synth::qwen4exp::plan(&cfg, vocab)?;
+    let size = plan.file_size();
+    let r = plan.role_bytes();
+    let table = plan
+        .layout
+        .tensor("per_layer_token_embd.weight")
+        .map_or(0, |t| t.n_bytes);
+    eprintln!(
+        "synth {}: qwen4exp (Qwen3.8-Flash-Next shape), {} layers, {} matrices, PLE table {} ({:.2} GiB), seed {}",
+        args.output.display(),
+        cfg.layers,
+        cfg.quant,
+        cfg.ple_quant,
+        gib(table),
+        cfg.seed
+    );
+    eprintln!(
+        "  file: {size} bytes ({:.2} GiB), {} tensors; routed experts {:.2} GiB, embeddings/output {:.2} GiB",
+        gib(size),
+        plan.layout.tensors.len(),
+        gib(r.routed_experts),
+        gib(r.embeddings)
+    );
+    for f in &plan.fallbacks {
+        eprintln!("  note: {f}");
+    }
+    Ok(plan)
+}
+
+pub fn main(args: SynthArgs) -> Result<()> {
+    let plan = if args.preset == "qwen3.8-flash-next" {
+        qwen4exp_plan(&args)?
+    } else {
+        let cfg = config(&args)?;
+        let vocab = match &args.vocab_from {
+            Some(p) => Vocab::from_gguf(p)?,
+            None => Vocab::builtin(),
+        };
+        let vocab_src = vocab.source.clone();
+        let plan = Plan::new(&cfg, vocab)?;
+        print_plan(&args, &cfg, &plan, &vocab_src);
+        plan
+    };
     if args.dry_run {
         return Ok(());
     }

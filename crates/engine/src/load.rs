@@ -13,7 +13,10 @@ use std::time::Instant;
 
 use sluice_io::IoConfig;
 use sluice_models::Model;
-use sluice_tier::{parse_size, PolicyKind, SizeSpec, StreamConfig, StreamingExperts};
+use sluice_tier::{
+    open_ple, parse_size, PleIo, PleOptions, PleSource, PolicyKind, SizeSpec, StreamConfig,
+    StreamingExperts,
+};
 
 use crate::EngineError;
 
@@ -61,6 +64,8 @@ pub struct LoadOptions {
     pub stream: Option<StreamOptions>,
     /// Record every token's routing to this file.
     pub record_routing: Option<PathBuf>,
+    /// How a per-layer-embedding row table (qwen4exp's n-gram table) is read.
+    pub ple: PleOptions,
 }
 
 /// A loaded model with its compute pool.
@@ -73,6 +78,8 @@ pub struct Loaded {
     pub streaming: Option<Arc<StreamingExperts>>,
     /// What is in effect, one line each (budget, backend, O_DIRECT as really used, locks).
     pub notes: Vec<String>,
+    /// The row-table reader (`--ple-io`), when the model has such a table.
+    pub ple: Option<Arc<dyn PleSource>>,
 }
 
 /// What this machine can give the expert cache.
@@ -205,6 +212,15 @@ impl LoadOptions {
         let pool = sluice_models::threads::compute_pool(threads)
             .map_err(|source| EngineError::Threads { threads, source })?;
         let mut notes = Vec::new();
+        let mut ple = None;
+        for table in model.groups.row_tables.clone() {
+            let (src, note) = open_ple(&self.path, &table, &self.ple)?;
+            let src: Arc<dyn PleSource> = Arc::from(src);
+            if model.set_row_source(&table.name, src.clone()) {
+                notes.push(note);
+                ple = Some(src);
+            }
+        }
         let streaming = match &self.stream {
             None => None,
             Some(s) => Some(self.open_streaming(&mut model, s, &mut notes)?),
@@ -230,6 +246,7 @@ impl LoadOptions {
             load_secs: t0.elapsed().as_secs_f64(),
             streaming,
             notes,
+            ple,
         })
     }
 
@@ -263,7 +280,19 @@ impl LoadOptions {
         }
         let total = model.groups.experts.total_bytes();
         let min = StreamingExperts::min_budget(&model.groups.experts, model.cfg.n_expert_used);
-        let plan = MemoryPlan::for_model(model, self.ctx, s.resident_layers)?;
+        let mut plan = MemoryPlan::for_model(model, self.ctx, s.resident_layers)?;
+        if self.ple.io == PleIo::Ram {
+            // A RAM copy of the row tables is resident too (other modes leave them on disk).
+            let t: u64 = model
+                .groups
+                .row_tables
+                .iter()
+                .map(|r| r.row_bytes * r.n_rows)
+                .sum();
+            plan.resident += t;
+            plan.available_for_cache = plan.available_for_cache.saturating_sub(t);
+            plan.auto_budget = plan.auto_budget.saturating_sub(t);
+        }
         let budget = match s.budget {
             Budget::Auto => {
                 notes.push(format!(

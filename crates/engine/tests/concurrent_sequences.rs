@@ -121,6 +121,7 @@ fn four_sequences_f32_model_at_the_minimum_uring() {
 #[test]
 fn snapshot_restore_equals_recompute() {
     let loaded = LoadOptions {
+        ple: Default::default(),
         path: fixture("a-q8_0.gguf"),
         threads: 1,
         ctx: 256,

@@ -52,6 +52,7 @@ fn perplexity_within_one_percent_of_llama_cpp() {
     let want = reference["final_ppl"].as_f64().unwrap();
     let n_ctx = reference["n_ctx"].as_u64().unwrap() as usize;
     let loaded = LoadOptions {
+        ple: Default::default(),
         path: path.clone(),
         threads: 2,
         ctx: n_ctx,

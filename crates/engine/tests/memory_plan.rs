@@ -53,6 +53,7 @@ fn opts(resident_layers: usize, threads: usize, io_threads: usize) -> LoadOption
             },
         }),
         record_routing: None,
+        ple: Default::default(),
     }
 }
 

@@ -86,6 +86,16 @@ impl Model {
         self.experts = source;
     }
 
+    /// Read the row table `name` through `src` (e.g. the PLE table's `--ple-io` reader);
+    /// false if the model has no such table.
+    pub fn set_row_source(
+        &mut self,
+        name: &str,
+        src: std::sync::Arc<dyn sluice_tier::PleSource>,
+    ) -> bool {
+        self.arch.set_row_source(name, src)
+    }
+
     /// Replace the compute backend.
     pub fn set_compute(&mut self, compute: Box<dyn Compute>) {
         self.compute = compute;

@@ -6,6 +6,9 @@
 //! random weights keeps its activations bounded and its logits finite.
 
 use sluice_gguf::GgmlType;
+/// Bytes of one Q4_0 block (f16 scale + 32 nibbles).
+pub const Q4_0_BYTES: usize = 18;
+
 use sluice_kernels::formats::{f32_to_f16, Q4_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, QK8_0, QK_K};
 
 /// SplitMix64: seeds the per-chunk generator (and mixes the seed words).
@@ -91,6 +94,8 @@ pub fn no_minus_128(w: u64) -> u64 {
 pub enum Fill {
     /// Every element 1.0 (norm weights). F32 only.
     Ones,
+    /// Every element this value. F32 only.
+    Const(f32),
     /// Zero-mean values of standard deviation `sigma` (block scales jittered by +-25 %).
     Random { sigma: f32 },
 }
@@ -99,6 +104,7 @@ pub enum Fill {
 pub fn block_geometry(ty: GgmlType) -> (usize, usize) {
     match ty {
         GgmlType::Q8_0 => (Q8_0_BYTES, QK8_0),
+        GgmlType::Q4_0 => (Q4_0_BYTES, QK8_0),
         GgmlType::Q4_K => (Q4_K_BYTES, QK_K),
         GgmlType::Q6_K => (Q6_K_BYTES, QK_K),
         _ => (4, 1),
@@ -133,6 +139,11 @@ pub fn fill_chunk(
                 c.copy_from_slice(&1.0f32.to_le_bytes());
             }
         }
+        (_, Fill::Const(v)) => {
+            for c in out.chunks_exact_mut(4) {
+                c.copy_from_slice(&v.to_le_bytes());
+            }
+        }
         (GgmlType::Q8_0, Fill::Random { sigma }) => {
             // q uniform on [-127, 127] (ggml never writes -128), value = d * q.
             let base = sigma / uniform_std(-127.0, 127.0);
@@ -142,6 +153,15 @@ pub fn fill_chunk(
                 for c in b[2..].chunks_exact_mut(8) {
                     c.copy_from_slice(&no_minus_128(rng.next_u64()).to_le_bytes());
                 }
+            }
+        }
+        (GgmlType::Q4_0, Fill::Random { sigma }) => {
+            // value = d * (q - 8) with q in 0..=15 (random nibbles).
+            let base = sigma / uniform_std(0.0, 15.0);
+            for b in out.chunks_exact_mut(Q4_0_BYTES) {
+                let d = f32_to_f16(base * jitter(rng));
+                b[..2].copy_from_slice(&d.to_le_bytes());
+                rng.fill_bytes(&mut b[2..]);
             }
         }
         (GgmlType::Q4_K, Fill::Random { sigma }) => {

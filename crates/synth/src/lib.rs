@@ -10,6 +10,7 @@
 //! removed on any error or cancellation.
 
 pub mod blocks;
+pub mod qwen4exp;
 pub mod vocab;
 mod write;
 
@@ -194,7 +195,7 @@ pub struct RoleBytes {
 }
 
 /// `general.file_type` (llama.cpp `llama_ftype`) for the main quant.
-fn file_type(ty: GgmlType) -> u32 {
+pub(crate) fn file_type(ty: GgmlType) -> u32 {
     match ty {
         GgmlType::F32 => 0,
         GgmlType::Q8_0 => 7,
@@ -213,7 +214,7 @@ pub const QUANTS: [GgmlType; 4] = [
 ];
 
 /// The type a matrix with rows of `row_len` gets: `quant`, else Q8_0, else F32.
-fn type_for(quant: GgmlType, row_len: usize) -> GgmlType {
+pub(crate) fn type_for(quant: GgmlType, row_len: usize) -> GgmlType {
     let fits = |ty: GgmlType| row_len.is_multiple_of(block_geometry(ty).1);
     [quant, GgmlType::Q8_0, GgmlType::F32]
         .into_iter()
@@ -385,6 +386,16 @@ impl Plan {
         t.push(ones("output_norm.weight".into(), e));
         mat(t, "output.weight".into(), &[e, n_vocab as u64], sigma(e));
 
+        Plan::from_parts(metadata, tensors, cfg.seed, fallbacks)
+    }
+
+    /// A plan from its metadata and tensors (the layout computed as the writer will).
+    pub fn from_parts(
+        metadata: Vec<(String, MetaValue)>,
+        tensors: Vec<PlannedTensor>,
+        seed: u64,
+        fallbacks: Vec<String>,
+    ) -> Result<Plan, SynthError> {
         let specs: Vec<TensorSpec> = tensors.iter().map(|t| t.spec.clone()).collect();
         let path = Path::new("<synth plan>");
         let layout = GgufWriter::new(std::io::sink(), path, &metadata, &specs)?
@@ -394,7 +405,7 @@ impl Plan {
             metadata,
             tensors,
             layout,
-            seed: cfg.seed,
+            seed,
             fallbacks,
         })
     }

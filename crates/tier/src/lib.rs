@@ -13,6 +13,7 @@
 
 pub mod cache;
 pub mod groups;
+pub mod ple;
 pub mod policy;
 pub mod sim;
 pub mod size;
@@ -25,6 +26,7 @@ pub use cache::{
     min_budget, CacheConfig, CacheError, CacheStats, ExpertCache, ExpertKey, LayerStats, Lookup,
     Pinned, Reservation, SlotId, Ticket,
 };
+pub use ple::{open_ple, PleIo, PleOptions, PleSource, PleStats};
 pub use policy::{Lfu, Lru, Lru2, Policy, PolicyKind};
 
 pub use groups::{RowTable, StackedPart, StreamableGroups, UnitGroup, UnitLayer};

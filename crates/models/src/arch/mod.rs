@@ -7,6 +7,7 @@
 pub mod deepseek4;
 pub mod gemma3;
 pub mod qwen3moe;
+pub mod qwen4exp;
 
 use sluice_gguf::GgufFile;
 use sluice_io::MappedFile;
@@ -25,6 +26,16 @@ pub trait Architecture: Send + Sync {
 
     /// Every tensor group that may live outside RAM (routed experts, row tables).
     fn groups(&self) -> StreamableGroups;
+
+    /// Read the row table `name` (one of `groups().row_tables`) through `src`; false if
+    /// the architecture has no such table.
+    fn set_row_source(
+        &mut self,
+        _name: &str,
+        _src: std::sync::Arc<dyn sluice_tier::PleSource>,
+    ) -> bool {
+        false
+    }
 
     /// A fresh per-sequence state for up to `n_ctx` positions (already capped at the
     /// trained context by the caller).
@@ -50,6 +61,7 @@ pub const REGISTRY: &[(&str, LoadFn)] = &[
     ("qwen3moe", qwen3moe::load),
     ("gemma3", gemma3::load),
     ("deepseek4", deepseek4::load),
+    ("qwen4exp", qwen4exp::load),
 ];
 
 /// Names of every registered architecture.

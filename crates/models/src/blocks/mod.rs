@@ -17,11 +17,15 @@
 //! Norms, RoPE tables and activations are in [`crate::ops`].
 
 pub mod attention;
+pub mod deltanet;
 pub mod dsv4_attention;
 pub mod ffn;
 pub mod head;
 pub mod hyper;
+pub mod hyper_lowrank;
 pub mod moe;
+pub mod ple;
+pub mod qsa;
 
 use std::sync::Mutex;
 

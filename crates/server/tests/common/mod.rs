@@ -51,6 +51,7 @@ pub fn options(path: &Path, stream: bool) -> LoadOptions {
             },
         }),
         record_routing: None,
+        ple: Default::default(),
     }
 }
 

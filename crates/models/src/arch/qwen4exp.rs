@@ -1,0 +1,668 @@
+//! Qwen3.8-Flash-Next (`qwen4exp`), as llama.cpp's converter writes it: 4 low-rank
+//! hyper-connection streams in place of every norm, Gated DeltaNet layers and QSA
+//! indexed-attention layers (every `full_attention_interval`-th), softmax top-k MoE with
+//! a sigmoid-gated shared expert, and one hashed n-gram PLE layer whose big table can stay
+//! on disk (a [`RowTable`] group, read through a [`PleRows`] source).
+//!
+//! Reference: transformers `Qwen4ExpForCausalLM` (../shared/models/qwen4exp.md). Where the
+//! converter's file and transformers disagree:
+//! - `attention.compress_ratios` all zero (the converter's bug, spec section 4 item 3):
+//!   sluice restores the ratio [`DEFAULT_RATIO`] on every attention layer, as transformers
+//!   runs the model, and says so once at load. A file with any non-zero ratio is used as
+//!   written (ratio 0 on an attention layer = dense causal attention, as llama.cpp).
+//! - GDN output gate: sigmoid (the real config; llama.cpp hard-codes it; the file has no key).
+
+use std::any::Any;
+use std::sync::Arc;
+
+use sluice_gguf::{GgmlType, GgufFile};
+use sluice_io::MappedFile;
+use sluice_kernels::dequantize_row;
+use sluice_tier::{RowTable, StreamableGroups, UnitGroup, UnitLayer};
+
+use super::Architecture;
+use crate::blocks::deltanet::{delta_net, DeltaShape, DeltaState, DeltaWeights};
+use crate::blocks::ffn::{glu, Activation, GluWeights};
+use crate::blocks::hyper_lowrank::{hc_post, hc_pre, HcWeights};
+use crate::blocks::moe::{routed, MoeWeights, Router, UnitMat};
+use crate::blocks::ple::{ple_apply, NgramHash, PleRows, PleState, PleWeights, TierRows};
+use crate::blocks::qsa::{qsa, QsaShape, QsaState, QsaWeights};
+use crate::blocks::{head, Batch, Env};
+use crate::config::{Hparams, ModelConfig};
+use crate::kv::KvCache;
+use crate::ops::rope_inv_freq;
+use crate::state::{ExtraState, SeqState};
+use crate::weights::{Mat, Stacked, Tensors};
+use crate::ModelError;
+
+const NAME: &str = "qwen4exp";
+/// The compression ratio restored on a file whose ratios are all zero (the real model's).
+pub const DEFAULT_RATIO: usize = 4;
+/// The PLE table's tensor.
+pub const PLE_TABLE: &str = "per_layer_token_embd.weight";
+
+enum Mixer {
+    Delta(Box<DeltaWeights>),
+    Qsa(Box<QsaWeights>, QsaShape),
+}
+
+struct Layer {
+    hc_attn: HcWeights,
+    hc_ffn: HcWeights,
+    mixer: Mixer,
+    moe: MoeWeights,
+    experts: [Stacked; 3],
+    shared: GluWeights,
+    /// `[1, E]`
+    shared_gate: Mat,
+    ple: Option<PleWeights>,
+}
+
+/// The PLE table inside the mapped file, read row by row (the default source).
+#[derive(Debug, Clone)]
+pub struct MappedPleTable {
+    pub ty: GgmlType,
+    /// Absolute file offset of row 0.
+    pub start: usize,
+    pub row_bytes: usize,
+    pub width: usize,
+    pub n_rows: u64,
+}
+
+impl PleRows for MappedPleTable {
+    fn gather(&self, map: &[u8], ids: &[u64], out: &mut [f32]) -> Result<(), ModelError> {
+        for (&id, row) in ids.iter().zip(out.chunks_mut(self.width)) {
+            if id >= self.n_rows {
+                return Err(ModelError::Compute(format!(
+                    "PLE row {id} is outside the table ({} rows)",
+                    self.n_rows
+                )));
+            }
+            let s = self.start + id as usize * self.row_bytes;
+            dequantize_row(self.ty, &map[s..s + self.row_bytes], row)?;
+        }
+        Ok(())
+    }
+}
+
+pub struct Qwen4Exp {
+    cfg: ModelConfig,
+    n_stream: usize,
+    rms_eps: f32,
+    delta: DeltaShape,
+    rope: Vec<f32>,
+    n_head_kv: usize,
+    head_dim: usize,
+    token_embd: Mat,
+    output_hc: HcWeights,
+    output: Mat,
+    layers: Vec<Layer>,
+    hash: Option<NgramHash>,
+    table: Option<MappedPleTable>,
+    rows: Option<Arc<dyn PleRows>>,
+    /// What load decided and wants said once (e.g. restored compress ratios).
+    pub notes: Vec<String>,
+}
+
+#[derive(Clone)]
+struct Q4State {
+    delta: Vec<Option<DeltaState>>,
+    qsa: Vec<QsaState>,
+    ple: Option<PleState>,
+    eos: u32,
+}
+
+impl ExtraState for Q4State {
+    fn clone_box(&self) -> Box<dyn ExtraState> {
+        Box::new(self.clone())
+    }
+    fn clear(&mut self) {
+        self.delta.iter_mut().flatten().for_each(DeltaState::clear);
+        self.qsa.iter_mut().for_each(QsaState::clear);
+        if let Some(p) = &mut self.ple {
+            p.clear(self.eos);
+        }
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+fn array_u64(hp: &Hparams<'_>, k: &str) -> Result<Option<Vec<u64>>, ModelError> {
+    let key = format!("{NAME}.{k}");
+    let Some(v) = hp.file.get(&key) else {
+        return Ok(None);
+    };
+    let a = v
+        .as_array()
+        .ok_or_else(|| hp.bad(format!("{key} must be an array")))?;
+    a.values
+        .iter()
+        .map(|x| {
+            x.as_u64()
+                .or_else(|| x.as_bool().map(u64::from))
+                .ok_or_else(|| hp.bad(format!("{key} must hold integers >= 0")))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+fn hc(
+    t: &Tensors<'_>,
+    p: &str,
+    d: usize,
+    r: usize,
+    s: usize,
+    inject: bool,
+) -> Result<HcWeights, ModelError> {
+    Ok(HcWeights {
+        norm: t.vec(&format!("{p}_norm.weight"), d)?,
+        down: t.mat(&format!("{p}_down.weight"), r, d)?,
+        up: t.mat(&format!("{p}_up.weight"), d, r)?,
+        inject: if inject {
+            Some(t.mat(&format!("{p}_inject.weight"), s, d)?)
+        } else {
+            None
+        },
+    })
+}
+
+/// The shared expert's gate: `{E}` or `{E, 1}` (both spellings occur).
+fn shared_gate(t: &Tensors<'_>, name: &str, e: usize) -> Result<Mat, ModelError> {
+    let info = t.info(name)?;
+    if info.dims.len() == 1 && info.dims[0] as usize == e {
+        t.check_type(name, info.ty)?;
+        return Ok(Mat {
+            ty: info.ty,
+            rows: 1,
+            cols: e,
+            range: t.range(info),
+        });
+    }
+    t.mat(name, 1, e)
+}
+
+pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, ModelError> {
+    let a = load_qwen4exp(file, map)?;
+    for n in &a.notes {
+        eprintln!("note: {n}");
+    }
+    Ok(Box::new(a))
+}
+
+/// Load with the concrete type (tests and the PLE source setter use it).
+pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, ModelError> {
+    let hp = Hparams::new(file, NAME);
+    let e = hp.u("embedding_length")?;
+    // Files with the MTP draft layer inside (`nextn_predict_layers`, e.g. ds4's and the
+    // GSQ-RCO repackaging) count it in block_count; the main model is the layers before it.
+    let n_block = hp.u("block_count")?;
+    let n_mtp = hp.u_or("nextn_predict_layers", 0)?;
+    if n_mtp >= n_block {
+        return Err(hp.bad(format!(
+            "nextn_predict_layers {n_mtp} >= block_count {n_block}"
+        )));
+    }
+    let n_layer = n_block - n_mtp;
+    let n_head = hp.u("attention.head_count")?;
+    let n_head_kv = hp.u_or("attention.head_count_kv", n_head)?;
+    let head_dim = hp.u_or("attention.key_length", 256)?;
+    let rms_eps = hp.f_or("attention.layer_norm_rms_epsilon", 1e-6)?;
+    let rope_base = hp.f_or("rope.freq_base", 10_000_000.0)?;
+    let n_rot = hp.u_or("rope.dimension_count", head_dim)?;
+    let n_expert = hp.u("expert_count")?;
+    let k = hp.u("expert_used_count")?;
+    let s = hp.u("hyper_connection.count")?;
+    let r = hp.u("hyper_connection.low_rank")?;
+    let idx_heads = hp.u("attention.indexer.head_count")?;
+    let idx_dim = hp.u("attention.indexer.key_length")?;
+    let budget = hp.u("attention.indexer.top_k")?;
+    if n_layer == 0 || e == 0 || s < 2 || r == 0 {
+        return Err(hp.bad(
+            "block_count, embedding_length, hyper_connection.* must be > 0 (count > 1)".into(),
+        ));
+    }
+    super::check_attention(&hp, n_head, n_head_kv, head_dim, rms_eps, rope_base)?;
+    if n_rot == 0 || !n_rot.is_multiple_of(2) || n_rot > head_dim || n_rot > idx_dim {
+        return Err(hp.bad(format!(
+            "rope.dimension_count {n_rot} must be even, > 0 and fit key_length {head_dim} and the indexer's {idx_dim}"
+        )));
+    }
+    if n_expert == 0 || k == 0 || k > n_expert {
+        return Err(hp.bad(format!(
+            "expert_used_count {k} must be in 1..=expert_count {n_expert}"
+        )));
+    }
+    let recurrent: Vec<bool> = match array_u64(&hp, "attention.recurrent_layers")? {
+        Some(v) if v.len() >= n_layer => v[..n_layer].iter().map(|&x| x != 0).collect(),
+        Some(v) => {
+            return Err(hp.bad(format!(
+                "attention.recurrent_layers has {} entries, {n_layer} layers",
+                v.len()
+            )))
+        }
+        None => {
+            let iv = hp.u_or("full_attention_interval", 4)?.max(1);
+            (0..n_layer).map(|i| (i + 1) % iv != 0).collect()
+        }
+    };
+    let mut notes = Vec::new();
+    let mut ratios: Vec<usize> = match array_u64(&hp, "attention.compress_ratios")? {
+        Some(v) if v.len() >= n_layer => v[..n_layer].iter().map(|&x| x as usize).collect(),
+        Some(v) => {
+            return Err(hp.bad(format!(
+                "attention.compress_ratios has {} entries, {n_layer} layers",
+                v.len()
+            )))
+        }
+        None => vec![0; n_layer],
+    };
+    if ratios.iter().all(|&x| x == 0) {
+        for (i, rr) in ratios.iter_mut().enumerate() {
+            if !recurrent[i] {
+                *rr = DEFAULT_RATIO;
+            }
+        }
+        notes.push(format!(
+            "qwen4exp: attention.compress_ratios are all 0 (a known llama.cpp converter bug); \
+             using ratio {DEFAULT_RATIO} on every attention layer as transformers does \
+             (llama.cpp runs such a file with dense attention: differs past {budget} tokens)"
+        ));
+    }
+    for (i, &rr) in ratios.iter().enumerate() {
+        if rr > 0 && (recurrent[i] || !budget.is_multiple_of(rr)) {
+            return Err(hp.bad(format!("layer {i}: compress ratio {rr} on a recurrent layer or not dividing top_k {budget}")));
+        }
+    }
+    let delta = DeltaShape {
+        n_k_heads: hp.u("ssm.group_count")?,
+        n_v_heads: hp.u("ssm.time_step_rank")?,
+        d_k: hp.u("ssm.state_size")?,
+        d_v: hp.u("ssm.state_size")?,
+        conv_kernel: hp.u("ssm.conv_kernel")?,
+        rms_eps,
+        gate_sigmoid: true,
+    };
+    if delta.n_k_heads == 0
+        || !delta.n_v_heads.is_multiple_of(delta.n_k_heads)
+        || delta.conv_kernel < 1
+        || hp.u("ssm.inner_size")? != delta.n_v_heads * delta.d_v
+    {
+        return Err(hp.bad("ssm.* shapes are inconsistent".into()));
+    }
+    // PLE.
+    let ple_layers: Vec<usize> = array_u64(&hp, "ple.layers")?
+        .unwrap_or_default()
+        .into_iter()
+        .map(|x| x as usize)
+        .collect();
+    if ple_layers.len() > 1 {
+        return Err(hp.bad("more than one PLE layer (one set of hash constants per file)".into()));
+    }
+    let t = Tensors::new(file, map);
+    let n_vocab = hp.n_vocab()?;
+    let (hash, table) = if let Some(&pl) = ple_layers.first() {
+        if pl >= n_layer || !recurrent[pl] {
+            return Err(hp.bad(format!(
+                "PLE layer {pl} must be a recurrent layer < {n_layer}"
+            )));
+        }
+        let ngram = hp.u("ple.ngram_size")?;
+        let hpn = hp.u("ple.heads_per_ngram")?;
+        let need = |k: &str, n: usize| -> Result<Vec<u64>, ModelError> {
+            let v = array_u64(&hp, k)?.ok_or_else(|| hp.bad(format!("{NAME}.{k} is missing")))?;
+            if v.len() < n {
+                return Err(hp.bad(format!("{NAME}.{k} has {} entries, {n} needed", v.len())));
+            }
+            Ok(v[..n].to_vec())
+        };
+        if ngram < 2 {
+            return Err(hp.bad("ple.ngram_size must be >= 2".into()));
+        }
+        let nh = (ngram - 1) * hpn;
+        let h = NgramHash {
+            ngram,
+            heads_per_ngram: hpn,
+            eos: hp.u("ple.eos_token_id")? as u32,
+            multipliers: need("ple.layer_multipliers", ngram)?,
+            offsets: need("ple.head_offsets", nh)?,
+            vocab_sizes: need("ple.head_vocab_sizes", nh)?,
+        };
+        let info = t.info(PLE_TABLE)?;
+        let width = info.dims[0] as usize;
+        let n_rows = info.dims.get(1).copied().unwrap_or(1);
+        t.check_type(PLE_TABLE, info.ty)?;
+        if width * nh != e {
+            return Err(hp.bad(format!(
+                "PLE rows of {width} x {nh} heads != embedding_length {e}"
+            )));
+        }
+        let max = (0..nh)
+            .map(|i| h.offsets[i] + h.vocab_sizes[i])
+            .max()
+            .unwrap_or(0);
+        if h.vocab_sizes.contains(&0) || max > n_rows {
+            return Err(hp.bad(format!(
+                "PLE head offsets + sizes reach {max}, the table has {n_rows} rows"
+            )));
+        }
+        let range = t.range(info);
+        let table = MappedPleTable {
+            ty: info.ty,
+            start: range.start,
+            row_bytes: info.ty.row_bytes(width as u64).unwrap_or(0) as usize,
+            width,
+            n_rows,
+        };
+        (Some(h), Some(table))
+    } else {
+        (None, None)
+    };
+
+    let d = s * e;
+    let mut layers = Vec::with_capacity(n_layer);
+    let mut n_qsa = 0;
+    for il in 0..n_layer {
+        let n = |x: &str| format!("blk.{il}.{x}.weight");
+        let gate = t.stacked_any_rows(&n("ffn_gate_exps"), e, n_expert)?;
+        let ff = gate.rows;
+        let up = t.stacked(&n("ffn_up_exps"), ff, e, n_expert)?;
+        let down = t.stacked(&n("ffn_down_exps"), e, ff, n_expert)?;
+        let um = |x: &Stacked| UnitMat {
+            ty: x.ty,
+            rows: x.rows,
+            cols: x.cols,
+        };
+        let sgate = t.mat_any_rows(&n("ffn_gate_shexp"), e)?;
+        let sff = sgate.rows;
+        let mixer = if recurrent[il] {
+            let cd = delta.conv_dim();
+            let hv = delta.n_v_heads;
+            Mixer::Delta(Box::new(DeltaWeights {
+                qkv: t.mat(&n("attn_qkv"), cd, e)?,
+                gate: t.mat(&n("attn_gate"), hv * delta.d_v, e)?,
+                beta: t.mat(&n("ssm_beta"), hv, e)?,
+                alpha: t.mat(&n("ssm_alpha"), hv, e)?,
+                conv: t.vec(&n("ssm_conv1d"), cd * delta.conv_kernel)?,
+                dt_bias: t.vec(&format!("blk.{il}.ssm_dt.bias"), hv)?,
+                a: t.vec(&format!("blk.{il}.ssm_a"), hv)?,
+                norm: t.vec(&n("ssm_norm"), delta.d_v)?,
+                out: t.mat(&n("ssm_out"), e, hv * delta.d_v)?,
+            }))
+        } else {
+            n_qsa += 1;
+            Mixer::Qsa(
+                Box::new(QsaWeights {
+                    wq: t.mat(&n("attn_q"), n_head * 2 * head_dim, e)?,
+                    wk: t.mat(&n("attn_k"), n_head_kv * head_dim, e)?,
+                    wv: t.mat(&n("attn_v"), n_head_kv * head_dim, e)?,
+                    wo: t.mat(&n("attn_output"), e, n_head * head_dim)?,
+                    q_norm: t.vec(&n("attn_q_norm"), head_dim)?,
+                    k_norm: t.vec(&n("attn_k_norm"), head_dim)?,
+                    idx_q: t.mat(&n("indexer.q_proj"), idx_heads * idx_dim, e)?,
+                    idx_k: t.mat(&n("indexer.k_proj"), idx_dim, e)?,
+                    idx_q_norm: t.vec(&n("indexer.q_norm"), idx_dim)?,
+                    idx_k_norm: t.vec(&n("indexer.k_norm"), idx_dim)?,
+                }),
+                QsaShape {
+                    n_head,
+                    n_head_kv,
+                    head_dim,
+                    n_rot,
+                    idx_heads,
+                    idx_dim,
+                    budget,
+                    ratio: ratios[il],
+                    rms_eps,
+                },
+            )
+        };
+        let ple = if ple_layers.first() == Some(&il) {
+            let kernel = hp.u_or("ple.conv_kernel", 4)?.max(1);
+            let ngram = hash.as_ref().map_or(3, |h| h.ngram);
+            Some(PleWeights {
+                key: t.mat(&n("ple_key"), d, e)?,
+                value: t.mat(&n("ple_value"), e, e)?,
+                norm_key: t.vec(&n("ple_norm_key"), d)?,
+                norm_query: t.vec(&n("ple_norm_query"), d)?,
+                norm_conv: t.vec(&n("ple_norm_conv"), d)?,
+                conv: t.vec(&n("ple_conv1d"), d * kernel)?,
+                kernel,
+                dilation: ngram,
+            })
+        } else {
+            None
+        };
+        layers.push(Layer {
+            hc_attn: hc(&t, &format!("blk.{il}.hc_attn"), d, r, s, true)?,
+            hc_ffn: hc(&t, &format!("blk.{il}.hc_ffn"), d, r, s, true)?,
+            mixer,
+            moe: MoeWeights {
+                router_w: t.mat(&n("ffn_gate_inp"), n_expert, e)?,
+                router: Router::Softmax {
+                    norm: hp.b_or("expert_weights_norm", true)?,
+                },
+                n_expert,
+                k,
+                gate: um(&gate),
+                up: um(&up),
+                down: um(&down),
+                act: Activation::Silu,
+            },
+            experts: [gate, up, down],
+            shared: GluWeights {
+                gate: sgate,
+                up: t.mat(&n("ffn_up_shexp"), sff, e)?,
+                down: t.mat(&n("ffn_down_shexp"), e, sff)?,
+            },
+            shared_gate: shared_gate(&t, &n("ffn_gate_inp_shexp"), e)?,
+            ple,
+        });
+    }
+    let token_embd = t.mat("token_embd.weight", n_vocab, e)?;
+    let output = if t.has("output.weight") {
+        t.mat("output.weight", n_vocab, e)?
+    } else {
+        token_embd.clone()
+    };
+    let cfg = ModelConfig {
+        arch: NAME,
+        n_layer,
+        n_embd: e,
+        n_vocab,
+        n_ctx_train: hp.u_or("context_length", 262_144)?,
+        n_expert,
+        n_expert_used: k,
+        kv_bytes_per_pos: (n_qsa * (2 * n_head_kv * head_dim + idx_dim) * 4) as u64,
+    };
+    let rows: Option<Arc<dyn PleRows>> = table.clone().map(|x| Arc::new(x) as Arc<dyn PleRows>);
+    Ok(Qwen4Exp {
+        cfg,
+        n_stream: s,
+        rms_eps,
+        delta,
+        rope: rope_inv_freq(n_rot, rope_base, 1.0),
+        n_head_kv,
+        head_dim,
+        token_embd,
+        output_hc: hc(&t, "output_hc", d, r, s, false)?,
+        output,
+        layers,
+        hash,
+        table,
+        rows,
+        notes,
+    })
+}
+
+impl Qwen4Exp {
+    /// The PLE table in the file (None when the model has no PLE layer).
+    pub fn ple_table(&self) -> Option<&MappedPleTable> {
+        self.table.as_ref()
+    }
+
+    /// The hash constants (None when the model has no PLE layer).
+    pub fn ple_hash(&self) -> Option<&NgramHash> {
+        self.hash.as_ref()
+    }
+
+    /// Read PLE rows through `rows` instead of the mapped file.
+    pub fn set_ple_rows(&mut self, rows: Arc<dyn PleRows>) {
+        self.rows = Some(rows);
+    }
+}
+
+impl Architecture for Qwen4Exp {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn set_row_source(&mut self, name: &str, src: Arc<dyn sluice_tier::PleSource>) -> bool {
+        match &self.table {
+            Some(tb) if name == PLE_TABLE => {
+                self.rows = Some(Arc::new(TierRows {
+                    src,
+                    ty: tb.ty,
+                    width: tb.width,
+                    row_bytes: tb.row_bytes,
+                }));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn groups(&self) -> StreamableGroups {
+        let names = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
+        StreamableGroups {
+            experts: UnitGroup {
+                layers: self
+                    .layers
+                    .iter()
+                    .enumerate()
+                    .map(|(il, l)| {
+                        Some(UnitLayer {
+                            n_units: self.cfg.n_expert,
+                            parts: l
+                                .experts
+                                .iter()
+                                .zip(names)
+                                .map(|(x, n)| x.part(&format!("blk.{il}.{n}.weight")))
+                                .collect(),
+                        })
+                    })
+                    .collect(),
+            },
+            row_tables: self
+                .table
+                .iter()
+                .map(|tb| RowTable {
+                    name: PLE_TABLE.to_string(),
+                    start: tb.start as u64,
+                    row_bytes: tb.row_bytes as u64,
+                    n_rows: tb.n_rows,
+                })
+                .collect(),
+        }
+    }
+
+    fn new_state(&self, n_ctx: usize) -> SeqState {
+        let kvd = self.n_head_kv * self.head_dim;
+        let mut st = SeqState::new(KvCache::new(self.cfg.n_layer, kvd, kvd, n_ctx));
+        let d = self.n_stream * self.cfg.n_embd;
+        let ple = self
+            .layers
+            .iter()
+            .find_map(|l| l.ple.as_ref())
+            .zip(self.hash.as_ref());
+        st.extra = Some(Box::new(Q4State {
+            delta: self
+                .layers
+                .iter()
+                .map(|l| match l.mixer {
+                    Mixer::Delta(_) => Some(DeltaState::new(&self.delta)),
+                    Mixer::Qsa(..) => None,
+                })
+                .collect(),
+            qsa: vec![QsaState::default(); self.cfg.n_layer],
+            ple: ple.map(|(w, h)| PleState::new(h, w, d)),
+            eos: self.hash.as_ref().map_or(0, |h| h.eos),
+        }));
+        st
+    }
+
+    fn forward(
+        &self,
+        env: &Env<'_>,
+        batch: &Batch<'_>,
+        state: &mut SeqState,
+        rows: &[usize],
+    ) -> Result<Vec<f32>, ModelError> {
+        let SeqState { kv, extra } = state;
+        let st = extra
+            .as_mut()
+            .and_then(|x| x.as_any_mut().downcast_mut::<Q4State>())
+            .ok_or_else(|| {
+                ModelError::Compute("qwen4exp: sequence state of another model".into())
+            })?;
+        let (s, e, eps) = (self.n_stream, self.cfg.n_embd, self.rms_eps);
+        let t_len = batch.len();
+        let d = s * e;
+        // PLE rows depend only on token ids: hint them before any layer runs, gather them
+        // right before the PLE layer.
+        let mut ple_ids = None;
+        if let (Some(h), Some(src), Some(ps)) = (&self.hash, &self.rows, &mut st.ple) {
+            let (ids, ctx) = h.rows(&ps.ctx, batch.tokens);
+            src.prefetch(&ids);
+            ps.ctx = ctx;
+            ple_ids = Some((ids, e / h.n_heads()));
+        }
+        let x0 = head::embed(env, &self.token_embd, batch, 1.0)?;
+        let mut x = vec![0.0f32; t_len * d];
+        for (dst, src) in x.chunks_mut(d).zip(x0.chunks(e)) {
+            for part in dst.chunks_mut(e) {
+                part.copy_from_slice(src);
+            }
+        }
+        drop(x0);
+        for (il, l) in self.layers.iter().enumerate() {
+            if let (Some(pw), Some((ids, width)), Some(ps), Some(src)) =
+                (&l.ple, &ple_ids, &mut st.ple, &self.rows)
+            {
+                let mut emb = vec![0.0f32; ids.len() * width];
+                src.gather(env.map, ids, &mut emb)?;
+                ple_apply(env, pw, ps, s, e, eps, &emb, &mut x, t_len)?;
+            }
+            let (m, inj) = hc_pre(env, &l.hc_attn, s, e, eps, &x, t_len)?;
+            let y = match &l.mixer {
+                Mixer::Delta(w) => {
+                    let ds = st.delta[il].as_mut().ok_or_else(|| {
+                        ModelError::Compute("qwen4exp: missing DeltaNet state".into())
+                    })?;
+                    delta_net(env, w, &self.delta, ds, &m, t_len)?
+                }
+                Mixer::Qsa(w, sh) => {
+                    qsa(env, batch, kv, &mut st.qsa[il], il, w, sh, &self.rope, &m)?
+                }
+            };
+            hc_post(&mut x, &inj.expect("block mixers inject"), &y, s, e);
+            let (m, inj) = hc_pre(env, &l.hc_ffn, s, e, eps, &x, t_len)?;
+            let mut y = routed(env, batch, il, &l.moe, &m)?;
+            let sh = glu(env, &l.shared, Activation::Silu, &m, t_len)?;
+            let sg = env.linear(&l.shared_gate, &m, t_len)?;
+            for ((yr, shr), &g) in y.chunks_mut(e).zip(sh.chunks(e)).zip(&sg) {
+                let g = 1.0 / (1.0 + (-g).exp());
+                for (a, &b) in yr.iter_mut().zip(shr) {
+                    *a += g * b;
+                }
+            }
+            hc_post(&mut x, &inj.expect("block mixers inject"), &y, s, e);
+        }
+        let mut sel = Vec::with_capacity(rows.len() * d);
+        for &r in rows {
+            sel.extend_from_slice(&x[r * d..(r + 1) * d]);
+        }
+        let (m, _) = hc_pre(env, &self.output_hc, s, e, eps, &sel, rows.len())?;
+        env.linear(&self.output, &m, rows.len())
+    }
+}
