@@ -19,3 +19,5 @@ export SLUICE_LLAMA_CPP
 export SLUICE_REQUIRE_MODELS=1
 echo "== cargo test --release"
 cargo test --workspace --release
+echo "== sluice serve with the official openai and anthropic clients (PyPI)"
+tools/test-server-clients.sh
