@@ -317,6 +317,90 @@ fn streaming_equals_resident() {
     }
 }
 
+/// `StreamOptions::hash_prefetch` (`--no-hash-prefetch`) on and off: the same logits bit
+/// for bit (prefill in chunks, where the whole prompt's hash-layer experts are prefetched at
+/// the start, then decode steps); on, certain prefetches are issued and used (hit), off,
+/// none. Every byte read is still a miss or a prefetch.
+#[test]
+fn hash_prefetch_on_off_same_logits() {
+    use sluice_engine::load::{Budget, LoadOptions, StreamOptions};
+    use sluice_engine::session::Session;
+    for name in ["a-f32.gguf", "b-f32.gguf"] {
+        let path = fixture(name);
+        let resident = Model::load(&path).unwrap();
+        let k = resident.cfg.n_expert_used;
+        let min = StreamingExperts::min_budget(&resident.groups.experts, k);
+        let toks = tokens();
+        let mut outs = Vec::new();
+        for on in [true, false] {
+            let budget = 6 * min;
+            let opts = LoadOptions {
+                path: path.clone(),
+                threads: 2,
+                ctx: 512,
+                stream: Some(StreamOptions {
+                    budget: Budget::Size(sluice_engine::tier::SizeSpec::Bytes(budget)),
+                    budget_text: format!("{budget}"),
+                    policy: PolicyKind::Lru,
+                    resident_layers: 0,
+                    io: IoConfig {
+                        backend: Backend::Pread,
+                        direct: false,
+                        depth: 8,
+                        threads: 2,
+                        high_priority: false,
+                    },
+                    hash_prefetch: on,
+                }),
+                record_routing: None,
+            };
+            let loaded = opts.load().unwrap();
+            let mut s = Session::new(&loaded, 512, false, 16);
+            let mut out = s.prefill(&toks[..150], Logits::All).unwrap();
+            for &t in &toks[150..] {
+                out.extend(s.step(t).unwrap());
+            }
+            let st = loaded.streaming.as_ref().unwrap();
+            let (cs, io, ss) = (st.cache_stats(), st.io_stats(), st.stream_stats());
+            let per_layer = loaded.model.groups.experts.unit_bytes_per_layer();
+            let misses: u64 = cs
+                .per_layer
+                .iter()
+                .zip(&per_layer)
+                .map(|(l, &b)| l.misses * b)
+                .sum();
+            assert_eq!(io.bytes_requested, misses + ss.prefetch_bytes, "{name}");
+            eprintln!(
+                "{name} hash prefetch {on}: misses {} hits {} | prefetch issued {} hit {} bytes {} present {} skipped {}",
+                cs.total.misses,
+                cs.total.hits,
+                ss.prefetch_issued,
+                ss.prefetch_hit,
+                ss.prefetch_bytes,
+                ss.prefetch_present,
+                ss.prefetch_skipped
+            );
+            if on {
+                assert!(ss.prefetch_issued > 0, "{name}: no certain prefetch issued");
+                assert!(ss.prefetch_hit > 0, "{name}: no certain prefetch used");
+                assert!(ss.prefetch_bytes > 0);
+                assert!(ss.prefetch_hit <= ss.prefetch_issued);
+            } else {
+                assert_eq!(
+                    ss.prefetch_issued + ss.prefetch_present + ss.prefetch_skipped,
+                    0
+                );
+                assert_eq!(ss.prefetch_hit, 0);
+            }
+            outs.push(out);
+        }
+        assert!(
+            same_bits(&outs[0], &outs[1]),
+            "{name}: logits differ with hash prefetch on vs off"
+        );
+    }
+}
+
 /// Inconsistent hyper-parameters are refused at load with an error naming the key.
 #[test]
 fn bad_metadata_is_refused() {
