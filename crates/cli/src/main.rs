@@ -10,6 +10,7 @@ mod inspect;
 mod measure;
 mod perplexity;
 mod run;
+mod serve;
 mod synth;
 
 use std::error::Error;
@@ -33,6 +34,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt, or chat interactively.
     Run(run::RunArgs),
+    /// Serve the model over HTTP (OpenAI- and Anthropic-compatible API).
+    Serve(serve::ServeArgs),
     /// Perplexity of a text file (as llama.cpp's llama-perplexity computes it).
     Perplexity(perplexity::PerplexityArgs),
     /// Prompt-processing and decode speed (median of repeated runs).
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Run(a) => run::main(a),
+        Command::Serve(a) => serve::main(a),
         Command::Perplexity(a) => perplexity::main(a),
         Command::Bench(a) => bench::main(a),
         Command::Inspect(args) => inspect::run(args),

@@ -1,0 +1,129 @@
+//! `sluice serve`: flags -> `sluice_server::ServerConfig`, then the server library runs.
+
+use anyhow::{Context, Result};
+use sluice_engine::tier::parse_size_bytes;
+use sluice_server::{ServerConfig, SessionParams};
+
+use crate::common::ModelArgs;
+
+/// Serve the model over HTTP: OpenAI-compatible `/v1/chat/completions`, `/v1/completions`,
+/// `/v1/models`, Anthropic-compatible `/v1/messages`, `/health`, `/metrics`.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on (loopback by default; anything else needs --api-key or
+    /// --insecure-public).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 = any free port, printed at start).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Sequences generating at once (each holds its own KV cache).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub parallel: usize,
+    /// Requests that may wait for a free sequence; past that, 503 with Retry-After.
+    #[arg(long = "queue", value_name = "N", default_value_t = 16)]
+    pub queue: usize,
+    /// RAM budget for session snapshots kept for prefix reuse (e.g. 1G, 512MiB; 0 = off).
+    #[arg(long = "prefix-cache", value_name = "SIZE", default_value = "1GiB")]
+    pub prefix_cache: String,
+    /// Require this API key (`Authorization: Bearer KEY` or `x-api-key: KEY`).
+    #[arg(long = "api-key", value_name = "KEY", conflicts_with = "api_key_file")]
+    pub api_key: Option<String>,
+    /// Read the API key from FILE (first line).
+    #[arg(long = "api-key-file", value_name = "FILE")]
+    pub api_key_file: Option<std::path::PathBuf>,
+    /// Allow listening beyond loopback without an API key.
+    #[arg(long = "insecure-public")]
+    pub insecure_public: bool,
+    /// Largest request body (bytes, e.g. 4MiB).
+    #[arg(long = "max-body", value_name = "SIZE", default_value = "4MiB")]
+    pub max_body: String,
+    /// Most prompt tokens per request (default: the context).
+    #[arg(long = "max-prompt-tokens", value_name = "N")]
+    pub max_prompt_tokens: Option<usize>,
+    /// Most tokens a request may generate (also the default when it does not say).
+    #[arg(long = "max-tokens", value_name = "N", default_value_t = 4096)]
+    pub max_tokens: usize,
+    /// Connections open at once; more wait to be accepted.
+    #[arg(long = "max-connections", value_name = "N", default_value_t = 256)]
+    pub max_connections: usize,
+    /// Name reported by /v1/models (default: the file name without .gguf).
+    #[arg(long = "alias", value_name = "NAME")]
+    pub alias: Option<String>,
+    /// Seconds running requests may take after SIGINT/SIGTERM before they are stopped.
+    #[arg(long = "drain-timeout", value_name = "SECS", default_value_t = 30)]
+    pub drain_timeout: u64,
+}
+
+pub fn main(args: ServeArgs) -> Result<()> {
+    let size = |flag: &str, s: &str| -> Result<u64> {
+        parse_size_bytes(s, None).map_err(|e| anyhow::anyhow!("{flag} {s}: {e}"))
+    };
+    let api_key = match (&args.api_key, &args.api_key_file) {
+        (Some(k), _) => Some(k.clone()),
+        (None, Some(f)) => {
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("--api-key-file {}: cannot read", f.display()))?;
+            let key = text.lines().next().unwrap_or("").trim().to_string();
+            if key.is_empty() {
+                anyhow::bail!("--api-key-file {}: the file is empty", f.display());
+            }
+            Some(key)
+        }
+        (None, None) => None,
+    };
+    if args.model.batch == 0 {
+        anyhow::bail!("--batch must be at least 1");
+    }
+    if !args.model.model.exists() {
+        anyhow::bail!("{}: no such file", args.model.model.display());
+    }
+    let name = args.alias.clone().unwrap_or_else(|| {
+        args.model
+            .model
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "sluice".into())
+    });
+    let session = SessionParams {
+        ctx: args.model.ctx,
+        kv_f32: args.model.kv_f32,
+        batch: args.model.batch,
+    };
+    let mut cfg = ServerConfig::new(&name, session);
+    cfg.host = args.host.clone();
+    cfg.port = args.port;
+    cfg.parallel = args.parallel;
+    cfg.queue = args.queue;
+    cfg.prefix_cache = size("--prefix-cache", &args.prefix_cache)?;
+    cfg.api_key = api_key;
+    cfg.insecure_public = args.insecure_public;
+    cfg.max_body = size("--max-body", &args.max_body)? as usize;
+    cfg.max_prompt_tokens = args.max_prompt_tokens.unwrap_or(usize::MAX);
+    cfg.max_tokens = args.max_tokens.max(1);
+    cfg.max_connections = args.max_connections;
+    cfg.drain_timeout = std::time::Duration::from_secs(args.drain_timeout);
+    let mut opts = args.model.options();
+    // The memory plan counts the KV cache of every sequence, not one (`--expert-cache
+    // auto` must leave room for all of them). Snapshots (--prefix-cache) are not counted.
+    opts.ctx = args.model.ctx.saturating_mul(args.parallel.max(1));
+    let path = args.model.model.display().to_string();
+    let loader: sluice_server::Loader = Box::new(move || {
+        let loaded = opts.load().map_err(|e| e.to_string())?;
+        for n in &loaded.notes {
+            eprintln!("{n}");
+        }
+        eprintln!(
+            "loaded {path} ({}, {} layers) in {:.2} s, {} threads",
+            loaded.model.cfg.arch,
+            loaded.model.cfg.n_layer,
+            loaded.load_secs,
+            loaded.pool.current_num_threads()
+        );
+        Ok(loaded)
+    });
+    sluice_server::run(cfg, loader)?;
+    Ok(())
+}

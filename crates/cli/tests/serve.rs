@@ -1,0 +1,202 @@
+//! `sluice serve` as a user runs it: the binary on an ephemeral loopback port, greedy text
+//! through HTTP equal to `sluice run --temp 0` for the same prompt (raw and chat), SIGTERM
+//! drains and exits 0, a public bind without a key is refused. Every wait is bounded.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+fn fixture() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/qwen3moe/a-q8_0.gguf")
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn sluice() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+}
+
+/// One HTTP/1.1 request (Connection: close); returns status and body.
+fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap();
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, body.to_string())
+}
+
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn serve(extra: &[&str]) -> Server {
+    let mut child = sluice()
+        .args([
+            "serve",
+            "-m",
+            &fixture(),
+            "--port",
+            "0",
+            "-t",
+            "1",
+            "-c",
+            "256",
+        ])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let t0 = Instant::now();
+    let addr = loop {
+        let line = rx
+            .recv_timeout(TIMEOUT.saturating_sub(t0.elapsed()))
+            .expect("serve prints where it listens");
+        if let Some(a) = line.strip_prefix("listening on http://") {
+            break a.trim().to_string();
+        }
+    };
+    loop {
+        if let Ok(s) = TcpStream::connect(&addr) {
+            drop(s);
+            if http(&addr, "GET", "/health", "").0 == 200 {
+                break;
+            }
+        }
+        assert!(t0.elapsed() < TIMEOUT, "not ready in time");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Server { child, addr }
+}
+
+fn run_stdout(args: &[&str]) -> String {
+    let out = sluice()
+        .args([
+            "run",
+            "-m",
+            &fixture(),
+            "-t",
+            "1",
+            "-c",
+            "256",
+            "--temp",
+            "0",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = String::from_utf8(out.stdout).unwrap();
+    s.strip_suffix('\n').unwrap_or(&s).to_string()
+}
+
+fn json_str(body: &str, pointer: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    v.pointer(pointer)
+        .and_then(|x| x.as_str())
+        .unwrap_or_else(|| panic!("{pointer} in {body}"))
+        .to_string()
+}
+
+#[test]
+fn serve_greedy_equals_run_and_sigterm_drains() {
+    let mut srv = serve(&["--parallel", "2"]);
+    let (st, body) = http(
+        &srv.addr,
+        "POST",
+        "/v1/completions",
+        r#"{"prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0}"#,
+    );
+    assert_eq!(st, 200, "{body}");
+    let served = json_str(&body, "/choices/0/text");
+    let ran = run_stdout(&["--raw", "-p", "The quick brown fox", "-n", "16"]);
+    assert_eq!(served, ran);
+
+    let (st, body) = http(
+        &srv.addr,
+        "POST",
+        "/v1/chat/completions",
+        r#"{"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 16, "temperature": 0}"#,
+    );
+    assert_eq!(st, 200, "{body}");
+    let served = json_str(&body, "/choices/0/message/content");
+    let ran = run_stdout(&["-p", "Hello there", "-n", "16"]);
+    assert_eq!(served, ran);
+
+    let (st, body) = http(&srv.addr, "POST", "/v1/chat/completions", "{oops");
+    assert_eq!(st, 400);
+    assert!(body.contains("invalid_request_error"), "{body}");
+
+    // SIGTERM: drains and exits 0.
+    let pid = srv.child.id().to_string();
+    let k = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(k.success());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = srv.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t0.elapsed() < TIMEOUT, "did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn serve_refuses_public_bind_without_key() {
+    let out = sluice()
+        .args([
+            "serve",
+            "-m",
+            &fixture(),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--insecure-public"), "{err}");
+}

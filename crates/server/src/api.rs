@@ -1,0 +1,405 @@
+//! Request bodies of the OpenAI and Anthropic APIs, and their error objects.
+//!
+//! Owns: the serde types of `/v1/chat/completions`, `/v1/completions` and `/v1/messages`
+//! (unknown fields are ignored, as clients send many; a known field of the wrong type is a
+//! 400), the translation of their sampling fields into a [`SamplerConfig`], and
+//! [`ApiError`], which renders as an OpenAI-style or Anthropic-style error object.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sluice_engine::sampler::SamplerConfig;
+
+/// Which API's error shape to answer with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    OpenAi,
+    Anthropic,
+}
+
+/// An error answered to the client.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub flavor: Flavor,
+    /// OpenAI `type` (`invalid_request_error`, ...).
+    pub kind: &'static str,
+    pub message: String,
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn bad_request(flavor: Flavor, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            flavor,
+            kind: "invalid_request_error",
+            message: message.into(),
+            param: None,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    pub fn param(mut self, p: &'static str) -> ApiError {
+        self.param = Some(p);
+        self
+    }
+
+    pub fn code(mut self, c: &'static str) -> ApiError {
+        self.code = Some(c);
+        self
+    }
+
+    pub fn status(mut self, s: StatusCode, kind: &'static str) -> ApiError {
+        self.status = s;
+        self.kind = kind;
+        self
+    }
+
+    pub fn overloaded(flavor: Flavor, message: impl Into<String>, retry_after: u64) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            flavor,
+            kind: match flavor {
+                Flavor::OpenAi => "server_error",
+                Flavor::Anthropic => "overloaded_error",
+            },
+            message: message.into(),
+            param: None,
+            code: None,
+            retry_after: Some(retry_after),
+        }
+    }
+
+    pub fn internal(flavor: Flavor, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            flavor,
+            kind: match flavor {
+                Flavor::OpenAi => "server_error",
+                Flavor::Anthropic => "api_error",
+            },
+            message: message.into(),
+            param: None,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    /// The JSON error object.
+    pub fn body(&self) -> Value {
+        match self.flavor {
+            Flavor::OpenAi => json!({
+                "error": {
+                    "message": self.message,
+                    "type": self.kind,
+                    "param": self.param,
+                    "code": self.code,
+                }
+            }),
+            Flavor::Anthropic => {
+                let kind = match self.status {
+                    StatusCode::UNAUTHORIZED => "authentication_error",
+                    StatusCode::NOT_FOUND => "not_found_error",
+                    StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+                    StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+                    s if s.is_server_error() => "api_error",
+                    _ => "invalid_request_error",
+                };
+                json!({"type": "error", "error": {"type": kind, "message": self.message}})
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
+                r.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        r
+    }
+}
+
+/// Parse a JSON body into `T`; syntax and type errors become a 400 naming the problem.
+pub fn parse<T: serde::de::DeserializeOwned>(flavor: Flavor, body: &[u8]) -> Result<T, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::bad_request(flavor, "the request body is empty"));
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        let what = match e.classify() {
+            serde_json::error::Category::Data => "invalid request",
+            _ => "malformed JSON",
+        };
+        ApiError::bad_request(flavor, format!("{what}: {e}"))
+    })
+}
+
+/// `stop`: one string or a list of them.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s],
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+/// A content part (`{"type":"text","text":...}`); other part types are refused.
+#[derive(Debug, Deserialize, Clone)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// Message content: a string, a list of parts, or null (assistant messages with tool calls).
+#[derive(Debug, Deserialize, Clone)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+impl Content {
+    /// The text of the content (parts concatenated); non-text parts are an error.
+    pub fn text(&self, flavor: Flavor) -> Result<String, ApiError> {
+        match self {
+            Content::Text(s) => Ok(s.clone()),
+            Content::Parts(parts) => {
+                let mut out = String::new();
+                for p in parts {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => out.push_str(t),
+                        ("text", None) => {
+                            return Err(ApiError::bad_request(flavor, "a text part has no `text`"))
+                        }
+                        (k, _) => {
+                            return Err(ApiError::bad_request(
+                                flavor,
+                                format!(
+                                    "content parts of type `{k}` are not supported (text only)"
+                                ),
+                            ))
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, Clone)]
+pub struct ChatMessageIn {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+    /// `tool_calls`, `tool_call_id`, `name`, ...: passed to templates when tools are used.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
+}
+
+#[derive(Debug, Deserialize, Clone, Default)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Sampling fields shared by the endpoints (llama.cpp's extensions `top_k`, `min_p`,
+/// `repeat_penalty` included).
+#[derive(Debug, Deserialize, Clone, Default)]
+pub struct Sampling {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+}
+
+impl Sampling {
+    /// The sampler settings: given values, else llama.cpp server's defaults; the seed
+    /// from the clock when not given.
+    pub fn config(&self, flavor: Flavor) -> Result<SamplerConfig, ApiError> {
+        let mut c = SamplerConfig::default();
+        let finite = |v: Option<f32>, name: &'static str, lo: f32, hi: f32| match v {
+            Some(x) if !x.is_finite() || x < lo || x > hi => Err(ApiError::bad_request(
+                flavor,
+                format!("`{name}` must be between {lo} and {hi}"),
+            )
+            .param(name)),
+            _ => Ok(v),
+        };
+        if let Some(t) = finite(self.temperature, "temperature", 0.0, 100.0)? {
+            c.temperature = t;
+        }
+        if let Some(p) = finite(self.top_p, "top_p", 0.0, 1.0)? {
+            c.top_p = p;
+        }
+        if let Some(p) = finite(self.min_p, "min_p", 0.0, 1.0)? {
+            c.min_p = p;
+        }
+        if let Some(k) = self.top_k {
+            c.top_k = k as usize;
+        }
+        if let Some(p) = finite(self.frequency_penalty, "frequency_penalty", -2.0, 2.0)? {
+            c.frequency_penalty = p;
+        }
+        if let Some(p) = finite(self.presence_penalty, "presence_penalty", -2.0, 2.0)? {
+            c.presence_penalty = p;
+        }
+        if let Some(p) = finite(self.repeat_penalty, "repeat_penalty", 0.0, 10.0)? {
+            c.repeat_penalty = p;
+        }
+        c.seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        });
+        Ok(c)
+    }
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Deserialize, Clone)]
+pub struct ChatRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessageIn>,
+    pub max_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+    pub stop: Option<OneOrMany>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<u32>,
+    /// Tool definitions, passed through to the chat template.
+    pub tools: Option<Vec<Value>>,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<u32>,
+}
+
+/// `prompt` of `/v1/completions`: a string or a list of one string.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(untagged)]
+pub enum Prompt {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Deserialize, Clone)]
+pub struct CompletionRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    pub max_tokens: Option<u64>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+    pub stop: Option<OneOrMany>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<u32>,
+    #[serde(default)]
+    pub echo: bool,
+}
+
+/// Anthropic `system`: a string or text blocks.
+#[derive(Debug, Deserialize, Clone)]
+#[serde(untagged)]
+pub enum System {
+    Text(String),
+    Blocks(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize, Clone)]
+pub struct AnthropicMessage {
+    pub role: String,
+    pub content: Content,
+}
+
+/// `POST /v1/messages`.
+#[derive(Debug, Deserialize, Clone)]
+pub struct MessagesRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub max_tokens: u64,
+    pub messages: Vec<AnthropicMessage>,
+    pub system: Option<System>,
+    #[serde(flatten)]
+    pub sampling: Sampling,
+    pub stop_sequences: Option<Vec<String>>,
+    #[serde(default)]
+    pub stream: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrong_types_are_400() {
+        let e = parse::<ChatRequest>(Flavor::OpenAi, br#"{"messages": "hi"}"#).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        let e = parse::<ChatRequest>(Flavor::OpenAi, b"{not json").unwrap_err();
+        assert!(e.message.contains("malformed"), "{}", e.message);
+        let e = parse::<ChatRequest>(Flavor::OpenAi, br#"{"messages": [], "temperature": "hot"}"#)
+            .unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        let r: ChatRequest = parse(
+            Flavor::OpenAi,
+            br#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"stop":"x","unknown":1}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r.messages[0]
+                .content
+                .as_ref()
+                .unwrap()
+                .text(Flavor::OpenAi)
+                .unwrap(),
+            "a"
+        );
+        let e = parse::<MessagesRequest>(Flavor::Anthropic, br#"{"messages": []}"#).unwrap_err();
+        assert_eq!(e.body()["type"], "error");
+    }
+
+    #[test]
+    fn sampling_ranges() {
+        let s = Sampling {
+            temperature: Some(f32::NAN),
+            ..Default::default()
+        };
+        assert!(s.config(Flavor::OpenAi).is_err());
+        let s = Sampling {
+            temperature: Some(0.0),
+            seed: Some(7),
+            ..Default::default()
+        };
+        let c = s.config(Flavor::OpenAi).unwrap();
+        assert_eq!((c.temperature, c.seed), (0.0, 7));
+    }
+}
