@@ -166,6 +166,11 @@ pub struct StreamArgs {
     /// Leave expert reads at normal IO priority (default: best-effort high priority).
     #[arg(long = "no-io-priority")]
     pub no_io_priority: bool,
+    /// Do not prefetch the experts of hash-routed layers (DeepSeek V4), which follow from
+    /// the token ids: by default they are read for the whole prompt at the start of
+    /// prefill and for each token before layer 0 runs. For A/B; logits are the same.
+    #[arg(long = "no-hash-prefetch")]
+    pub no_hash_prefetch: bool,
     /// Print cache, IO and stall statistics (per run and per layer).
     #[arg(long)]
     pub stats: bool,
@@ -224,6 +229,7 @@ impl ModelArgs {
                     threads: s.io_threads.max(1),
                     high_priority: !s.no_io_priority,
                 },
+                hash_prefetch: !s.no_hash_prefetch,
             }),
             record_routing: s.record_routing.clone(),
             ple: self.ple.options(),
@@ -465,9 +471,11 @@ impl Loaded {
         eprintln!("io: {io}");
         if ss.prefetch_issued + ss.prefetch_present + ss.prefetch_skipped > 0 {
             eprintln!(
-                "prefetch (certain, hash-routed layers): issued {} ({}) | already cached or in flight {} | left out (budget) {}",
+                "prefetch (certain, hash-routed layers): issued {} ({}) | hit {} ({:.1}% of issued) | already cached or in flight {} | left out (budget) {}",
                 ss.prefetch_issued,
                 human(ss.prefetch_bytes),
+                ss.prefetch_hit,
+                100.0 * ss.prefetch_hit as f64 / ss.prefetch_issued.max(1) as f64,
                 ss.prefetch_present,
                 ss.prefetch_skipped
             );

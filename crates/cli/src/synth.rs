@@ -15,6 +15,7 @@ use anyhow::{anyhow, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use sluice_gguf::GgmlType;
 use sluice_synth as synth;
+use sluice_synth::deepseek4::{Dsv4Config, Dsv4Preset, Dsv4Quant};
 use sluice_synth::{Plan, Preset, SynthConfig, Vocab, WriteOptions};
 
 /// Arguments of `sluice synth`.
@@ -28,11 +29,18 @@ pub struct SynthArgs {
     /// Output file (written as FILE.tmp, renamed when complete).
     #[arg(short, long)]
     pub output: PathBuf,
-    /// Shape preset: tiny, qwen3-30b-a3b, qwen3-235b-a22b, or qwen3.8-flash-next (qwen4exp:
-    /// the real shape with its 320M-row n-gram PLE table; only --layers, --quant,
-    /// --ple-quant, --seed and --name apply). The flags below override it.
-    #[arg(long, default_value = "tiny")]
-    pub preset: String,
+    /// Architecture: qwen3moe, deepseek4 (DeepSeek V4: presets deepseek-v4-flash and
+    /// deepseek4-tiny, --quant q2 or mxfp4; of the shape flags only --layers and --vocab
+    /// apply), or qwen4exp (Qwen3.8-Flash-Next, the real shape with its 320M-row n-gram PLE
+    /// table; only --layers, --quant, --ple-quant, --seed and --name apply; also chosen by
+    /// `--preset qwen3.8-flash-next`).
+    #[arg(long, default_value = "qwen3moe")]
+    pub arch: String,
+    /// Shape preset: tiny, qwen3-30b-a3b, qwen3-235b-a22b (qwen3moe); deepseek-v4-flash,
+    /// deepseek4-tiny (deepseek4; default deepseek4-tiny); qwen3.8-flash-next (qwen4exp).
+    /// The flags below override it.
+    #[arg(long)]
+    pub preset: Option<String>,
     #[arg(long)]
     pub layers: Option<usize>,
     /// Hidden size (embedding length).
@@ -63,9 +71,12 @@ pub struct SynthArgs {
     pub context: Option<usize>,
     /// Type of the large matrices (experts, attention, embeddings/output): F32, Q8_0, Q4_K,
     /// Q6_K. Norms and the router stay F32. A matrix whose rows are not a multiple of the
-    /// block size falls back to Q8_0 (then F32).
-    #[arg(long, default_value = "Q8_0")]
-    pub quant: String,
+    /// block size falls back to Q8_0 (then F32). Default Q8_0.
+    /// deepseek4: q2 (routed gate/up IQ2_XXS, down Q2_K; attention, shared expert and
+    /// output Q8_0; hyper-connection, router, compressor, indexer F16) or mxfp4 (routed
+    /// experts MXFP4, the rest the same).
+    #[arg(long)]
+    pub quant: Option<String>,
     /// Synthetic expert popularity: 0 = uniform; S > 0 scales router row e by
     /// (1 + rank(e))^(-S/2) (ranks a seeded permutation per layer), so popularity falls
     /// Zipf-like with rank (S = 1, 128 experts, top-8: the 8 most popular take ~30 % of picks).
@@ -100,16 +111,17 @@ fn gib(b: u64) -> f64 {
 
 /// The configuration the flags describe.
 pub fn config(args: &SynthArgs) -> Result<SynthConfig> {
-    let preset = Preset::from_name(&args.preset).ok_or_else(|| {
+    let name = args.preset.as_deref().unwrap_or("tiny");
+    let preset = Preset::from_name(name).ok_or_else(|| {
         anyhow!(
-            "unknown --preset '{}'; known: {}",
-            args.preset,
+            "unknown --preset '{name}'; known: {}",
             Preset::NAMES.join(", ")
         )
     })?;
-    let quant = GgmlType::from_name(&args.quant.to_uppercase())
+    let q = args.quant.as_deref().unwrap_or("Q8_0");
+    let quant = GgmlType::from_name(&q.to_uppercase())
         .filter(|t| synth::QUANTS.contains(t))
-        .ok_or_else(|| anyhow!("--quant '{}': expected F32, Q8_0, Q4_K or Q6_K", args.quant))?;
+        .ok_or_else(|| anyhow!("--quant '{q}': expected F32, Q8_0, Q4_K or Q6_K"))?;
     let mut s = preset.shape();
     let set = |v: &mut usize, o: Option<usize>| {
         if let Some(o) = o {
@@ -187,14 +199,110 @@ fn print_plan(args: &SynthArgs, cfg: &SynthConfig, plan: &Plan, vocab_src: &str)
     }
 }
 
+/// The deepseek4 configuration the flags describe.
+pub fn dsv4_config(args: &SynthArgs) -> Result<Dsv4Config> {
+    let name = args.preset.as_deref().unwrap_or("deepseek4-tiny");
+    let preset = Dsv4Preset::from_name(name).ok_or_else(|| {
+        anyhow!(
+            "unknown deepseek4 --preset '{name}'; known: {}",
+            Dsv4Preset::NAMES.join(", ")
+        )
+    })?;
+    let q = args
+        .quant
+        .as_deref()
+        .ok_or_else(|| anyhow!("--arch deepseek4 needs --quant q2 or mxfp4"))?;
+    let quant = Dsv4Quant::from_name(q)
+        .ok_or_else(|| anyhow!("--quant '{q}': deepseek4 takes q2 or mxfp4"))?;
+    let ignored = [
+        ("--hidden", args.hidden),
+        ("--heads", args.heads),
+        ("--kv-heads", args.kv_heads),
+        ("--head-dim", args.head_dim),
+        ("--experts", args.experts),
+        ("--top-k", args.top_k),
+        ("--expert-ff", args.expert_ff),
+        ("--context", args.context),
+    ];
+    if let Some((f, _)) = ignored.iter().find(|(_, v)| v.is_some()) {
+        anyhow::bail!("{f} does not apply to --arch deepseek4 (only --layers and --vocab)");
+    }
+    if args.router_skew != 0.0 {
+        anyhow::bail!("--router-skew does not apply to --arch deepseek4");
+    }
+    let mut shape = preset.shape();
+    if let Some(l) = args.layers {
+        shape.layers = l;
+    }
+    if args.vocab.is_some() {
+        shape.vocab = args.vocab;
+    }
+    Ok(Dsv4Config {
+        shape,
+        quant,
+        seed: args.seed,
+        name: args
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("sluice synth {} {}", preset.name(), quant.name())),
+    })
+}
+
+fn print_dsv4_plan(args: &SynthArgs, cfg: &Dsv4Config, plan: &Plan, vocab_src: &str) {
+    let s = &cfg.shape;
+    let r = plan.role_bytes();
+    let size = plan.file_size();
+    eprintln!(
+        "synth {}: deepseek4, {} layers (compress ratios {:?}), hidden {}, {} heads of {}, {} experts of {} (top-{}, {} hash layers), vocab {} ({}), {}, seed {}",
+        args.output.display(),
+        s.layers,
+        synth::deepseek4::compress_ratios(s.layers),
+        s.hidden,
+        s.heads,
+        s.head_dim,
+        s.experts,
+        s.expert_ff,
+        s.top_k,
+        s.hash_layers,
+        plan.layout
+            .tensor("token_embd.weight")
+            .map_or(0, |t| t.dims[1]),
+        vocab_src,
+        cfg.quant.name(),
+        cfg.seed
+    );
+    eprintln!(
+        "  file: {size} bytes ({:.2} GiB), {} tensors",
+        gib(size),
+        plan.layout.tensors.len()
+    );
+    eprintln!(
+        "  routed experts: {:.2} GiB ({:.1} %), {} bytes per expert ({} layers x {} experts)",
+        gib(r.routed_experts),
+        100.0 * r.routed_experts as f64 / size as f64,
+        plan.one_expert_bytes(),
+        s.layers,
+        s.experts
+    );
+    eprintln!(
+        "  resident: {:.2} GiB + embeddings/output {:.2} GiB",
+        gib(r.resident),
+        gib(r.embeddings)
+    );
+    for f in &plan.fallbacks {
+        eprintln!("  note: {f}");
+    }
+}
+
 /// The `qwen3.8-flash-next` plan (qwen4exp).
 fn qwen4exp_plan(args: &SynthArgs) -> Result<Plan> {
     let ty = |s: &str, flag: &str| {
         GgmlType::from_name(&s.to_uppercase()).ok_or_else(|| anyhow!("{flag} '{s}': unknown type"))
     };
-    let quant = ty(&args.quant, "--quant")?;
+    let q = args.quant.as_deref().unwrap_or("Q8_0");
+    let quant = ty(q, "--quant")?;
     if !synth::QUANTS.contains(&quant) {
-        anyhow::bail!("--quant '{}': expected F32, Q8_0, Q4_K or Q6_K", args.quant);
+        anyhow::bail!("--quant '{q}': expected F32, Q8_0, Q4_K or Q6_K");
     }
     let cfg = synth::qwen4exp::Q4SynthConfig {
         layers: args.layers.unwrap_or(synth::qwen4exp::LAYERS),
@@ -240,18 +348,27 @@ fn qwen4exp_plan(args: &SynthArgs) -> Result<Plan> {
 }
 
 pub fn main(args: SynthArgs) -> Result<()> {
-    let plan = if args.preset == "qwen3.8-flash-next" {
-        qwen4exp_plan(&args)?
-    } else {
-        let cfg = config(&args)?;
-        let vocab = match &args.vocab_from {
-            Some(p) => Vocab::from_gguf(p)?,
-            None => Vocab::builtin(),
-        };
-        let vocab_src = vocab.source.clone();
-        let plan = Plan::new(&cfg, vocab)?;
-        print_plan(&args, &cfg, &plan, &vocab_src);
-        plan
+    let vocab = match &args.vocab_from {
+        Some(p) => Vocab::from_gguf(p)?,
+        None => Vocab::builtin(),
+    };
+    let vocab_src = vocab.source.clone();
+    let plan = match args.arch.as_str() {
+        "qwen4exp" => qwen4exp_plan(&args)?,
+        "qwen3moe" if args.preset.as_deref() == Some("qwen3.8-flash-next") => qwen4exp_plan(&args)?,
+        "qwen3moe" => {
+            let cfg = config(&args)?;
+            let plan = Plan::new(&cfg, vocab)?;
+            print_plan(&args, &cfg, &plan, &vocab_src);
+            plan
+        }
+        "deepseek4" => {
+            let cfg = dsv4_config(&args)?;
+            let plan = synth::deepseek4::plan(&cfg, vocab)?;
+            print_dsv4_plan(&args, &cfg, &plan, &vocab_src);
+            plan
+        }
+        a => anyhow::bail!("--arch '{a}': synth writes qwen3moe, deepseek4 or qwen4exp"),
     };
     if args.dry_run {
         return Ok(());

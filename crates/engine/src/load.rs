@@ -50,6 +50,10 @@ pub struct StreamOptions {
     /// The first N MoE layers' experts are read at start and never evicted.
     pub resident_layers: usize,
     pub io: IoConfig,
+    /// Certain prefetch: read the experts of hash-routed layers (known from the token ids)
+    /// before the layers run, for the whole prompt at the start of prefill and for each
+    /// token in decode. Never changes a result (`--no-hash-prefetch` turns it off).
+    pub hash_prefetch: bool,
 }
 
 /// Everything needed to load a model.
@@ -350,6 +354,7 @@ impl LoadOptions {
             model.cfg.n_expert_used,
             &cfg,
         )?);
+        st.set_certain_prefetch(s.hash_prefetch);
         let io = st.io_stats();
         notes.push(format!(
             "expert cache: {} of {} routed-expert bytes ({:.0}%), policy {}, io {}, {}{}",

@@ -144,6 +144,11 @@ impl<'m> Session<'m> {
     ) -> Result<Vec<f32>, EngineError> {
         self.state.kv.check_room(tokens.len())?;
         let n_chunks = tokens.len().div_ceil(self.batch);
+        if n_chunks > 1 {
+            // The whole prompt's certain units (hash-routed experts) start reading now;
+            // each chunk's forward then finds them cached or in flight.
+            self.model.prefetch_certain(tokens);
+        }
         let mut out = Vec::new();
         for (i, chunk) in tokens.chunks(self.batch).enumerate() {
             let last = i + 1 == n_chunks;

@@ -204,6 +204,140 @@ fn model_a_fp8_q8_0_within_2_percent() {
     assert!(agree * 100 >= clear * 95, "top-1 {agree}/{clear}");
 }
 
+/// Routed experts as llama.cpp's converter writes them (MXFP4, `<name>-mxfp4.gguf`, the
+/// converter's own file) against the F16 fixtures (`<name>-f32.gguf`: the same file with the
+/// MXFP4 expert tensors replaced by gguf-py's dequantisation stored as F16). sluice's MXFP4
+/// rows dequantise bit for bit to those F16 rows, and every other tensor's bytes are the
+/// same.
+#[test]
+fn mxfp4_experts_dequantize_to_the_f16_fixture() {
+    use sluice_gguf::{GgmlType, GgufFile};
+    for name in ["a", "b", "c"] {
+        let q = GgufFile::open(&fixture(&format!("{name}-mxfp4.gguf"))).unwrap();
+        let f = GgufFile::open(&fixture(&format!("{name}-f32.gguf"))).unwrap();
+        let (qb, fb) = (
+            std::fs::read(fixture(&format!("{name}-mxfp4.gguf"))).unwrap(),
+            std::fs::read(fixture(&format!("{name}-f32.gguf"))).unwrap(),
+        );
+        assert_eq!(q.tensors.len(), f.tensors.len(), "{name}");
+        let mut n_mxfp4 = 0;
+        for t in &q.tensors {
+            let u = f
+                .tensor(&t.name)
+                .unwrap_or_else(|| panic!("{name}: {}", t.name));
+            assert_eq!(t.dims, u.dims, "{name}: {}", t.name);
+            let (qr, fr) = (q.tensor_range(t), f.tensor_range(u));
+            let (qd, fd) = (
+                &qb[qr.start as usize..qr.end as usize],
+                &fb[fr.start as usize..fr.end as usize],
+            );
+            if t.ty != GgmlType::MXFP4 {
+                assert_eq!(t.ty, u.ty, "{name}: {}", t.name);
+                assert!(qd == fd, "{name}: {} bytes differ", t.name);
+                continue;
+            }
+            assert!(t.name.contains("_exps"), "{name}: {} MXFP4", t.name);
+            assert_eq!(u.ty, GgmlType::F16, "{name}: {}", t.name);
+            n_mxfp4 += 1;
+            let cols = t.dims[0] as usize;
+            let (qrow, frow) = (t.row_bytes() as usize, u.row_bytes() as usize);
+            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+            for r in 0..t.n_rows() as usize {
+                sluice_kernels::dequantize_row(
+                    GgmlType::MXFP4,
+                    &qd[r * qrow..(r + 1) * qrow],
+                    &mut a,
+                )
+                .unwrap();
+                sluice_kernels::dequantize_row(
+                    GgmlType::F16,
+                    &fd[r * frow..(r + 1) * frow],
+                    &mut b,
+                )
+                .unwrap();
+                assert!(same_bits(&a, &b), "{name}: {} row {r}", t.name);
+            }
+        }
+        assert!(n_mxfp4 >= 9, "{name}: only {n_mxfp4} MXFP4 tensors");
+    }
+}
+
+/// The MXFP4 files run end to end. sluice (like llama.cpp, `vec_dot_mxfp4_q8_0`) rounds the
+/// activations to Q8_0 before each MXFP4 product, so the logits are not the F16 fixture's
+/// bit for bit: bounded like the Q8_0 case above (median position within 2% of the largest
+/// |logit|, >= 75% of positions within 2%, top-1 agreement at >= 95% of the positions whose
+/// transformers margin exceeds 0.05). llama.cpp on the same files (llama_cpp_check.json
+/// `*-mxfp4`, F32 KV) shows the same picture: median position / max / positions within 2%
+/// a 0.0425 / 0.996 / 173, b 0.0306 / 0.498 / 193, c 0.0248 / 0.461 / 198; sluice when
+/// written: a 0.0428 / 0.996 / 173, b 0.0306 / 0.498 / 193, c 0.0248 / 0.458 / 198, top-1
+/// 178/178, 171/171, 181/181 where the margin > 0.05. Streaming them gives the resident bits.
+#[test]
+fn mxfp4_experts_within_2_percent() {
+    let man = manifest();
+    for name in ["a", "b", "c"] {
+        let entry = &man["models"][name];
+        let path = fixture(&format!("{name}-mxfp4.gguf"));
+        let m = Model::load(&path).unwrap();
+        let (want, _) = read_npy_f32(&fixture(entry["logits"].as_str().unwrap())).unwrap();
+        let n_vocab = m.cfg.n_vocab;
+        let got = run(&m, 64, 2, true);
+        let max_ref = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let mut per_pos = Vec::new();
+        let (mut clear, mut agree) = (0, 0);
+        for (g, w) in got.chunks(n_vocab).zip(want.chunks(n_vocab)) {
+            per_pos.push(
+                g.iter()
+                    .zip(w)
+                    .fold(0.0f32, |a, (x, y)| a.max((x - y).abs())),
+            );
+            let mut sorted = w.to_vec();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            if sorted[0] - sorted[1] > 0.05 {
+                clear += 1;
+                agree += usize::from(argmax(g) == argmax(w));
+            }
+        }
+        let within = per_pos.iter().filter(|&&d| d <= 0.02 * max_ref).count();
+        let mut sorted = per_pos.clone();
+        sorted.sort_by(|a, b| a.total_cmp(b));
+        let median = sorted[sorted.len() / 2];
+        eprintln!(
+            "{name}-mxfp4: |sluice - transformers|: median position {median} ({} of max |logit| {max_ref}), max {}, {within}/{} positions within 2%, top-1 {agree}/{clear} where the margin > 0.05",
+            median / max_ref,
+            sorted[sorted.len() - 1],
+            per_pos.len()
+        );
+        assert!(median <= 0.02 * max_ref, "{name}: median {median}");
+        assert!(
+            within * 4 >= per_pos.len() * 3,
+            "{name}: {within} positions within 2%"
+        );
+        assert!(agree * 100 >= clear * 95, "{name}: top-1 {agree}/{clear}");
+
+        let k = m.cfg.n_expert_used;
+        let resident = run(&m, 16, 2, false);
+        let cfg = StreamConfig {
+            budget: 3 * StreamingExperts::min_budget(&m.groups.experts, k),
+            policy: PolicyKind::Lru,
+            resident_layers: 0,
+            io: IoConfig {
+                backend: Backend::Pread,
+                direct: true,
+                depth: 8,
+                threads: 2,
+                high_priority: false,
+            },
+        };
+        let mut sm = Model::load(&path).unwrap();
+        let s = StreamingExperts::open(&path, &sm.groups.experts, k, &cfg).unwrap();
+        sm.set_expert_source(Box::new(s));
+        assert!(
+            same_bits(&run(&sm, 16, 2, false), &resident),
+            "{name}-mxfp4: streamed logits differ"
+        );
+    }
+}
+
 /// Compressor state and compressed rows carry across prefill chunks and decode steps:
 /// one-shot prefill, odd chunks, and token-by-token give the same bits (f16 KV, 1 or 2
 /// threads).
@@ -314,6 +448,91 @@ fn streaming_equals_resident() {
                 ss.prefetch_skipped
             );
         }
+    }
+}
+
+/// `StreamOptions::hash_prefetch` (`--no-hash-prefetch`) on and off: the same logits bit
+/// for bit (prefill in chunks, where the whole prompt's hash-layer experts are prefetched at
+/// the start, then decode steps); on, certain prefetches are issued and used (hit), off,
+/// none. Every byte read is still a miss or a prefetch.
+#[test]
+fn hash_prefetch_on_off_same_logits() {
+    use sluice_engine::load::{Budget, LoadOptions, StreamOptions};
+    use sluice_engine::session::Session;
+    for name in ["a-f32.gguf", "b-f32.gguf"] {
+        let path = fixture(name);
+        let resident = Model::load(&path).unwrap();
+        let k = resident.cfg.n_expert_used;
+        let min = StreamingExperts::min_budget(&resident.groups.experts, k);
+        let toks = tokens();
+        let mut outs = Vec::new();
+        for on in [true, false] {
+            let budget = 6 * min;
+            let opts = LoadOptions {
+                path: path.clone(),
+                threads: 2,
+                ctx: 512,
+                stream: Some(StreamOptions {
+                    budget: Budget::Size(sluice_engine::tier::SizeSpec::Bytes(budget)),
+                    budget_text: format!("{budget}"),
+                    policy: PolicyKind::Lru,
+                    resident_layers: 0,
+                    io: IoConfig {
+                        backend: Backend::Pread,
+                        direct: false,
+                        depth: 8,
+                        threads: 2,
+                        high_priority: false,
+                    },
+                    hash_prefetch: on,
+                }),
+                record_routing: None,
+                ple: Default::default(),
+            };
+            let loaded = opts.load().unwrap();
+            let mut s = Session::new(&loaded, 512, false, 16);
+            let mut out = s.prefill(&toks[..150], Logits::All).unwrap();
+            for &t in &toks[150..] {
+                out.extend(s.step(t).unwrap());
+            }
+            let st = loaded.streaming.as_ref().unwrap();
+            let (cs, io, ss) = (st.cache_stats(), st.io_stats(), st.stream_stats());
+            let per_layer = loaded.model.groups.experts.unit_bytes_per_layer();
+            let misses: u64 = cs
+                .per_layer
+                .iter()
+                .zip(&per_layer)
+                .map(|(l, &b)| l.misses * b)
+                .sum();
+            assert_eq!(io.bytes_requested, misses + ss.prefetch_bytes, "{name}");
+            eprintln!(
+                "{name} hash prefetch {on}: misses {} hits {} | prefetch issued {} hit {} bytes {} present {} skipped {}",
+                cs.total.misses,
+                cs.total.hits,
+                ss.prefetch_issued,
+                ss.prefetch_hit,
+                ss.prefetch_bytes,
+                ss.prefetch_present,
+                ss.prefetch_skipped
+            );
+            if on {
+                assert!(ss.prefetch_issued > 0, "{name}: no certain prefetch issued");
+                assert!(ss.prefetch_hit > 0, "{name}: no certain prefetch used");
+                assert!(ss.prefetch_bytes > 0);
+                assert!(ss.prefetch_hit <= ss.prefetch_issued);
+            } else {
+                assert_eq!(
+                    ss.prefetch_issued + ss.prefetch_present + ss.prefetch_skipped,
+                    0
+                );
+                assert_eq!(ss.prefetch_hit, 0);
+            }
+            outs.push(out);
+        }
+        assert!(
+            same_bits(&outs[0], &outs[1]),
+            "{name}: logits differ with hash prefetch on vs off"
+        );
     }
 }
 

@@ -51,6 +51,7 @@ fn opts(resident_layers: usize, threads: usize, io_threads: usize) -> LoadOption
                 threads: io_threads,
                 high_priority: false,
             },
+            hash_prefetch: true,
         }),
         record_routing: None,
         ple: Default::default(),

@@ -139,6 +139,20 @@ impl Model {
         s
     }
 
+    /// Start reading the routed units certain to be needed for `tokens` (e.g. a whole
+    /// prompt's hash-routed experts at the start of prefill). Never changes a result; a
+    /// no-op for resident experts, architectures without certain units, and with
+    /// certain prefetch turned off in the source.
+    pub fn prefetch_certain(&self, tokens: &[u32]) {
+        let n_vocab = self.cfg.n_vocab;
+        if tokens.iter().any(|&t| t as usize >= n_vocab) {
+            return; // forward refuses these with a proper error
+        }
+        for (layer, units) in self.arch.certain_units(tokens) {
+            self.experts.prefetch(layer, &units);
+        }
+    }
+
     /// Evaluate `tokens` at the positions following those already in `state`, update it,
     /// and return logits as `mode` asks (row-major `[rows, n_vocab]`).
     pub fn forward(
@@ -175,6 +189,8 @@ impl Model {
             Logits::Last => vec![t_len - 1],
             Logits::All => (0..t_len).collect(),
         };
+        // Certain units start reading now, while the first layers compute.
+        self.prefetch_certain(tokens);
         let env = Env {
             map: self.map.bytes(),
             compute: self.compute.as_ref(),

@@ -98,6 +98,9 @@ pub enum Fill {
     Const(f32),
     /// Zero-mean values of standard deviation `sigma` (block scales jittered by +-25 %).
     Random { sigma: f32 },
+    /// A deepseek4 token-id -> experts table (I32 `[k, n_vocab]`): `k` distinct experts per
+    /// token ([`crate::deepseek4::hash_expert`]).
+    HashTable { n_expert: u32, k: u32, salt: u64 },
 }
 
 /// Bytes of one block of `ty` and the elements it holds.
@@ -107,7 +110,7 @@ pub fn block_geometry(ty: GgmlType) -> (usize, usize) {
         GgmlType::Q4_0 => (Q4_0_BYTES, QK8_0),
         GgmlType::Q4_K => (Q4_K_BYTES, QK_K),
         GgmlType::Q6_K => (Q6_K_BYTES, QK_K),
-        _ => (4, 1),
+        ty => crate::deepseek4::geometry(ty).unwrap_or((4, 1)),
     }
 }
 
@@ -191,6 +194,11 @@ pub fn fill_chunk(
                 let d = f32_to_f16(base * jitter(rng));
                 b[208..].copy_from_slice(&d.to_le_bytes());
             }
+        }
+        // The deepseek4 layout's types (generated through `crate::deepseek4::fill`).
+        (_, Fill::HashTable { .. }) => crate::deepseek4::fill(ty, fill, rng, out, 0),
+        (GgmlType::F16 | GgmlType::IQ2_XXS | GgmlType::Q2_K | GgmlType::MXFP4, _) => {
+            crate::deepseek4::fill(ty, fill, rng, out, 0)
         }
         (_, Fill::Random { sigma }) => {
             // F32: uniform on [-a, a], a = sigma * sqrt(3).

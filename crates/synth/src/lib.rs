@@ -10,6 +10,7 @@
 //! removed on any error or cancellation.
 
 pub mod blocks;
+pub mod deepseek4;
 pub mod qwen4exp;
 pub mod vocab;
 mod write;
@@ -432,9 +433,9 @@ impl Plan {
 
     /// Bytes of one expert of one layer (gate + up + down).
     pub fn one_expert_bytes(&self) -> u64 {
-        let n_expert = self
-            .layout
-            .get_u64("qwen3moe.expert_count")
+        let n_expert = ["qwen3moe", "deepseek4"]
+            .iter()
+            .find_map(|a| self.layout.get_u64(&format!("{a}.expert_count")).ok())
             .unwrap_or(1)
             .max(1);
         ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]

@@ -14,7 +14,7 @@ use std::sync::mpsc;
 use rayon::prelude::*;
 use sluice_gguf::GgufWriter;
 
-use super::blocks::{block_geometry, fill_chunk, Rng};
+use super::blocks::{block_geometry, fill_chunk, Fill, Rng};
 use super::{Plan, SynthError, SPACE_MARGIN};
 
 /// Bytes generated per chunk (rounded down to whole blocks): the unit of determinism.
@@ -356,7 +356,12 @@ fn generate(
                 let mut rng = Rng::new(&[plan.seed, ti as u64, c]);
                 let first_elem = c * (chunk / block_bytes * block_elems) as u64;
                 let rows = t.row_scale.as_deref().map(|s| (s, row_len, first_elem));
-                fill_chunk(info.ty, t.fill, &mut rng, out, rows);
+                if matches!(t.fill, Fill::HashTable { .. }) {
+                    // Its values depend on the element index.
+                    crate::deepseek4::fill(info.ty, t.fill, &mut rng, out, first_elem);
+                } else {
+                    fill_chunk(info.ty, t.fill, &mut rng, out, rows);
+                }
             });
             full_tx.send(buf).map_err(|_| ())?;
             c0 = c1;

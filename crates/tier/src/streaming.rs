@@ -8,9 +8,9 @@
 //! compute side's IO-wait counters. Budget enforcement and eviction are the cache's;
 //! reading is the IO engine's (`sluice-io`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -93,6 +93,9 @@ pub struct StreamStats {
     pub prefetch_bytes: u64,
     pub prefetch_present: u64,
     pub prefetch_skipped: u64,
+    /// Prefetched units found cached or still in flight when the layer asked for them
+    /// (the rest of `prefetch_issued` were evicted before use, or are not asked yet).
+    pub prefetch_hit: u64,
 }
 
 /// Routed experts streamed from the model file through a byte-budgeted cache.
@@ -123,6 +126,11 @@ pub struct StreamingExperts {
     prefetch_bytes: AtomicU64,
     prefetch_present: AtomicU64,
     prefetch_skipped: AtomicU64,
+    prefetch_hit: AtomicU64,
+    /// Units read by a prefetch and not asked for yet (for `prefetch_hit`).
+    prefetched: Mutex<HashSet<ExpertKey>>,
+    /// Certain prefetches on (`--no-hash-prefetch` turns them off, for A/B).
+    certain_prefetch: AtomicBool,
 }
 
 /// Completions that arrived for a caller other than the one polling.
@@ -205,6 +213,9 @@ impl StreamingExperts {
             prefetch_bytes: AtomicU64::new(0),
             prefetch_present: AtomicU64::new(0),
             prefetch_skipped: AtomicU64::new(0),
+            prefetch_hit: AtomicU64::new(0),
+            prefetched: Mutex::new(HashSet::new()),
+            certain_prefetch: AtomicBool::new(true),
         };
         s.load_resident(cfg.resident_layers)?;
         Ok(s)
@@ -273,7 +284,20 @@ impl StreamingExperts {
             prefetch_bytes: self.prefetch_bytes.load(Ordering::Relaxed),
             prefetch_present: self.prefetch_present.load(Ordering::Relaxed),
             prefetch_skipped: self.prefetch_skipped.load(Ordering::Relaxed),
+            prefetch_hit: self.prefetch_hit.load(Ordering::Relaxed),
         }
+    }
+
+    /// Turn certain prefetches ([`ExpertSource::prefetch`]) on or off (on by default).
+    /// Off, `prefetch` reads nothing; what is computed is the same either way.
+    pub fn set_certain_prefetch(&self, on: bool) {
+        self.certain_prefetch.store(on, Ordering::Relaxed);
+    }
+
+    fn prefetched(&self) -> std::sync::MutexGuard<'_, HashSet<ExpertKey>> {
+        self.prefetched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn prefetching(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Ticket>> {
@@ -473,6 +497,9 @@ impl ExpertSource for StreamingExperts {
     /// one layer needs to run), so they cannot starve the layer being computed nor evict
     /// each other before use; pinned units are never evicted (the cache's rule).
     fn prefetch(&self, layer: usize, units: &[usize]) {
+        if !self.certain_prefetch.load(Ordering::Relaxed) {
+            return;
+        }
         let Some(layout) = self.layers.get(layer).and_then(Option::as_ref) else {
             return;
         };
@@ -525,6 +552,7 @@ impl ExpertSource for StreamingExperts {
             }
             self.prefetch_issued.fetch_add(1, Ordering::Relaxed);
             self.prefetch_bytes.fetch_add(bytes, Ordering::Relaxed);
+            self.prefetched().insert(key);
         }
     }
 }
@@ -574,12 +602,25 @@ impl StreamingExperts {
         // later rounds only retry the misses that did not fit.
         let mut misses: Vec<usize> = Vec::new();
         let mut hits: Vec<(usize, Pinned<AlignedBuf>)> = Vec::new();
+        let mut prefetched = self.prefetched();
+        let mut used = 0;
         for (i, &e) in units.iter().enumerate() {
-            match self.cache.lookup(ExpertKey::new(layer as u32, e as u32)) {
-                Lookup::Hit(p) => hits.push((i, p)),
-                Lookup::Pending | Lookup::Miss => misses.push(i),
+            let key = ExpertKey::new(layer as u32, e as u32);
+            let ours = !prefetched.is_empty() && prefetched.remove(&key);
+            match self.cache.lookup(key) {
+                Lookup::Hit(p) => {
+                    used += u64::from(ours);
+                    hits.push((i, p))
+                }
+                Lookup::Pending => {
+                    used += u64::from(ours);
+                    misses.push(i)
+                }
+                Lookup::Miss => misses.push(i),
             }
         }
+        drop(prefetched);
+        self.prefetch_hit.fetch_add(used, Ordering::Relaxed);
         let mut first = true;
         while !misses.is_empty() || !hits.is_empty() || !in_flight.is_empty() {
             let mut deferred = Vec::new();

@@ -54,9 +54,6 @@ pub struct DeepSeek4 {
     layers: Vec<Layer>,
     /// Routed experts of the MTP block(s), never run, described so they stream (stay on disk).
     mtp_experts: Vec<[Stacked; 3]>,
-    /// Issue the reads of the hash-routed layers' experts (known from the token ids) at the
-    /// start of each forward call. Off with `SLUICE_NO_HASH_PREFETCH=1` (A/B).
-    hash_prefetch: bool,
 }
 
 /// Per-sequence state: every layer's raw window, compressor carry and compressed rows.
@@ -496,7 +493,6 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         },
         layers,
         mtp_experts,
-        hash_prefetch: std::env::var_os("SLUICE_NO_HASH_PREFETCH").is_none_or(|v| v == "0"),
     }))
 }
 
@@ -551,6 +547,27 @@ impl Architecture for DeepSeek4 {
         s
     }
 
+    /// The hash-routed layers' experts follow from the token ids alone.
+    fn certain_units(&self, tokens: &[u32]) -> Vec<(usize, Vec<usize>)> {
+        let mut out = Vec::new();
+        for (il, l) in self.layers.iter().enumerate() {
+            let Router::Hash { table, .. } = &l.moe.router else {
+                continue;
+            };
+            let k = l.moe.k;
+            let mut units: Vec<usize> = tokens
+                .iter()
+                .filter_map(|&t| table.get(t as usize * k..(t as usize + 1) * k))
+                .flatten()
+                .map(|&x| x as usize)
+                .collect();
+            units.sort_unstable();
+            units.dedup();
+            out.push((il, units));
+        }
+        out
+    }
+
     fn forward(
         &self,
         env: &Env<'_>,
@@ -568,25 +585,6 @@ impl Architecture for DeepSeek4 {
             })?;
         let (e, hc) = (self.cfg.n_embd, self.hc.n_hc);
         let eps = self.shape.rms_eps;
-        if self.hash_prefetch {
-            // Certain: the hash-routed layers' experts follow from the token ids alone.
-            for (il, l) in self.layers.iter().enumerate() {
-                let Router::Hash { table, .. } = &l.moe.router else {
-                    continue;
-                };
-                let k = l.moe.k;
-                let mut units: Vec<usize> = batch
-                    .tokens
-                    .iter()
-                    .filter_map(|&t| table.get(t as usize * k..(t as usize + 1) * k))
-                    .flatten()
-                    .map(|&x| x as usize)
-                    .collect();
-                units.sort_unstable();
-                units.dedup();
-                env.experts.prefetch(il, &units);
-            }
-        }
         let emb = head::embed(env, &self.token_embd, batch, 1.0)?;
         check_finite(&emb, e, &batch.positions, Stage::Embedding)?;
         let mut x = Vec::with_capacity(emb.len() * hc);

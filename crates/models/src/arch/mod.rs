@@ -51,6 +51,13 @@ pub trait Architecture: Send + Sync {
         state: &mut SeqState,
         rows: &[usize],
     ) -> Result<Vec<f32>, ModelError>;
+
+    /// Routed units certain to be needed for `tokens`, known before any layer runs (e.g.
+    /// hash-routed layers, whose experts follow from the token ids): (layer, sorted unit
+    /// ids) in layer order. None for learned routers (the default).
+    fn certain_units(&self, _tokens: &[u32]) -> Vec<(usize, Vec<usize>)> {
+        Vec::new()
+    }
 }
 
 /// Builds an architecture from a parsed header and the mapped file.

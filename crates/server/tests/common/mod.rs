@@ -49,6 +49,7 @@ pub fn options(path: &Path, stream: bool) -> LoadOptions {
                 threads: 2,
                 high_priority: false,
             },
+            hash_prefetch: true,
         }),
         record_routing: None,
         ple: Default::default(),
