@@ -214,3 +214,32 @@ fn every_tier_on_this_cpu_is_tested() {
         assert!(tiers.contains(&Isa::Avx2));
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// The AVX-512 Q4_K / Q6_K kernels (512-bit `vpdpbusd` + `vpdpwssd` scale) keep the AVX2
+    /// kernels' i32 lanes and float steps: equal bit for bit, any scales and activations.
+    #[test]
+    fn avx512_k_quants_equal_avx2_bit_for_bit(q6 in any::<bool>(), nb in 1usize..=6, seed in any::<u64>()) {
+        let ty = if q6 { GgmlType::Q6_K } else { GgmlType::Q4_K };
+        let tiers = Isa::available();
+        if !(tiers.contains(&Isa::Avx2) && tiers.contains(&Isa::Avx512)) {
+            return Ok(());
+        }
+        let cols = 256 * nb;
+        let mut rng = SplitMix(seed);
+        let row = random_row(ty, cols, &mut rng, false);
+        let mut x = random_x(ty, cols, &mut rng, false);
+        // Some blocks at full scale: the activations' quants reach +-127.
+        if seed % 3 == 0 {
+            for v in x.iter_mut().step_by(7) {
+                *v = if seed % 2 == 0 { 1e3 } else { -1e3 };
+            }
+        }
+        let acts = QuantizedActs::new(ty, &x).unwrap();
+        let a = vec_dot_with(Isa::Avx2, ty, &row, &acts).unwrap();
+        let b = vec_dot_with(Isa::Avx512, ty, &row, &acts).unwrap();
+        prop_assert_eq!(a.to_bits(), b.to_bits(), "{}: avx2 {} avx512 {}", ty, a, b);
+    }
+}
