@@ -53,11 +53,31 @@ fn fold(v: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
 }
 
+/// `Q4_SC_IDX[j]`: i32 lanes 0..7 get scale #2j, lanes 8..15 scale #2j+1 (Q4_K: one scale
+/// per 32 elements; the low and high nibbles of 32 bytes are two sub-blocks).
+const Q4_SC_IDX: [[i32; 16]; 4] = {
+    let mut m = [[0i32; 16]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut l = 0;
+        while l < 16 {
+            m[j][l] = 2 * j as i32 + l as i32 / 8;
+            l += 1;
+        }
+        j += 1;
+    }
+    m
+};
+
 /// Q4_K row . N Q8_K rows (same bits as `avx2::dot_q4k`).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) fn dot_q4k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32; N] {
     let tab = crate::formats::f16_table();
     let m4 = _mm512_set1_epi8(0x0F);
+    let idx = Q4_SC_IDX.map(|m| {
+        // SAFETY: `m` is 16 readable i32; loadu has no alignment requirement.
+        unsafe { _mm512_loadu_si512(m.as_ptr().cast()) }
+    });
     let mut acc = [_mm256_setzero_ps(); N];
     let mut accm = [_mm_setzero_ps(); N];
     let (blocks, _) = row.as_chunks::<Q4_K_BYTES>();
@@ -81,14 +101,11 @@ pub(super) fn dot_q4k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
             let prod = _mm_madd_epi16(mins, q8s);
             accm[t] = _mm_fmadd_ps(_mm_set1_ps(-yb.d * dmin), _mm_cvtepi32_ps(prod), accm[t]);
         }
-        let sc = [u[0].to_le_bytes(), u[1].to_le_bytes()];
+        // The 8 sub-block scales (0..=63) as i32 lanes 0..7.
+        let sc32 = _mm512_cvtepu8_epi32(_mm_set_epi32(0, 0, u[1] as i32, u[0] as i32));
         let mut sumi = [_mm512_setzero_si512(); N];
         for j in 0..4 {
-            let (s_lo, s_hi) = (sc[j / 2][2 * (j % 2)], sc[j / 2][2 * (j % 2) + 1]);
-            let scale = halves(
-                _mm256_set1_epi32(s_lo as i32),
-                _mm256_set1_epi32(s_hi as i32),
-            );
+            let scale = _mm512_permutexvar_epi32(idx[j], sc32);
             let q4 = ld256(sub::<32, u8>(b, 16 + 32 * j));
             let q4 = _mm512_and_si512(halves(q4, _mm256_srli_epi16::<4>(q4)), m4);
             for t in 0..N {
