@@ -104,8 +104,8 @@ pub(super) fn dot_q4k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
         // The 8 sub-block scales (0..=63) as i32 lanes 0..7.
         let sc32 = _mm512_cvtepu8_epi32(_mm_set_epi32(0, 0, u[1] as i32, u[0] as i32));
         let mut sumi = [_mm512_setzero_si512(); N];
-        for j in 0..4 {
-            let scale = _mm512_permutexvar_epi32(idx[j], sc32);
+        for (j, &ix) in idx.iter().enumerate() {
+            let scale = _mm512_permutexvar_epi32(ix, sc32);
             let q4 = ld256(sub::<32, u8>(b, 16 + 32 * j));
             let q4 = _mm512_and_si512(halves(q4, _mm256_srli_epi16::<4>(q4)), m4);
             for t in 0..N {
