@@ -269,8 +269,12 @@ fn dump_tensor_equals_gguf_package_dequantize() {
         }
         types.push(m["type"].as_str().unwrap().to_string());
     }
-    // The fixture covers the Q4_K_M file's types and a 3-D tensor (logical shape reversed).
-    for ty in ["Q8_0", "Q5_0", "Q4_K", "Q6_K", "F32", "F16"] {
+    // The fixture covers the Q4_K_M file's types, a 3-D tensor (logical shape reversed) and
+    // real rows of llama-quantize's output in the newer formats.
+    for ty in [
+        "Q8_0", "Q5_0", "Q4_K", "Q6_K", "F32", "F16", "Q2_K", "Q3_K", "Q5_K", "Q4_0", "IQ4_NL",
+        "IQ2_XXS", "IQ3_XXS", "IQ3_S",
+    ] {
         assert!(types.iter().any(|t| t == ty), "fixture lacks {ty}");
     }
     // No temp file left next to the outputs.
