@@ -1,12 +1,14 @@
 //! `sluice inspect FILE [--json]`: what is in a GGUF file, read from its header only.
+//! `sluice inspect FILE --dump-tensor NAME --output OUT.npy`: one tensor dequantized to f32.
 //!
 //! Owns: the metadata summary (long arrays abbreviated), the tensor table and the split of
 //! tensor bytes by role (routed experts, per-layer embedding tables, embeddings/output,
-//! resident), as text or as one JSON object.
+//! resident), as text or as one JSON object; the tensor dump (`.npy`, written atomically).
 
-use std::path::PathBuf;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use sluice_gguf::{GgufFile, MetaValue, TensorInfo};
 
@@ -16,8 +18,15 @@ pub struct Args {
     /// The GGUF file.
     pub file: PathBuf,
     /// Print one JSON object instead of text.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "dump_tensor")]
     pub json: bool,
+    /// Dequantize this tensor to float32 and write it as a NumPy `.npy` file (needs
+    /// `--output`), in its logical shape: row-major, the outer dimensions first.
+    #[arg(long, value_name = "NAME", requires = "output")]
+    pub dump_tensor: Option<String>,
+    /// Where `--dump-tensor` writes the `.npy` file (replaced atomically).
+    #[arg(long, value_name = "OUT.npy", requires = "dump_tensor")]
+    pub output: Option<PathBuf>,
 }
 
 /// Arrays longer than this are abbreviated.
@@ -207,9 +216,171 @@ fn pct(part: u64, total: u64) -> f64 {
     }
 }
 
+/// Edit distance between two names (bytes), for "did you mean" suggestions.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for (i, &ca) in a.iter().enumerate() {
+        cur[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
+
+/// Up to 3 tensor names close to `name`: nearest by edit distance (within a third of the
+/// longer name), or else names containing `name`.
+pub fn close_names<'a>(name: &str, names: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let names: Vec<&str> = names.collect();
+    let mut scored: Vec<(usize, &str)> = names
+        .iter()
+        .map(|&n| (edit_distance(name, n), n))
+        .filter(|&(d, n)| d <= name.len().max(n.len()).div_ceil(3))
+        .collect();
+    scored.sort();
+    let mut out: Vec<&str> = scored.into_iter().map(|(_, n)| n).take(3).collect();
+    if out.is_empty() && !name.is_empty() {
+        out = names
+            .into_iter()
+            .filter(|n| n.contains(name))
+            .take(3)
+            .collect();
+    }
+    out
+}
+
+/// The `.npy` (format 1.0) header of a little-endian f32 C-order array of `shape`.
+pub fn npy_header(shape: &[u64]) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape_txt = if dims.len() == 1 {
+        format!("({},)", dims[0])
+    } else {
+        format!("({})", dims.join(", "))
+    };
+    let mut dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape_txt}, }}");
+    // magic (6) + version (2) + header length (2) + dict + padding + '\n' = multiple of 64.
+    let unpadded = 10 + dict.len() + 1;
+    dict.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
+    dict.push('\n');
+    let mut h = b"\x93NUMPY\x01\x00".to_vec();
+    h.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+    h.extend_from_slice(dict.as_bytes());
+    h
+}
+
+/// Rows dequantized per read of the tensor (bounded memory for large tensors).
+const DUMP_CHUNK_BYTES: u64 = 8 << 20;
+
+/// Write tensor `name` of `f` dequantized to f32 as `.npy` at `out` (temp file + rename).
+fn dump_tensor(f: &GgufFile, name: &str, out: &Path) -> Result<()> {
+    let Some(t) = f.tensor(name) else {
+        let close = close_names(name, f.tensors.iter().map(|t| t.name.as_str()));
+        if close.is_empty() {
+            bail!(
+                "no tensor named '{name}' in {} ({} tensors; `sluice inspect FILE` lists them)",
+                f.path.display(),
+                f.tensors.len()
+            );
+        }
+        bail!(
+            "no tensor named '{name}' in {}; did you mean {}?",
+            f.path.display(),
+            close
+                .iter()
+                .map(|n| format!("'{n}'"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    };
+    if !sluice_kernels::is_supported(t.ty) {
+        bail!(
+            "tensor '{name}' has type {}, which --dump-tensor cannot dequantize (supported: the \
+             float and quantized weight types sluice runs)",
+            t.ty.name()
+        );
+    }
+    let cols = t.dims.first().copied().unwrap_or(1) as usize;
+    let n_rows = t.n_rows();
+    let row_bytes = t.row_bytes();
+    if row_bytes == 0 || row_bytes * n_rows != t.n_bytes {
+        bail!(
+            "tensor '{name}' ({} {:?}) has no whole-block rows",
+            t.ty.name(),
+            t.dims
+        );
+    }
+    let shape: Vec<u64> = t.dims.iter().rev().copied().collect();
+    let range = f.tensor_range(t);
+    let mut src =
+        std::fs::File::open(&f.path).with_context(|| format!("opening {}", f.path.display()))?;
+    src.seek(SeekFrom::Start(range.start))
+        .with_context(|| format!("seeking to tensor '{name}' in {}", f.path.display()))?;
+
+    let file_name = out
+        .file_name()
+        .with_context(|| format!("--output {} is not a file path", out.display()))?;
+    let tmp = out.with_file_name(format!(
+        ".{}.tmp.{}",
+        file_name.to_string_lossy(),
+        std::process::id()
+    ));
+    let mut write = || -> Result<()> {
+        let file =
+            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+        w.write_all(&npy_header(&shape))?;
+        let rows_per_chunk = (DUMP_CHUNK_BYTES / row_bytes).max(1);
+        let mut raw = Vec::new();
+        let mut vals = Vec::new();
+        let mut bytes = Vec::new();
+        let mut done = 0;
+        while done < n_rows {
+            let rows = rows_per_chunk.min(n_rows - done);
+            raw.resize((rows * row_bytes) as usize, 0);
+            src.read_exact(&mut raw)
+                .with_context(|| format!("reading tensor '{name}' from {}", f.path.display()))?;
+            vals.resize(rows as usize * cols, 0.0f32);
+            for (r, v) in raw
+                .chunks_exact(row_bytes as usize)
+                .zip(vals.chunks_exact_mut(cols))
+            {
+                sluice_kernels::dequantize_row(t.ty, r, v)?;
+            }
+            bytes.clear();
+            bytes.extend(vals.iter().flat_map(|x| x.to_le_bytes()));
+            w.write_all(&bytes)?;
+            done += rows;
+        }
+        let file = w.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        Ok(())
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e.context(format!("writing {}", out.display())));
+    }
+    std::fs::rename(&tmp, out)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), out.display()))?;
+    eprintln!(
+        "wrote {name} ({} {:?} -> float32 {:?}) to {}",
+        t.ty.name(),
+        t.dims,
+        shape,
+        out.display()
+    );
+    Ok(())
+}
+
 /// Run `sluice inspect`.
 pub fn run(args: Args) -> Result<()> {
     let f = GgufFile::open(&args.file)?;
+    if let (Some(name), Some(out)) = (&args.dump_tensor, &args.output) {
+        return dump_tensor(&f, name, out);
+    }
     let total: u64 = f.tensors.iter().map(|t| t.n_bytes).sum();
     let mut by_role = [0u64; 4];
     let mut n_by_role = [0u64; 4];

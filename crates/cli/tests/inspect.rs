@@ -196,3 +196,130 @@ fn inspect_gemma_json_matches_gguf_python_fixture() {
     assert_eq!(tokens["value"]["len"], 262144);
     assert_eq!(tokens["value"]["values"][0], "<pad>");
 }
+
+/// `tests/fixtures/dump_tensor/` (tools/fixtures/gen_dump_tensor.py): real Gemma rows and the
+/// gguf package's dequantization of them.
+fn dump_fixture_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/dump_tensor")
+}
+
+/// A little-endian f32 C-order `.npy` file: (shape, values); panics on anything else.
+fn read_npy_f32(path: &Path) -> (Vec<u64>, Vec<f32>) {
+    let b = std::fs::read(path).unwrap();
+    assert_eq!(&b[..8], b"\x93NUMPY\x01\x00", "{}", path.display());
+    let hlen = u16::from_le_bytes([b[8], b[9]]) as usize;
+    assert_eq!((10 + hlen) % 64, 0, "header not 64-aligned");
+    let header = std::str::from_utf8(&b[10..10 + hlen]).unwrap();
+    assert!(header.ends_with('\n'), "{header:?}");
+    assert!(header.contains("'descr': '<f4'"), "{header:?}");
+    assert!(header.contains("'fortran_order': False"), "{header:?}");
+    let shape_txt = header.split("'shape': (").nth(1).unwrap();
+    let shape_txt = &shape_txt[..shape_txt.find(')').unwrap()];
+    let shape: Vec<u64> = shape_txt
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap())
+        .collect();
+    let data = &b[10 + hlen..];
+    let vals: Vec<f32> = data
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(vals.len() as u64, shape.iter().product::<u64>());
+    (shape, vals)
+}
+
+#[test]
+fn dump_tensor_equals_gguf_package_dequantize() {
+    let fx = dump_fixture_dir();
+    let gguf = fx.join("rows.gguf");
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(fx.join("manifest.json")).unwrap()).unwrap();
+    let dir = tmp_dir("dump");
+    let mut types = Vec::new();
+    for m in manifest.as_array().unwrap() {
+        let name = m["name"].as_str().unwrap();
+        let out_path = dir.join(format!("{name}.npy"));
+        let out = sluice(&[
+            "inspect",
+            gguf.to_str().unwrap(),
+            "--dump-tensor",
+            name,
+            "--output",
+            out_path.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (shape, got) = read_npy_f32(&out_path);
+        let (want_shape, want) = read_npy_f32(&fx.join(m["expected"].as_str().unwrap()));
+        assert_eq!(shape, want_shape, "{name}");
+        let manifest_shape: Vec<u64> = m["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap())
+            .collect();
+        assert_eq!(shape, manifest_shape, "{name}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{name}[{i}]: {g} vs {w}");
+        }
+        types.push(m["type"].as_str().unwrap().to_string());
+    }
+    // The fixture covers the Q4_K_M file's types, a 3-D tensor (logical shape reversed) and
+    // real rows of llama-quantize's output in the newer formats.
+    for ty in [
+        "Q8_0", "Q5_0", "Q4_K", "Q6_K", "F32", "F16", "Q2_K", "Q3_K", "Q5_K", "Q4_0", "IQ4_NL",
+        "IQ2_XXS", "IQ3_XXS", "IQ3_S",
+    ] {
+        assert!(types.iter().any(|t| t == ty), "fixture lacks {ty}");
+    }
+    // No temp file left next to the outputs.
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let n = e.unwrap().file_name();
+        assert!(
+            !n.to_string_lossy().contains(".tmp."),
+            "temp file left: {n:?}"
+        );
+    }
+}
+
+#[test]
+fn dump_tensor_errors() {
+    let gguf = dump_fixture_dir().join("rows.gguf");
+    let gguf = gguf.to_str().unwrap();
+    let dir = tmp_dir("dump-err");
+    let out_path = dir.join("x.npy");
+    let out_s = out_path.to_str().unwrap();
+    let run = |name: &str| {
+        let out = sluice(&["inspect", gguf, "--dump-tensor", name, "--output", out_s]);
+        assert!(!out.status.success(), "{name} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = run("blk.0.attn_k.weigth");
+    assert!(e.contains("no tensor named 'blk.0.attn_k.weigth'"), "{e}");
+    assert!(e.contains("did you mean 'blk.0.attn_k.weight'"), "{e}");
+    let e = run("ffn_down");
+    assert!(e.contains("'blk.0.ffn_down.weight'"), "{e}");
+    let e = run("zzz");
+    assert!(
+        e.contains("no tensor named 'zzz'") && e.contains("sluice inspect"),
+        "{e}"
+    );
+    let e = run("synthetic.i32");
+    assert!(
+        e.contains("type I32") && e.contains("cannot dequantize"),
+        "{e}"
+    );
+    assert!(
+        !out_path.exists(),
+        "an output was written for a failed dump"
+    );
+    // --dump-tensor without --output is a usage error.
+    let out = sluice(&["inspect", gguf, "--dump-tensor", "output_norm.weight"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--output"));
+}

@@ -21,7 +21,7 @@ mod common;
 use common::*;
 use proptest::prelude::*;
 use sluice_kernels::formats::{f16_to_f32, quantize_row_q8_0, quantize_row_q8_k};
-use sluice_kernels::{dequantize_row, vec_dot_with, GgmlType, Isa, QuantizedActs};
+use sluice_kernels::{dequantize_row, matmul_with, vec_dot_with, GgmlType, Isa, QuantizedActs};
 
 /// T of the module docs: the sum of absolute values of the exact terms.
 fn abs_terms(ty: GgmlType, row: &[u8], x: &[f32]) -> f64 {
@@ -212,5 +212,44 @@ fn every_tier_on_this_cpu_is_tested() {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
         assert!(tiers.contains(&Isa::Avx2));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// The AVX-512 Q4_K / Q6_K kernels (512-bit `vpdpbusd` + `vpdpwssd` scale) keep the AVX2
+    /// kernels' i32 lanes and float steps: equal bit for bit, any scales and activations,
+    /// through matmul (tiles of 1..=8 tokens; Q4_K takes the AVX-512 kernel from 2 tokens).
+    #[test]
+    fn avx512_k_quants_equal_avx2_bit_for_bit(
+        q6 in any::<bool>(),
+        nb in 1usize..=4,
+        rows in 1usize..=3,
+        n in 1usize..=10,
+        seed in any::<u64>(),
+    ) {
+        let ty = if q6 { GgmlType::Q6_K } else { GgmlType::Q4_K };
+        let tiers = Isa::available();
+        if !(tiers.contains(&Isa::Avx2) && tiers.contains(&Isa::Avx512)) {
+            return Ok(());
+        }
+        let cols = 256 * nb;
+        let mut rng = SplitMix(seed);
+        let w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng, false)).collect();
+        let mut x: Vec<f32> = (0..n).flat_map(|_| random_x(ty, cols, &mut rng, false)).collect();
+        // Some blocks at full scale: the activations' quants reach +-127.
+        if seed % 3 == 0 {
+            for v in x.iter_mut().step_by(7) {
+                *v = if seed % 2 == 0 { 1e3 } else { -1e3 };
+            }
+        }
+        let mut a = vec![0.0f32; n * rows];
+        let mut b = vec![0.0f32; n * rows];
+        matmul_with(Isa::Avx2, ty, &w, rows, cols, &x, n, &mut a).unwrap();
+        matmul_with(Isa::Avx512, ty, &w, rows, cols, &x, n, &mut b).unwrap();
+        for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+            prop_assert_eq!(a.to_bits(), b.to_bits(), "{} [{}]: avx2 {} avx512 {}", ty, i, a, b);
+        }
     }
 }

@@ -246,6 +246,9 @@ mod tokens {
             match ty {
                 Q8_0 => tiled!(acts, out, q8_0, row, super::avx512::dot_q8_0),
                 Q5_0 => tiled!(acts, out, q8_0, row, super::avx512::dot_q5_0),
+                // One token (matvec, decode): the AVX2 kernel is faster here; same bits.
+                Q4_K if acts.len() >= 2 => tiled!(acts, out, q8k, row, super::avx512::dot_q4k),
+                Q6_K => tiled!(acts, out, q8k, row, super::avx512::dot_q6k),
                 // quants-k
                 Q4_0 => tiled!(acts, out, q8_0, row, super::kquants::dot_q4_0_vnni),
                 Q4_1 => tiled!(acts, out, q8_0, row, super::kquants::dot_q4_1_vnni),
