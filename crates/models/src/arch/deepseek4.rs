@@ -20,7 +20,7 @@ use crate::blocks::dsv4_attention::{
 };
 use crate::blocks::ffn::{glu, Activation, GluWeights};
 use crate::blocks::hyper::{self, HcShape, HcWeights};
-use crate::blocks::moe::{routed, MoeWeights, Router, ScoreFn, UnitMat};
+use crate::blocks::moe::{glu_unit_layer, routed, MoeWeights, Router, ScoreFn, UnitMat};
 use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
@@ -509,15 +509,7 @@ impl Architecture for DeepSeek4 {
     }
 
     fn groups(&self) -> StreamableGroups {
-        let names = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
-        let unit = |il: usize, ex: &[Stacked; 3]| UnitLayer {
-            n_units: self.cfg.n_expert,
-            parts: ex
-                .iter()
-                .zip(names)
-                .map(|(s, n)| s.part(&format!("blk.{il}.{n}.weight")))
-                .collect(),
-        };
+        let unit = |il: usize, ex: &[Stacked; 3]| glu_unit_layer(il, self.cfg.n_expert, ex);
         let mut layers: Vec<Option<UnitLayer>> = self
             .layers
             .iter()

@@ -11,7 +11,6 @@ use crate::blocks::attention::{gqa, AttnShape, GqaWeights};
 use crate::blocks::ffn::{glu, Activation, GluWeights};
 use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
-use crate::kv::KvCache;
 use crate::ops::rope_inv_freq;
 use crate::state::SeqState;
 use crate::weights::{Mat, Tensors};
@@ -78,6 +77,14 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     } else {
         token_embd.clone()
     };
+    let shape = AttnShape {
+        n_head,
+        n_head_kv,
+        head_dim,
+        head_dim_v,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        rms_eps,
+    };
     let mut layers = Vec::with_capacity(n_layer);
     for il in 0..n_layer {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
@@ -85,14 +92,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         let ff = gate.rows;
         layers.push(Layer {
             attn_norm: t.vec(&n("attn_norm"), e)?,
-            attn: GqaWeights {
-                wq: t.mat(&n("attn_q"), n_head * head_dim, e)?,
-                wk: t.mat(&n("attn_k"), n_head_kv * head_dim, e)?,
-                wv: t.mat(&n("attn_v"), n_head_kv * head_dim_v, e)?,
-                wo: t.mat(&n("attn_output"), e, n_head * head_dim_v)?,
-                q_norm: t.opt_vec(&n("attn_q_norm"), head_dim)?,
-                k_norm: t.opt_vec(&n("attn_k_norm"), head_dim)?,
-            },
+            attn: GqaWeights::load(&t, il, &shape, e)?,
             post_attn_norm: t.vec(&n("post_attention_norm"), e)?,
             ffn_norm: t.vec(&n("ffn_norm"), e)?,
             ffn: GluWeights {
@@ -104,14 +104,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         });
     }
     Ok(Box::new(Gemma3 {
-        shape: AttnShape {
-            n_head,
-            n_head_kv,
-            head_dim,
-            head_dim_v,
-            scale: 1.0 / (head_dim as f32).sqrt(),
-            rms_eps,
-        },
+        shape,
         rope_global: rope_inv_freq(head_dim, rope_base, rope_scale),
         rope_swa: rope_inv_freq(head_dim, ROPE_BASE_SWA, 1.0),
         sliding_window: hp.u_or("attention.sliding_window", 0)?,
@@ -140,13 +133,7 @@ impl Architecture for Gemma3 {
     }
 
     fn new_state(&self, n_ctx: usize) -> SeqState {
-        let s = &self.shape;
-        SeqState::new(KvCache::new(
-            self.cfg.n_layer,
-            s.n_head_kv * s.head_dim,
-            s.n_head_kv * s.head_dim_v,
-            n_ctx,
-        ))
+        SeqState::new(self.shape.kv_cache(self.cfg.n_layer, n_ctx))
     }
 
     fn forward(

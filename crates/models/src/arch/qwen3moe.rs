@@ -3,15 +3,14 @@
 
 use sluice_gguf::GgufFile;
 use sluice_io::MappedFile;
-use sluice_tier::{StreamableGroups, UnitGroup, UnitLayer};
+use sluice_tier::{StreamableGroups, UnitGroup};
 
 use super::Architecture;
 use crate::blocks::attention::{gqa, AttnShape, GqaWeights};
 use crate::blocks::ffn::Activation;
-use crate::blocks::moe::{routed, MoeWeights, Router, UnitMat};
+use crate::blocks::moe::{glu_unit_layer, routed, MoeWeights, Router, UnitMat};
 use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
-use crate::kv::KvCache;
 use crate::ops::rope_inv_freq;
 use crate::state::SeqState;
 use crate::weights::{Mat, Stacked, Tensors};
@@ -80,6 +79,14 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     } else {
         token_embd.clone()
     };
+    let shape = AttnShape {
+        n_head,
+        n_head_kv,
+        head_dim,
+        head_dim_v,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        rms_eps,
+    };
     let mut layers = Vec::with_capacity(n_layer);
     for il in 0..n_layer {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
@@ -94,14 +101,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         };
         layers.push(Layer {
             attn_norm: t.vec(&n("attn_norm"), e)?,
-            attn: GqaWeights {
-                wq: t.mat(&n("attn_q"), n_head * head_dim, e)?,
-                wk: t.mat(&n("attn_k"), n_head_kv * head_dim, e)?,
-                wv: t.mat(&n("attn_v"), n_head_kv * head_dim_v, e)?,
-                wo: t.mat(&n("attn_output"), e, n_head * head_dim_v)?,
-                q_norm: t.opt_vec(&n("attn_q_norm"), head_dim)?,
-                k_norm: t.opt_vec(&n("attn_k_norm"), head_dim)?,
-            },
+            attn: GqaWeights::load(&t, il, &shape, e)?,
             ffn_norm: t.vec(&n("ffn_norm"), e)?,
             moe: MoeWeights {
                 router_w: t.mat(&n("ffn_gate_inp"), n_expert, e)?,
@@ -117,14 +117,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         });
     }
     Ok(Box::new(Qwen3Moe {
-        shape: AttnShape {
-            n_head,
-            n_head_kv,
-            head_dim,
-            head_dim_v,
-            scale: 1.0 / (head_dim as f32).sqrt(),
-            rms_eps,
-        },
+        shape,
         rope: rope_inv_freq(head_dim, rope_base, rope_scale),
         output_norm: t.vec("output_norm.weight", e)?,
         token_embd,
@@ -140,24 +133,13 @@ impl Architecture for Qwen3Moe {
     }
 
     fn groups(&self) -> StreamableGroups {
-        let names = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
         StreamableGroups {
             experts: UnitGroup {
                 layers: self
                     .layers
                     .iter()
                     .enumerate()
-                    .map(|(il, l)| {
-                        Some(UnitLayer {
-                            n_units: self.cfg.n_expert,
-                            parts: l
-                                .experts
-                                .iter()
-                                .zip(names)
-                                .map(|(s, n)| s.part(&format!("blk.{il}.{n}.weight")))
-                                .collect(),
-                        })
-                    })
+                    .map(|(il, l)| Some(glu_unit_layer(il, self.cfg.n_expert, &l.experts)))
                     .collect(),
             },
             row_tables: Vec::new(),
@@ -165,13 +147,7 @@ impl Architecture for Qwen3Moe {
     }
 
     fn new_state(&self, n_ctx: usize) -> SeqState {
-        let s = &self.shape;
-        SeqState::new(KvCache::new(
-            self.cfg.n_layer,
-            s.n_head_kv * s.head_dim,
-            s.n_head_kv * s.head_dim_v,
-            n_ctx,
-        ))
+        SeqState::new(self.shape.kv_cache(self.cfg.n_layer, n_ctx))
     }
 
     fn forward(

@@ -18,13 +18,13 @@ use std::sync::Arc;
 use sluice_gguf::{GgmlType, GgufFile};
 use sluice_io::MappedFile;
 use sluice_kernels::dequantize_row;
-use sluice_tier::{RowTable, StreamableGroups, UnitGroup, UnitLayer};
+use sluice_tier::{RowTable, StreamableGroups, UnitGroup};
 
 use super::Architecture;
 use crate::blocks::deltanet::{delta_net, DeltaShape, DeltaState, DeltaWeights};
 use crate::blocks::ffn::{glu, Activation, GluWeights};
 use crate::blocks::hyper_lowrank::{hc_post, hc_pre, HcWeights};
-use crate::blocks::moe::{routed, MoeWeights, Router, UnitMat};
+use crate::blocks::moe::{glu_unit_layer, routed, MoeWeights, Router, UnitMat};
 use crate::blocks::ple::{ple_apply, NgramHash, PleRows, PleState, PleWeights, TierRows};
 use crate::blocks::qsa::{qsa, QsaShape, QsaState, QsaWeights};
 use crate::blocks::{head, Batch, Env};
@@ -533,24 +533,13 @@ impl Architecture for Qwen4Exp {
     }
 
     fn groups(&self) -> StreamableGroups {
-        let names = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
         StreamableGroups {
             experts: UnitGroup {
                 layers: self
                     .layers
                     .iter()
                     .enumerate()
-                    .map(|(il, l)| {
-                        Some(UnitLayer {
-                            n_units: self.cfg.n_expert,
-                            parts: l
-                                .experts
-                                .iter()
-                                .zip(names)
-                                .map(|(x, n)| x.part(&format!("blk.{il}.{n}.weight")))
-                                .collect(),
-                        })
-                    })
+                    .map(|(il, l)| Some(glu_unit_layer(il, self.cfg.n_expert, &l.experts)))
                     .collect(),
             },
             row_tables: self

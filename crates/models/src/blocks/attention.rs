@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use super::{Batch, Env};
 use crate::kv::KvCache;
 use crate::ops::{rms_norm_inplace, rope_cos_sin, rope_neox_cs, softmax};
-use crate::weights::Mat;
+use crate::weights::{Mat, Tensors};
 use crate::ModelError;
 
 /// Head layout of an attention layer.
@@ -39,6 +39,45 @@ pub struct GqaWeights {
     pub wo: Mat,
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
+}
+
+impl GqaWeights {
+    /// Layer `il`'s `attn_q/k/v/output` (+ optional `attn_q_norm`/`attn_k_norm`) for
+    /// `shape` over `n_embd` columns, by their llama.cpp names.
+    pub fn load(
+        t: &Tensors<'_>,
+        il: usize,
+        shape: &AttnShape,
+        n_embd: usize,
+    ) -> Result<GqaWeights, ModelError> {
+        let n = |s: &str| format!("blk.{il}.{s}.weight");
+        let (nh, nkv, hd, hdv) = (
+            shape.n_head,
+            shape.n_head_kv,
+            shape.head_dim,
+            shape.head_dim_v,
+        );
+        Ok(GqaWeights {
+            wq: t.mat(&n("attn_q"), nh * hd, n_embd)?,
+            wk: t.mat(&n("attn_k"), nkv * hd, n_embd)?,
+            wv: t.mat(&n("attn_v"), nkv * hdv, n_embd)?,
+            wo: t.mat(&n("attn_output"), n_embd, nh * hdv)?,
+            q_norm: t.opt_vec(&n("attn_q_norm"), hd)?,
+            k_norm: t.opt_vec(&n("attn_k_norm"), hd)?,
+        })
+    }
+}
+
+impl AttnShape {
+    /// A KV cache for `n_layer` layers of this shape and `n_ctx` positions.
+    pub fn kv_cache(&self, n_layer: usize, n_ctx: usize) -> KvCache {
+        KvCache::new(
+            n_layer,
+            self.n_head_kv * self.head_dim,
+            self.n_head_kv * self.head_dim_v,
+            n_ctx,
+        )
+    }
 }
 
 /// Attention of a chunk `h` (`[T, n_embd]`, already normed) for layer `il`: returns

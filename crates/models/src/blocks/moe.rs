@@ -8,13 +8,13 @@
 
 use rayon::prelude::*;
 use sluice_kernels::GgmlType;
-use sluice_tier::Stop;
+use sluice_tier::{Stop, UnitLayer};
 
 use super::ffn::Activation;
 use super::{lock, Batch, Env};
 use crate::compute::LinearJob;
 use crate::ops::{softmax, top_k};
-use crate::weights::Mat;
+use crate::weights::{Mat, Stacked};
 use crate::ModelError;
 
 /// How a MoE layer picks its experts.
@@ -161,6 +161,21 @@ pub struct MoeWeights {
     pub up: UnitMat,
     pub down: UnitMat,
     pub act: Activation,
+}
+
+/// Tensor names of a GLU expert unit's matrices, in the order [`routed`] reads them.
+pub const GLU_UNIT_TENSORS: [&str; 3] = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
+
+/// The streamable unit layer of layer `il`'s stacked gate / up / down expert tensors.
+pub fn glu_unit_layer(il: usize, n_units: usize, experts: &[Stacked; 3]) -> UnitLayer {
+    UnitLayer {
+        n_units,
+        parts: experts
+            .iter()
+            .zip(GLU_UNIT_TENSORS)
+            .map(|(s, n)| s.part(&format!("blk.{il}.{n}.weight")))
+            .collect(),
+    }
 }
 
 /// Routed experts over a chunk `h` (`[T, E]`) of layer `il`.
