@@ -74,6 +74,22 @@ impl<'a> Tensors<'a> {
         Tensors { file, map }
     }
 
+    /// `token_embd.weight` and `output.weight` (`[n_vocab, n_embd]`), the output being the
+    /// embedding when the model ties them.
+    pub fn embd_and_output(
+        &self,
+        n_vocab: usize,
+        n_embd: usize,
+    ) -> Result<(Mat, Mat), EngineError> {
+        let embd = self.mat("token_embd.weight", n_vocab, n_embd)?;
+        let output = if self.has("output.weight") {
+            self.mat("output.weight", n_vocab, n_embd)?
+        } else {
+            embd.clone()
+        };
+        Ok((embd, output))
+    }
+
     /// Whether the file has a tensor called `name`.
     pub fn has(&self, name: &str) -> bool {
         self.file.tensor(name).is_some()

@@ -6,7 +6,7 @@ use sluice_gguf::GgufFile;
 use sluice_io::MappedFile;
 use sluice_tier::StreamableGroups;
 
-use super::Architecture;
+use super::{Architecture, GqaHparams};
 use crate::blocks::attention::{gqa, AttnShape, GqaWeights};
 use crate::blocks::ffn::{glu, Activation, GluWeights};
 use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
@@ -45,19 +45,8 @@ pub struct Gemma3 {
 
 pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, ModelError> {
     let hp = Hparams::new(file, NAME);
-    let n_embd = hp.u("embedding_length")?;
-    let n_head = hp.u("attention.head_count")?;
-    let n_head_kv = hp.u_or("attention.head_count_kv", n_head)?;
-    let head_dim = hp.u_or("attention.key_length", n_embd / n_head.max(1))?;
-    let head_dim_v = hp.u_or("attention.value_length", head_dim)?;
-    let n_layer = hp.u("block_count")?;
-    let rms_eps = hp.f_or("attention.layer_norm_rms_epsilon", 1e-6)?;
-    let rope_base = hp.f_or("rope.freq_base", 10_000.0)?;
-    let rope_scale = hp.rope_linear_scale()?;
-    if n_layer == 0 || n_embd == 0 {
-        return Err(hp.bad("block_count and embedding_length must be > 0".into()));
-    }
-    super::check_attention(&hp, n_head, n_head_kv, head_dim, rms_eps, rope_base)?;
+    let g = GqaHparams::read(&hp)?;
+    let (n_embd, n_layer, shape) = (g.n_embd, g.n_layer, g.shape);
     let n_vocab = hp.n_vocab()?;
     let cfg = ModelConfig {
         arch: NAME,
@@ -67,24 +56,11 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         n_ctx_train: hp.u_or("context_length", 4096)?,
         n_expert: 0,
         n_expert_used: 0,
-        kv_bytes_per_pos: (n_layer * n_head_kv * (head_dim + head_dim_v) * 4) as u64,
+        kv_bytes_per_pos: g.kv_bytes_per_pos(),
     };
     let t = Tensors::new(file, map);
     let e = n_embd;
-    let token_embd = t.mat("token_embd.weight", n_vocab, e)?;
-    let output = if t.has("output.weight") {
-        t.mat("output.weight", n_vocab, e)?
-    } else {
-        token_embd.clone()
-    };
-    let shape = AttnShape {
-        n_head,
-        n_head_kv,
-        head_dim,
-        head_dim_v,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        rms_eps,
-    };
+    let (token_embd, output) = t.embd_and_output(n_vocab, e)?;
     let mut layers = Vec::with_capacity(n_layer);
     for il in 0..n_layer {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
@@ -105,8 +81,8 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     }
     Ok(Box::new(Gemma3 {
         shape,
-        rope_global: rope_inv_freq(head_dim, rope_base, rope_scale),
-        rope_swa: rope_inv_freq(head_dim, ROPE_BASE_SWA, 1.0),
+        rope_global: rope_inv_freq(shape.head_dim, g.rope_base, g.rope_scale),
+        rope_swa: rope_inv_freq(shape.head_dim, ROPE_BASE_SWA, 1.0),
         sliding_window: hp.u_or("attention.sliding_window", 0)?,
         output_norm: t.vec("output_norm.weight", e)?,
         token_embd,

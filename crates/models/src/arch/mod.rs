@@ -81,6 +81,55 @@ pub fn find(name: &str) -> Option<LoadFn> {
     REGISTRY.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
 }
 
+/// The hyper-parameters every GQA transformer reads the same way (`<arch>.*` keys with
+/// llama.cpp's defaults), checked.
+pub(crate) struct GqaHparams {
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub shape: crate::blocks::attention::AttnShape,
+    pub rope_base: f32,
+    /// Linear RoPE position scale (1.0 = none).
+    pub rope_scale: f32,
+}
+
+impl GqaHparams {
+    pub fn read(hp: &crate::config::Hparams<'_>) -> Result<GqaHparams, ModelError> {
+        let n_embd = hp.u("embedding_length")?;
+        let n_head = hp.u("attention.head_count")?;
+        let n_head_kv = hp.u_or("attention.head_count_kv", n_head)?;
+        let head_dim = hp.u_or("attention.key_length", n_embd / n_head.max(1))?;
+        let head_dim_v = hp.u_or("attention.value_length", head_dim)?;
+        let n_layer = hp.u("block_count")?;
+        let rms_eps = hp.f_or("attention.layer_norm_rms_epsilon", 1e-6)?;
+        let rope_base = hp.f_or("rope.freq_base", 10_000.0)?;
+        let rope_scale = hp.rope_linear_scale()?;
+        if n_layer == 0 || n_embd == 0 {
+            return Err(hp.bad("block_count and embedding_length must be > 0".into()));
+        }
+        check_attention(hp, n_head, n_head_kv, head_dim, rms_eps, rope_base)?;
+        Ok(GqaHparams {
+            n_embd,
+            n_layer,
+            shape: crate::blocks::attention::AttnShape {
+                n_head,
+                n_head_kv,
+                head_dim,
+                head_dim_v,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+                rms_eps,
+            },
+            rope_base,
+            rope_scale,
+        })
+    }
+
+    /// KV-cache bytes per position at f32, all layers.
+    pub fn kv_bytes_per_pos(&self) -> u64 {
+        let s = &self.shape;
+        (self.n_layer * s.n_head_kv * (s.head_dim + s.head_dim_v) * 4) as u64
+    }
+}
+
 /// Checks shared by attention architectures: head counts and dimensions that the blocks
 /// rely on, and finite positive epsilon / RoPE base.
 pub(crate) fn check_attention(

@@ -5,7 +5,7 @@ use sluice_gguf::GgufFile;
 use sluice_io::MappedFile;
 use sluice_tier::{StreamableGroups, UnitGroup};
 
-use super::Architecture;
+use super::{Architecture, GqaHparams};
 use crate::blocks::attention::{gqa, AttnShape, GqaWeights};
 use crate::blocks::ffn::Activation;
 use crate::blocks::moe::{glu_unit_layer, routed, MoeWeights, Router, UnitMat};
@@ -39,22 +39,11 @@ pub struct Qwen3Moe {
 
 pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, ModelError> {
     let hp = Hparams::new(file, NAME);
-    let n_embd = hp.u("embedding_length")?;
-    let n_head = hp.u("attention.head_count")?;
-    let n_head_kv = hp.u_or("attention.head_count_kv", n_head)?;
-    let head_dim = hp.u_or("attention.key_length", n_embd / n_head.max(1))?;
-    let head_dim_v = hp.u_or("attention.value_length", head_dim)?;
-    let n_layer = hp.u("block_count")?;
-    let rms_eps = hp.f_or("attention.layer_norm_rms_epsilon", 1e-6)?;
-    let rope_base = hp.f_or("rope.freq_base", 10_000.0)?;
-    let rope_scale = hp.rope_linear_scale()?;
+    let g = GqaHparams::read(&hp)?;
+    let (n_embd, n_layer, shape) = (g.n_embd, g.n_layer, g.shape);
     let n_expert = hp.u_or("expert_count", 0)?;
     let k = hp.u_or("expert_used_count", 0)?;
     let norm = hp.b_or("expert_weights_norm", true)?;
-    if n_layer == 0 || n_embd == 0 {
-        return Err(hp.bad("block_count and embedding_length must be > 0".into()));
-    }
-    super::check_attention(&hp, n_head, n_head_kv, head_dim, rms_eps, rope_base)?;
     if n_expert == 0 || k == 0 || k > n_expert {
         return Err(hp.bad(format!(
             "expert_used_count {k} must be in 1..=expert_count {n_expert}"
@@ -69,24 +58,11 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         n_ctx_train: hp.u_or("context_length", 4096)?,
         n_expert,
         n_expert_used: k,
-        kv_bytes_per_pos: (n_layer * n_head_kv * (head_dim + head_dim_v) * 4) as u64,
+        kv_bytes_per_pos: g.kv_bytes_per_pos(),
     };
     let t = Tensors::new(file, map);
     let e = n_embd;
-    let token_embd = t.mat("token_embd.weight", n_vocab, e)?;
-    let output = if t.has("output.weight") {
-        t.mat("output.weight", n_vocab, e)?
-    } else {
-        token_embd.clone()
-    };
-    let shape = AttnShape {
-        n_head,
-        n_head_kv,
-        head_dim,
-        head_dim_v,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        rms_eps,
-    };
+    let (token_embd, output) = t.embd_and_output(n_vocab, e)?;
     let mut layers = Vec::with_capacity(n_layer);
     for il in 0..n_layer {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
@@ -118,7 +94,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     }
     Ok(Box::new(Qwen3Moe {
         shape,
-        rope: rope_inv_freq(head_dim, rope_base, rope_scale),
+        rope: rope_inv_freq(shape.head_dim, g.rope_base, g.rope_scale),
         output_norm: t.vec("output_norm.weight", e)?,
         token_embd,
         output,

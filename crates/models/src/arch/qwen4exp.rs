@@ -459,12 +459,7 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
             ple,
         });
     }
-    let token_embd = t.mat("token_embd.weight", n_vocab, e)?;
-    let output = if t.has("output.weight") {
-        t.mat("output.weight", n_vocab, e)?
-    } else {
-        token_embd.clone()
-    };
+    let (token_embd, output) = t.embd_and_output(n_vocab, e)?;
     let cfg = ModelConfig {
         arch: NAME,
         n_layer,
