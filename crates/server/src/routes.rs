@@ -667,15 +667,17 @@ fn sse_response(run: Running, sse: Sse) -> Response {
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
+/// A handler's result as a response, counting errors in the metrics.
+fn respond(st: &AppState, r: Result<Response, ApiError>) -> Response {
+    r.unwrap_or_else(|e| {
+        count_error(st, &e);
+        e.into_response()
+    })
+}
+
 async fn chat(State(st): State<Arc<AppState>>, body: Body) -> Response {
     st.metrics.requests_chat.fetch_add(1, Ordering::Relaxed);
-    match chat_inner(&st, body).await {
-        Ok(r) => r,
-        Err(e) => {
-            count_error(&st, &e);
-            e.into_response()
-        }
-    }
+    respond(&st, chat_inner(&st, body).await)
 }
 
 async fn chat_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
@@ -765,13 +767,7 @@ async fn completions(State(st): State<Arc<AppState>>, body: Body) -> Response {
     st.metrics
         .requests_completions
         .fetch_add(1, Ordering::Relaxed);
-    match completions_inner(&st, body).await {
-        Ok(r) => r,
-        Err(e) => {
-            count_error(&st, &e);
-            e.into_response()
-        }
-    }
+    respond(&st, completions_inner(&st, body).await)
 }
 
 async fn completions_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
@@ -846,13 +842,7 @@ fn anthropic_stop(f: &Finish) -> (&'static str, Value) {
 
 async fn messages(State(st): State<Arc<AppState>>, body: Body) -> Response {
     st.metrics.requests_messages.fetch_add(1, Ordering::Relaxed);
-    match messages_inner(&st, body).await {
-        Ok(r) => r,
-        Err(e) => {
-            count_error(&st, &e);
-            e.into_response()
-        }
-    }
+    respond(&st, messages_inner(&st, body).await)
 }
 
 async fn messages_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
