@@ -5,10 +5,14 @@
 //! `-- Q4_K`. `SLUICE_ISA` does not matter here except for the `auto/` group: the `isa/`
 //! group runs each available tier explicitly; the `kq/` group (the quants-k formats, 1
 //! thread, 4096x2048 and 2048x768) runs every tier at 4096x2048; `iq/` does the same for
-//! the IQ grid formats (1 thread, 4096x2048 and 2048x768; filter with `-- iq/`).
+//! the IQ grid formats (1 thread, 4096x2048 and 2048x768; filter with `-- iq/`); `matmul/`:
+//! prefill-shaped matmul (128 tokens, Gemma 3 270M's 640x2048 FFN down projection, 1
+//! thread) on the AVX2 and AVX-512 tiers, in weight bytes x tokens per second; `out/`: the
+//! tied Gemma 3 output matrix (262144x640 Q8_0) matvec, 1 and 2 threads, next to
+//! `memory_read`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use sluice_kernels::{matvec_with, GgmlType, Isa};
+use sluice_kernels::{matmul_with, matvec_with, GgmlType, Isa};
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -327,9 +331,93 @@ fn bench_iq(c: &mut Criterion) {
     }
 }
 
+/// Prefill-shaped matmul: 128 tokens through a 640x2048 matrix, 1 thread, each x86 tier.
+fn bench_matmul(c: &mut Criterion) {
+    let p = pool(1);
+    let (rows, cols, n) = (640usize, 2048usize, 128usize);
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+    ] {
+        let mut g = c.benchmark_group(format!("matmul/{ty}"));
+        g.sample_size(10)
+            .warm_up_time(Duration::from_millis(300))
+            .measurement_time(Duration::from_millis(1500));
+        let w = weights(ty, rows, cols);
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect();
+        let mut y = vec![0.0f32; rows * n];
+        g.throughput(Throughput::Bytes((w.len() * n) as u64));
+        for isa in Isa::available().into_iter().filter(|&i| i != Isa::Scalar) {
+            g.bench_function(
+                BenchmarkId::new(format!("{rows}x{cols}x{n}"), isa.name()),
+                |b| {
+                    b.iter(|| {
+                        p.install(|| {
+                            matmul_with(
+                                isa,
+                                ty,
+                                black_box(&w),
+                                rows,
+                                cols,
+                                black_box(&x),
+                                n,
+                                &mut y,
+                            )
+                        })
+                        .unwrap()
+                    })
+                },
+            );
+        }
+        g.finish();
+    }
+}
+
+/// The tied Gemma 3 output matrix (262144x640 Q8_0, 178 MB): one decode step's matvec.
+fn bench_output(c: &mut Criterion) {
+    let (rows, cols, ty) = (262_144usize, 640usize, GgmlType::Q8_0);
+    let w = weights(ty, rows, cols);
+    let x: Vec<f32> = (0..cols)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let mut y = vec![0.0f32; rows];
+    let mut g = c.benchmark_group("out/Q8_0");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_millis(2000));
+    g.throughput(Throughput::Bytes(w.len() as u64));
+    for nt in [1usize, 2] {
+        let p = pool(nt);
+        g.bench_function(
+            BenchmarkId::new(format!("{rows}x{cols}"), format!("{nt}t")),
+            |b| {
+                b.iter(|| {
+                    p.install(|| {
+                        matvec_with(
+                            sluice_kernels::isa(),
+                            ty,
+                            black_box(&w),
+                            rows,
+                            cols,
+                            black_box(&x),
+                            &mut y,
+                        )
+                    })
+                    .unwrap()
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default();
-    targets = bench_memory, bench_matvec, bench_tiers, bench_kquants, bench_iq
+    targets = bench_memory, bench_matvec, bench_tiers, bench_kquants, bench_iq, bench_matmul, bench_output
 }
 criterion_main!(benches);

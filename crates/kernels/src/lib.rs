@@ -527,7 +527,8 @@ pub fn matmul_with(
 
 /// Activations of `n` tokens prepared once for one weight type, in the form the fastest
 /// available kernel wants (the AVX-512 register-blocked Q8 kernels take packed Q8_0
-/// blocks; every other path takes [`QuantizedActs`]). Lets a caller schedule row blocks of
+/// blocks, the AVX2 / AVX-512 register-blocked Q4_K / Q6_K kernels packed Q8_K blocks;
+/// every other path takes [`QuantizedActs`]). Lets a caller schedule row blocks of
 /// several matrices in one parallel pass ([`PreparedBatch::rows_t`]); every path gives
 /// the same bits as [`matvec`] on each token.
 pub struct PreparedBatch {
@@ -542,13 +543,19 @@ enum BatchActs {
     Generic(Vec<QuantizedActs>),
     #[cfg(target_arch = "x86_64")]
     PackedQ8(x86::Avx512, Vec<x86::PackedQ8>),
+    /// Q4_K / Q6_K on the AVX2 or AVX-512 tier (the backend holds the token).
+    #[cfg(target_arch = "x86_64")]
+    PackedQ8K(Vec<x86::PackedQ8K>),
 }
 
 /// Per-task scratch space of [`PreparedBatch::rows_t_with`].
 pub struct BatchScratch(Option<BatchScratchInner>);
 
 #[cfg(target_arch = "x86_64")]
-type BatchScratchInner = x86::DecodedRows;
+enum BatchScratchInner {
+    Q8(x86::DecodedRows),
+    K(x86::DecodedK),
+}
 #[cfg(not(target_arch = "x86_64"))]
 type BatchScratchInner = ();
 
@@ -593,6 +600,22 @@ impl PreparedBatch {
                 });
             }
         }
+        #[cfg(target_arch = "x86_64")]
+        if let (Backend::Avx2(_) | Backend::Avx512(_), GgmlType::Q4_K | GgmlType::Q6_K) = (be, ty) {
+            if n >= 2 && cols > 0 {
+                let acts = x
+                    .chunks(cols)
+                    .map(|xt| x86::PackedQ8K::new(&formats::quantize_row_q8_k(xt)))
+                    .collect();
+                return Ok(PreparedBatch {
+                    be,
+                    ty,
+                    cols,
+                    n,
+                    acts: BatchActs::PackedQ8K(acts),
+                });
+            }
+        }
         let acts = if cols == 0 {
             (0..n)
                 .map(|_| QuantizedActs::new(ty, &[]))
@@ -623,6 +646,8 @@ impl PreparedBatch {
             BatchActs::Generic(_) => 1,
             #[cfg(target_arch = "x86_64")]
             BatchActs::PackedQ8(..) => x86::TR,
+            #[cfg(target_arch = "x86_64")]
+            BatchActs::PackedQ8K(..) => x86::KTR,
         }
     }
 
@@ -631,9 +656,12 @@ impl PreparedBatch {
         match &self.acts {
             BatchActs::Generic(_) => BatchScratch(None),
             #[cfg(target_arch = "x86_64")]
-            BatchActs::PackedQ8(..) => BatchScratch(Some(x86::DecodedRows::new(
-                self.cols / formats::QK8_0,
-                x86::TR,
+            BatchActs::PackedQ8(..) => BatchScratch(Some(BatchScratchInner::Q8(
+                x86::DecodedRows::new(self.cols / formats::QK8_0, x86::TR),
+            ))),
+            #[cfg(target_arch = "x86_64")]
+            BatchActs::PackedQ8K(..) => BatchScratch(Some(BatchScratchInner::K(
+                x86::DecodedK::new(self.cols / formats::QK_K, x86::KTR),
             ))),
         }
     }
@@ -671,10 +699,28 @@ impl PreparedBatch {
             }
             #[cfg(target_arch = "x86_64")]
             BatchActs::PackedQ8(tok, acts) => {
-                let scratch = scratch.0.get_or_insert_with(|| {
-                    x86::DecodedRows::new(self.cols / formats::QK8_0, x86::TR)
-                });
-                tok.matmul_q8_rows(ty, w_rows, rb, acts, scratch, yt);
+                if !matches!(scratch.0, Some(BatchScratchInner::Q8(_))) {
+                    *scratch = self.scratch();
+                }
+                let Some(BatchScratchInner::Q8(s)) = &mut scratch.0 else {
+                    unreachable!("scratch made for this batch")
+                };
+                tok.matmul_q8_rows(ty, w_rows, rb, acts, s, yt);
+            }
+            #[cfg(target_arch = "x86_64")]
+            BatchActs::PackedQ8K(acts) => {
+                let nb = self.cols / formats::QK_K;
+                if !matches!(&scratch.0, Some(BatchScratchInner::K(s)) if s.nb() == nb) {
+                    *scratch = self.scratch();
+                }
+                let Some(BatchScratchInner::K(s)) = &mut scratch.0 else {
+                    unreachable!("scratch made for this batch")
+                };
+                match self.be {
+                    Backend::Avx512(tok) => tok.matmul_k_rows(ty, w_rows, rb, acts, s, yt),
+                    Backend::Avx2(tok) => tok.matmul_k_rows(ty, w_rows, rb, acts, s, yt),
+                    Backend::Scalar => unreachable!("packed only on the x86 tiers"),
+                }
             }
         }
         Ok(())

@@ -44,6 +44,63 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// The register-blocked K-quant tiles (rows x tokens, AVX2: 2 x 4, AVX-512: 4 x 4, every
+    /// partial tile) give each (row, token) the bits of the single-row matvec kernel on the
+    /// same tier (the AVX2 tier forced on AVX-512 machines); with unit block scales, small
+    /// sub-block scales and integer activations (exact sums) also the scalar reference's bits.
+    #[test]
+    fn k_quant_tiles_equal_matvec(
+        q6 in any::<bool>(),
+        nb in 1usize..=5,
+        rows in 1usize..=13,
+        n in 2usize..=11,
+        exact in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let ty = if q6 { GgmlType::Q6_K } else { GgmlType::Q4_K };
+        let cols = 256 * nb;
+        let mut rng = SplitMix(seed);
+        let mut w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng, exact)).collect();
+        if exact {
+            // Small sub-block scales (and mins): every partial sum stays below 2^24, so any
+            // summation order gives the exact value.
+            let (bs, sc) = if q6 { (210, 192..208) } else { (144, 4..16) };
+            for b in w.chunks_exact_mut(bs) {
+                for v in &mut b[sc.clone()] {
+                    *v = if q6 { (rng.int(-2, 2) as i8) as u8 } else { rng.int(0, 3) as u8 };
+                }
+            }
+        }
+        let mut x: Vec<f32> = (0..n).flat_map(|_| random_x(ty, cols, &mut rng, exact)).collect();
+        // Some blocks at full scale: the activations' quants reach +-127.
+        if !exact && seed % 3 == 0 {
+            for v in x.iter_mut().step_by(7) {
+                *v = if seed % 2 == 0 { 1e3 } else { -1e3 };
+            }
+        }
+        let mut reference = vec![0.0f32; n * rows];
+        matmul_with(Isa::Scalar, ty, &w, rows, cols, &x, n, &mut reference).unwrap();
+        for isa in Isa::available() {
+            let mut ym = vec![0.0f32; n * rows];
+            matmul_with(isa, ty, &w, rows, cols, &x, n, &mut ym).unwrap();
+            for t in 0..n {
+                let mut yv = vec![0.0f32; rows];
+                matvec_with(isa, ty, &w, rows, cols, &x[t * cols..(t + 1) * cols], &mut yv).unwrap();
+                for r in 0..rows {
+                    let m = ym[t * rows + r];
+                    prop_assert_eq!(m.to_bits(), yv[r].to_bits(), "{:?} {} t={} r={}", isa, ty, t, r);
+                    if exact {
+                        prop_assert_eq!(m.to_bits(), reference[t * rows + r].to_bits(), "{:?} {} exact t={} r={}", isa, ty, t, r);
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn threads_do_not_change_results() {
     let (p1, p2) = (pool(1), pool(2));

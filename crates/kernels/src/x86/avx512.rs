@@ -34,7 +34,7 @@ crate::q8_like_kernel!(
 
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn ld512_i8(p: &[i8; 64]) -> __m512i {
+pub(super) fn ld512_i8(p: &[i8; 64]) -> __m512i {
     // SAFETY: `p` is 64 readable bytes; loadu has no alignment requirement.
     unsafe { _mm512_loadu_si512(p.as_ptr().cast()) }
 }
@@ -49,13 +49,13 @@ fn halves(lo: __m256i, hi: __m256i) -> __m512i {
 /// The 8 i32 lanes of the AVX2 kernels: low half + high half.
 #[inline]
 #[target_feature(enable = "avx512f,avx2")]
-fn fold(v: __m512i) -> __m256i {
+pub(super) fn fold(v: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
 }
 
 /// `Q4_SC_IDX[j]`: i32 lanes 0..7 get scale #2j, lanes 8..15 scale #2j+1 (Q4_K: one scale
 /// per 32 elements; the low and high nibbles of 32 bytes are two sub-blocks).
-const Q4_SC_IDX: [[i32; 16]; 4] = {
+pub(super) const Q4_SC_IDX: [[i32; 16]; 4] = {
     let mut m = [[0i32; 16]; 4];
     let mut j = 0;
     while j < 4 {
@@ -128,7 +128,7 @@ pub(super) fn dot_q4k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
 
 /// `Q6_SC_IDX[m]`: i32 lane l gets scale #(4m + l / 4) (Q6_K: one scale per 16 elements,
 /// two 32-element groups per 512-bit vector).
-const Q6_SC_IDX: [[i32; 16]; 4] = {
+pub(super) const Q6_SC_IDX: [[i32; 16]; 4] = {
     let mut m = [[0i32; 16]; 4];
     let mut k = 0;
     while k < 4 {

@@ -50,9 +50,13 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
+mod kgemm;
+#[cfg(target_arch = "x86_64")]
 mod kquants;
 #[cfg(target_arch = "x86_64")]
 mod q8gemm;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use kgemm::{DecodedK, PackedQ8K, KTR};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use q8gemm::{DecodedRows, PackedQ8, TR};
 

@@ -99,7 +99,7 @@ impl DecodedRows {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-fn st256(p: &mut [u8; QK8_0], v: __m256i) {
+pub(super) fn st256(p: &mut [u8; QK8_0], v: __m256i) {
     // SAFETY: `p` is 32 writable bytes; storeu has no alignment requirement.
     unsafe { _mm256_storeu_si256(p.as_mut_ptr().cast(), v) }
 }

@@ -1,0 +1,455 @@
+//! Register-blocked matmul for Q4_K / Q6_K weights (Q8_K activations), AVX2 and AVX-512.
+//!
+//! Owns: [`PackedQ8K`] (one token's Q8_K activations with the pair sums of their block sums
+//! precomputed), the decode of a few weight rows once per matmul into unsigned quants in
+//! element order plus their scales ([`DecodedK`]), and the 2 rows x 4 tokens tile kernels
+//! of both tiers. Bit-identical to the single-row kernels of the same tier (`avx2::dot_q4k`
+//! / `dot_q6k`, `avx512::dot_q4k` / `dot_q6k`, which are equal to each other): for each
+//! (row, token, block) the i32 lanes are the same exact integers (integer sums are exact,
+//! so their order does not matter), then converted to f32, multiplied by the same f32
+//! products (`dy * d`, `-dy * dmin`) and FMA'd into that pair's accumulators in block
+//! order, summed with the same `hsum8` / `hsum4` at the end. Each weight block is decoded
+//! once per matmul instead of once per token tile, and each activation load serves 2 rows.
+
+use core::arch::x86_64::*;
+
+use super::avx2::{hsum4, hsum8, ld256, ld256_i16, ld256_i8, q4k_scales_mins, q6k_half};
+use super::avx2::{sub, K4_SHUF, K6_SHUF};
+use super::avx512::{ld512_i8, Q4_SC_IDX, Q6_SC_IDX};
+use super::q8gemm::st256;
+use crate::formats::{BlockQ8K, Q4_K_BYTES, Q6_K_BYTES, QK_K};
+use crate::GgmlType;
+
+/// One activation block for the tile kernels.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+struct PackedKBlock {
+    qs: [i8; QK_K],
+    /// Sums of each 16 consecutive quants (Q6_K's offset correction).
+    bsums: [i16; 16],
+    /// `bsums[2k] + bsums[2k + 1]`: sums of each 32 quants (Q4_K's mins).
+    q8s: [i16; 8],
+    d: f32,
+}
+
+/// One token's Q8_K activations prepared for the tile kernels.
+#[derive(Clone, Debug)]
+pub(crate) struct PackedQ8K {
+    blocks: Vec<PackedKBlock>,
+}
+
+impl PackedQ8K {
+    /// Pack Q8_K blocks (from `quantize_row_q8_k`).
+    pub(crate) fn new(blocks: &[BlockQ8K]) -> PackedQ8K {
+        PackedQ8K {
+            blocks: blocks
+                .iter()
+                .map(|b| PackedKBlock {
+                    qs: b.qs,
+                    bsums: b.bsums,
+                    // As `_mm_hadd_epi16` of the two halves (wrapping; |sum| <= 32 * 128).
+                    q8s: core::array::from_fn(|k| b.bsums[2 * k].wrapping_add(b.bsums[2 * k + 1])),
+                    d: b.d,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// One decoded weight block: the 256 unsigned quants in element order and the scales in
+/// the forms the kernels use.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+struct KBlock {
+    u: [u8; QK_K],
+    /// Per-group scales as i32 lanes for `vpdpwssd` (Q4_K: 8 scales 0..=63 in lanes 0..7;
+    /// Q6_K: 16 signed scales with the high i16 of each lane zero).
+    sc32: [i32; 16],
+    /// Per-group scales as i16 (Q4_K: the 8 scales twice, one copy per 128-bit lane;
+    /// Q6_K: the 16 scales).
+    sc16: [i16; 16],
+    /// Q4_K mins as i16.
+    mins: [i16; 8],
+    d: f32,
+    dmin: f32,
+}
+
+const ZERO_BLOCK: KBlock = KBlock {
+    u: [0; QK_K],
+    sc32: [0; 16],
+    sc16: [0; 16],
+    mins: [0; 8],
+    d: 0.0,
+    dmin: 0.0,
+};
+
+/// A few weight rows decoded for the tile kernels, `[row][block]`.
+pub(crate) struct DecodedK {
+    blocks: Vec<KBlock>,
+    nb: usize,
+}
+
+impl DecodedK {
+    pub(crate) fn new(nb: usize, max_rows: usize) -> DecodedK {
+        DecodedK {
+            blocks: vec![ZERO_BLOCK; nb * max_rows],
+            nb,
+        }
+    }
+
+    /// Blocks per row this scratch was made for.
+    pub(crate) fn nb(&self) -> usize {
+        self.nb
+    }
+}
+
+/// Decode `rows` (whole rows of `ty`, Q4_K or Q6_K) into `dst` rows 0.. .
+#[target_feature(enable = "avx2,fma,f16c")]
+fn decode_rows(ty: GgmlType, rows: &[u8], dst: &mut DecodedK) {
+    let tab = crate::formats::f16_table();
+    if ty == GgmlType::Q4_K {
+        let m4 = _mm256_set1_epi8(0x0F);
+        let (blocks, _) = rows.as_chunks::<Q4_K_BYTES>();
+        for (b, o) in blocks.iter().zip(dst.blocks.iter_mut()) {
+            o.d = tab[u16::from_le_bytes([b[0], b[1]]) as usize];
+            o.dmin = tab[u16::from_le_bytes([b[2], b[3]]) as usize];
+            let u = q4k_scales_mins(sub::<12, u8>(b, 4));
+            let bytes: [u8; 16] = core::array::from_fn(|k| (u[k / 4] >> (8 * (k % 4))) as u8);
+            for k in 0..8 {
+                o.sc32[k] = bytes[k] as i32;
+                o.sc32[8 + k] = 0;
+                o.sc16[k] = bytes[k] as i16;
+                o.sc16[8 + k] = bytes[k] as i16;
+                o.mins[k] = bytes[8 + k] as i16;
+            }
+            for j in 0..4 {
+                let q4 = ld256(sub::<32, u8>(b, 16 + 32 * j));
+                let (lo, hi) = o.u[64 * j..64 * j + 64].split_at_mut(32);
+                st256(lo.try_into().expect("32"), _mm256_and_si256(q4, m4));
+                st256(
+                    hi.try_into().expect("32"),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4),
+                );
+            }
+        }
+    } else {
+        let (blocks, _) = rows.as_chunks::<Q6_K_BYTES>();
+        for (b, o) in blocks.iter().zip(dst.blocks.iter_mut()) {
+            o.d = tab[u16::from_le_bytes([b[208], b[209]]) as usize];
+            o.dmin = 0.0;
+            for k in 0..16 {
+                let s = b[192 + k] as i8;
+                o.sc16[k] = s as i16;
+                o.sc32[k] = (s as i32) & 0xFFFF;
+            }
+            o.mins = [0; 8];
+            for h in 0..2 {
+                let q = q6k_half(b, h);
+                for (k, qk) in q.iter().enumerate() {
+                    let off = 128 * h + 32 * k;
+                    st256((&mut o.u[off..off + 32]).try_into().expect("32"), *qk);
+                }
+            }
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn ld512_u8(p: &[u8; 64]) -> __m512i {
+    // SAFETY: `p` is 64 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm512_loadu_si512(p.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn ld512_i32(p: &[i32; 16]) -> __m512i {
+    // SAFETY: `p` is 64 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm512_loadu_si512(p.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ld128_i16(p: &[i16; 8]) -> __m128i {
+    // SAFETY: `p` is 16 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm_loadu_si128(p.as_ptr().cast()) }
+}
+
+/// AVX-512 tile: `out[k][t] = row rs[k] . token t` for a pair of rows (Q4_K when `Q6` is
+/// false, else Q6_K; `rs[1] == rs[0]` when one row is left). The two rows' 8-lane float
+/// steps share 512-bit registers (row 0 in the low half, row 1 in the high half): the
+/// lanes get the same values as the single-row kernels' (same i32, same f32 products,
+/// one FMA per lane per block).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn tile512<const Q6: bool, const N: usize>(
+    w: &DecodedK,
+    rs: [usize; 2],
+    ys: [&PackedQ8K; N],
+) -> [[f32; N]; 2] {
+    let nb = w.nb;
+    let rows: [&[KBlock]; 2] = rs.map(|r| &w.blocks[r * nb..][..nb]);
+    let ys: [&[PackedKBlock]; N] = core::array::from_fn(|t| &ys[t].blocks[..nb]);
+    let idx = if Q6 { &Q6_SC_IDX } else { &Q4_SC_IDX };
+    let mut acc = [_mm512_setzero_ps(); N];
+    let mut accm = [_mm256_setzero_ps(); N];
+    for i in 0..nb {
+        let kb = [&rows[0][i], &rows[1][i]];
+        let mut sumi = [[_mm512_setzero_si512(); N]; 2];
+        for (g, ix) in idx.iter().enumerate() {
+            // SAFETY: `ix` is 16 readable i32; loadu has no alignment requirement.
+            let ix = unsafe { _mm512_loadu_si512(ix.as_ptr().cast()) };
+            let q8: [__m512i; N] =
+                core::array::from_fn(|t| ld512_i8(sub::<64, i8>(&ys[t][i].qs, 64 * g)));
+            for (k, sr) in sumi.iter_mut().enumerate() {
+                let u = ld512_u8(sub::<64, u8>(&kb[k].u, 64 * g));
+                let scale = _mm512_permutexvar_epi32(ix, ld512_i32(&kb[k].sc32));
+                for t in 0..N {
+                    let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, q8[t]);
+                    sr[t] = _mm512_dpwssd_epi32(sr[t], p, scale);
+                }
+            }
+        }
+        // [d0; 8] ++ [d1; 8], and the same for dmin ([4] ++ [4]) and the i16 scales / mins.
+        let dv = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+            _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(kb[0].d))),
+            _mm256_castps_pd(_mm256_set1_ps(kb[1].d)),
+        ));
+        let dminv = _mm256_set_m128(_mm_set1_ps(kb[1].dmin), _mm_set1_ps(kb[0].dmin));
+        let minsv = _mm256_set_m128i(ld128_i16(&kb[1].mins), ld128_i16(&kb[0].mins));
+        let sc16v = _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(ld256_i16(&kb[0].sc16)),
+            ld256_i16(&kb[1].sc16),
+        );
+        for t in 0..N {
+            let yb = &ys[t][i];
+            // The two rows' `fold`s: low 256 bits + high 256 bits of each.
+            let lo = _mm512_shuffle_i64x2::<0x44>(sumi[0][t], sumi[1][t]);
+            let hi = _mm512_shuffle_i64x2::<0xEE>(sumi[0][t], sumi[1][t]);
+            let mut s = _mm512_add_epi32(lo, hi);
+            if Q6 {
+                let bs = _mm512_broadcast_i64x4(ld256_i16(&yb.bsums));
+                let c = _mm512_madd_epi16(sc16v, bs);
+                s = _mm512_sub_epi32(s, _mm512_slli_epi32::<5>(c));
+            } else {
+                let q8s = _mm256_broadcastsi128_si256(ld128_i16(&yb.q8s));
+                let prod = _mm256_madd_epi16(minsv, q8s);
+                let mm = _mm256_mul_ps(_mm256_set1_ps(-yb.d), dminv);
+                accm[t] = _mm256_fmadd_ps(mm, _mm256_cvtepi32_ps(prod), accm[t]);
+            }
+            let dd = _mm512_mul_ps(_mm512_set1_ps(yb.d), dv);
+            acc[t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), acc[t]);
+        }
+    }
+    let mut out = [[0.0f32; N]; 2];
+    for t in 0..N {
+        let a0 = _mm512_castps512_ps256(acc[t]);
+        let a1 = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[t])));
+        if Q6 {
+            out[0][t] = hsum8(a0);
+            out[1][t] = hsum8(a1);
+        } else {
+            out[0][t] = hsum8(a0) + hsum4(_mm256_castps256_ps128(accm[t]));
+            out[1][t] = hsum8(a1) + hsum4(_mm256_extractf128_ps::<1>(accm[t]));
+        }
+    }
+    out
+}
+
+/// AVX2 tile: as [`tile512`] with `vpmaddubsw` + `vpmaddwd` (the AVX2 kernels' steps).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile256<const Q6: bool, const R: usize, const N: usize>(
+    w: &DecodedK,
+    r0: usize,
+    ys: [&PackedQ8K; N],
+) -> [[f32; N]; R] {
+    let nb = w.nb;
+    let rows: [&[KBlock]; R] = core::array::from_fn(|r| &w.blocks[(r0 + r) * nb..][..nb]);
+    let ys: [&[PackedKBlock]; N] = core::array::from_fn(|t| &ys[t].blocks[..nb]);
+    let mut acc = [[_mm256_setzero_ps(); N]; R];
+    let mut accm = [[_mm_setzero_ps(); N]; R];
+    for i in 0..nb {
+        let mut sumi = [[_mm256_setzero_si256(); N]; R];
+        // Eight 32-element groups; group g's scale: Q4_K one per group (`sc16[g]`), Q6_K
+        // one per 16 elements (`sc16[2g]` low lane, `sc16[2g + 1]` high lane).
+        for g in 0..8 {
+            let q8: [__m256i; N] =
+                core::array::from_fn(|t| ld256_i8(sub::<32, i8>(&ys[t][i].qs, 32 * g)));
+            for (r, sr) in sumi.iter_mut().enumerate() {
+                let kb = &rows[r][i];
+                let u = ld256(sub::<32, u8>(&kb.u, 32 * g));
+                let sc = ld256_i16(&kb.sc16);
+                let scale = if Q6 {
+                    let sch = if g < 4 {
+                        _mm256_permute2x128_si256::<0x00>(sc, sc)
+                    } else {
+                        _mm256_permute2x128_si256::<0x11>(sc, sc)
+                    };
+                    _mm256_shuffle_epi8(sch, ld256(&K6_SHUF[g % 4]))
+                } else {
+                    _mm256_shuffle_epi8(sc, ld256(&K4_SHUF[g]))
+                };
+                for t in 0..N {
+                    let p = _mm256_madd_epi16(scale, _mm256_maddubs_epi16(u, q8[t]));
+                    sr[t] = _mm256_add_epi32(sr[t], p);
+                }
+            }
+        }
+        for r in 0..R {
+            let kb = &rows[r][i];
+            for t in 0..N {
+                let yb = &ys[t][i];
+                let mut s = sumi[r][t];
+                if Q6 {
+                    let c = _mm256_madd_epi16(ld256_i16(&kb.sc16), ld256_i16(&yb.bsums));
+                    s = _mm256_sub_epi32(s, _mm256_slli_epi32::<5>(c));
+                } else {
+                    let prod = _mm_madd_epi16(ld128_i16(&kb.mins), ld128_i16(&yb.q8s));
+                    accm[r][t] = _mm_fmadd_ps(
+                        _mm_set1_ps(-yb.d * kb.dmin),
+                        _mm_cvtepi32_ps(prod),
+                        accm[r][t],
+                    );
+                }
+                let dd = _mm256_set1_ps(yb.d * kb.d);
+                acc[r][t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[r][t]);
+            }
+        }
+    }
+    finish(acc, accm, Q6)
+}
+
+/// The kernels' final sums: `hsum8(acc)` (+ `hsum4(accm)` for Q4_K).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn finish<const R: usize, const N: usize>(
+    acc: [[__m256; N]; R],
+    accm: [[__m128; N]; R],
+    q6: bool,
+) -> [[f32; N]; R] {
+    let mut out = [[0.0f32; N]; R];
+    for r in 0..R {
+        for t in 0..N {
+            out[r][t] = if q6 {
+                hsum8(acc[r][t])
+            } else {
+                hsum8(acc[r][t]) + hsum4(accm[r][t])
+            };
+        }
+    }
+    out
+}
+
+/// Tokens per tile.
+pub(crate) const KTN: usize = 4;
+/// Weight rows decoded at a time (tiles take 2 of them).
+pub(crate) const KTR: usize = 4;
+
+/// `yt[r * n + t] = W[r] . token t` for the rows in `w` (whole rows of `ty`, Q4_K or Q6_K,
+/// `rb` bytes each, `yt.len() / n` of them); `scratch` holds at least `KTR` decoded rows.
+/// `wide`: the AVX-512 tiles (up to 4 rows), else the AVX2 ones (up to 2 rows).
+///
+/// # Safety
+/// The CPU must have the AVX2 tier, and the AVX-512 one when `wide`.
+unsafe fn matmul_k_rows(
+    wide: bool,
+    ty: GgmlType,
+    w: &[u8],
+    rb: usize,
+    acts: &[PackedQ8K],
+    scratch: &mut DecodedK,
+    yt: &mut [f32],
+) {
+    let n = acts.len();
+    let q6 = ty == GgmlType::Q6_K;
+    let rmax = 2;
+    for (g, yg) in yt.chunks_mut(KTR * n).enumerate() {
+        let nr = yg.len() / n;
+        let rows = &w[g * KTR * rb..(g * KTR + nr) * rb];
+        // SAFETY: the caller guarantees AVX2/FMA/F16C; slices only.
+        unsafe { decode_rows(ty, rows, scratch) };
+        let scratch = &*scratch;
+        let mut r0 = 0;
+        while r0 < nr {
+            let rr = (nr - r0).min(rmax);
+            for (tc, a) in acts.chunks(KTN).enumerate() {
+                let t0 = tc * KTN;
+                macro_rules! run {
+                    (tile512, $q:literal, $r:literal, $($t:literal),*) => {{
+                        let rs = [r0, if rr == 2 { r0 + 1 } else { r0 }];
+                        // SAFETY: the caller guarantees the tile's features; the tile reads
+                        // only through the slices it is given.
+                        let o = unsafe {
+                            tile512::<$q, { [$($t),*].len() }>(scratch, rs, [$(&a[$t]),*])
+                        };
+                        for (r, orow) in o.iter().take(rr).enumerate() {
+                            let at = (r0 + r) * n + t0;
+                            yg[at..at + orow.len()].copy_from_slice(orow);
+                        }
+                    }};
+                    ($tile:ident, $q:literal, $r:literal, $($t:literal),*) => {{
+                        // SAFETY: the caller guarantees the tile's features; the tile reads
+                        // only through the slices it is given.
+                        let o = unsafe {
+                            $tile::<$q, $r, { [$($t),*].len() }>(scratch, r0, [$(&a[$t]),*])
+                        };
+                        for (r, orow) in o.iter().enumerate() {
+                            let at = (r0 + r) * n + t0;
+                            yg[at..at + orow.len()].copy_from_slice(orow);
+                        }
+                    }};
+                }
+                macro_rules! by_tokens {
+                    ($tile:ident, $q:literal, $r:literal) => {
+                        match a.len() {
+                            1 => run!($tile, $q, $r, 0),
+                            2 => run!($tile, $q, $r, 0, 1),
+                            3 => run!($tile, $q, $r, 0, 1, 2),
+                            _ => run!($tile, $q, $r, 0, 1, 2, 3),
+                        }
+                    };
+                }
+                match (wide, q6, rr) {
+                    (true, false, _) => by_tokens!(tile512, false, 2),
+                    (true, true, _) => by_tokens!(tile512, true, 2),
+                    (false, false, 1) => by_tokens!(tile256, false, 1),
+                    (false, false, _) => by_tokens!(tile256, false, 2),
+                    (false, true, 1) => by_tokens!(tile256, true, 1),
+                    (false, true, _) => by_tokens!(tile256, true, 2),
+                }
+            }
+            r0 += rr;
+        }
+    }
+}
+
+impl super::Avx2 {
+    /// Q4_K / Q6_K rows x tokens on the AVX2 tier (see [`matmul_k_rows`]).
+    pub(crate) fn matmul_k_rows(
+        self,
+        ty: GgmlType,
+        w: &[u8],
+        rb: usize,
+        acts: &[PackedQ8K],
+        scratch: &mut DecodedK,
+        yt: &mut [f32],
+    ) {
+        // SAFETY: the token proves the AVX2 tier.
+        unsafe { matmul_k_rows(false, ty, w, rb, acts, scratch, yt) }
+    }
+}
+
+impl super::Avx512 {
+    /// Q4_K / Q6_K rows x tokens on the AVX-512 tier (see [`matmul_k_rows`]).
+    pub(crate) fn matmul_k_rows(
+        self,
+        ty: GgmlType,
+        w: &[u8],
+        rb: usize,
+        acts: &[PackedQ8K],
+        scratch: &mut DecodedK,
+        yt: &mut [f32],
+    ) {
+        // SAFETY: the token proves the AVX-512 tier (and AVX2 with it).
+        unsafe { matmul_k_rows(true, ty, w, rb, acts, scratch, yt) }
+    }
+}
