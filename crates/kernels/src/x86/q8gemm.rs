@@ -2,7 +2,7 @@
 //!
 //! Owns: [`PackedQ8`] (one token's Q8_0 activations with per-block f32 scales and offset
 //! corrections), the decode of a few weight rows into unsigned bytes once per matmul, and
-//! the R rows x N tokens tile kernel. Bit-identical to the single-row kernels: for each
+//! the 4 rows (two 512-bit row pairs) x 4 tokens tile kernel. Bit-identical to the single-row kernels: for each
 //! (row, token, block) the exact i32 lane partials are the same integers (computed as
 //! `sum (u - off) * qy = sum u * qy - off * sum qy` with the weight quants shifted to
 //! unsigned `u = q + off`), converted to f32, multiplied by `dx * dy` rounded to f32 and
@@ -146,41 +146,52 @@ fn decode_rows(ty: GgmlType, rows: &[u8], dst: &mut DecodedRows) {
     }
 }
 
-/// `out[r][t] = row r . token t` for R decoded rows starting at row `r0` of `w`.
+/// `out[p][k][t] = row rs[p][k] . token t` for P pairs of decoded rows (a pair may name
+/// one row twice). Each pair shares 512-bit registers (first row in the low half, second
+/// in the high half): one `vpdpbusd` gives both rows' i32 lanes, and the float steps are
+/// lane-wise the single-row kernel's.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn tile<const R: usize, const N: usize>(
+fn tile<const P: usize, const N: usize>(
     w: &DecodedRows,
-    r0: usize,
+    rs: [[usize; 2]; P],
     ys: [&PackedQ8; N],
-) -> [[f32; N]; R] {
+) -> [[[f32; N]; 2]; P] {
     let nb = w.nb;
-    let rows: [&[DecodedBlock]; R] = core::array::from_fn(|r| &w.blocks[(r0 + r) * nb..][..nb]);
+    let rows: [[&[DecodedBlock]; 2]; P] = rs.map(|pr| pr.map(|r| &w.blocks[r * nb..][..nb]));
     let ys: [&[PackedBlock]; N] = core::array::from_fn(|t| &ys[t].blocks[..nb]);
-    let mut acc = [[_mm256_setzero_ps(); N]; R];
+    let mut acc = [[_mm512_setzero_ps(); N]; P];
     for i in 0..nb {
-        let mut qy = [_mm256_setzero_si256(); N];
-        let mut dy = [_mm256_setzero_ps(); N];
+        let mut qy = [_mm512_setzero_si512(); N];
+        let mut cy = [_mm512_setzero_si512(); N];
+        let mut dy = [_mm512_setzero_ps(); N];
         for t in 0..N {
-            qy[t] = ld256_i8(&ys[t][i].qs);
-            dy[t] = _mm256_set1_ps(ys[t][i].d);
+            qy[t] = _mm512_broadcast_i64x4(ld256_i8(&ys[t][i].qs));
+            cy[t] = _mm512_broadcast_i64x4(ld256_corr(&ys[t][i].corr));
+            dy[t] = _mm512_set1_ps(ys[t][i].d);
         }
-        for (r, accr) in acc.iter_mut().enumerate() {
-            let wb = &rows[r][i];
-            let u = ld256(&wb.u);
-            let dx = _mm256_set1_ps(wb.d);
+        for (p, accp) in acc.iter_mut().enumerate() {
+            let (w0, w1) = (&rows[p][0][i], &rows[p][1][i]);
+            let u = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld256(&w0.u)), ld256(&w1.u));
+            let dx = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(w0.d))),
+                _mm256_castps_pd(_mm256_set1_ps(w1.d)),
+            ));
             for t in 0..N {
-                let c = ld256_corr(&ys[t][i].corr);
-                let s = _mm256_dpbusd_epi32(c, u, qy[t]);
+                let s = _mm512_dpbusd_epi32(cy[t], u, qy[t]);
                 // dx * dy rounded to f32, as the single-row kernel's scalar product.
-                let dd = _mm256_mul_ps(dx, dy[t]);
-                accr[t] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), accr[t]);
+                let dd = _mm512_mul_ps(dx, dy[t]);
+                accp[t] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), accp[t]);
             }
         }
     }
-    let mut out = [[0.0f32; N]; R];
-    for r in 0..R {
+    let mut out = [[[0.0f32; N]; 2]; P];
+    for p in 0..P {
         for t in 0..N {
-            out[r][t] = hsum8(acc[r][t]);
+            let a = acc[p][t];
+            out[p][0][t] = hsum8(_mm512_castps512_ps256(a));
+            out[p][1][t] = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                _mm512_castps_pd(a),
+            )));
         }
     }
     out
@@ -218,31 +229,32 @@ impl super::Avx512 {
             unsafe { decode_rows(ty, rows, scratch) };
             for (tc, a) in acts.chunks(TN).enumerate() {
                 let t0 = tc * TN;
+                // Row k of the group, or its last row past the end (computed, not stored).
+                let rk = |k: usize| k.min(nr - 1);
                 macro_rules! run {
-                    ($r:literal, $($t:literal),*) => {{
+                    ($p:literal, $($t:literal),*) => {{
+                        let rs: [[usize; 2]; $p] = core::array::from_fn(|p| [rk(2 * p), rk(2 * p + 1)]);
                         // SAFETY: the token proves the CPU has the kernel's features; the
                         // kernel reads only through the slices it is given.
-                        let o = unsafe { tile::<$r, { [$($t),*].len() }>(scratch, 0, [$(&a[$t]),*]) };
-                        for (r, orow) in o.iter().enumerate() {
+                        let o = unsafe { tile::<$p, { [$($t),*].len() }>(scratch, rs, [$(&a[$t]),*]) };
+                        for (r, orow) in o.iter().flatten().take(nr).enumerate() {
                             yg[r * n + t0..r * n + t0 + orow.len()].copy_from_slice(orow);
                         }
                     }};
                 }
                 macro_rules! by_tokens {
-                    ($r:literal) => {
+                    ($p:literal) => {
                         match a.len() {
-                            1 => run!($r, 0),
-                            2 => run!($r, 0, 1),
-                            3 => run!($r, 0, 1, 2),
-                            _ => run!($r, 0, 1, 2, 3),
+                            1 => run!($p, 0),
+                            2 => run!($p, 0, 1),
+                            3 => run!($p, 0, 1, 2),
+                            _ => run!($p, 0, 1, 2, 3),
                         }
                     };
                 }
                 match nr {
-                    1 => by_tokens!(1),
-                    2 => by_tokens!(2),
-                    3 => by_tokens!(3),
-                    _ => by_tokens!(4),
+                    1 | 2 => by_tokens!(1),
+                    _ => by_tokens!(2),
                 }
             }
         }
