@@ -462,17 +462,6 @@ pub fn matvec_with(
     if rows == 0 {
         return Ok(());
     }
-    #[cfg(target_arch = "x86_64")]
-    if let (Backend::Avx512(tok), GgmlType::Q8_0) = (be, ty) {
-        // Four rows per step (two per 512-bit register), same bits as `dot_q8_0`.
-        let act = x86::PackedQ8::new(ty, &formats::quantize_row_q8_0(x));
-        let chunk = rows_per_task(rows, rb).next_multiple_of(4);
-        y.par_chunks_mut(chunk).enumerate().for_each(|(c, ys)| {
-            let r0 = c * chunk;
-            tok.matvec_q8_0_rows(&w[r0 * rb..(r0 + ys.len()) * rb], rb, &act, ys);
-        });
-        return Ok(());
-    }
     let acts = QuantizedActs::new(ty, x)?;
     let chunk = rows_per_task(rows, rb);
     y.par_chunks_mut(chunk).enumerate().for_each(|(c, ys)| {

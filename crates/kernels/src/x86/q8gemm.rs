@@ -197,40 +197,6 @@ fn tile<const P: usize, const N: usize>(
     out
 }
 
-/// `out[p][k] = raw Q8_0 row ws[p][k] . one packed token` (matvec): [`tile`]'s steps for
-/// one token straight from the raw blocks (decoding a Q8_0 block is the xor with 0x80), so
-/// each row gets the single-row kernel's bits while two rows share every 512-bit step.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn rows_q8_0<const P: usize>(ws: [[&[u8]; 2]; P], y: &PackedQ8) -> [[f32; 2]; P] {
-    let tab = crate::formats::f16_table();
-    let k = _mm512_set1_epi8(0x80u8 as i8);
-    let blocks: [[&[[u8; Q8_0_BYTES]]; 2]; P] = ws.map(|pr| pr.map(|w| w.as_chunks().0));
-    let mut acc = [_mm512_setzero_ps(); P];
-    for (i, yb) in y.blocks.iter().enumerate() {
-        let qy = _mm512_broadcast_i64x4(ld256_i8(&yb.qs));
-        let cy = _mm512_broadcast_i64x4(ld256_corr(&yb.corr));
-        let dy = _mm512_set1_ps(yb.d);
-        for (p, accp) in acc.iter_mut().enumerate() {
-            let (d0, q0) = decode_q8_0(&blocks[p][0][i], tab);
-            let (d1, q1) = decode_q8_0(&blocks[p][1][i], tab);
-            let u = _mm512_xor_si512(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(q0), q1), k);
-            let dx = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(d0))),
-                _mm256_castps_pd(_mm256_set1_ps(d1)),
-            ));
-            let s = _mm512_dpbusd_epi32(cy, u, qy);
-            let dd = _mm512_mul_ps(dx, dy);
-            *accp = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), *accp);
-        }
-    }
-    acc.map(|a| {
-        [
-            hsum8(_mm512_castps512_ps256(a)),
-            hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a)))),
-        ]
-    })
-}
-
 #[inline]
 #[target_feature(enable = "avx2")]
 fn ld256_corr(p: &[i32; 8]) -> __m256i {
@@ -244,25 +210,6 @@ pub(crate) const TN: usize = 4;
 pub(crate) const TR: usize = 4;
 
 impl super::Avx512 {
-    /// `y[r] = W[r] . token` for the Q8_0 rows in `w` (`rb` bytes each, `y.len()` of them),
-    /// four rows per step; `act` from [`PackedQ8::new`] for Q8_0. Same bits as the
-    /// single-row `dot_q8_0`.
-    pub(crate) fn matvec_q8_0_rows(self, w: &[u8], rb: usize, act: &PackedQ8, y: &mut [f32]) {
-        for (g, yg) in y.chunks_mut(4).enumerate() {
-            let nr = yg.len();
-            let row = |k: usize| {
-                let r = g * 4 + k.min(nr - 1);
-                &w[r * rb..(r + 1) * rb]
-            };
-            // SAFETY: the token proves the CPU has the kernel's features; the kernel reads
-            // only through the slices it is given.
-            let o = unsafe { rows_q8_0::<2>([[row(0), row(1)], [row(2), row(3)]], act) };
-            for (v, o) in yg.iter_mut().zip(o.iter().flatten()) {
-                *v = *o;
-            }
-        }
-    }
-
     /// `yt[r * n + t] = W[r] . token t` for the rows in `w` (whole rows of `ty`, `rb` bytes
     /// each, `yt.len() / n` of them); `scratch` holds at least `TR` decoded rows.
     pub(crate) fn matmul_q8_rows(
