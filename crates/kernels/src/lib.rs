@@ -517,11 +517,12 @@ pub fn matmul_with(
             batch.rows_t_with(scratch, &w[r0 * rb..(r0 + nr) * rb], ys)
         },
     )?;
-    for (r, yrow) in yt.chunks(n).enumerate() {
-        for (t, &v) in yrow.iter().enumerate() {
-            y[t * rows + r] = v;
+    // [rows, n] -> [n, rows], one token per task (pure copies).
+    y.par_chunks_mut(rows).enumerate().for_each(|(t, yt_row)| {
+        for (r, v) in yt_row.iter_mut().enumerate() {
+            *v = yt[r * n + t];
         }
-    }
+    });
     Ok(())
 }
 
@@ -588,7 +589,7 @@ impl PreparedBatch {
         {
             if n >= 2 && cols > 0 {
                 let acts = x
-                    .chunks(cols)
+                    .par_chunks(cols)
                     .map(|xt| x86::PackedQ8::new(ty, &formats::quantize_row_q8_0(xt)))
                     .collect();
                 return Ok(PreparedBatch {
@@ -604,7 +605,7 @@ impl PreparedBatch {
         if let (Backend::Avx2(_) | Backend::Avx512(_), GgmlType::Q4_K | GgmlType::Q6_K) = (be, ty) {
             if n >= 2 && cols > 0 {
                 let acts = x
-                    .chunks(cols)
+                    .par_chunks(cols)
                     .map(|xt| x86::PackedQ8K::new(&formats::quantize_row_q8_k(xt)))
                     .collect();
                 return Ok(PreparedBatch {
@@ -621,7 +622,7 @@ impl PreparedBatch {
                 .map(|_| QuantizedActs::new(ty, &[]))
                 .collect::<Result<_, _>>()?
         } else {
-            x.chunks(cols)
+            x.par_chunks(cols)
                 .map(|xt| QuantizedActs::new(ty, xt))
                 .collect::<Result<_, _>>()?
         };

@@ -4,6 +4,7 @@ use super::Env;
 use crate::ops::{gelu_tanh, silu};
 use crate::weights::Mat;
 use crate::ModelError;
+use rayon::prelude::*;
 
 /// The gate activation of a GLU.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -51,6 +52,12 @@ pub fn glu(
     let mut gu = env.linear_many(&[&w.gate, &w.up], h, t_len)?;
     let u = gu.pop().expect("two outputs");
     let g = gu.pop().expect("two outputs");
-    let a: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| act.glu(g, u)).collect();
+    // Element-wise, so splitting over threads never changes a bit.
+    let a: Vec<f32> = g
+        .par_iter()
+        .zip(&u)
+        .with_min_len(1 << 14)
+        .map(|(&g, &u)| act.glu(g, u))
+        .collect();
     env.linear(&w.down, &a, t_len)
 }
