@@ -27,6 +27,11 @@ pub struct ModelArgs {
     /// Keep the KV cache at full f32 precision (default: rounded to f16 like llama.cpp).
     #[arg(long = "kv-f32")]
     pub kv_f32: bool,
+    /// Run the weight products on the GPU (CUDA, found at run time): weights are kept in
+    /// VRAM, attention, norms and routing stay on the CPU. Without a usable GPU sluice says
+    /// why in one line and runs on the CPU.
+    #[arg(long)]
+    pub gpu: bool,
     #[command(flatten)]
     pub stream: StreamArgs,
     #[command(flatten)]
@@ -194,6 +199,8 @@ fn parse_budget(s: &str) -> std::result::Result<(Budget, String), String> {
 /// A loaded model with its compute pool.
 pub struct Loaded {
     pub inner: sluice_engine::load::Loaded,
+    /// The CUDA backend the model computes on (`--gpu`, when a GPU was found).
+    pub gpu: Option<sluice_cuda::Cuda>,
 }
 
 impl std::ops::Deref for Loaded {
@@ -256,11 +263,34 @@ impl ModelArgs {
         if let Some(p) = &self.stream.record_routing {
             check_output_file(p, "--record-routing")?;
         }
-        let inner = self.options().load()?;
+        let mut inner = self.options().load()?;
         for n in &inner.notes {
             eprintln!("{n}");
         }
-        Ok(Loaded { inner })
+        let gpu = if self.gpu { use_gpu(&mut inner) } else { None };
+        Ok(Loaded { inner, gpu })
+    }
+}
+
+/// `--gpu`: compute on the CUDA backend if this machine has a usable GPU, else say why
+/// (one line) and stay on the CPU.
+fn use_gpu(l: &mut sluice_engine::load::Loaded) -> Option<sluice_cuda::Cuda> {
+    let t0 = std::time::Instant::now();
+    match sluice_cuda::Cuda::new(l.model.map.bytes()) {
+        Ok(c) => {
+            eprintln!(
+                "gpu: {} (CUDA; kernels compiled in {:.2} s); weight products on the GPU, the rest on {} CPU threads",
+                c.device(),
+                t0.elapsed().as_secs_f64(),
+                l.threads
+            );
+            l.model.set_compute(Box::new(c.clone()));
+            Some(c)
+        }
+        Err(e) => {
+            eprintln!("--gpu: {e}; running on the CPU");
+            None
+        }
     }
 }
 
@@ -420,6 +450,18 @@ impl Loaded {
     /// Print streaming statistics; `decode_secs` is the wall time the disk-busy fraction
     /// refers to.
     pub fn print_stats(&self, wall_secs: f64) {
+        if let Some(g) = &self.gpu {
+            let s = g.stats();
+            eprintln!(
+                "gpu: {} products on the GPU, {} on the CPU | resident weights {} in {} matrices | copied per use {} | activations {}",
+                s.gpu_jobs,
+                s.cpu_jobs,
+                human(s.resident_bytes),
+                s.resident_mats,
+                human(s.transient_bytes),
+                human(s.act_bytes)
+            );
+        }
         if let Some(p) = &self.ple {
             let s = p.stats();
             eprintln!(

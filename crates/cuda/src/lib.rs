@@ -1,0 +1,512 @@
+//! The CUDA compute backend.
+//!
+//! Owns: [`Cuda`], an implementation of `sluice_models::compute::Compute` on one NVIDIA
+//! GPU. The driver (libcuda) and NVRTC (libnvrtc) are loaded at run time (cudarc with
+//! dynamic loading), so the binary builds and runs without CUDA and [`Cuda::new`] says why
+//! when there is none. The kernels (`kernels.cu`) are CUDA C compiled by NVRTC for the
+//! device's architecture once per process.
+//!
+//! Weights: a weight slice that lies inside the model's memory map (immutable file bytes)
+//! is uploaded to VRAM on first use and stays there, keyed by its host address and length,
+//! while the resident bytes stay under a budget (free VRAM at start minus a reserve); any
+//! other slice (a streamed expert in a RAM cache slot, whose address is reused for other
+//! experts) or one past the budget is copied to a scratch buffer for each use.
+//!
+//! Products: a warp-per-row matvec over groups of 8 tokens, so a token's result does not
+//! depend on the batch (prompt chunking never changes logits, as on the CPU); a 64x64-tiled
+//! matmul for prefill is there behind `SLUICE_CUDA_TILED=1`. Both dequantize on the fly (F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K, the block layouts
+//! of `sluice_kernels::reference`) and keep activations in f32, so results differ from the
+//! CPU path (Q8-quantized activations) by rounding. Other weight types and shapes the
+//! kernels do not take (columns not a multiple of 32) run on the CPU backend.
+//! Everything else of a forward pass (attention, norms, routing) stays on the CPU.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+use sluice_kernels::{GgmlType, KernelError};
+use sluice_models::compute::{Compute, Cpu, LinearJob};
+
+/// The kernels' CUDA C source.
+pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
+
+/// Tokens per group of the matvec kernel (its `MV_MAX_N`).
+pub const MATVEC_MAX_N: usize = 8;
+
+/// VRAM kept free for scratch buffers and the driver when sizing the resident budget.
+const VRAM_RESERVE: u64 = 1 << 30;
+
+/// Why the CUDA backend is not available.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("no CUDA driver (libcuda.so could not be loaded)")]
+    NoDriver,
+    #[error("no NVRTC (libnvrtc.so.13/.12/.11 could not be loaded; put the CUDA toolkit's lib64 on LD_LIBRARY_PATH or set CUDA_HOME)")]
+    NoNvrtc,
+    #[error("no CUDA device: {0}")]
+    NoDevice(String),
+    #[error("CUDA driver: {0}")]
+    Driver(String),
+    #[error("NVRTC could not compile the kernels: {0}")]
+    Compile(String),
+}
+
+fn drv(e: cudarc::driver::DriverError) -> CudaError {
+    CudaError::Driver(e.to_string())
+}
+
+fn dev_err(what: &str, e: cudarc::driver::DriverError) -> KernelError {
+    KernelError::Device(format!("cuda {what}: {e}"))
+}
+
+/// Weight formats with GPU kernels, as (type, kernel suffix).
+const FORMATS: [(GgmlType, &str); 7] = [
+    (GgmlType::F32, "f32"),
+    (GgmlType::F16, "f16"),
+    (GgmlType::BF16, "bf16"),
+    (GgmlType::Q8_0, "q8_0"),
+    (GgmlType::Q5_0, "q5_0"),
+    (GgmlType::Q4_K, "q4_k"),
+    (GgmlType::Q6_K, "q6_k"),
+];
+
+/// Whether the GPU kernels take `ty`.
+pub fn is_supported(ty: GgmlType) -> bool {
+    FORMATS.iter().any(|f| f.0 == ty)
+}
+
+/// Counters of one backend since it was made.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CudaStats {
+    /// Products run on the GPU / handed to the CPU backend.
+    pub gpu_jobs: u64,
+    pub cpu_jobs: u64,
+    /// Weight bytes now resident in VRAM, and how many matrices.
+    pub resident_bytes: u64,
+    pub resident_mats: u64,
+    /// Weight bytes copied per use (streamed experts, past the budget).
+    pub transient_bytes: u64,
+    /// Activation bytes up and result bytes down.
+    pub act_bytes: u64,
+}
+
+struct Inner {
+    resident: HashMap<(usize, usize), CudaSlice<u8>>,
+    budget: u64,
+    x: Option<CudaSlice<f32>>,
+    y: Option<CudaSlice<f32>>,
+    w: Option<CudaSlice<u8>>,
+    stats: CudaStats,
+}
+
+/// One GPU as a compute backend (see the module header). Clones share the device, its
+/// resident weights and its counters (keep one for statistics, give one to the model).
+#[derive(Clone)]
+pub struct Cuda {
+    d: Arc<Device>,
+}
+
+struct Device {
+    stream: Arc<CudaStream>,
+    /// (matvec, matmul) per entry of `FORMATS`.
+    funcs: Vec<(CudaFunction, CudaFunction)>,
+    device: String,
+    /// `SLUICE_CUDA_TILED=1`: the tiled kernel for more than MATVEC_MAX_N tokens (faster
+    /// prefill, but a token's bits then depend on the batch it came in).
+    tiled: bool,
+    /// Host address range whose bytes never change (the model's memory map).
+    stable: (usize, usize),
+    inner: Mutex<Inner>,
+}
+
+/// Places NVRTC is looked for when the loader's search path does not have it.
+fn nvrtc_dirs() -> Vec<String> {
+    let mut dirs = Vec::new();
+    for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
+        if let Ok(v) = std::env::var(var) {
+            dirs.push(format!("{v}/lib64"));
+            dirs.push(format!("{v}/lib"));
+        }
+    }
+    dirs.push("/usr/local/cuda/lib64".into());
+    dirs.push("/usr/local/cuda/targets/x86_64-linux/lib".into());
+    dirs
+}
+
+/// Make libnvrtc loadable by its plain name: if the loader cannot find it, load it once
+/// from a CUDA toolkit directory (a library already loaded is found by its soname).
+fn ensure_nvrtc() -> Result<(), CudaError> {
+    // SAFETY: is_culib_present only tries to dlopen libnvrtc under its known names.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Ok(());
+    }
+    for dir in nvrtc_dirs() {
+        for v in ["13", "12", "11"] {
+            let p = format!("{dir}/libnvrtc.so.{v}");
+            if !std::path::Path::new(&p).exists() {
+                continue;
+            }
+            // SAFETY: loading NVRTC runs its initialisers, which have no preconditions.
+            if let Ok(lib) = unsafe { libloading::Library::new(&p) } {
+                // Kept for the life of the process so cudarc's dlopen by soname finds it.
+                std::mem::forget(lib);
+                // SAFETY: as above.
+                if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+                    return Ok(());
+                }
+            }
+        }
+    }
+    Err(CudaError::NoNvrtc)
+}
+
+/// The kernels' PTX for `arch` (e.g. `compute_90`), compiled once per process.
+fn ptx_for(arch: &str) -> Result<String, CudaError> {
+    static PTX: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+    let cache = PTX.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = c.get(arch) {
+        return Ok(p.clone());
+    }
+    let opts = CompileOptions {
+        options: vec![format!("--gpu-architecture={arch}")],
+        name: Some("sluice_kernels.cu".into()),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SOURCE, opts)
+        .map_err(|e| CudaError::Compile(format!("{e:?}")))?
+        .to_src();
+    c.insert(arch.to_string(), ptx.clone());
+    Ok(ptx)
+}
+
+/// Compile the kernels for `arch` (e.g. `compute_90`) with NVRTC and return the PTX; needs
+/// NVRTC but no GPU (a check of the kernel source on a machine without one).
+pub fn compile_kernels(arch: &str) -> Result<String, CudaError> {
+    ensure_nvrtc()?;
+    ptx_for(arch)
+}
+
+impl Cuda {
+    /// Open GPU 0, compile the kernels, and treat `stable` (the model's mapped bytes) as
+    /// weights that may stay resident in VRAM. Errors say why CUDA is not usable here.
+    pub fn new(stable: &[u8]) -> Result<Cuda, CudaError> {
+        // cudarc panics when a library or symbol is missing: check first, and turn any
+        // panic left into an error.
+        // SAFETY: is_culib_present only tries to dlopen libcuda under its known names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(CudaError::NoDriver);
+        }
+        ensure_nvrtc()?;
+        let range = (stable.as_ptr() as usize, stable.len());
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let r = std::panic::catch_unwind(|| Device::open(range));
+        std::panic::set_hook(hook);
+        match r {
+            Ok(r) => r.map(|d| Cuda { d: Arc::new(d) }),
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "unknown".into());
+                Err(CudaError::Driver(msg))
+            }
+        }
+    }
+
+    /// Device name and compute capability.
+    pub fn device(&self) -> &str {
+        &self.d.device
+    }
+
+    /// Limit the weight bytes kept resident in VRAM (default: free VRAM at start - 1 GiB).
+    pub fn set_resident_budget(&self, bytes: u64) {
+        self.d.lock().budget = bytes;
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> CudaStats {
+        self.d.lock().stats
+    }
+}
+
+impl Device {
+    fn open(stable: (usize, usize)) -> Result<Device, CudaError> {
+        let n = CudaContext::device_count().map_err(|e| CudaError::NoDevice(e.to_string()))?;
+        if n < 1 {
+            return Err(CudaError::NoDevice("the driver reports 0 devices".into()));
+        }
+        let ctx = CudaContext::new(0).map_err(|e| CudaError::NoDevice(e.to_string()))?;
+        let (major, minor) = ctx.compute_capability().map_err(drv)?;
+        let device = ctx.name().map_err(drv)?;
+        let ptx = ptx_for(&format!("compute_{major}{minor}"))?;
+        let module = ctx.load_module(Ptx::from_src(ptx)).map_err(drv)?;
+        let mut funcs = Vec::with_capacity(FORMATS.len());
+        for (_, s) in FORMATS {
+            let mv = module.load_function(&format!("mv_{s}")).map_err(drv)?;
+            let mm = module.load_function(&format!("mm_{s}")).map_err(drv)?;
+            funcs.push((mv, mm));
+        }
+        let (free, _total) = ctx.mem_get_info().map_err(drv)?;
+        let stream = ctx.default_stream();
+        Ok(Device {
+            stream,
+            funcs,
+            device: format!("{device} (sm_{major}{minor})"),
+            tiled: std::env::var("SLUICE_CUDA_TILED").is_ok_and(|v| v == "1"),
+            stable,
+            inner: Mutex::new(Inner {
+                resident: HashMap::new(),
+                budget: (free as u64).saturating_sub(VRAM_RESERVE),
+                x: None,
+                y: None,
+                w: None,
+                stats: CudaStats::default(),
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn is_stable(&self, w: &[u8]) -> bool {
+        let (p, l) = (w.as_ptr() as usize, w.len());
+        p >= self.stable.0 && p + l <= self.stable.0 + self.stable.1
+    }
+
+    /// Whether the GPU kernels take this job (else the CPU backend runs it, and reports
+    /// a malformed one exactly as without a GPU).
+    fn gpu_job(j: &LinearJob<'_>) -> Option<usize> {
+        let fi = FORMATS.iter().position(|f| f.0 == j.ty)?;
+        let rb = j.ty.row_bytes(j.cols as u64)? as usize;
+        let ok = j.rows > 0
+            && j.n > 0
+            && j.cols.is_multiple_of(32)
+            && j.cols <= i32::MAX as usize
+            && j.rows <= i32::MAX as usize
+            && j.n <= i32::MAX as usize
+            && j.w.len() == rb * j.rows
+            && j.x.len() == j.n * j.cols
+            && j.y.len() == j.n * j.rows;
+        ok.then_some(fi)
+    }
+
+    fn run_gpu(&self, jobs: &mut [&mut LinearJob<'_>], fis: &[usize]) -> Result<(), KernelError> {
+        const ALIGN_F: usize = 64; // floats (256 bytes)
+        const ALIGN_B: usize = 256;
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let stream = &self.stream;
+        // Inputs: one copy per distinct slice.
+        let mut x_keys: Vec<(usize, usize)> = Vec::new();
+        let mut x_offs: Vec<usize> = Vec::new();
+        let mut x_of = Vec::with_capacity(jobs.len());
+        let mut x_total = 0usize;
+        for j in jobs.iter() {
+            let key = (j.x.as_ptr() as usize, j.x.len());
+            let i = match x_keys.iter().position(|k| *k == key) {
+                Some(i) => i,
+                None => {
+                    x_keys.push(key);
+                    x_offs.push(x_total);
+                    x_total += j.x.len().next_multiple_of(ALIGN_F);
+                    x_keys.len() - 1
+                }
+            };
+            x_of.push(i);
+        }
+        let mut y_offs = Vec::with_capacity(jobs.len());
+        let mut y_total = 0usize;
+        for j in jobs.iter() {
+            y_offs.push(y_total);
+            y_total += j.y.len().next_multiple_of(ALIGN_F);
+        }
+        // Weights: resident (uploaded now if new and within budget) or transient.
+        let mut w_off: Vec<Option<usize>> = Vec::with_capacity(jobs.len());
+        let mut w_total = 0usize;
+        for j in jobs.iter() {
+            let key = (j.w.as_ptr() as usize, j.w.len());
+            if inner.resident.contains_key(&key) {
+                w_off.push(None);
+                continue;
+            }
+            let len = j.w.len() as u64;
+            if self.is_stable(j.w) && inner.stats.resident_bytes + len <= inner.budget {
+                let d = stream.clone_htod(j.w).map_err(|e| dev_err("upload", e))?;
+                inner.resident.insert(key, d);
+                inner.stats.resident_bytes += len;
+                inner.stats.resident_mats += 1;
+                w_off.push(None);
+            } else {
+                w_off.push(Some(w_total));
+                w_total += j.w.len().next_multiple_of(ALIGN_B);
+            }
+        }
+        grow(stream, &mut inner.x, x_total)?;
+        grow(stream, &mut inner.y, y_total)?;
+        grow(stream, &mut inner.w, w_total)?;
+        let (xb, yb) = (
+            inner.x.as_mut().expect("grown"),
+            inner.y.as_mut().expect("grown"),
+        );
+        for (k, &off) in x_keys.iter().zip(&x_offs) {
+            let ji = x_of.iter().position(|&i| x_keys[i] == *k).expect("a job has it");
+            let x = jobs[ji].x;
+            stream
+                .memcpy_htod(x, &mut xb.slice_mut(off..off + x.len()))
+                .map_err(|e| dev_err("copy x", e))?;
+            inner.stats.act_bytes += 4 * x.len() as u64;
+        }
+        if w_total > 0 {
+            let wb = inner.w.as_mut().expect("grown");
+            for (j, off) in jobs.iter().zip(&w_off) {
+                if let Some(off) = *off {
+                    stream
+                        .memcpy_htod(j.w, &mut wb.slice_mut(off..off + j.w.len()))
+                        .map_err(|e| dev_err("copy weights", e))?;
+                    inner.stats.transient_bytes += j.w.len() as u64;
+                }
+            }
+        }
+        for (ji, j) in jobs.iter().enumerate() {
+            let (mv, mm) = &self.funcs[fis[ji]];
+            let rows = j.rows as i32;
+            let cols = j.cols as i32;
+            let n = j.n as i32;
+            let rb = (j.w.len() / j.rows) as i64;
+            let (f, cfg) = if !self.tiled || j.n <= MATVEC_MAX_N {
+                (
+                    mv,
+                    LaunchConfig {
+                        grid_dim: (
+                            j.rows.div_ceil(4) as u32,
+                            j.n.div_ceil(MATVEC_MAX_N) as u32,
+                            1,
+                        ),
+                        block_dim: (128, 1, 1),
+                        shared_mem_bytes: 0,
+                    },
+                )
+            } else {
+                (
+                    mm,
+                    LaunchConfig {
+                        grid_dim: (j.rows.div_ceil(64) as u32, j.n.div_ceil(64) as u32, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    },
+                )
+            };
+            let xo = x_offs[x_of[ji]];
+            let xv = xb.slice(xo..xo + j.x.len());
+            let yo = y_offs[ji];
+            let mut yv = yb.slice_mut(yo..yo + j.y.len());
+            let key = (j.w.as_ptr() as usize, j.w.len());
+            let wv = match w_off[ji] {
+                None => inner.resident[&key].slice(..),
+                Some(off) => inner.w.as_ref().expect("grown").slice(off..off + j.w.len()),
+            };
+            let mut b = stream.launch_builder(f);
+            b.arg(&wv)
+                .arg(&xv)
+                .arg(&mut yv)
+                .arg(&rows)
+                .arg(&cols)
+                .arg(&rb)
+                .arg(&n);
+            // SAFETY: the kernel's parameters are (const u8* W, const float* X, float* Y,
+            // int rows, int cols, long long row_bytes, int n), pushed in that order with
+            // those types; W holds rows * row_bytes bytes, X n * cols floats and Y n * rows
+            // floats (checked by gpu_job and the slice bounds above), and the grid covers
+            // exactly the rows and tokens the kernel guards against.
+            unsafe { b.launch(cfg) }.map_err(|e| dev_err("launch", e))?;
+        }
+        for (ji, j) in jobs.iter_mut().enumerate() {
+            let yo = y_offs[ji];
+            let len = j.y.len();
+            stream
+                .memcpy_dtoh(&yb.slice(yo..yo + len), &mut *j.y)
+                .map_err(|e| dev_err("copy y", e))?;
+            inner.stats.act_bytes += 4 * len as u64;
+        }
+        stream.synchronize().map_err(|e| dev_err("synchronize", e))?;
+        inner.stats.gpu_jobs += jobs.len() as u64;
+        Ok(())
+    }
+}
+
+/// Make `buf` hold at least `len` elements (grown to the next power of two).
+fn grow<T: cudarc::driver::DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    buf: &mut Option<CudaSlice<T>>,
+    len: usize,
+) -> Result<(), KernelError> {
+    let have = buf.as_ref().map_or(0, |b| b.len());
+    if have >= len.max(1) {
+        return Ok(());
+    }
+    *buf = None;
+    // SAFETY: the buffer is scratch; every range a kernel reads is written by a copy first
+    // and every range copied back is written by a kernel.
+    let b = unsafe { stream.alloc::<T>(len.max(1).next_power_of_two()) }
+        .map_err(|e| dev_err("alloc", e))?;
+    *buf = Some(b);
+    Ok(())
+}
+
+impl Compute for Cuda {
+    fn linear(
+        &self,
+        ty: GgmlType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let mut jobs = [LinearJob {
+            ty,
+            w,
+            rows,
+            cols,
+            x,
+            n,
+            y,
+        }];
+        self.linear_group(&mut jobs)
+    }
+
+    fn linear_group(&self, jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
+        let mut gpu: Vec<&mut LinearJob<'_>> = Vec::with_capacity(jobs.len());
+        let mut fis = Vec::with_capacity(jobs.len());
+        let mut cpu = 0u64;
+        for j in jobs.iter_mut() {
+            match Device::gpu_job(j) {
+                Some(fi) => {
+                    fis.push(fi);
+                    gpu.push(j);
+                }
+                None => {
+                    Cpu.linear(j.ty, j.w, j.rows, j.cols, j.x, j.n, j.y)?;
+                    cpu += 1;
+                }
+            }
+        }
+        if cpu > 0 {
+            self.d.lock().stats.cpu_jobs += cpu;
+        }
+        if gpu.is_empty() {
+            return Ok(());
+        }
+        self.d.run_gpu(&mut gpu, &fis)
+    }
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+}
