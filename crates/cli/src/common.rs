@@ -453,8 +453,10 @@ impl Loaded {
         if let Some(g) = &self.gpu {
             let s = g.stats();
             eprintln!(
-                "gpu: {} products on the GPU, {} on the CPU | resident weights {} in {} matrices | copied per use {} | activations {}",
+                "gpu: {} products on the GPU in {} calls taking {:.2} s, {} on the CPU | resident weights {} in {} matrices | copied per use {} | activations {}",
                 s.gpu_jobs,
+                s.calls,
+                s.busy_ns as f64 * 1e-9,
                 s.cpu_jobs,
                 human(s.resident_bytes),
                 s.resident_mats,

@@ -23,7 +23,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 use sluice_kernels::{GgmlType, KernelError};
 use sluice_models::compute::{Compute, Cpu, LinearJob};
@@ -89,6 +91,10 @@ pub struct CudaStats {
     pub transient_bytes: u64,
     /// Activation bytes up and result bytes down.
     pub act_bytes: u64,
+    /// Grouped calls that reached the GPU, and the wall time spent in them (copies,
+    /// kernels, waiting for the results).
+    pub calls: u64,
+    pub busy_ns: u64,
 }
 
 struct Inner {
@@ -97,6 +103,9 @@ struct Inner {
     x: Option<CudaSlice<f32>>,
     y: Option<CudaSlice<f32>>,
     w: Option<CudaSlice<u8>>,
+    /// Host staging: every input of a call in one upload, every result in one download.
+    hx: Vec<f32>,
+    hy: Vec<f32>,
     stats: CudaStats,
 }
 
@@ -264,6 +273,8 @@ impl Device {
                 x: None,
                 y: None,
                 w: None,
+                hx: Vec::new(),
+                hy: Vec::new(),
                 stats: CudaStats::default(),
             }),
         })
@@ -298,6 +309,7 @@ impl Device {
     fn run_gpu(&self, jobs: &mut [&mut LinearJob<'_>], fis: &[usize]) -> Result<(), KernelError> {
         const ALIGN_F: usize = 64; // floats (256 bytes)
         const ALIGN_B: usize = 256;
+        let t0 = std::time::Instant::now();
         let mut g = self.lock();
         let inner = &mut *g;
         let stream = &self.stream;
@@ -353,14 +365,17 @@ impl Device {
             inner.x.as_mut().expect("grown"),
             inner.y.as_mut().expect("grown"),
         );
-        for (k, &off) in x_keys.iter().zip(&x_offs) {
-            let ji = x_of.iter().position(|&i| x_keys[i] == *k).expect("a job has it");
+        inner.hx.clear();
+        inner.hx.resize(x_total, 0.0);
+        for (ki, &off) in x_offs.iter().enumerate() {
+            let ji = x_of.iter().position(|&i| i == ki).expect("a job has it");
             let x = jobs[ji].x;
-            stream
-                .memcpy_htod(x, &mut xb.slice_mut(off..off + x.len()))
-                .map_err(|e| dev_err("copy x", e))?;
-            inner.stats.act_bytes += 4 * x.len() as u64;
+            inner.hx[off..off + x.len()].copy_from_slice(x);
         }
+        stream
+            .memcpy_htod(&inner.hx[..], &mut xb.slice_mut(0..x_total))
+            .map_err(|e| dev_err("copy x", e))?;
+        inner.stats.act_bytes += 4 * x_total as u64;
         if w_total > 0 {
             let wb = inner.w.as_mut().expect("grown");
             for (j, off) in jobs.iter().zip(&w_off) {
@@ -425,16 +440,22 @@ impl Device {
             // exactly the rows and tokens the kernel guards against.
             unsafe { b.launch(cfg) }.map_err(|e| dev_err("launch", e))?;
         }
+        inner.hy.resize(y_total.max(inner.hy.len()), 0.0);
+        stream
+            .memcpy_dtoh(&yb.slice(0..y_total), &mut inner.hy[..y_total])
+            .map_err(|e| dev_err("copy y", e))?;
+        stream
+            .synchronize()
+            .map_err(|e| dev_err("synchronize", e))?;
         for (ji, j) in jobs.iter_mut().enumerate() {
             let yo = y_offs[ji];
             let len = j.y.len();
-            stream
-                .memcpy_dtoh(&yb.slice(yo..yo + len), &mut *j.y)
-                .map_err(|e| dev_err("copy y", e))?;
-            inner.stats.act_bytes += 4 * len as u64;
+            j.y.copy_from_slice(&inner.hy[yo..yo + len]);
         }
-        stream.synchronize().map_err(|e| dev_err("synchronize", e))?;
+        inner.stats.act_bytes += 4 * y_total as u64;
         inner.stats.gpu_jobs += jobs.len() as u64;
+        inner.stats.calls += 1;
+        inner.stats.busy_ns += t0.elapsed().as_nanos() as u64;
         Ok(())
     }
 }

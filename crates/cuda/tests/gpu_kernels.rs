@@ -71,7 +71,14 @@ fn random_weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<
 }
 
 /// Reference y[t, r] and the bound sum |w x| for it.
-fn reference(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], n: usize) -> (Vec<f64>, Vec<f64>) {
+fn reference(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+) -> (Vec<f64>, Vec<f64>) {
     let rb = w.len() / rows;
     let mut deq = vec![0.0f32; cols];
     let mut y = vec![0.0f64; n * rows];
@@ -130,9 +137,15 @@ fn every_format_matches_the_reference() {
                     }
                     let s = g.stats();
                     if resident {
-                        assert_eq!(s.transient_bytes, 0, "{ty:?}: resident weights were copied per use");
+                        assert_eq!(
+                            s.transient_bytes, 0,
+                            "{ty:?}: resident weights were copied per use"
+                        );
                     } else {
-                        assert_eq!(s.resident_bytes, 0, "{ty:?}: weights outside the map became resident");
+                        assert_eq!(
+                            s.resident_bytes, 0,
+                            "{ty:?}: weights outside the map became resident"
+                        );
                     }
                 }
             }
@@ -155,10 +168,24 @@ fn bits_do_not_depend_on_batch_or_residency() {
         res.linear(ty, &w, rows, cols, &x, n, &mut all).unwrap();
         let mut all2 = vec![0.0f32; n * rows];
         copy.linear(ty, &w, rows, cols, &x, n, &mut all2).unwrap();
-        assert!(all.iter().zip(&all2).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty:?}: resident != copied");
+        assert!(
+            all.iter()
+                .zip(&all2)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{ty:?}: resident != copied"
+        );
         for t in 0..n {
             let mut one = vec![0.0f32; rows];
-            res.linear(ty, &w, rows, cols, &x[t * cols..(t + 1) * cols], 1, &mut one).unwrap();
+            res.linear(
+                ty,
+                &w,
+                rows,
+                cols,
+                &x[t * cols..(t + 1) * cols],
+                1,
+                &mut one,
+            )
+            .unwrap();
             let row = &all[t * rows..(t + 1) * rows];
             assert!(
                 one.iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits()),
@@ -177,16 +204,35 @@ fn group_equals_single_jobs_and_falls_back_to_the_cpu() {
     let cols = 512;
     let n = 2;
     let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
-    let specs = [(GgmlType::Q4_K, 64), (GgmlType::Q8_0, 48), (GgmlType::Q4_0, 32), (GgmlType::Q6_K, 16)];
-    let ws: Vec<Vec<u8>> = specs.iter().map(|&(ty, rows)| random_weights(ty, rows, cols, &mut rng)).collect();
+    let specs = [
+        (GgmlType::Q4_K, 64),
+        (GgmlType::Q8_0, 48),
+        (GgmlType::Q4_0, 32),
+        (GgmlType::Q6_K, 16),
+    ];
+    let ws: Vec<Vec<u8>> = specs
+        .iter()
+        .map(|&(ty, rows)| random_weights(ty, rows, cols, &mut rng))
+        .collect();
     let g = cuda(&[]);
-    let mut ys: Vec<Vec<f32>> = specs.iter().map(|&(_, rows)| vec![0.0f32; n * rows]).collect();
+    let mut ys: Vec<Vec<f32>> = specs
+        .iter()
+        .map(|&(_, rows)| vec![0.0f32; n * rows])
+        .collect();
     {
         let mut jobs: Vec<LinearJob<'_>> = specs
             .iter()
             .zip(&ws)
             .zip(ys.iter_mut())
-            .map(|((&(ty, rows), w), y)| LinearJob { ty, w, rows, cols, x: &x, n, y })
+            .map(|((&(ty, rows), w), y)| LinearJob {
+                ty,
+                w,
+                rows,
+                cols,
+                x: &x,
+                n,
+                y,
+            })
             .collect();
         g.linear_group(&mut jobs).unwrap();
     }
@@ -197,8 +243,16 @@ fn group_equals_single_jobs_and_falls_back_to_the_cpu() {
         } else {
             g.linear(*ty, w, *rows, cols, &x, n, &mut one).unwrap();
         }
-        assert!(one.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits()), "{ty:?}: group != single");
+        assert!(
+            one.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{ty:?}: group != single"
+        );
     }
     let s = g.stats();
-    assert_eq!(s.cpu_jobs, 2, "Q4_0 runs on the CPU (once in the group, once alone)");
+    assert_eq!(s.cpu_jobs, 1, "Q4_0 runs on the CPU (the group's one job)");
+    assert_eq!(
+        s.gpu_jobs,
+        3 + 3,
+        "three GPU jobs in the group, three alone"
+    );
 }
