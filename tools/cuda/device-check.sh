@@ -4,7 +4,7 @@
 # Prepare on the build machine: `tools/cuda/pack.sh DIR` puts into DIR the stripped,
 # gzipped `sluice` binary and test binaries (no_gpu, gpu_kernels, gpu_logits), the
 # fixtures they read, and this script. On the GPU machine:
-#   cd DIR && [GEMMA=gemma.gguf] bash device-check.sh [tests] [gemma] [bench] [stream]
+#   cd DIR && [GEMMA=gemma.gguf] bash device-check.sh [tests] [gemma] [bench] [stream] [tiers]
 # (no section named = all). GEMMA: Gemma 3 270M, or a vocabulary-trimmed copy
 # (tools/cuda/trim_vocab.py) where the full file is too big to carry.
 # Writes everything to ${OUT:-.}/cuda-check.log (bench rows to bench.csv).
@@ -35,19 +35,19 @@ export SLUICE_FIXTURES=$PWD/fixtures
 if want tests; then
     run timeout 120 ./no_gpu --include-ignored --nocapture
     run timeout 300 ./gpu_kernels --ignored --test-threads 1
+    [ -n "${GEMMA:-}" ] && export SLUICE_GEMMA=$GEMMA SLUICE_REQUIRE_MODELS=1
     run timeout 300 ./gpu_logits --ignored --test-threads 1 --nocapture
     T=$(python3 -c "import json;print(','.join(map(str,json.load(open('fixtures/qwen3moe/tokens.json'))['ids'])))")
     run ./sluice run -m fixtures/qwen3moe/a-q8_0.gguf --tokens "$T" -n 8 --temp 0 --gpu --stats
 fi
 
 if want gemma && [ -n "${GEMMA:-}" ] && [ -e "${GEMMA:-}" ]; then
-    SLUICE_GEMMA=$GEMMA SLUICE_REQUIRE_MODELS=1 run timeout 300 ./gpu_logits gemma --ignored --nocapture
     run timeout 200 ./sluice bench -m "$GEMMA" -p 512 -n 128 -r 3 --csv "$OUT/bench.csv"
     run timeout 200 ./sluice bench -m "$GEMMA" -p 512 -n 128 -r 3 --gpu --stats --csv "$OUT/bench.csv"
 fi
 
 M=/tmp/q3-30b-q4k.gguf
-if want bench || want stream; then
+if want bench || want stream || want tiers; then
     # Synthetic Qwen3-30B-A3B shape (48 layers, 128 experts, top-8), Q4_K: 15.7 GiB.
     [ -e $M ] || run timeout 240 ./sluice synth -o $M --preset qwen3-30b-a3b --quant Q4_K --force
 fi
@@ -60,5 +60,11 @@ if want stream; then
     # Experts streamed through an 8 GiB RAM cache: the GPU gets each expert's bytes per use.
     run timeout 200 ./sluice bench -m $M -p 0 -n 32 -r 2 --expert-cache 8G --gpu --stats --csv "$OUT/bench.csv"
     run timeout 200 ./sluice bench -m $M -p 0 -n 32 -r 2 --expert-cache 8G --stats --csv "$OUT/bench.csv"
+fi
+if want tiers; then
+    # A VRAM expert tier (4 GiB) over the RAM tier (8 GiB) over the SSD: 15.2 GiB of experts.
+    run timeout 200 ./sluice bench -m $M -p 0 -n 32 -r 2 --expert-cache 8G --gpu --gpu-expert-cache 4G --stats --csv "$OUT/bench.csv"
+    # VRAM tier over the memory map (no RAM tier): 8 GiB of the 15.2 GiB.
+    run timeout 200 ./sluice bench -m $M -p 64 -n 32 -r 2 --gpu --gpu-expert-cache 8G --stats --csv "$OUT/bench.csv"
 fi
 say done

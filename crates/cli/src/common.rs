@@ -32,6 +32,12 @@ pub struct ModelArgs {
     /// why in one line and runs on the CPU.
     #[arg(long)]
     pub gpu: bool,
+    /// With --gpu: keep routed experts in a VRAM cache of SIZE bytes (e.g. 8G), a hard
+    /// budget over the RAM tier (--expert-cache) and the SSD; least recently used evicted.
+    /// Without it, experts read through the memory map stay in VRAM once used (while free
+    /// VRAM lasts) and streamed ones are copied to the GPU for each use.
+    #[arg(long = "gpu-expert-cache", value_name = "SIZE", value_parser = parse_bytes)]
+    pub gpu_expert_cache: Option<u64>,
     #[command(flatten)]
     pub stream: StreamArgs,
     #[command(flatten)]
@@ -267,14 +273,24 @@ impl ModelArgs {
         for n in &inner.notes {
             eprintln!("{n}");
         }
-        let gpu = if self.gpu { use_gpu(&mut inner) } else { None };
+        if self.gpu_expert_cache.is_some() && !self.gpu {
+            anyhow::bail!("--gpu-expert-cache needs --gpu");
+        }
+        let gpu = if self.gpu {
+            use_gpu(&mut inner, self.gpu_expert_cache)
+        } else {
+            None
+        };
         Ok(Loaded { inner, gpu })
     }
 }
 
 /// `--gpu`: compute on the CUDA backend if this machine has a usable GPU, else say why
 /// (one line) and stay on the CPU.
-fn use_gpu(l: &mut sluice_engine::load::Loaded) -> Option<sluice_cuda::Cuda> {
+fn use_gpu(
+    l: &mut sluice_engine::load::Loaded,
+    expert_cache: Option<u64>,
+) -> Option<sluice_cuda::Cuda> {
     let t0 = std::time::Instant::now();
     match sluice_cuda::Cuda::new(l.model.map.bytes()) {
         Ok(c) => {
@@ -284,6 +300,14 @@ fn use_gpu(l: &mut sluice_engine::load::Loaded) -> Option<sluice_cuda::Cuda> {
                 t0.elapsed().as_secs_f64(),
                 l.threads
             );
+            if let Some(b) = expert_cache {
+                c.set_expert_cache(b);
+                eprintln!(
+                    "gpu expert cache: {} of {} routed-expert bytes",
+                    human(b),
+                    human(l.model.groups.experts.total_bytes())
+                );
+            }
             l.model.set_compute(Box::new(c.clone()));
             Some(c)
         }
@@ -463,6 +487,21 @@ impl Loaded {
                 human(s.transient_bytes),
                 human(s.act_bytes)
             );
+            if s.expert_budget > 0 {
+                let lookups = (s.expert_hits + s.expert_misses).max(1);
+                eprintln!(
+                    "gpu expert cache: budget {} | hits {} misses {} evictions {} hit rate {:.1}% | held {} (peak {}) | uploaded {} at {:.2} GB/s",
+                    human(s.expert_budget),
+                    s.expert_hits,
+                    s.expert_misses,
+                    s.expert_evictions,
+                    100.0 * s.expert_hits as f64 / lookups as f64,
+                    human(s.expert_bytes),
+                    human(s.expert_peak),
+                    human(s.expert_upload_bytes),
+                    s.expert_upload_bytes as f64 / (s.expert_upload_ns.max(1) as f64)
+                );
+            }
         }
         if let Some(p) = &self.ple {
             let s = p.stats();

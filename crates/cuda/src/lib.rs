@@ -28,7 +28,7 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{CompileOptions, Ptx};
 use sluice_kernels::{GgmlType, KernelError};
-use sluice_models::compute::{Compute, Cpu, LinearJob};
+use sluice_models::compute::{Compute, Cpu, LinearJob, UnitKey};
 
 /// The kernels' CUDA C source.
 pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
@@ -95,6 +95,23 @@ pub struct CudaStats {
     /// kernels, waiting for the results).
     pub calls: u64,
     pub busy_ns: u64,
+    /// The VRAM expert cache (`set_expert_cache`): budget (0 = off), bytes held now and at
+    /// most, hits, misses, evictions, bytes uploaded on misses and the time the uploads took.
+    pub expert_budget: u64,
+    pub expert_bytes: u64,
+    pub expert_peak: u64,
+    pub expert_hits: u64,
+    pub expert_misses: u64,
+    pub expert_evictions: u64,
+    pub expert_upload_bytes: u64,
+    pub expert_upload_ns: u64,
+}
+
+/// Routed-expert matrices kept in VRAM by identity, least recently used evicted first.
+#[derive(Default)]
+struct ExpertCache {
+    map: HashMap<UnitKey, (CudaSlice<u8>, u64)>,
+    tick: u64,
 }
 
 struct Inner {
@@ -103,6 +120,7 @@ struct Inner {
     x: Option<CudaSlice<f32>>,
     y: Option<CudaSlice<f32>>,
     w: Option<CudaSlice<u8>>,
+    experts: Option<ExpertCache>,
     /// Host staging: every input of a call in one upload, every result in one download.
     hx: Vec<f32>,
     hy: Vec<f32>,
@@ -236,6 +254,17 @@ impl Cuda {
         self.d.lock().budget = bytes;
     }
 
+    /// Keep routed experts in a VRAM cache of at most `bytes` (a hard budget; least recently
+    /// used evicted first), identified by layer, expert and matrix rather than by host
+    /// address, so experts streamed through the RAM tier are uploaded once per miss here.
+    /// Experts then never count as resident weights. 0 turns the cache off.
+    pub fn set_expert_cache(&self, bytes: u64) {
+        let mut g = self.d.lock();
+        g.stats.expert_budget = bytes;
+        g.experts = (bytes > 0).then(ExpertCache::default);
+        g.stats.expert_bytes = 0;
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> CudaStats {
         self.d.lock().stats
@@ -273,6 +302,7 @@ impl Device {
                 x: None,
                 y: None,
                 w: None,
+                experts: None,
                 hx: Vec::new(),
                 hy: Vec::new(),
                 stats: CudaStats::default(),
@@ -337,10 +367,24 @@ impl Device {
             y_offs.push(y_total);
             y_total += j.y.len().next_multiple_of(ALIGN_F);
         }
-        // Weights: resident (uploaded now if new and within budget) or transient.
+        // Weights: in the expert cache, resident (uploaded now if new and within budget) or
+        // transient.
         let mut w_off: Vec<Option<usize>> = Vec::with_capacity(jobs.len());
         let mut w_total = 0usize;
+        let mut in_cache: Vec<bool> = Vec::with_capacity(jobs.len());
         for j in jobs.iter() {
+            if let (Some(u), Some(ec)) = (j.unit, inner.experts.as_mut()) {
+                if cache_expert(stream, ec, &mut inner.stats, u, j.w, jobs)? {
+                    w_off.push(None);
+                    in_cache.push(true);
+                    continue;
+                }
+                in_cache.push(false);
+                w_off.push(Some(w_total));
+                w_total += j.w.len().next_multiple_of(ALIGN_B);
+                continue;
+            }
+            in_cache.push(false);
             let key = (j.w.as_ptr() as usize, j.w.len());
             if inner.resident.contains_key(&key) {
                 w_off.push(None);
@@ -422,6 +466,10 @@ impl Device {
             let mut yv = yb.slice_mut(yo..yo + j.y.len());
             let key = (j.w.as_ptr() as usize, j.w.len());
             let wv = match w_off[ji] {
+                None if in_cache[ji] => {
+                    let u = j.unit.expect("cached jobs have a unit");
+                    inner.experts.as_ref().expect("on").map[&u].0.slice(..)
+                }
                 None => inner.resident[&key].slice(..),
                 Some(off) => inner.w.as_ref().expect("grown").slice(off..off + j.w.len()),
             };
@@ -458,6 +506,61 @@ impl Device {
         inner.stats.busy_ns += t0.elapsed().as_nanos() as u64;
         Ok(())
     }
+}
+
+/// Make expert matrix `u` (bytes `w`) present in the cache, evicting the least recently
+/// used matrices that no job of this call uses; false if it cannot fit (then it is copied
+/// for this use only).
+fn cache_expert(
+    stream: &Arc<CudaStream>,
+    ec: &mut ExpertCache,
+    st: &mut CudaStats,
+    u: UnitKey,
+    w: &[u8],
+    jobs: &[&mut LinearJob<'_>],
+) -> Result<bool, KernelError> {
+    ec.tick += 1;
+    let tick = ec.tick;
+    if let Some(e) = ec.map.get_mut(&u) {
+        if e.0.len() == w.len() {
+            e.1 = tick;
+            st.expert_hits += 1;
+            return Ok(true);
+        }
+    }
+    st.expert_misses += 1;
+    if let Some((old, _)) = ec.map.remove(&u) {
+        st.expert_bytes -= old.len() as u64;
+    }
+    let len = w.len() as u64;
+    if len > st.expert_budget {
+        return Ok(false);
+    }
+    while st.expert_bytes + len > st.expert_budget {
+        // Least recently used, never one this call needs.
+        let victim = ec
+            .map
+            .iter()
+            .filter(|(k, _)| !jobs.iter().any(|j| j.unit == Some(**k)))
+            .min_by_key(|(_, v)| v.1)
+            .map(|(k, _)| *k);
+        let Some(k) = victim else {
+            return Ok(false);
+        };
+        let (old, _) = ec.map.remove(&k).expect("found");
+        st.expert_bytes -= old.len() as u64;
+        st.expert_evictions += 1;
+    }
+    let t0 = std::time::Instant::now();
+    let d = stream
+        .clone_htod(w)
+        .map_err(|e| dev_err("expert upload", e))?;
+    st.expert_upload_ns += t0.elapsed().as_nanos() as u64;
+    st.expert_upload_bytes += len;
+    st.expert_bytes += len;
+    st.expert_peak = st.expert_peak.max(st.expert_bytes);
+    ec.map.insert(u, (d, tick));
+    Ok(true)
 }
 
 /// Make `buf` hold at least `len` elements (grown to the next power of two).
@@ -498,6 +601,7 @@ impl Compute for Cuda {
             x,
             n,
             y,
+            unit: None,
         }];
         self.linear_group(&mut jobs)
     }

@@ -232,6 +232,7 @@ fn group_equals_single_jobs_and_falls_back_to_the_cpu() {
                 x: &x,
                 n,
                 y,
+                unit: None,
             })
             .collect();
         g.linear_group(&mut jobs).unwrap();
