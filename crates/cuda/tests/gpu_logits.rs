@@ -8,7 +8,7 @@
 //! `$HOME/.cache/sluice/models/gemma-3-270m-q4_k_m.gguf` (skipped with a note if absent,
 //! unless `SLUICE_REQUIRE_MODELS` is set).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 use sluice_cuda::Cuda;
@@ -93,7 +93,7 @@ fn json(path: PathBuf) -> serde_json::Value {
 
 /// Every position's logits, the prompt in chunks of `batch`, on the GPU or the CPU.
 fn logits(
-    path: &PathBuf,
+    path: &Path,
     toks: &[u32],
     batch: usize,
     backend: Backend,
