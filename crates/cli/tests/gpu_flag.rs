@@ -42,12 +42,20 @@ fn gpu_flag_without_a_gpu_says_so_and_runs_on_the_cpu() {
     };
     let (cpu_dir, gpu_dir) = (dir.join("cpu"), dir.join("gpu"));
     let cpu = run(&[], &cpu_dir);
-    assert!(cpu.status.success(), "{}", String::from_utf8_lossy(&cpu.stderr));
+    assert!(
+        cpu.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cpu.stderr)
+    );
     let gpu = run(&["--gpu"], &gpu_dir);
     let err = String::from_utf8_lossy(&gpu.stderr);
     assert!(gpu.status.success(), "{err}");
     if has_nvidia_node() {
-        assert!(err.lines().any(|l| l.starts_with("gpu: ") || l.starts_with("--gpu: ")), "{err}");
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with("gpu: ") || l.starts_with("--gpu: ")),
+            "{err}"
+        );
     } else {
         let lines: Vec<&str> = err.lines().filter(|l| l.contains("--gpu")).collect();
         assert_eq!(lines.len(), 1, "one line about --gpu: {err}");
@@ -62,11 +70,24 @@ fn gpu_flag_without_a_gpu_says_so_and_runs_on_the_cpu() {
 #[test]
 fn gpu_expert_cache_needs_gpu() {
     let model = fixture("a-q8_0.gguf");
-    let out = sluice(&["run", "-m", &model, "--tokens", "1,2", "-n", "1", "--gpu-expert-cache", "1M"]);
+    let out = sluice(&[
+        "run",
+        "-m",
+        &model,
+        "--tokens",
+        "1,2",
+        "-n",
+        "1",
+        "--gpu-expert-cache",
+        "1M",
+    ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.lines().last().unwrap_or("").contains("--gpu-expert-cache needs --gpu"),
+        err.lines()
+            .last()
+            .unwrap_or("")
+            .contains("--gpu-expert-cache needs --gpu"),
         "{err}"
     );
 }

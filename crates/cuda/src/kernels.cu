@@ -3,8 +3,9 @@
 // Owns: dequantization of 8 consecutive weights of one row (`deq8`, per format, the same
 // block layouts as crates/kernels/src/reference.rs: ggml's, byte for byte) and two
 // products over it, both computing Y[t, r] = sum_c W[r, c] * X[t, c] in f32:
-// - `mv_*`: one warp per row, MV_MAX_N tokens per blockIdx.y: the same bits for a token
-//   whatever the batch (the default for every n);
+// - `mv_*`: one warp per row, MV_MAX_N tokens per blockIdx.z, every job of a call (table
+//   of MvJob, blockIdx.y) in one launch: the same bits for a token whatever the batch (the
+//   default for every n);
 // - `mm_*`: 64 rows x 64 tokens per block of 256 threads, K in steps of 32 (prefill; its
 //   summation order differs from mv's, so only used when asked: SLUICE_CUDA_TILED=1).
 // Activations stay f32 (the CPU path quantizes them to Q8 blocks), so results differ
@@ -126,17 +127,30 @@ __device__ __forceinline__ void deq8(const u8* __restrict__ row, int p, float* o
     }
 }
 
+// One product of a grouped matvec launch (48 bytes; the host writes the same layout).
+struct MvJob {
+    const u8* W;
+    const float* X;
+    float* Y;
+    long long row_bytes;
+    int rows;
+    int cols;
+    int n;
+    int pad;
+};
+
 // One warp per row; lanes stride over the row's groups of 8 elements.
 template <int TY>
 __device__ __forceinline__ void matvec(const u8* __restrict__ W, const float* __restrict__ X,
                                        float* __restrict__ Y, int rows, int cols,
-                                       long long row_bytes, int n) {
+                                       long long row_bytes, int n, int tgroup) {
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (warp >= rows) return;
-    // blockIdx.y picks a group of MV_MAX_N tokens: every token gets the same arithmetic
+    // tgroup picks a group of MV_MAX_N tokens: every token gets the same arithmetic
     // whatever n is, so results do not depend on how a prompt is chunked.
-    const int tbase = blockIdx.y * MV_MAX_N;
+    const int tbase = tgroup * MV_MAX_N;
+    if (tbase >= n) return;
     X += (size_t)tbase * cols;
     Y += (size_t)tbase * rows;
     n = (n - tbase < MV_MAX_N) ? n - tbase : MV_MAX_N;
@@ -244,10 +258,11 @@ __device__ __forceinline__ void matmul(const u8* __restrict__ W, const float* __
     }
 }
 
+// mv_*: every product of a call in one launch: blockIdx.y = job, blockIdx.z = token group.
 #define KERNELS(name, TY)                                                                     \
-    extern "C" __global__ void mv_##name(const u8* W, const float* X, float* Y, int rows,     \
-                                         int cols, long long row_bytes, int n) {              \
-        matvec<TY>(W, X, Y, rows, cols, row_bytes, n);                                        \
+    extern "C" __global__ void mv_##name(const MvJob* jobs) {                                 \
+        const MvJob j = jobs[blockIdx.y];                                                     \
+        matvec<TY>(j.W, j.X, j.Y, j.rows, j.cols, j.row_bytes, j.n, blockIdx.z);              \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(256) mm_##name(                             \
         const u8* W, const float* X, float* Y, int rows, int cols, long long row_bytes, int n) { \

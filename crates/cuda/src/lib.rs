@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::{CompileOptions, Ptx};
 use sluice_kernels::{GgmlType, KernelError};
@@ -35,6 +35,12 @@ pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
 
 /// Tokens per group of the matvec kernel (its `MV_MAX_N`).
 pub const MATVEC_MAX_N: usize = 8;
+
+/// Bytes of one entry of the matvec job table (`MvJob` in kernels.cu).
+const MV_JOB_BYTES: usize = 48;
+
+/// The largest grid y / z dimension.
+const MAX_GRID_Y: usize = 65535;
 
 /// VRAM kept free for scratch buffers and the driver when sizing the resident budget.
 const VRAM_RESERVE: u64 = 1 << 30;
@@ -120,6 +126,8 @@ struct Inner {
     x: Option<CudaSlice<f32>>,
     y: Option<CudaSlice<f32>>,
     w: Option<CudaSlice<u8>>,
+    /// The matvec job table.
+    d: Option<CudaSlice<u8>>,
     experts: Option<ExpertCache>,
     /// Host staging: every input of a call in one upload, every result in one download.
     hx: Vec<f32>,
@@ -302,6 +310,7 @@ impl Device {
                 x: None,
                 y: None,
                 w: None,
+                d: None,
                 experts: None,
                 hx: Vec::new(),
                 hy: Vec::new(),
@@ -329,7 +338,7 @@ impl Device {
             && j.cols.is_multiple_of(32)
             && j.cols <= i32::MAX as usize
             && j.rows <= i32::MAX as usize
-            && j.n <= i32::MAX as usize
+            && j.n <= MATVEC_MAX_N * MAX_GRID_Y
             && j.w.len() == rb * j.rows
             && j.x.len() == j.n * j.cols
             && j.y.len() == j.n * j.rows;
@@ -431,61 +440,115 @@ impl Device {
                 }
             }
         }
+        // Raw device addresses: the kernels take them inside a job table (mv) or as
+        // parameters (mm). Every buffer stays alive and unmoved until the synchronize below.
+        let xbase = xb.device_ptr(stream).0;
+        let ybase = yb.device_ptr(stream).0;
+        let mut wptr = Vec::with_capacity(jobs.len());
         for (ji, j) in jobs.iter().enumerate() {
-            let (mv, mm) = &self.funcs[fis[ji]];
-            let rows = j.rows as i32;
-            let cols = j.cols as i32;
-            let n = j.n as i32;
-            let rb = (j.w.len() / j.rows) as i64;
-            let (f, cfg) = if !self.tiled || j.n <= MATVEC_MAX_N {
-                (
-                    mv,
-                    LaunchConfig {
-                        grid_dim: (
-                            j.rows.div_ceil(4) as u32,
-                            j.n.div_ceil(MATVEC_MAX_N) as u32,
-                            1,
-                        ),
-                        block_dim: (128, 1, 1),
-                        shared_mem_bytes: 0,
-                    },
-                )
-            } else {
-                (
-                    mm,
-                    LaunchConfig {
-                        grid_dim: (j.rows.div_ceil(64) as u32, j.n.div_ceil(64) as u32, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    },
-                )
-            };
-            let xo = x_offs[x_of[ji]];
-            let xv = xb.slice(xo..xo + j.x.len());
-            let yo = y_offs[ji];
-            let mut yv = yb.slice_mut(yo..yo + j.y.len());
             let key = (j.w.as_ptr() as usize, j.w.len());
-            let wv = match w_off[ji] {
+            let p = match w_off[ji] {
                 None if in_cache[ji] => {
                     let u = j.unit.expect("cached jobs have a unit");
-                    inner.experts.as_ref().expect("on").map[&u].0.slice(..)
+                    inner.experts.as_ref().expect("on").map[&u]
+                        .0
+                        .device_ptr(stream)
+                        .0
                 }
-                None => inner.resident[&key].slice(..),
-                Some(off) => inner.w.as_ref().expect("grown").slice(off..off + j.w.len()),
+                None => inner.resident[&key].device_ptr(stream).0,
+                Some(off) => inner.w.as_ref().expect("grown").device_ptr(stream).0 + off as u64,
             };
-            let mut b = stream.launch_builder(f);
-            b.arg(&wv)
-                .arg(&xv)
-                .arg(&mut yv)
+            wptr.push(p);
+        }
+        let addr = |ji: usize| {
+            (
+                wptr[ji],
+                xbase + 4 * x_offs[x_of[ji]] as u64,
+                ybase + 4 * y_offs[ji] as u64,
+            )
+        };
+        // Matvec jobs: one table, one launch per format (blockIdx.y = job).
+        let tiled = |j: &LinearJob<'_>| self.tiled && j.n > MATVEC_MAX_N;
+        let mut table: Vec<u8> = Vec::new();
+        let mut launches: Vec<(usize, usize, usize, usize, usize)> = Vec::new();
+        for fi in 0..FORMATS.len() {
+            let mut first = table.len() / MV_JOB_BYTES;
+            let (mut count, mut max_rows, mut max_groups) = (0usize, 0usize, 0usize);
+            for (ji, j) in jobs.iter().enumerate() {
+                if fis[ji] != fi || tiled(j) {
+                    continue;
+                }
+                let (w, x, y) = addr(ji);
+                table.extend_from_slice(&w.to_le_bytes());
+                table.extend_from_slice(&x.to_le_bytes());
+                table.extend_from_slice(&y.to_le_bytes());
+                table.extend_from_slice(&((j.w.len() / j.rows) as i64).to_le_bytes());
+                table.extend_from_slice(&(j.rows as i32).to_le_bytes());
+                table.extend_from_slice(&(j.cols as i32).to_le_bytes());
+                table.extend_from_slice(&(j.n as i32).to_le_bytes());
+                table.extend_from_slice(&0i32.to_le_bytes());
+                count += 1;
+                max_rows = max_rows.max(j.rows);
+                max_groups = max_groups.max(j.n.div_ceil(MATVEC_MAX_N));
+                if count == MAX_GRID_Y {
+                    launches.push((fi, first, count, max_rows, max_groups));
+                    first += count;
+                    (count, max_rows, max_groups) = (0, 0, 0);
+                }
+            }
+            if count > 0 {
+                launches.push((fi, first, count, max_rows, max_groups));
+            }
+        }
+        if !table.is_empty() {
+            grow(stream, &mut inner.d, table.len())?;
+            let db = inner.d.as_mut().expect("grown");
+            stream
+                .memcpy_htod(&table[..], &mut db.slice_mut(0..table.len()))
+                .map_err(|e| dev_err("copy job table", e))?;
+            let dbase = db.device_ptr(stream).0;
+            for &(fi, first, count, max_rows, max_groups) in &launches {
+                let cfg = LaunchConfig {
+                    grid_dim: (max_rows.div_ceil(4) as u32, count as u32, max_groups as u32),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let t = dbase + (first * MV_JOB_BYTES) as u64;
+                let mut b = stream.launch_builder(&self.funcs[fi].0);
+                b.arg(&t);
+                // SAFETY: mv_* takes one parameter, a pointer to `count` MvJob entries
+                // (48 bytes each, the layout written above) in device memory; each entry
+                // names a W of rows * row_bytes bytes, an X of n * cols floats and a Y of
+                // n * rows floats inside live buffers (checked by gpu_job and the offsets
+                // above); blocks past a job's rows or tokens return.
+                unsafe { b.launch(cfg) }.map_err(|e| dev_err("launch", e))?;
+            }
+        }
+        // Tiled jobs (SLUICE_CUDA_TILED=1): one launch each.
+        for (ji, j) in jobs.iter().enumerate() {
+            if !tiled(j) {
+                continue;
+            }
+            let (w, x, y) = addr(ji);
+            let (rows, cols, n) = (j.rows as i32, j.cols as i32, j.n as i32);
+            let rb = (j.w.len() / j.rows) as i64;
+            let cfg = LaunchConfig {
+                grid_dim: (j.rows.div_ceil(64) as u32, j.n.div_ceil(64) as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = stream.launch_builder(&self.funcs[fis[ji]].1);
+            b.arg(&w)
+                .arg(&x)
+                .arg(&y)
                 .arg(&rows)
                 .arg(&cols)
                 .arg(&rb)
                 .arg(&n);
-            // SAFETY: the kernel's parameters are (const u8* W, const float* X, float* Y,
-            // int rows, int cols, long long row_bytes, int n), pushed in that order with
-            // those types; W holds rows * row_bytes bytes, X n * cols floats and Y n * rows
-            // floats (checked by gpu_job and the slice bounds above), and the grid covers
-            // exactly the rows and tokens the kernel guards against.
+            // SAFETY: mm_* takes (const u8* W, const float* X, float* Y, int rows, int cols,
+            // long long row_bytes, int n), pushed in that order with those types; W, X and
+            // Y are device addresses inside live buffers of rows * row_bytes bytes, n * cols
+            // and n * rows floats; the grid covers the rows and tokens the kernel guards.
             unsafe { b.launch(cfg) }.map_err(|e| dev_err("launch", e))?;
         }
         inner.hy.resize(y_total.max(inner.hy.len()), 0.0);
