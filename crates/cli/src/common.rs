@@ -277,7 +277,7 @@ impl ModelArgs {
             anyhow::bail!("--gpu-expert-cache needs --gpu");
         }
         let gpu = if self.gpu {
-            use_gpu(&mut inner, self.gpu_expert_cache)
+            use_gpu(&mut inner, self.gpu_expert_cache)?
         } else {
             None
         };
@@ -286,11 +286,11 @@ impl ModelArgs {
 }
 
 /// `--gpu`: compute on the CUDA backend if this machine has a usable GPU, else say why
-/// (one line) and stay on the CPU.
+/// (one line) and stay on the CPU. A `--gpu-expert-cache` the GPU cannot hold is an error.
 fn use_gpu(
     l: &mut sluice_engine::load::Loaded,
     expert_cache: Option<u64>,
-) -> Option<sluice_cuda::Cuda> {
+) -> Result<Option<sluice_cuda::Cuda>> {
     let t0 = std::time::Instant::now();
     match sluice_cuda::Cuda::new(l.model.map.bytes()) {
         Ok(c) => {
@@ -301,7 +301,9 @@ fn use_gpu(
                 l.threads
             );
             if let Some(b) = expert_cache {
-                c.set_expert_cache(b);
+                if let Err(e) = c.set_expert_cache(b) {
+                    anyhow::bail!("--gpu-expert-cache {}: {e}", human(b));
+                }
                 eprintln!(
                     "gpu expert cache: {} of {} routed-expert bytes",
                     human(b),
@@ -309,11 +311,11 @@ fn use_gpu(
                 );
             }
             l.model.set_compute(Box::new(c.clone()));
-            Some(c)
+            Ok(Some(c))
         }
         Err(e) => {
             eprintln!("--gpu: {e}; running on the CPU");
-            None
+            Ok(None)
         }
     }
 }

@@ -265,12 +265,22 @@ impl Cuda {
     /// Keep routed experts in a VRAM cache of at most `bytes` (a hard budget; least recently
     /// used evicted first), identified by layer, expert and matrix rather than by host
     /// address, so experts streamed through the RAM tier are uploaded once per miss here.
-    /// Experts then never count as resident weights. 0 turns the cache off.
-    pub fn set_expert_cache(&self, bytes: u64) {
+    /// Experts then never count as resident weights, and the resident budget shrinks by
+    /// `bytes`. Call before the first product; 0 turns the cache off. Refused (with the
+    /// numbers) when the budget does not fit the VRAM left for weights.
+    pub fn set_expert_cache(&self, bytes: u64) -> Result<(), String> {
         let mut g = self.d.lock();
+        let room = g.budget + g.stats.expert_budget - g.stats.resident_bytes;
+        if bytes > room {
+            return Err(format!(
+                "{bytes} bytes is more than the {room} bytes of VRAM this GPU has left for weights (free VRAM at start - 1 GiB - resident weights)"
+            ));
+        }
+        g.budget = g.budget + g.stats.expert_budget - bytes;
         g.stats.expert_budget = bytes;
         g.experts = (bytes > 0).then(ExpertCache::default);
         g.stats.expert_bytes = 0;
+        Ok(())
     }
 
     /// Counters so far.

@@ -109,7 +109,8 @@ fn logits(
             let c = Cuda::new(m.map.bytes())
                 .unwrap_or_else(|e| panic!("this test needs a CUDA device: {e}"));
             if let Backend::GpuExpertCache(div) = backend {
-                c.set_expert_cache(m.groups.experts.total_bytes() / div);
+                c.set_expert_cache(m.groups.experts.total_bytes() / div)
+                    .unwrap();
             }
             m.set_compute(Box::new(c.clone()));
             Some(c)
