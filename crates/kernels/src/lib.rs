@@ -53,6 +53,9 @@ pub enum KernelError {
     /// An ISA tier was requested explicitly that this CPU does not have.
     #[error("kernels: ISA tier {0:?} is not available on this CPU")]
     IsaUnavailable(Isa),
+    /// An accelerator backend failed (driver call, launch, copy).
+    #[error("kernels: device: {0}")]
+    Device(String),
 }
 
 /// Whether `ty` has kernels here.

@@ -10,6 +10,16 @@ use sluice_kernels::{
     matmul, matvec, matvec_rows, BatchScratch, GgmlType, KernelError, PreparedBatch, QuantizedActs,
 };
 
+/// Which routed-expert matrix a job's weights are: a backend may cache experts by this
+/// identity (the bytes themselves may sit in a RAM cache slot reused for other experts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UnitKey {
+    pub layer: u32,
+    pub unit: u32,
+    /// The matrix within the unit (0 gate, 1 up, 2 down for GLU experts).
+    pub part: u8,
+}
+
 /// One product of a [`Compute::linear_group`]: `y[n, rows] = x[n, cols] W^T`.
 pub struct LinearJob<'a> {
     pub ty: GgmlType,
@@ -19,6 +29,8 @@ pub struct LinearJob<'a> {
     pub x: &'a [f32],
     pub n: usize,
     pub y: &'a mut [f32],
+    /// The routed expert these weights belong to (None for every other matrix).
+    pub unit: Option<UnitKey>,
 }
 
 /// What blocks ask of a backend.

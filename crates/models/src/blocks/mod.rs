@@ -77,6 +77,7 @@ impl Env<'_> {
                 x,
                 n,
                 y,
+                unit: None,
             })
             .collect();
         self.compute.linear_group(&mut jobs)?;

@@ -12,7 +12,7 @@ use sluice_tier::{Stop, UnitLayer};
 
 use super::ffn::Activation;
 use super::{lock, Batch, Env};
-use crate::compute::LinearJob;
+use crate::compute::{LinearJob, UnitKey};
 use crate::ops::{softmax, top_k};
 use crate::weights::{Mat, Stacked};
 use crate::ModelError;
@@ -178,6 +178,16 @@ pub fn glu_unit_layer(il: usize, n_units: usize, experts: &[Stacked; 3]) -> Unit
     }
 }
 
+/// The identity of part `part` of expert `unit` in layer `il` (for backends that cache
+/// experts by it).
+fn unit_key(il: usize, unit: usize, part: u8) -> UnitKey {
+    UnitKey {
+        layer: il as u32,
+        unit: unit as u32,
+        part,
+    }
+}
+
 /// Routed experts over a chunk `h` (`[T, E]`) of layer `il`.
 pub fn routed(
     env: &Env<'_>,
@@ -232,7 +242,7 @@ pub fn routed(
         let mut d: Vec<Vec<f32>> = lists.iter().map(|l| vec![0.0f32; l.len() * e]).collect();
         {
             let mut jobs = Vec::with_capacity(2 * batch.len());
-            for (((&(_, view), x), (gj, uj)), l) in batch
+            for (((&(i, view), x), (gj, uj)), l) in batch
                 .iter()
                 .zip(&xs)
                 .zip(g.iter_mut().zip(u.iter_mut()))
@@ -246,6 +256,7 @@ pub fn routed(
                     x,
                     n: l.len(),
                     y: gj,
+                    unit: Some(unit_key(il, needed[i], 0)),
                 });
                 jobs.push(LinearJob {
                     ty: um.ty,
@@ -255,6 +266,7 @@ pub fn routed(
                     x,
                     n: l.len(),
                     y: uj,
+                    unit: Some(unit_key(il, needed[i], 1)),
                 });
             }
             compute.linear_group(&mut jobs)?;
@@ -269,7 +281,7 @@ pub fn routed(
             });
         {
             let mut jobs = Vec::with_capacity(batch.len());
-            for (((&(_, view), gj), dj), l) in batch.iter().zip(&g).zip(d.iter_mut()).zip(&lists) {
+            for (((&(i, view), gj), dj), l) in batch.iter().zip(&g).zip(d.iter_mut()).zip(&lists) {
                 jobs.push(LinearJob {
                     ty: dm.ty,
                     w: view.part(2),
@@ -278,6 +290,7 @@ pub fn routed(
                     x: gj,
                     n: l.len(),
                     y: dj,
+                    unit: Some(unit_key(il, needed[i], 2)),
                 });
             }
             compute.linear_group(&mut jobs)?;
