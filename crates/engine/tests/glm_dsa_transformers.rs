@@ -111,9 +111,11 @@ fn check(name: &str) {
             assert_eq!(argmax(g), wi, "{name}: top-1 differs at position {p}");
         }
     }
-    // The default f16-rounded cache rows (llama.cpp's default cache type): the rounding
-    // (~5e-4 relative) may flip an indexer or router choice with a smaller gap, which moves
-    // that position; bounded: positions beyond 1e-2 of the largest |logit| are at most 5%.
+    // The default f16-rounded latent rows (llama.cpp's default cache type; the indexer keys
+    // stay f32): the rounding (~5e-4 relative) moves logits by ~2e-3, and by up to ~1e-2 of
+    // the largest |logit| where it flips a near-tied choice (model b position 24: 0.050; llama.cpp
+    // with its default F16 cache shows the same 0.050 there, llama_cpp_check.json). Bound: every
+    // position within 2e-2 of the largest |logit|.
     let f16 = run(&m, 32, 2, false);
     let per_pos: Vec<f32> = f16
         .chunks(n_vocab)
@@ -124,16 +126,11 @@ fn check(name: &str) {
                 .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()))
         })
         .collect();
-    let far: Vec<usize> = (0..per_pos.len())
-        .filter(|&p| per_pos[p] > 1e-2 * max_ref)
-        .collect();
-    eprintln!(
-        "{name}: with f16 cache rows: max |sluice - transformers| = {}, positions beyond 1e-2 relative: {far:?}",
-        per_pos.iter().fold(0.0f32, |a, &b| a.max(b))
-    );
+    let worst_f16 = per_pos.iter().fold(0.0f32, |a, &b| a.max(b));
+    eprintln!("{name}: with f16 latent rows: max |sluice - transformers| = {worst_f16}");
     assert!(
-        far.len() * 20 <= per_pos.len(),
-        "{name}: f16 cache far positions {far:?}"
+        worst_f16 <= 2e-2 * max_ref,
+        "{name}: f16 latent rows: max |sluice - transformers| = {worst_f16}"
     );
 }
 

@@ -436,7 +436,6 @@ impl Architecture for GlmDsa {
                     &mut st.index[il],
                     &h,
                     &qr,
-                    f16,
                 )?;
             }
             let o = mla::attention(

@@ -5,8 +5,10 @@
 //! as the attention's selection. Layers of kind "shared" (IndexShare, GLM-5.2/5.3) run no
 //! indexer and reuse the previous full layer's selection; the architecture passes it on.
 //!
-//! Owns: the per-layer indexer key cache ([`IndexerState`], one key per position, appended in
-//! position order, f16-rounded like the latent cache) and the selection per query: `None`
+//! Owns: the per-layer indexer key cache ([`IndexerState`], one f32 key per position, appended
+//! in position order; never f16-rounded: the top-k is so sensitive that rounding the keys to
+//! f16 flips choices on the tiny oracle models and moves logits by O(1) in transformers as in
+//! sluice, while llama.cpp's default run stays within 1e-2) and the selection per query: `None`
 //! while every visible token fits in top-k (then DSA is dense attention), else the chosen
 //! positions in ascending order, ties to the lower position.
 
@@ -14,7 +16,6 @@ use rayon::prelude::*;
 
 use super::attention::dot;
 use super::dsv4_attention::rope_tail;
-use super::mla::round_f16;
 use super::{Batch, Env};
 use crate::ops::{rope_cos_sin, top_k};
 use crate::weights::Mat;
@@ -73,7 +74,6 @@ pub fn select(
     st: &mut IndexerState,
     x: &[f32],
     qr: &[f32],
-    f16: bool,
 ) -> Result<Vec<Option<Vec<usize>>>, ModelError> {
     let t_len = batch.len();
     let (nh, d) = (w.n_head, w.head_dim);
@@ -97,9 +97,6 @@ pub fn select(
         let k = &mut ik[t * d..(t + 1) * d];
         layer_norm(k, &w.k_norm, &w.k_norm_bias, w.k_norm_eps);
         rope_tail(&mut k[..n_rot], &cs, false);
-        if f16 {
-            round_f16(k);
-        }
         st.keys.extend_from_slice(k);
     }
     let (ks, ws) = (1.0 / (d as f32).sqrt(), 1.0 / (nh as f32).sqrt());
