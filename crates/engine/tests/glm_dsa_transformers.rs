@@ -293,7 +293,9 @@ fn fallback_types_match_llama_cpp() {
         let ok = if loose {
             median <= 0.15 * max_ref
         } else {
-            median <= 1e-3 * max_ref && within * 10 >= per_pos.len() * 9 && agree * 100 >= clear * 95
+            median <= 1e-3 * max_ref
+                && within * 10 >= per_pos.len() * 9
+                && agree * 100 >= clear * 95
         };
         if !ok {
             failed.push(ty.clone());

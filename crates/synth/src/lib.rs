@@ -441,8 +441,16 @@ impl Plan {
             .max(1);
         // The first layer with routed experts (glm-dsa's leading layers are dense).
         let first = (0..)
-            .take_while(|il| self.layout.tensor(&format!("blk.{il}.attn_norm.weight")).is_some())
-            .find(|il| self.layout.tensor(&format!("blk.{il}.ffn_gate_exps.weight")).is_some())
+            .take_while(|il| {
+                self.layout
+                    .tensor(&format!("blk.{il}.attn_norm.weight"))
+                    .is_some()
+            })
+            .find(|il| {
+                self.layout
+                    .tensor(&format!("blk.{il}.ffn_gate_exps.weight"))
+                    .is_some()
+            })
             .unwrap_or(0);
         ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
             .iter()

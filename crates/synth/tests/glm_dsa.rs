@@ -81,8 +81,15 @@ fn the_real_preset_plans_the_release_sizes() {
         let routed = gib(plan.role_bytes().routed_experts);
         assert!((routed - want).abs() < 0.1, "{quant:?}: {routed:.2} GiB");
         assert!(plan.fallbacks.is_empty(), "{:?}", plan.fallbacks);
-        assert_eq!(plan.one_expert_bytes(), 3 * 6144 * 2048 / 256 * {
-            if quant == GlmDsaQuant::Iq2xxs { 66 } else { 84 }
-        });
+        assert_eq!(
+            plan.one_expert_bytes(),
+            3 * 6144 * 2048 / 256 * {
+                if quant == GlmDsaQuant::Iq2xxs {
+                    66
+                } else {
+                    84
+                }
+            }
+        );
     }
 }

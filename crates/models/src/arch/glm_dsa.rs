@@ -131,11 +131,23 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     // Head sizes: key_length_mla / value_length_mla (llama.cpp's MLA keys); older files
     // without them: from the q_b and v_b shapes.
     let hd = match hp.u_or("attention.key_length_mla", 0)? {
-        0 => t.info("blk.0.attn_q_b.weight")?.dims.get(1).copied().unwrap_or(0) as usize / n_head,
+        0 => {
+            t.info("blk.0.attn_q_b.weight")?
+                .dims
+                .get(1)
+                .copied()
+                .unwrap_or(0) as usize
+                / n_head
+        }
         v => v,
     };
     let v_dim = match hp.u_or("attention.value_length_mla", 0)? {
-        0 => t.info("blk.0.attn_v_b.weight")?.dims.get(1).copied().unwrap_or(0) as usize,
+        0 => t
+            .info("blk.0.attn_v_b.weight")?
+            .dims
+            .get(1)
+            .copied()
+            .unwrap_or(0) as usize,
         v => v,
     };
     if n_rot == 0 || !n_rot.is_multiple_of(2) || n_rot >= hd || v_dim == 0 {
@@ -415,7 +427,9 @@ impl Architecture for GlmDsa {
             .extra
             .as_mut()
             .and_then(|x| x.as_any_mut().downcast_mut::<GlmDsaState>())
-            .ok_or_else(|| ModelError::Compute("glm-dsa: sequence state of another model".into()))?;
+            .ok_or_else(|| {
+                ModelError::Compute("glm-dsa: sequence state of another model".into())
+            })?;
         let e = self.cfg.n_embd;
         let eps = self.rms_eps;
         let t_len = batch.len();
@@ -479,6 +493,9 @@ mod tests {
     fn glm52_pattern_has_21_full_layers() {
         let full: Vec<bool> = (0..78).map(glm52_full).collect();
         assert_eq!(full.iter().filter(|&&f| f).count(), 21);
-        assert_eq!(&full[..8], &[true, true, true, false, false, false, true, false]);
+        assert_eq!(
+            &full[..8],
+            &[true, true, true, false, false, false, true, false]
+        );
     }
 }

@@ -77,11 +77,10 @@ impl MlaState {
 
 /// Rows `h * n .. (h + 1) * n` of `m` as their own matrix.
 pub fn head_rows(m: &Mat, h: usize, n: usize) -> Result<Mat, ModelError> {
-    let rb = m
-        .ty
-        .row_bytes(m.cols as u64)
-        .ok_or_else(|| ModelError::Compute(format!("row size of a {} matrix", m.ty)))?
-        as usize;
+    let rb =
+        m.ty.row_bytes(m.cols as u64)
+            .ok_or_else(|| ModelError::Compute(format!("row size of a {} matrix", m.ty)))?
+            as usize;
     let start = m.range.start + h * n * rb;
     Ok(Mat {
         ty: m.ty,
