@@ -35,13 +35,15 @@ fn glm52_full(il: usize) -> bool {
     il < 2 || (il - 2).is_multiple_of(4)
 }
 
+struct MoeFfn {
+    moe: MoeWeights,
+    shared: GluWeights,
+    experts: [Stacked; 3],
+}
+
 enum Ffn {
     Dense(GluWeights),
-    Moe {
-        moe: MoeWeights,
-        shared: GluWeights,
-        experts: [Stacked; 3],
-    },
+    Moe(Box<MoeFfn>),
 }
 
 struct Layer {
@@ -298,7 +300,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
                     "{NAME}.expert_shared_count is 0 but blk.{il} has a shared expert"
                 )));
             }
-            Ffn::Moe {
+            Ffn::Moe(Box::new(MoeFfn {
                 moe: MoeWeights {
                     router_w: t.mat(&n("ffn_gate_inp"), n_expert, e)?,
                     router: Router::Biased {
@@ -320,7 +322,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
                     down: t.mat(&n("ffn_down_shexp"), e, sh_ff)?,
                 },
                 experts,
-            }
+            }))
         };
         layers.push(Layer {
             attn_norm: t.vec(&n("attn_norm"), e)?,
@@ -390,7 +392,7 @@ impl Architecture for GlmDsa {
             .iter()
             .enumerate()
             .map(|(il, l)| match &l.ffn {
-                Ffn::Moe { experts, .. } => Some(glu_unit_layer(il, self.cfg.n_expert, experts)),
+                Ffn::Moe(m) => Some(glu_unit_layer(il, self.cfg.n_expert, &m.experts)),
                 Ffn::Dense(_) => None,
             })
             .collect();
@@ -469,9 +471,9 @@ impl Architecture for GlmDsa {
             rms_norm_rows(&mut h, &l.ffn_norm, eps);
             let y = match &l.ffn {
                 Ffn::Dense(w) => glu(env, w, Activation::Silu, &h, t_len)?,
-                Ffn::Moe { moe, shared, .. } => {
-                    let mut y = routed(env, batch, il, moe, &h)?;
-                    let sh = glu(env, shared, Activation::Silu, &h, t_len)?;
+                Ffn::Moe(m) => {
+                    let mut y = routed(env, batch, il, &m.moe, &h)?;
+                    let sh = glu(env, &m.shared, Activation::Silu, &h, t_len)?;
                     add_into(&mut y, &sh);
                     y
                 }
