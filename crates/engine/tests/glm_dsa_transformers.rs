@@ -303,3 +303,136 @@ fn fallback_types_match_llama_cpp() {
     }
     assert!(failed.is_empty(), "outside the bounds: {failed:?}");
 }
+
+/// A copy of fixture `name` with its metadata edited by `edit`, written to `out`.
+fn rewrite(name: &str, out: &Path, edit: impl FnOnce(&mut Vec<(String, sluice_gguf::MetaValue)>)) {
+    let src = fixture(name);
+    let mut file = sluice_gguf::GgufFile::open(&src).unwrap();
+    edit(&mut file.metadata);
+    let mut r = std::fs::File::open(&src).unwrap();
+    let w = std::io::BufWriter::new(std::fs::File::create(out).unwrap());
+    sluice_gguf::GgufWriter::rewrite(&file, &mut r, w, out).unwrap();
+}
+
+/// Without `attention.indexer.types` the kinds follow llama.cpp's rule: all full below a
+/// 1M-token context (model b, all full: the same bits), else the GLM-5.2 pattern (full,
+/// full, full, shared, full for 5 layers: b carries indexer weights on every layer, like
+/// unsloth's files, and layer 3 must ignore them, so the logits change once the selection
+/// drops tokens, and only there). A file whose shared layers lack indexer weights fails
+/// with an error naming the missing tensor when the rule makes them full.
+#[test]
+fn indexer_types_fallback_by_context_length() {
+    use sluice_gguf::MetaValue;
+    let dir = std::env::temp_dir().join(format!("sluice-glm-types-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let drop_types = |m: &mut Vec<(String, MetaValue)>| {
+        m.retain(|(k, _)| k != "glm-dsa.attention.indexer.types")
+    };
+    let want = run(&Model::load(&fixture("b-f32.gguf")).unwrap(), 32, 2, true);
+    let n_vocab = 512;
+
+    let short = dir.join("b-short.gguf");
+    rewrite("b-f32.gguf", &short, drop_types);
+    assert!(same_bits(
+        &run(&Model::load(&short).unwrap(), 32, 2, true),
+        &want
+    ));
+
+    let long = dir.join("b-1m.gguf");
+    rewrite("b-f32.gguf", &long, |m| {
+        drop_types(m);
+        for (k, v) in m.iter_mut() {
+            if k == "glm-dsa.context_length" {
+                *v = MetaValue::U32(1_048_576);
+            }
+        }
+    });
+    let got = run(&Model::load(&long).unwrap(), 32, 2, true);
+    let top_k = 16;
+    let differs = |p: usize| {
+        !same_bits(
+            &got[p * n_vocab..(p + 1) * n_vocab],
+            &want[p * n_vocab..(p + 1) * n_vocab],
+        )
+    };
+    assert!(
+        (0..top_k).all(|p| !differs(p)),
+        "dense-equivalent positions moved"
+    );
+    assert!(
+        (top_k..96).any(differs),
+        "the GLM-5.2 pattern was not applied"
+    );
+
+    let c = dir.join("c-no-types.gguf");
+    rewrite("c-f32.gguf", &c, drop_types);
+    let err = match Model::load(&c) {
+        Ok(_) => panic!("c without indexer types loaded"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("blk.1.indexer"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Bad metadata: a clear one-line error naming the key, never a panic.
+#[test]
+fn bad_metadata_is_a_clear_error() {
+    use sluice_gguf::{MetaArray, MetaType, MetaValue};
+    let dir = std::env::temp_dir().join(format!("sluice-glm-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases: Vec<(&str, MetaValue, &str)> = vec![
+        (
+            "glm-dsa.attention.indexer.types",
+            MetaValue::Array(MetaArray {
+                elem_type: MetaType::Bool,
+                values: vec![MetaValue::Bool(false); 4],
+            }),
+            "indexer.types",
+        ),
+        (
+            "glm-dsa.attention.indexer.types",
+            MetaValue::Array(MetaArray {
+                elem_type: MetaType::Bool,
+                values: vec![MetaValue::Bool(true); 2],
+            }),
+            "indexer.types",
+        ),
+        (
+            "glm-dsa.attention.indexer.top_k",
+            MetaValue::U32(0),
+            "top_k",
+        ),
+        (
+            "glm-dsa.rope.dimension_count",
+            MetaValue::U32(7),
+            "rope.dimension_count",
+        ),
+        (
+            "glm-dsa.expert_gating_func",
+            MetaValue::U32(9),
+            "expert_gating_func",
+        ),
+        (
+            "glm-dsa.expert_used_count",
+            MetaValue::U32(99),
+            "expert_used_count",
+        ),
+    ];
+    for (i, (key, value, needle)) in cases.into_iter().enumerate() {
+        let out = dir.join(format!("bad{i}.gguf"));
+        rewrite("a-f32.gguf", &out, |m| {
+            match m.iter_mut().find(|(k, _)| k == key) {
+                Some((_, v)) => *v = value.clone(),
+                // (the converter writes no expert_gating_func for this config)
+                None => m.push((key.to_string(), value.clone())),
+            }
+        });
+        let err = match Model::load(&out) {
+            Ok(_) => panic!("{key}: a bad value was accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(needle), "{key}: error does not name it: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
