@@ -436,3 +436,81 @@ fn bad_metadata_is_a_clear_error() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A file that carries an MTP block (`nextn_predict_layers` 1, `blk.4.*` with `nextn.*`
+/// after the 4 main layers, as the converter appends GLM-5.2's `model.layers.78`) loads,
+/// never runs the block (same logits as without it) and describes its routed experts as
+/// streamable (so they stay on disk and are never locked).
+#[test]
+fn file_with_mtp_block_loads_and_ignores_it() {
+    use sluice_gguf::{GgmlType, GgufFile, GgufWriter, MetaArray, MetaType, MetaValue, TensorSpec};
+    let path = fixture("a-f32.gguf");
+    let bytes = std::fs::read(&path).unwrap();
+    let file = GgufFile::parse(&bytes, &path).unwrap();
+    let n = 4u64;
+    let mut meta = file.metadata.clone();
+    for (k, v) in meta.iter_mut() {
+        match k.as_str() {
+            "glm-dsa.block_count" => *v = MetaValue::U32(n as u32 + 1),
+            "glm-dsa.nextn_predict_layers" => *v = MetaValue::U32(1),
+            "glm-dsa.attention.indexer.types" => {
+                *v = MetaValue::Array(MetaArray {
+                    elem_type: MetaType::Bool,
+                    values: [true, true, false, true, true]
+                        .iter()
+                        .map(|&b| MetaValue::Bool(b))
+                        .collect(),
+                })
+            }
+            _ => {}
+        }
+    }
+    // The MTP block: layer 3's tensors renamed to blk.4, plus nextn.*.
+    let e = 64u64;
+    let mut specs: Vec<TensorSpec> = file.tensors.iter().map(TensorSpec::from).collect();
+    let slice = |t: &sluice_gguf::TensorInfo| {
+        let r = file.tensor_range(t);
+        bytes[r.start as usize..r.end as usize].to_vec()
+    };
+    let mut data: Vec<Vec<u8>> = file.tensors.iter().map(slice).collect();
+    for t in &file.tensors {
+        if let Some(rest) = t.name.strip_prefix("blk.3.") {
+            specs.push(TensorSpec::new(format!("blk.{n}.{rest}"), &t.dims, t.ty));
+            data.push(slice(t));
+        }
+    }
+    for (name, dims) in [
+        ("nextn.eh_proj.weight", vec![2 * e, e]),
+        ("nextn.enorm.weight", vec![e]),
+        ("nextn.hnorm.weight", vec![e]),
+        ("nextn.shared_head_norm.weight", vec![e]),
+    ] {
+        let len: u64 = dims.iter().product();
+        specs.push(TensorSpec::new(
+            format!("blk.{n}.{name}"),
+            &dims,
+            GgmlType::F32,
+        ));
+        data.push(vec![0u8; 4 * len as usize]);
+    }
+    let dir = std::env::temp_dir().join(format!("sluice-glm-mtp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("mtp.gguf");
+    let f = std::fs::File::create(&out).unwrap();
+    let mut w = GgufWriter::new(f, &out, &meta, &specs).unwrap();
+    for (s, d) in specs.iter().zip(&data) {
+        w.write_tensor(&s.name, d).unwrap();
+    }
+    w.finish().unwrap();
+
+    let with_mtp = Model::load(&out).unwrap();
+    assert_eq!(with_mtp.cfg.n_layer, n as usize);
+    assert_eq!(with_mtp.groups.experts.layers.len(), n as usize + 1);
+    assert!(with_mtp.groups.experts.layers[n as usize].is_some());
+    let plain = Model::load(&path).unwrap();
+    assert!(same_bits(
+        &run(&with_mtp, 32, 2, false),
+        &run(&plain, 32, 2, false)
+    ));
+    std::fs::remove_dir_all(&dir).ok();
+}
