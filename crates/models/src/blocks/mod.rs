@@ -13,16 +13,20 @@
 //! - [`hyper`]: hyper-connections (several residual streams mixed by Sinkhorn; DeepSeek V4).
 //! - [`dsv4_attention`]: DeepSeek V4 attention (q-LoRA, shared K=V latent, sinks, KV
 //!   compressors, lightning indexer) and its per-sequence layer state.
+//! - [`mla`]: multi-head latent attention (absorbed, latent cache, optional token selection).
+//! - [`dsa_indexer`]: GLM's DSA lightning indexer (top-k token selection, shared by later layers).
 //!
 //! Norms, RoPE tables and activations are in [`crate::ops`].
 
 pub mod attention;
 pub mod deltanet;
+pub mod dsa_indexer;
 pub mod dsv4_attention;
 pub mod ffn;
 pub mod head;
 pub mod hyper;
 pub mod hyper_lowrank;
+pub mod mla;
 pub mod moe;
 pub mod ple;
 pub mod qsa;
