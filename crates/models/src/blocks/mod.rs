@@ -13,6 +13,8 @@
 //! - [`hyper`]: hyper-connections (several residual streams mixed by Sinkhorn; DeepSeek V4).
 //! - [`dsv4_attention`]: DeepSeek V4 attention (q-LoRA, shared K=V latent, sinks, KV
 //!   compressors, lightning indexer) and its per-sequence layer state.
+//! - [`kda`]: Kimi Delta Attention (GLM-5.3-Flash linear-attention layers) and its state.
+//! - [`mla_pooled`]: NoPE latent attention with the k-pool sparse indexer (GLM-5.3-Flash).
 //!
 //! Norms, RoPE tables and activations are in [`crate::ops`].
 
@@ -23,6 +25,8 @@ pub mod ffn;
 pub mod head;
 pub mod hyper;
 pub mod hyper_lowrank;
+pub mod kda;
+pub mod mla_pooled;
 pub mod moe;
 pub mod ple;
 pub mod qsa;

@@ -1,0 +1,190 @@
+//! glm5next (GLM-5.3-Flash) forward pass against transformers (float32) on tiny random
+//! models, converted to GGUF by llama.cpp's own converter.
+//!
+//! Fixtures: tests/fixtures/glm5next/, made by tools/fixtures/make_glm5next.py
+//! (transformers 5.24 `Glm5NextTextModel` + its LM head, teacher-forced logits of a short
+//! prompt and of a prompt long enough that the pooled indexer drops pools; three configs:
+//! KDA with the lower-bound gate and with the softplus gate, kpool 4 and 2, clamps that
+//! bite, a shared indexer layer). sluice never produced these numbers.
+//!
+//! Tolerance: 1e-3 of the largest |logit| against transformers; chunked prefill,
+//! token-by-token decode and thread counts must give the same bits (the KDA recurrence and
+//! every reduction run in one fixed order whatever the chunking).
+
+use std::path::{Path, PathBuf};
+
+use sluice_engine::eval::read_npy_f32;
+use sluice_engine::tier::PolicyKind;
+use sluice_engine::tier::{StreamConfig, StreamingExperts};
+use sluice_engine::{Logits, Model};
+use sluice_io::{Backend, IoConfig};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/glm5next")
+        .join(name)
+}
+
+fn prompt(name: &str) -> Vec<u32> {
+    let text = std::fs::read_to_string(fixture("manifest.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["prompts"][name]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Every position's logits: prefill in chunks of `batch`, the last `decode` tokens one
+/// at a time.
+fn run(m: &Model, toks: &[u32], batch: usize, decode: usize, threads: usize) -> Vec<f32> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let (pre, rest) = toks.split_at(toks.len() - decode);
+    // transformers keeps the latents and indexer keys in float32.
+    let mut st = m.new_state(512, true);
+    let mut out = Vec::new();
+    for c in pre.chunks(batch) {
+        out.extend(pool.install(|| m.forward(&mut st, c, Logits::All)).unwrap());
+    }
+    for &t in rest {
+        out.extend(
+            pool.install(|| m.forward(&mut st, &[t], Logits::All))
+                .unwrap(),
+        );
+    }
+    out
+}
+
+/// max |a - b| / max |b|
+fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let max_ref = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let max_diff = a
+        .iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+    max_diff / max_ref
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+fn check(gguf: &str, model: &str) {
+    let m = Model::load(&fixture(gguf)).unwrap();
+    for p in ["short", "long"] {
+        let toks = prompt(p);
+        let (want, _) = read_npy_f32(&fixture(&format!("{model}.{p}.logits.npy"))).unwrap();
+        let whole = run(&m, &toks, 512, 0, 1);
+        let err = rel_err(&whole, &want);
+        eprintln!("{gguf} {p}: max |sluice - transformers| / max |logit| = {err:.3e}");
+        assert!(err < 1e-3, "{gguf} {p}: relative error {err} >= 1e-3");
+        // chunked prefill, token-by-token decode, other thread counts: the same bits.
+        for (batch, decode, threads) in [(5, 0, 2), (3, 4, 1), (1, 0, 2), (7, toks.len() / 2, 2)] {
+            let got = run(&m, &toks, batch, decode, threads);
+            assert!(
+                same_bits(&got, &whole),
+                "{gguf} {p}: batch {batch} decode {decode} threads {threads} differs from one-shot prefill"
+            );
+        }
+    }
+}
+
+#[test]
+fn model_a_f32_matches_transformers() {
+    check("a-f32.gguf", "a");
+}
+
+#[test]
+fn model_b_f32_matches_transformers() {
+    check("b-f32.gguf", "b");
+}
+
+#[test]
+fn model_c_f32_matches_transformers() {
+    check("c-f32.gguf", "c");
+}
+
+/// unsloth's spelling (`glm5next`, keys under that prefix) and the PR #27752 key
+/// `attention.indexer.block_size`: the same model, the same bits.
+#[test]
+fn alias_spelling_and_block_size_key_load_the_same_model() {
+    check("a-alias.gguf", "a");
+    let toks = prompt("long");
+    let a = run(
+        &Model::load(&fixture("a-f32.gguf")).unwrap(),
+        &toks,
+        512,
+        0,
+        1,
+    );
+    let b = run(
+        &Model::load(&fixture("a-alias.gguf")).unwrap(),
+        &toks,
+        512,
+        0,
+        1,
+    );
+    assert!(same_bits(&a, &b));
+}
+
+/// A snapshot taken mid-prompt and restored gives the same continuation (KDA state and
+/// latent rows are copied, not shared).
+#[test]
+fn snapshot_restore_continues_identically() {
+    let m = Model::load(&fixture("c-f32.gguf")).unwrap();
+    let toks = prompt("long");
+    let mut st = m.new_state(512, true);
+    m.forward(&mut st, &toks[..20], Logits::None).unwrap();
+    let snap = st.snapshot();
+    let want = m.forward(&mut st, &toks[20..], Logits::All).unwrap();
+    let mut other = m.new_state(512, true);
+    m.forward(&mut other, &toks[..9], Logits::None).unwrap();
+    other.restore(&snap);
+    let got = m.forward(&mut other, &toks[20..], Logits::All).unwrap();
+    assert!(same_bits(&got, &want));
+    st.clear();
+    let again = m.forward(&mut st, &toks, Logits::All).unwrap();
+    let whole = run(&m, &toks, 512, 0, 1);
+    assert!(same_bits(&again, &whole), "clear() leaves no state behind");
+}
+
+/// Routed experts streamed through the cache at its minimum budget, with the first MoE
+/// layer pinned or not: the same bits as resident.
+#[test]
+fn streaming_experts_at_minimum_budget_is_bit_identical() {
+    for name in ["a-f32.gguf", "c-f32.gguf"] {
+        let path = fixture(name);
+        let resident = Model::load(&path).unwrap();
+        let toks = prompt("long");
+        let want = run(&resident, &toks, 6, 5, 2);
+        let k = resident.cfg.n_expert_used;
+        let min = StreamingExperts::min_budget(&resident.groups.experts, k);
+        for (backend, pinned) in [(Backend::Pread, 0), (Backend::Mmap, 0), (Backend::Pread, 1)] {
+            let cfg = StreamConfig {
+                budget: min,
+                policy: PolicyKind::default(),
+                resident_layers: pinned,
+                io: IoConfig {
+                    backend,
+                    direct: false,
+                    depth: 4,
+                    threads: 2,
+                    high_priority: false,
+                },
+            };
+            let mut m = Model::load(&path).unwrap();
+            let s = StreamingExperts::open(&path, &m.groups.experts, k, &cfg).unwrap();
+            m.set_expert_source(Box::new(s));
+            let got = run(&m, &toks, 6, 5, 2);
+            assert!(
+                same_bits(&got, &want),
+                "{name} {backend:?} resident_layers {pinned}: streamed differs"
+            );
+        }
+    }
+}
