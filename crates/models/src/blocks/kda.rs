@@ -2,8 +2,9 @@
 //!
 //! Owns: the q / k / v projections, their causal depthwise convolutions (state: the last
 //! `kernel - 1` PRE-conv inputs per channel) and SiLU, per-head L2 norm of q and k (eps
-//! inside the sqrt, as FLA), the per-channel forget gate (`lower_bound * sigmoid(exp(A_log)
-//! * f)`, or `-exp(A_log) * softplus(f)` when the file has no lower bound), the per-head
+//! inside the sqrt, as FLA), the per-channel forget gate
+//! (`lower_bound * sigmoid(exp(A_log) * f)`, or `-exp(A_log) * softplus(f)` when the file has
+//! no lower bound), the per-head
 //! input gate beta, the delta rule over a `[H, d_k, d_v]` f32 recurrent state whose rows
 //! decay per key channel, and the sigmoid-gated RMS norm before the output projection.
 //!
