@@ -188,3 +188,82 @@ fn streaming_experts_at_minimum_budget_is_bit_identical() {
         }
     }
 }
+
+/// The file `bytes` with metadata `key` set to `value`, written to `out`.
+fn rewrite_with(bytes: &[u8], path: &Path, key: &str, value: sluice_gguf::MetaValue, out: &Path) {
+    let mut file = sluice_gguf::GgufFile::parse(bytes, path).unwrap();
+    for (k, v) in file.metadata.iter_mut() {
+        if k == key {
+            *v = value.clone();
+        }
+    }
+    let dst = std::fs::File::create(out).unwrap();
+    sluice_gguf::GgufWriter::rewrite(&file, &mut std::io::Cursor::new(bytes), dst, out).unwrap();
+}
+
+/// Inconsistent hyper-parameters are refused at load with a one-line error naming the key
+/// (or the tensor whose shape disagrees).
+#[test]
+fn bad_metadata_is_refused() {
+    use sluice_gguf::{MetaArray, MetaType, MetaValue};
+    let path = fixture("a-f32.gguf");
+    let bytes = std::fs::read(&path).unwrap();
+    let bools = |v: &[bool]| {
+        MetaValue::Array(MetaArray {
+            elem_type: MetaType::Bool,
+            values: v.iter().map(|&b| MetaValue::Bool(b)).collect(),
+        })
+    };
+    let cases: Vec<(&str, MetaValue, &str)> = vec![
+        (
+            "glm5-next.attention.indexer.kpool",
+            MetaValue::U32(3),
+            "kpool",
+        ),
+        (
+            "glm5-next.rope.dimension_count",
+            MetaValue::U32(8),
+            "rope.dimension_count",
+        ),
+        (
+            "glm5-next.attention.head_count_kv",
+            MetaValue::Array(MetaArray {
+                elem_type: MetaType::I32,
+                values: vec![MetaValue::I32(0), MetaValue::I32(1)],
+            }),
+            "head_count_kv",
+        ),
+        (
+            "glm5-next.attention.indexer.types",
+            bools(&[true, false, true, true]),
+            "shares the indexer selection",
+        ),
+        (
+            "glm5-next.attention.q_lora_rank",
+            MetaValue::U32(16),
+            "blk.1.indexer.attn_q_b.weight",
+        ),
+        (
+            "glm5-next.expert_used_count",
+            MetaValue::U32(9),
+            "expert_used_count",
+        ),
+    ];
+    let dir = std::env::temp_dir().join(format!("sluice-glm5-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (key, value, needle) in cases {
+        let out = dir.join("bad.gguf");
+        rewrite_with(&bytes, &path, key, value, &out);
+        let err = match Model::load(&out) {
+            Ok(_) => panic!("{key}: a bad value was accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(needle), "{key}: error does not name it: {err}");
+        assert!(
+            err.contains("bad.gguf"),
+            "{key}: error does not name the file: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
