@@ -267,3 +267,93 @@ fn bad_metadata_is_refused() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A file that carries an MTP block (`nextn_predict_layers` 1, per-layer arrays one longer,
+/// `blk.N.*` with `nextn.*` after the main layers, as the converter writes it without
+/// `--no-mtp`) loads, never runs the block (same logits as without it) and describes its
+/// routed experts as streamable (they stay on disk).
+#[test]
+fn file_with_mtp_block_loads_and_ignores_it() {
+    use sluice_gguf::{GgmlType, GgufFile, GgufWriter, MetaArray, MetaType, MetaValue, TensorSpec};
+    let path = fixture("a-f32.gguf");
+    let bytes = std::fs::read(&path).unwrap();
+    let file = GgufFile::parse(&bytes, &path).unwrap();
+    let n = 4u64; // main layers of model a
+    let mut meta = file.metadata.clone();
+    for (k, v) in meta.iter_mut() {
+        match k.as_str() {
+            "glm5-next.block_count" => *v = MetaValue::U32(n as u32 + 1),
+            "glm5-next.attention.head_count_kv" => {
+                *v = MetaValue::Array(MetaArray {
+                    elem_type: MetaType::I32,
+                    values: [0, 1, 0, 1, 1].iter().map(|&x| MetaValue::I32(x)).collect(),
+                })
+            }
+            "glm5-next.swiglu_clamp_exp" | "glm5-next.swiglu_clamp_shexp" => {
+                *v = MetaValue::Array(MetaArray {
+                    elem_type: MetaType::F32,
+                    values: vec![MetaValue::F32(10.0); n as usize + 1],
+                })
+            }
+            _ => {}
+        }
+    }
+    meta.push(("glm5-next.nextn_predict_layers".into(), MetaValue::U32(1)));
+    // The MTP block: layer 3's tensors (a DSA + MoE layer) renamed to blk.4, plus nextn.*.
+    let e = 64u64;
+    let mut specs: Vec<TensorSpec> = file.tensors.iter().map(TensorSpec::from).collect();
+    let mut data: Vec<Vec<u8>> = file
+        .tensors
+        .iter()
+        .map(|t| {
+            let r = file.tensor_range(t);
+            bytes[r.start as usize..r.end as usize].to_vec()
+        })
+        .collect();
+    for t in &file.tensors {
+        if let Some(rest) = t.name.strip_prefix("blk.3.") {
+            if rest.starts_with("hc_") {
+                continue; // the MTP block has no mHC
+            }
+            let r = file.tensor_range(t);
+            specs.push(TensorSpec::new(format!("blk.{n}.{rest}"), &t.dims, t.ty));
+            data.push(bytes[r.start as usize..r.end as usize].to_vec());
+        }
+    }
+    for (name, dims) in [
+        ("nextn.eh_proj.weight", vec![2 * e, e]),
+        ("nextn.enorm.weight", vec![e]),
+        ("nextn.hnorm.weight", vec![e]),
+        ("nextn.shared_head_norm.weight", vec![e]),
+    ] {
+        let len: u64 = dims.iter().product();
+        specs.push(TensorSpec::new(
+            format!("blk.{n}.{name}"),
+            &dims,
+            GgmlType::F32,
+        ));
+        data.push(vec![0u8; 4 * len as usize]);
+    }
+    let dir = std::env::temp_dir().join(format!("sluice-glm5-mtp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("mtp.gguf");
+    let f = std::fs::File::create(&out).unwrap();
+    let mut w = GgufWriter::new(f, &out, &meta, &specs).unwrap();
+    for (s, d) in specs.iter().zip(&data) {
+        w.write_tensor(&s.name, d).unwrap();
+    }
+    w.finish().unwrap();
+
+    let with_mtp = Model::load(&out).unwrap();
+    assert_eq!(with_mtp.cfg.n_layer, n as usize);
+    let layers = &with_mtp.groups.experts.layers;
+    assert_eq!(layers.len(), n as usize + 1);
+    assert!(layers[0].is_none() && layers[n as usize].is_some());
+    let plain = Model::load(&path).unwrap();
+    let toks = prompt("long");
+    assert!(same_bits(
+        &run(&with_mtp, &toks, 512, 3, 1),
+        &run(&plain, &toks, 512, 3, 1)
+    ));
+    std::fs::remove_dir_all(&dir).ok();
+}
