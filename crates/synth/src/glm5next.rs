@@ -264,3 +264,28 @@ pub fn plan(cfg: &G5SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
     mat(t, "output.weight".into(), &[e, VOCAB as u64], sigma(e));
     Plan::from_parts(metadata, tensors, cfg.seed, fallbacks)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The full preset has the llama.cpp tensor inventory minus the 29 MTP tensors
+    /// (1412 - 29, ../shared/models/glm5.md section 3.2) and the spec's routed bytes at
+    /// Q8_0 (section 5.1: 25.50 MiB per expert, 42 MoE layers x 288 = 301.2 GiB).
+    #[test]
+    fn full_preset_matches_the_release_inventory() {
+        let cfg = G5SynthConfig {
+            layers: LAYERS,
+            experts: EXPERTS,
+            quant: GgmlType::Q8_0,
+            seed: 0,
+            name: "t".into(),
+        };
+        let plan = plan(&cfg, Vocab::builtin()).unwrap();
+        assert_eq!(plan.layout.tensors.len(), 1412 - 29);
+        let routed = plan.role_bytes().routed_experts;
+        assert_eq!(routed, 42 * 288 * 3 * (4096 * 2048 / 32 * 34));
+        let gib = routed as f64 / (1u64 << 30) as f64;
+        assert!((gib - 301.2).abs() < 0.05, "{gib}");
+    }
+}
