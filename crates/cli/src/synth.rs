@@ -33,14 +33,16 @@ pub struct SynthArgs {
     /// Architecture: qwen3moe, deepseek4 (DeepSeek V4: presets deepseek-v4-flash and
     /// deepseek4-tiny, --quant q2 or mxfp4; of the shape flags only --layers and --vocab
     /// apply), glm-dsa (GLM-5.2/5.3: presets glm-5.2 and glm-dsa-tiny, --quant iq2xxs or q2;
-    /// of the shape flags only --layers and --vocab apply), or qwen4exp (Qwen3.8-Flash-Next, the real shape with its 320M-row n-gram PLE
+    /// of the shape flags only --layers and --vocab apply), qwen4exp (Qwen3.8-Flash-Next, the real shape with its 320M-row n-gram PLE
     /// table; only --layers, --quant, --ple-quant, --seed and --name apply; also chosen by
-    /// `--preset qwen3.8-flash-next`).
+    /// `--preset qwen3.8-flash-next`), or glm5next (GLM-5.3-Flash, the real shape without the
+    /// MTP block; only --layers, --experts, --quant, --vocab-from, --seed and --name apply;
+    /// also chosen by `--preset glm-5.3-flash`).
     #[arg(long, default_value = "qwen3moe")]
     pub arch: String,
     /// Shape preset: tiny, qwen3-30b-a3b, qwen3-235b-a22b (qwen3moe); deepseek-v4-flash,
     /// deepseek4-tiny (deepseek4; default deepseek4-tiny); glm-5.2 (also glm-5.3), glm-dsa-tiny
-    /// (glm-dsa; default glm-dsa-tiny); qwen3.8-flash-next (qwen4exp).
+    /// (glm-dsa; default glm-dsa-tiny); qwen3.8-flash-next (qwen4exp); glm-5.3-flash (glm5next).
     /// The flags below override it.
     #[arg(long)]
     pub preset: Option<String>,
@@ -437,6 +439,66 @@ fn qwen4exp_plan(args: &SynthArgs) -> Result<Plan> {
     Ok(plan)
 }
 
+/// The `glm-5.3-flash` plan (glm5next).
+fn glm5next_plan(args: &SynthArgs) -> Result<Plan> {
+    let q = args.quant.as_deref().unwrap_or("Q8_0");
+    let quant = GgmlType::from_name(&q.to_uppercase())
+        .filter(|t| synth::QUANTS.contains(t))
+        .ok_or_else(|| anyhow!("--quant '{q}': expected F32, Q8_0, Q4_K or Q6_K"))?;
+    let ignored = [
+        ("--hidden", args.hidden),
+        ("--heads", args.heads),
+        ("--kv-heads", args.kv_heads),
+        ("--head-dim", args.head_dim),
+        ("--top-k", args.top_k),
+        ("--expert-ff", args.expert_ff),
+        ("--context", args.context),
+        ("--vocab", args.vocab),
+    ];
+    if let Some((f, _)) = ignored.iter().find(|(_, v)| v.is_some()) {
+        anyhow::bail!("{f} does not apply to glm5next (only --layers and --experts)");
+    }
+    let cfg = synth::glm5next::G5SynthConfig {
+        layers: args.layers.unwrap_or(synth::glm5next::LAYERS),
+        experts: args.experts.unwrap_or(synth::glm5next::EXPERTS),
+        quant,
+        seed: args.seed,
+        name: args
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("sluice synth glm-5.3-flash {quant}")),
+    };
+    let vocab = match &args.vocab_from {
+        Some(p) => Vocab::from_gguf(p)?,
+        None => Vocab::builtin(),
+    };
+    let plan = synth::glm5next::plan(&cfg, vocab)?;
+    let size = plan.file_size();
+    let r = plan.role_bytes();
+    eprintln!(
+        "synth {}: glm5-next (GLM-5.3-Flash shape), {} layers ({} KDA), {} experts of {} (top-{}), {}, seed {}",
+        args.output.display(),
+        cfg.layers,
+        (0..cfg.layers).filter(|&i| synth::glm5next::is_kda(i)).count(),
+        cfg.experts,
+        synth::glm5next::EXPERT_FF,
+        synth::glm5next::TOP_K,
+        cfg.quant,
+        cfg.seed
+    );
+    eprintln!(
+        "  file: {size} bytes ({:.2} GiB), {} tensors; routed experts {:.2} GiB, embeddings/output {:.2} GiB",
+        gib(size),
+        plan.layout.tensors.len(),
+        gib(r.routed_experts),
+        gib(r.embeddings)
+    );
+    for f in &plan.fallbacks {
+        eprintln!("  note: {f}");
+    }
+    Ok(plan)
+}
+
 pub fn main(args: SynthArgs) -> Result<()> {
     let vocab = match &args.vocab_from {
         Some(p) => Vocab::from_gguf(p)?,
@@ -445,6 +507,8 @@ pub fn main(args: SynthArgs) -> Result<()> {
     let vocab_src = vocab.source.clone();
     let plan = match args.arch.as_str() {
         "qwen4exp" => qwen4exp_plan(&args)?,
+        "glm5next" | "glm5-next" => glm5next_plan(&args)?,
+        "qwen3moe" if args.preset.as_deref() == Some("glm-5.3-flash") => glm5next_plan(&args)?,
         "qwen3moe" if args.preset.as_deref() == Some("qwen3.8-flash-next") => qwen4exp_plan(&args)?,
         "qwen3moe" => {
             let cfg = config(&args)?;
@@ -464,7 +528,9 @@ pub fn main(args: SynthArgs) -> Result<()> {
             print_glm_dsa_plan(&args, &cfg, &plan, &vocab_src);
             plan
         }
-        a => anyhow::bail!("--arch '{a}': synth writes qwen3moe, deepseek4, qwen4exp or glm-dsa"),
+        a => anyhow::bail!(
+            "--arch '{a}': synth writes qwen3moe, deepseek4, qwen4exp, glm-dsa or glm5next"
+        ),
     };
     if args.dry_run {
         return Ok(());

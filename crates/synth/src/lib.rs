@@ -11,6 +11,7 @@
 
 pub mod blocks;
 pub mod deepseek4;
+pub mod glm5next;
 pub mod glm_dsa;
 pub mod qwen4exp;
 pub mod vocab;

@@ -15,6 +15,8 @@
 //!   compressors, lightning indexer) and its per-sequence layer state.
 //! - [`mla`]: multi-head latent attention (absorbed, latent cache, optional token selection).
 //! - [`dsa_indexer`]: GLM's DSA lightning indexer (top-k token selection, shared by later layers).
+//! - [`kda`]: Kimi Delta Attention (GLM-5.3-Flash linear-attention layers) and its state.
+//! - [`mla_pooled`]: NoPE latent attention with the k-pool sparse indexer (GLM-5.3-Flash).
 //!
 //! Norms, RoPE tables and activations are in [`crate::ops`].
 
@@ -26,7 +28,9 @@ pub mod ffn;
 pub mod head;
 pub mod hyper;
 pub mod hyper_lowrank;
+pub mod kda;
 pub mod mla;
+pub mod mla_pooled;
 pub mod moe;
 pub mod ple;
 pub mod qsa;
