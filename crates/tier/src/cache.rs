@@ -430,6 +430,11 @@ impl<B: SlotBuf> ExpertCache<B> {
         g.check();
     }
 
+    /// Starts the policy's statistics of `key` from a saved rate (selections per token).
+    pub fn seed(&self, key: ExpertKey, rate: f64) {
+        self.lock().policy.seed(key, rate);
+    }
+
     /// One token finished (all layers): advances the policy's decay clock.
     pub fn end_token(&self) {
         let mut g = self.lock();
