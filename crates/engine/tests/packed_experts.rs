@@ -24,7 +24,10 @@ fn logits(m: &Model) -> Vec<f32> {
     let (prompt, rest) = toks.split_at(toks.len() / 2);
     let mut kv = m.new_state(256, false);
     let mut out = Vec::new();
-    out.extend(pool.install(|| m.forward(&mut kv, prompt, Logits::All)).unwrap());
+    out.extend(
+        pool.install(|| m.forward(&mut kv, prompt, Logits::All))
+            .unwrap(),
+    );
     for &t in rest {
         out.extend(
             pool.install(|| m.forward(&mut kv, &[t], Logits::All))
@@ -46,7 +49,14 @@ fn tmp_dir(tag: &str) -> PathBuf {
 
 fn pack(model: &Path, out: &Path) {
     let m = Model::load(model).unwrap();
-    write_pack(model, m.map.bytes(), m.gguf.data_offset, &m.groups.experts, out).unwrap();
+    write_pack(
+        model,
+        m.map.bytes(),
+        m.gguf.data_offset,
+        &m.groups.experts,
+        out,
+    )
+    .unwrap();
 }
 
 fn open(pack: &Path, model: &Path) -> Result<PackFile, PackError> {
@@ -90,14 +100,8 @@ fn packed_logits_bit_identical() {
                     };
                     let mut m = Model::load(&path).unwrap();
                     let s = std::sync::Arc::new(
-                        StreamingExperts::open_packed(
-                            &path,
-                            &m.groups.experts,
-                            k,
-                            &cfg,
-                            Some(&pf),
-                        )
-                        .unwrap(),
+                        StreamingExperts::open_packed(&path, &m.groups.experts, k, &cfg, Some(&pf))
+                            .unwrap(),
                     );
                     m.set_expert_source(Box::new(s.clone()));
                     let got = logits(&m);
@@ -111,8 +115,9 @@ fn packed_logits_bit_identical() {
                     assert!(cs.total.misses > 0);
                     assert_eq!(
                         io.bytes_requested,
-                        cs.total.misses * (resident.groups.experts.total_bytes()
-                            / (resident.cfg.n_layer * resident.cfg.n_expert) as u64),
+                        cs.total.misses
+                            * (resident.groups.experts.total_bytes()
+                                / (resident.cfg.n_layer * resident.cfg.n_expert) as u64),
                         "{name}: bytes requested must be misses x expert bytes"
                     );
                 }
@@ -166,14 +171,20 @@ fn mismatched_truncated_and_damaged_sidecars_are_refused() {
         let msg = load_with(other, PackChoice::File(sidecar.clone()))
             .err()
             .expect("a sidecar of another model must be refused");
-        assert!(msg.contains("a.slpack") && msg.contains("does not match"), "{msg}");
+        assert!(
+            msg.contains("a.slpack") && msg.contains("does not match"),
+            "{msg}"
+        );
     }
     let bytes = std::fs::read(&sidecar).unwrap();
     // Truncated.
     let cut = dir.join("cut.slpack");
     std::fs::write(&cut, &bytes[..bytes.len() - 4096]).unwrap();
     let msg = load_with(&a, PackChoice::File(cut.clone())).err().unwrap();
-    assert!(msg.contains("cut.slpack") && msg.contains("truncated"), "{msg}");
+    assert!(
+        msg.contains("cut.slpack") && msg.contains("truncated"),
+        "{msg}"
+    );
     std::fs::write(&cut, &bytes[..10]).unwrap();
     let msg = load_with(&a, PackChoice::File(cut.clone())).err().unwrap();
     assert!(msg.contains("cut.slpack"), "{msg}");
@@ -182,7 +193,10 @@ fn mismatched_truncated_and_damaged_sidecars_are_refused() {
     bad[70] ^= 0x40;
     std::fs::write(&cut, &bad).unwrap();
     let msg = load_with(&a, PackChoice::File(cut.clone())).err().unwrap();
-    assert!(msg.contains("cut.slpack") && msg.contains("damaged"), "{msg}");
+    assert!(
+        msg.contains("cut.slpack") && msg.contains("damaged"),
+        "{msg}"
+    );
     // A missing file given by name.
     let msg = load_with(&a, PackChoice::File(dir.join("none.slpack")))
         .err()
