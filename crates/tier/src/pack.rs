@@ -368,7 +368,7 @@ impl PackFile {
             )));
         }
         // The layout must be exactly what this build would write for this model.
-        let (want, want_total) = plan(group, header_len).map_err(|w| mismatch(w))?;
+        let (want, want_total) = plan(group, header_len).map_err(&mismatch)?;
         let mut got: Vec<Option<PackLayer>> = vec![None; n_layer];
         for r in rec.chunks_exact(RECORD) {
             let layer = u32_at(r, 0);

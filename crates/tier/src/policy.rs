@@ -478,7 +478,7 @@ impl Policy for NextUse {
             return;
         }
         self.tokens += 1;
-        self.w = (2f64).powf(1.0 / self.half_life) * self.w;
+        self.w *= (2f64).powf(1.0 / self.half_life);
         if self.w > 1e200 {
             self.rescale();
         }
