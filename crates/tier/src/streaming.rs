@@ -4,6 +4,7 @@
 //! Owns: mapping (layer, unit) to the file segments of its matrices (from the
 //! [`UnitGroup`] the loader describes), the hits-first / misses-in-flight schedule of one
 //! layer's units, reading from a packed sidecar when one is given (one read per unit),
+//! slot memory made ready on a background thread at load, warming from a profile,
 //! resident (pinned) layers, the routing of completions to the sequence
 //! that issued them (several sequences may forward through one source at once), and the
 //! compute side's IO-wait counters. Budget enforcement and eviction are the cache's;
@@ -12,7 +13,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use sluice_io::{
@@ -116,7 +117,10 @@ pub struct StreamStats {
 /// through a mailbox, and a unit another sequence is already reading is waited for rather
 /// than read twice.
 pub struct StreamingExperts {
-    cache: ExpertCache<AlignedBuf>,
+    cache: Arc<ExpertCache<AlignedBuf>>,
+    /// The background thread that makes slot memory ready at load, and its stop flag.
+    slot_filler: Mutex<Option<std::thread::JoinHandle<()>>>,
+    stop_filler: Arc<AtomicBool>,
     io: Box<dyn IoEngine>,
     layers: Vec<Option<LayerLayout>>,
     /// Pins of resident layers' experts, held for the model's lifetime.
@@ -142,6 +146,13 @@ pub struct StreamingExperts {
     prefetched: Mutex<HashSet<ExpertKey>>,
     /// Certain prefetches on (`--no-hash-prefetch` turns them off, for A/B).
     certain_prefetch: AtomicBool,
+}
+
+impl Drop for StreamingExperts {
+    fn drop(&mut self) {
+        self.stop_filler.store(true, Ordering::Relaxed);
+        self.wait_slots_ready();
+    }
 }
 
 /// Completions that arrived for a caller other than the one polling.
@@ -219,7 +230,9 @@ impl StreamingExperts {
         )?;
         let io = open_engine(pack.map_or(path, |p| p.path.as_path()), &cfg.io)?;
         let mut s = StreamingExperts {
-            cache,
+            cache: Arc::new(cache),
+            slot_filler: Mutex::new(None),
+            stop_filler: Arc::new(AtomicBool::new(false)),
             io,
             layers,
             resident: Vec::new(),
@@ -241,7 +254,65 @@ impl StreamingExperts {
             certain_prefetch: AtomicBool::new(true),
         };
         s.load_resident(cfg.resident_layers)?;
+        s.start_slot_filler();
         Ok(s)
+    }
+
+    /// Allocate and fault in the budget's slot memory on a background thread, so the first
+    /// tokens' reads do not wait for page faults on the compute thread. Slots go to the size
+    /// classes in proportion to their layers; the thread stops when the budget is full or
+    /// the source is dropped. Never changes what is computed.
+    fn start_slot_filler(&self) {
+        let order: Vec<usize> = self.layers.iter().flatten().map(|l| l.class).collect();
+        if order.is_empty() {
+            return;
+        }
+        let cache = self.cache.clone();
+        let stop = self.stop_filler.clone();
+        let h = std::thread::Builder::new()
+            .name("sluice-slots".into())
+            .spawn(move || {
+                let mut refused = 0;
+                for &class in order.iter().cycle() {
+                    if stop.load(Ordering::Relaxed) || refused >= order.len() {
+                        break;
+                    }
+                    let Some(bytes) = cache.class_bytes(class) else {
+                        break;
+                    };
+                    let s = cache.stats();
+                    if s.bytes_allocated + bytes as u64 > s.budget {
+                        refused += 1;
+                        continue;
+                    }
+                    let mut buf = AlignedBuf::new(bytes);
+                    for b in buf.as_mut_slice().iter_mut().step_by(4096) {
+                        *b = 0;
+                    }
+                    match cache.add_free_slot(class, buf) {
+                        Ok(()) => refused = 0,
+                        Err(_) => refused += 1,
+                    }
+                }
+            });
+        if let Ok(h) = h {
+            *self
+                .slot_filler
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(h);
+        }
+    }
+
+    /// Wait until the background slot filler is done (for tests and measurements).
+    pub fn wait_slots_ready(&self) {
+        let h = self
+            .slot_filler
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(h) = h {
+            let _ = h.join();
+        }
     }
 
     /// Read every unit of the first `n` layers that have units into resident (never
