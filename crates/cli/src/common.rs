@@ -4,7 +4,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use sluice_engine::load::{resident_bytes, Budget, LoadOptions, StreamOptions};
+use sluice_engine::load::{resident_bytes, Budget, LoadOptions, PackChoice, StreamOptions};
 use sluice_engine::session::Session;
 use sluice_engine::tier::{PleIo, PleOptions, PolicyKind};
 use sluice_io::{Backend, IoConfig};
@@ -154,7 +154,9 @@ pub struct StreamArgs {
     /// in-flight expert bytes never exceed it.
     #[arg(long = "expert-cache", value_name = "SIZE", value_parser = parse_budget)]
     pub expert_cache: Option<(Budget, String)>,
-    /// Eviction policy: lru, lfu (selection counts halved every 16 tokens; lfu:N sets N), lru2.
+    /// Eviction policy: next (default: evict the expert whose next selection is expected
+    /// farthest, from rates halving every 64 tokens; next:N sets N), lru, lfu (selection
+    /// counts halved every 16 tokens; lfu:N sets N), lru2.
     #[arg(long = "cache-policy", value_name = "POLICY", default_value_t = PolicyKind::default())]
     pub cache_policy: PolicyKind,
     /// Pin the first N MoE layers' experts in RAM (read once at start; not counted in
@@ -182,6 +184,19 @@ pub struct StreamArgs {
     /// prefill and for each token before layer 0 runs. For A/B; logits are the same.
     #[arg(long = "no-hash-prefetch")]
     pub no_hash_prefetch: bool,
+    /// Packed-experts sidecar written by `sluice pack` (one aligned read per expert).
+    /// Default: MODEL.gguf.slpack next to the model when it exists; a sidecar that does
+    /// not match the model is refused.
+    #[arg(long = "pack", value_name = "FILE", conflicts_with = "no_pack")]
+    pub pack: Option<PathBuf>,
+    /// Read experts from the model file even if a packed sidecar is next to it.
+    #[arg(long = "no-pack")]
+    pub no_pack: bool,
+    /// Warm the expert cache at start from a popularity profile (`sluice cache-sim TRACE
+    /// --write-profile FILE`): its most popular experts are read while they fit in the
+    /// budget, and the eviction policy starts from its rates.
+    #[arg(long = "preload-profile", value_name = "FILE")]
+    pub preload_profile: Option<PathBuf>,
     /// Print cache, IO and stall statistics (per run and per layer).
     #[arg(long)]
     pub stats: bool,
@@ -243,6 +258,12 @@ impl ModelArgs {
                     high_priority: !s.no_io_priority,
                 },
                 hash_prefetch: !s.no_hash_prefetch,
+                pack: match (&s.pack, s.no_pack) {
+                    (_, true) => PackChoice::Off,
+                    (Some(p), _) => PackChoice::File(p.clone()),
+                    (None, false) => PackChoice::Auto,
+                },
+                preload_profile: s.preload_profile.clone(),
             }),
             record_routing: s.record_routing.clone(),
             ple: self.ple.options(),

@@ -6,6 +6,8 @@
 //! (everything outside the streamable groups, so a table meant to stay on disk is never
 //! locked), and [`Loaded`]: the model, its pool and the streaming tier's handle. Messages
 //! about what is in effect are returned as [`Loaded::notes`] for the caller to print.
+//! Also picks the packed-experts sidecar ([`PackChoice`]) and warms the cache from a
+//! popularity profile (`--preload-profile`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,8 +16,8 @@ use std::time::Instant;
 use sluice_io::IoConfig;
 use sluice_models::Model;
 use sluice_tier::{
-    open_ple, parse_size, PleIo, PleOptions, PleSource, PolicyKind, SizeSpec, StreamConfig,
-    StreamingExperts,
+    open_ple, parse_size, PackFile, PleIo, PleOptions, PleSource, PolicyKind, Profile, SizeSpec,
+    StreamConfig, StreamingExperts,
 };
 
 use crate::EngineError;
@@ -54,6 +56,22 @@ pub struct StreamOptions {
     /// before the layers run, for the whole prompt at the start of prefill and for each
     /// token in decode. Never changes a result (`--no-hash-prefetch` turns it off).
     pub hash_prefetch: bool,
+    /// Packed-experts sidecar (`sluice pack`): one read per expert.
+    pub pack: PackChoice,
+    /// Warm the cache at start from this popularity profile (`cache-sim --write-profile`).
+    pub preload_profile: Option<PathBuf>,
+}
+
+/// Which packed-experts sidecar to read experts from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum PackChoice {
+    /// `MODEL.gguf.slpack` next to the model, if it exists (a mismatched one is refused).
+    #[default]
+    Auto,
+    /// Never: read each matrix from the model file.
+    Off,
+    /// This file (it must exist and match the model).
+    File(PathBuf),
 }
 
 /// Everything needed to load a model.
@@ -348,13 +366,64 @@ impl LoadOptions {
             io: s.io.clone(),
         };
         notes.push(lock_resident(model));
-        let st = Arc::new(StreamingExperts::open(
+        let pack_path = match &s.pack {
+            PackChoice::Off => None,
+            PackChoice::File(p) => Some(p.clone()),
+            PackChoice::Auto => {
+                Some(sluice_tier::pack::default_path(&self.path)).filter(|p| p.exists())
+            }
+        };
+        let pack = match &pack_path {
+            None => None,
+            Some(p) => {
+                let header = model
+                    .map
+                    .bytes()
+                    .get(..model.gguf.data_offset as usize)
+                    .unwrap_or(&[]);
+                let pf = PackFile::open(
+                    p,
+                    &self.path,
+                    model.gguf.file_size,
+                    header,
+                    &model.groups.experts,
+                )
+                .map_err(|e| EngineError::Option {
+                    flag: "--pack",
+                    what: e.to_string(),
+                })?;
+                notes.push(format!(
+                    "packed experts: {} (one read per expert)",
+                    p.display()
+                ));
+                Some(pf)
+            }
+        };
+        let st = Arc::new(StreamingExperts::open_packed(
             &self.path,
             &model.groups.experts,
             model.cfg.n_expert_used,
             &cfg,
+            pack.as_ref(),
         )?);
         st.set_certain_prefetch(s.hash_prefetch);
+        if let Some(p) = &s.preload_profile {
+            let opt = |what: String| EngineError::Option {
+                flag: "--preload-profile",
+                what,
+            };
+            let prof = Profile::read(p).map_err(|e| opt(e.to_string()))?;
+            prof.check(p, model.cfg.n_layer as u32, model.cfg.n_expert as u32)
+                .map_err(|e| opt(e.to_string()))?;
+            let t0 = Instant::now();
+            let (n, bytes) = st.preload(&prof)?;
+            notes.push(format!(
+                "preloaded {n} experts ({}) from {} in {:.2} s",
+                human(bytes),
+                p.display(),
+                t0.elapsed().as_secs_f64()
+            ));
+        }
         let io = st.io_stats();
         notes.push(format!(
             "expert cache: {} of {} routed-expert bytes ({:.0}%), policy {}, io {}, {}{}",

@@ -240,3 +240,30 @@ fn error_mid_layer_leaves_no_reads_behind() {
         assert_eq!(got, want, "layer {layer}");
     }
 }
+
+/// Slot memory is made ready in the background at load: once the filler is done the
+/// budget is allocated as free slots (never more), before any read.
+#[test]
+fn slots_are_populated_in_the_background_within_the_budget() {
+    let path = fixture("a-q8_0.gguf");
+    let m = Model::load(&path).unwrap();
+    let min = StreamingExperts::min_budget(&m.groups.experts, m.cfg.n_expert_used);
+    let budget = 3 * min + min / 3;
+    let cfg = stream_cfg(budget, PolicyKind::default(), 0, Backend::Pread, false, 4);
+    let s = StreamingExperts::open(&path, &m.groups.experts, m.cfg.n_expert_used, &cfg).unwrap();
+    s.wait_slots_ready();
+    let cs = s.cache_stats();
+    let slot = min / m.cfg.n_expert_used as u64;
+    assert!(
+        cs.bytes_allocated <= budget,
+        "{} > {budget}",
+        cs.bytes_allocated
+    );
+    assert!(
+        cs.bytes_allocated + slot > budget,
+        "only {} of {budget} allocated (slot {slot})",
+        cs.bytes_allocated
+    );
+    assert_eq!(cs.total.requests(), 0);
+    assert_eq!(cs.bytes_cached, 0);
+}
