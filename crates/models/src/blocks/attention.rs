@@ -4,7 +4,7 @@
 //! position), appending K/V, and softmax(q K^T * scale) V with an optional sliding window.
 //! The output projection is applied by the caller's block (`wo`).
 
-use rayon::prelude::*;
+use std::sync::Mutex;
 
 use super::{Batch, Env};
 use crate::kv::KvCache;
@@ -129,29 +129,40 @@ pub fn gqa(
     let (kc, vc) = kv.layer(il);
     let group = nh / nkv;
     let mut out = vec![0.0f32; t_len * nh * hdv];
-    out.par_chunks_mut(hdv).enumerate().for_each(|(i, o)| {
-        let (t, head) = (i / nh, i % nh);
-        let g = head / group;
-        let pos = batch.positions[t];
-        let lo = match window {
-            None => 0,
-            Some(win) => (pos + 1).saturating_sub(win),
-        };
-        let qh = &q[(t * nh + head) * hd..(t * nh + head + 1) * hd];
-        let mut scores: Vec<f32> = (lo..=pos)
-            .map(|j| {
+    // (position, head) items in tasks of a few heads (one pool pass); each item's sums
+    // run in a fixed order, so the thread count never changes a bit.
+    let per = (t_len * nh)
+        .div_ceil(sluice_kernels::pool::threads() * 4)
+        .clamp(1, 16);
+    let tasks: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per * hdv).map(Mutex::new).collect();
+    sluice_kernels::pool::run(tasks.len(), &|_, c| {
+        let mut o = tasks[c].lock().unwrap_or_else(|p| p.into_inner());
+        let mut scores: Vec<f32> = Vec::new();
+        for (ii, o) in o.chunks_mut(hdv).enumerate() {
+            let i = c * per + ii;
+            let (t, head) = (i / nh, i % nh);
+            let g = head / group;
+            let pos = batch.positions[t];
+            let lo = match window {
+                None => 0,
+                Some(win) => (pos + 1).saturating_sub(win),
+            };
+            let qh = &q[(t * nh + head) * hd..(t * nh + head + 1) * hd];
+            scores.clear();
+            scores.extend((lo..=pos).map(|j| {
                 let kh = &kc[(j * nkv + g) * hd..(j * nkv + g + 1) * hd];
                 dot(qh, kh) * scale
-            })
-            .collect();
-        softmax(&mut scores);
-        for (j, &p) in (lo..=pos).zip(&scores) {
-            let vh = &vc[(j * nkv + g) * hdv..(j * nkv + g + 1) * hdv];
-            for (a, &b) in o.iter_mut().zip(vh) {
-                *a += p * b;
+            }));
+            softmax(&mut scores);
+            for (j, &p) in (lo..=pos).zip(&scores) {
+                let vh = &vc[(j * nkv + g) * hdv..(j * nkv + g + 1) * hdv];
+                for (a, &b) in o.iter_mut().zip(vh) {
+                    *a += p * b;
+                }
             }
         }
     });
+    drop(tasks);
     drop(q);
     env.linear(&w.wo, &out, t_len)
 }
