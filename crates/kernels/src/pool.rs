@@ -3,8 +3,8 @@
 //! Owns: [`run`], which spreads `n` independent tasks over as many threads as the current
 //! rayon pool has (the caller and `threads - 1` persistent helpers), and returns when every
 //! task is done. Dispatch is one atomic store (plus one wake-up when helpers sleep); helpers
-//! spin a short while ([`spin_budget`], `SLUICE_SPIN_US`, default 200 µs) for the next job
-//! and then sleep on a condition variable, so a decode's dozens of small parallel regions
+//! spin a short while ([`spin_budget`], `SLUICE_SPIN_US`, default 200 µs; pausing first,
+//! then yielding) for the next job and then sleep on a condition variable, so a decode's dozens of small parallel regions
 //! per layer cost no futex round trips, and an idle process costs no CPU.
 //!
 //! The caller never waits for a helper that has not joined the job: it runs tasks itself,
@@ -140,6 +140,11 @@ fn helper(s: &Shared, worker: usize) {
                 break st;
             }
             spins = spins.wrapping_add(1);
+            // Past the first few thousand pauses, yield between checks: a helper waiting
+            // on an oversubscribed machine then gives its core to whoever needs it.
+            if spins > 4096 {
+                std::thread::yield_now();
+            }
             if spins.is_multiple_of(64) && start.elapsed() >= spin_budget() {
                 // Sleep until a dispatcher sees us and notifies.
                 let mut g = lock(&s.sleep);

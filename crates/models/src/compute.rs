@@ -119,7 +119,7 @@ impl Compute for Cpu {
 /// more than it saves).
 const MIN_TASK_BYTES: usize = 16 * 1024;
 /// Tasks per thread a pass aims at (the atomic hand-out balances them).
-const TASKS_PER_THREAD: usize = 4;
+const TASKS_PER_THREAD: usize = 8;
 
 /// The first error any task reported.
 struct FirstError(Mutex<Option<KernelError>>);
@@ -296,4 +296,134 @@ fn grouped_matmul(jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_kernels::formats::quantize_row_q8_0;
+
+    fn data(len: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..len)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    fn q8_matrix(rows: usize, cols: usize, seed: u32) -> Vec<u8> {
+        let w = data(rows * cols, seed);
+        let mut out = Vec::new();
+        for r in w.chunks(cols) {
+            for b in quantize_row_q8_0(r) {
+                out.extend_from_slice(&b.d.to_le_bytes());
+                out.extend(b.qs.iter().map(|&q| q as u8));
+            }
+        }
+        out
+    }
+
+    /// The grouped pool passes give the plain drivers' bits (`matvec` / `matmul` per
+    /// job) at every thread count, with shared and distinct inputs and mixed types.
+    #[test]
+    fn grouped_products_match_the_plain_drivers_at_every_thread_count() {
+        let cols = 256;
+        let shapes = [
+            (200usize, GgmlType::Q8_0),
+            (64, GgmlType::Q8_0),
+            (37, GgmlType::F32),
+            (129, GgmlType::Q8_0),
+        ];
+        let ws: Vec<Vec<u8>> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, &(rows, ty))| match ty {
+                GgmlType::F32 => data(rows * cols, 50 + i as u32)
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+                _ => q8_matrix(rows, cols, 10 + i as u32),
+            })
+            .collect();
+        for n in [1usize, 3, 9] {
+            let xa = data(n * cols, 1);
+            let xb = data(n * cols, 2);
+            // jobs 0, 1 share xa; 2, 3 share xb
+            let xs = [&xa, &xa, &xb, &xb];
+            let single = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .unwrap();
+            let want: Vec<Vec<f32>> = single.install(|| {
+                shapes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(rows, ty))| {
+                        let mut y = vec![0.0f32; n * rows];
+                        if n == 1 {
+                            matvec(ty, &ws[i], rows, cols, xs[i], &mut y).unwrap();
+                        } else {
+                            matmul(ty, &ws[i], rows, cols, xs[i], n, &mut y).unwrap();
+                        }
+                        y
+                    })
+                    .collect()
+            });
+            for threads in [1, 2, 3, 4, 8] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut ys: Vec<Vec<f32>> = shapes
+                    .iter()
+                    .map(|&(rows, _)| vec![f32::NAN; n * rows])
+                    .collect();
+                pool.install(|| {
+                    let mut jobs: Vec<LinearJob<'_>> = shapes
+                        .iter()
+                        .zip(ys.iter_mut())
+                        .enumerate()
+                        .map(|(i, (&(rows, ty), y))| LinearJob {
+                            ty,
+                            w: &ws[i],
+                            rows,
+                            cols,
+                            x: xs[i],
+                            n,
+                            y,
+                        })
+                        .collect();
+                    Cpu.linear_group(&mut jobs).unwrap();
+                });
+                for (i, (got, want)) in ys.iter().zip(&want).enumerate() {
+                    let same = got
+                        .iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "job {i} differs: n={n} threads={threads}");
+                }
+                // One product alone takes the same path.
+                let mut y = vec![f32::NAN; n * shapes[0].0];
+                pool.install(|| Cpu.linear(GgmlType::Q8_0, &ws[0], 200, cols, &xa, n, &mut y))
+                    .unwrap();
+                assert!(y
+                    .iter()
+                    .zip(&want[0])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()));
+            }
+        }
+    }
+
+    /// A malformed job is reported, not run.
+    #[test]
+    fn bad_shapes_are_errors() {
+        let w = vec![0u8; 34 * 8 - 1];
+        let x = vec![0.0f32; 256];
+        let mut y = vec![0.0f32; 1];
+        assert!(Cpu
+            .linear(GgmlType::Q8_0, &w, 1, 256, &x, 1, &mut y)
+            .is_err());
+    }
 }

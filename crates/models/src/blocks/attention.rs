@@ -108,23 +108,22 @@ pub fn gqa(
     let v = qkv.pop().expect("three outputs");
     let mut k = qkv.pop().expect("three outputs");
     let mut q = qkv.pop().expect("three outputs");
-    let mut cs = Vec::with_capacity(inv_freq.len());
-    for t in 0..t_len {
-        // cos/sin once per position, shared by every q and k head.
-        rope_cos_sin(batch.positions[t], inv_freq, &mut cs);
-        for head in q[t * nh * hd..(t + 1) * nh * hd].chunks_mut(hd) {
-            if let Some(w) = &w.q_norm {
-                rms_norm_inplace(head, w, rms_eps);
+    // Per token: q/k head norms and RoPE (cos/sin once per position and pass), tokens
+    // spread over the compute pool in prefill.
+    let norm_rope = |x: &mut [f32], heads: usize, norm: &Option<Vec<f32>>| {
+        crate::threads::for_each_chunk(x, heads * hd, 4, |t, xt| {
+            let mut cs = Vec::with_capacity(inv_freq.len());
+            rope_cos_sin(batch.positions[t], inv_freq, &mut cs);
+            for head in xt.chunks_mut(hd) {
+                if let Some(w) = norm {
+                    rms_norm_inplace(head, w, rms_eps);
+                }
+                rope_neox_cs(head, &cs);
             }
-            rope_neox_cs(head, &cs);
-        }
-        for head in k[t * nkv * hd..(t + 1) * nkv * hd].chunks_mut(hd) {
-            if let Some(w) = &w.k_norm {
-                rms_norm_inplace(head, w, rms_eps);
-            }
-            rope_neox_cs(head, &cs);
-        }
-    }
+        })
+    };
+    norm_rope(&mut q, nh, &w.q_norm);
+    norm_rope(&mut k, nkv, &w.k_norm);
     kv.append(il, &k, &v);
     let (kc, vc) = kv.layer(il);
     let group = nh / nkv;
