@@ -180,10 +180,10 @@ fn helper(s: &Shared, worker: usize) {
 fn pool_for(threads: usize) -> Arc<Shared> {
     static POOLS: OnceLock<Mutex<HashMap<usize, Arc<Shared>>>> = OnceLock::new();
     let mut m = lock(POOLS.get_or_init(|| Mutex::new(HashMap::new())));
-    Arc::clone(
-        &m.entry(threads)
-            .or_insert_with(|| Pool::new(threads).shared),
-    )
+    let s = m
+        .entry(threads)
+        .or_insert_with(|| Pool::new(threads).shared);
+    Arc::clone(s)
 }
 
 thread_local! {
