@@ -129,6 +129,7 @@ fn work(s: &Shared, job: Job, worker: usize) {
 }
 
 fn helper(s: &Shared, worker: usize) {
+    HELPER_OF.with(|h| h.set(s.threads));
     let mut seen = 0usize;
     loop {
         // Wait for a state other than the last one seen that is open.
@@ -188,11 +189,17 @@ fn pool_for(threads: usize) -> Arc<Shared> {
 
 thread_local! {
     static LOCAL: std::cell::RefCell<Option<Arc<Shared>>> = const { std::cell::RefCell::new(None) };
+    /// On a helper: its pool's thread count (0 elsewhere).
+    static HELPER_OF: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Threads [`run`] spreads tasks over: the current rayon pool's.
+/// Threads [`run`] spreads tasks over: the current rayon pool's (on a pool helper, its
+/// pool's).
 pub fn threads() -> usize {
-    rayon::current_num_threads().max(1)
+    match HELPER_OF.with(|h| h.get()) {
+        0 => rayon::current_num_threads().max(1),
+        n => n,
+    }
 }
 
 /// Run `f(worker, task)` for every `task < n` over [`threads`] threads and return when
@@ -203,7 +210,8 @@ pub fn run(n: usize, f: &(dyn Fn(usize, usize) + Sync)) {
     if n == 0 {
         return;
     }
-    if threads == 1 || n == 1 {
+    // One thread, one task, or a call from inside a task on a helper: this thread.
+    if threads == 1 || n == 1 || HELPER_OF.with(|h| h.get()) != 0 {
         (0..n).for_each(|i| f(0, i));
         return;
     }
