@@ -111,16 +111,22 @@ impl Batch<'_> {
     }
 }
 
-/// RMS-normalise every `width`-wide row of `x` with weight `w`, in place.
+/// RMS-normalise every `width`-wide row of `x` with weight `w`, in place (a chunk's rows
+/// spread over the compute pool, at least 8 per task; one row: this thread).
 pub fn rms_norm_rows(x: &mut [f32], w: &[f32], eps: f32) {
-    for row in x.chunks_mut(w.len()) {
-        crate::ops::rms_norm_inplace(row, w, eps);
-    }
+    crate::threads::for_each_chunk(x, w.len(), 8, |_, row| {
+        crate::ops::rms_norm_inplace(row, w, eps)
+    });
 }
 
-/// `x += y` element-wise.
+/// `x += y` element-wise (large chunks spread over the compute pool).
 pub fn add_into(x: &mut [f32], y: &[f32]) {
-    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+    const PIECE: usize = 4096;
+    crate::threads::for_each_chunk(x, PIECE, 8, |i, xs| {
+        xs.iter_mut()
+            .zip(&y[(i * PIECE).min(y.len())..])
+            .for_each(|(a, b)| *a += b)
+    });
 }
 
 /// Where a check for non-finite values looks (for the error message).
