@@ -112,6 +112,8 @@ pub struct MemoryPlan {
     pub resident: u64,
     /// Experts of `--resident-layers`, pinned outside the budget.
     pub resident_layers: u64,
+    /// One sequence's KV cache at the planned context plus its fixed state
+    /// (`ModelConfig::state_bytes`: recurrent states, attention windows).
     pub kv: u64,
     /// available - resident - resident layers - KV: the most a cache may take.
     pub available_for_cache: u64,
@@ -145,7 +147,8 @@ impl MemoryPlan {
             .take(resident_layers)
             .map(|l| l.unit_bytes() * l.n_units as u64)
             .sum();
-        let kv = c.kv_bytes_per_pos * ctx.min(c.n_ctx_train) as u64;
+        // One sequence: its KV rows for the planned context plus its fixed state.
+        let kv = c.kv_bytes_per_pos * ctx.min(c.n_ctx_train) as u64 + c.state_bytes;
         let reserve = (available / 10).max(1 << 30);
         let available_for_cache = available.saturating_sub(resident + pinned_layers + kv);
         Ok(MemoryPlan {
@@ -318,7 +321,7 @@ impl LoadOptions {
         let budget = match s.budget {
             Budget::Auto => {
                 notes.push(format!(
-                    "expert cache auto: {} available - {} resident weights - {} resident layers - {} KV - reserve = {}",
+                    "expert cache auto: {} available - {} resident weights - {} resident layers - {} KV + state - reserve = {}",
                     human(plan.available),
                     human(plan.resident),
                     human(plan.resident_layers),
@@ -338,7 +341,7 @@ impl LoadOptions {
             return Err(EngineError::Option {
                 flag,
                 what: format!(
-                    "{size}: {} is more than this machine can spare for the cache ({}: {} available - {} resident weights - {} experts of --resident-layers - {} KV); use `auto`, a smaller size or fewer resident layers",
+                    "{size}: {} is more than this machine can spare for the cache ({}: {} available - {} resident weights - {} experts of --resident-layers - {} KV + state); use `auto`, a smaller size or fewer resident layers",
                     human(needs),
                     human(plan.available_for_cache),
                     human(plan.available),

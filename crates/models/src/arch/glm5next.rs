@@ -431,6 +431,7 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
         n_expert,
         n_expert_used: k,
         kv_bytes_per_pos: (n_dsa * sh.bytes_per_pos()) as u64,
+        state_bytes: ((n_layer - n_dsa) * kda_sh.state_bytes()) as u64,
     };
     Ok(Glm5Next {
         cfg,

@@ -236,6 +236,8 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         n_expert,
         n_expert_used: k,
         kv_bytes_per_pos: ((n_layer * shape.row() + n_full * ix_dim) * 4) as u64,
+        // Latent rows and indexer keys grow with the context (kv_bytes_per_pos).
+        state_bytes: 0,
     };
     let inv_freq = plain_inv_freq(n_rot, rope_base);
     let um = |s: &Stacked| UnitMat {
