@@ -4,7 +4,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use sluice_engine::load::{resident_bytes, Budget, LoadOptions, StreamOptions};
+use sluice_engine::load::{resident_bytes, Budget, LoadOptions, PackChoice, StreamOptions};
 use sluice_engine::session::Session;
 use sluice_engine::tier::{PleIo, PleOptions, PolicyKind};
 use sluice_io::{Backend, IoConfig};
@@ -27,6 +27,17 @@ pub struct ModelArgs {
     /// Keep the KV cache at full f32 precision (default: rounded to f16 like llama.cpp).
     #[arg(long = "kv-f32")]
     pub kv_f32: bool,
+    /// Run the weight products on the GPU (CUDA, found at run time): weights are kept in
+    /// VRAM, attention, norms and routing stay on the CPU. Without a usable GPU sluice says
+    /// why in one line and runs on the CPU.
+    #[arg(long)]
+    pub gpu: bool,
+    /// With --gpu: keep routed experts in a VRAM cache of SIZE bytes (e.g. 8G), a hard
+    /// budget over the RAM tier (--expert-cache) and the SSD; least recently used evicted.
+    /// Without it, experts read through the memory map stay in VRAM once used (while free
+    /// VRAM lasts) and streamed ones are copied to the GPU for each use.
+    #[arg(long = "gpu-expert-cache", value_name = "SIZE", value_parser = parse_bytes)]
+    pub gpu_expert_cache: Option<u64>,
     #[command(flatten)]
     pub stream: StreamArgs,
     #[command(flatten)]
@@ -143,7 +154,9 @@ pub struct StreamArgs {
     /// in-flight expert bytes never exceed it.
     #[arg(long = "expert-cache", value_name = "SIZE", value_parser = parse_budget)]
     pub expert_cache: Option<(Budget, String)>,
-    /// Eviction policy: lru, lfu (selection counts halved every 16 tokens; lfu:N sets N), lru2.
+    /// Eviction policy: next (default: evict the expert whose next selection is expected
+    /// farthest, from rates halving every 64 tokens; next:N sets N), lru, lfu (selection
+    /// counts halved every 16 tokens; lfu:N sets N), lru2.
     #[arg(long = "cache-policy", value_name = "POLICY", default_value_t = PolicyKind::default())]
     pub cache_policy: PolicyKind,
     /// Pin the first N MoE layers' experts in RAM (read once at start; not counted in
@@ -171,6 +184,19 @@ pub struct StreamArgs {
     /// prefill and for each token before layer 0 runs. For A/B; logits are the same.
     #[arg(long = "no-hash-prefetch")]
     pub no_hash_prefetch: bool,
+    /// Packed-experts sidecar written by `sluice pack` (one aligned read per expert).
+    /// Default: MODEL.gguf.slpack next to the model when it exists; a sidecar that does
+    /// not match the model is refused.
+    #[arg(long = "pack", value_name = "FILE", conflicts_with = "no_pack")]
+    pub pack: Option<PathBuf>,
+    /// Read experts from the model file even if a packed sidecar is next to it.
+    #[arg(long = "no-pack")]
+    pub no_pack: bool,
+    /// Warm the expert cache at start from a popularity profile (`sluice cache-sim TRACE
+    /// --write-profile FILE`): its most popular experts are read while they fit in the
+    /// budget, and the eviction policy starts from its rates.
+    #[arg(long = "preload-profile", value_name = "FILE")]
+    pub preload_profile: Option<PathBuf>,
     /// Print cache, IO and stall statistics (per run and per layer).
     #[arg(long)]
     pub stats: bool,
@@ -194,6 +220,8 @@ fn parse_budget(s: &str) -> std::result::Result<(Budget, String), String> {
 /// A loaded model with its compute pool.
 pub struct Loaded {
     pub inner: sluice_engine::load::Loaded,
+    /// The CUDA backend the model computes on (`--gpu`, when a GPU was found).
+    pub gpu: Option<sluice_cuda::Cuda>,
 }
 
 impl std::ops::Deref for Loaded {
@@ -230,6 +258,12 @@ impl ModelArgs {
                     high_priority: !s.no_io_priority,
                 },
                 hash_prefetch: !s.no_hash_prefetch,
+                pack: match (&s.pack, s.no_pack) {
+                    (_, true) => PackChoice::Off,
+                    (Some(p), _) => PackChoice::File(p.clone()),
+                    (None, false) => PackChoice::Auto,
+                },
+                preload_profile: s.preload_profile.clone(),
             }),
             record_routing: s.record_routing.clone(),
             ple: self.ple.options(),
@@ -256,11 +290,54 @@ impl ModelArgs {
         if let Some(p) = &self.stream.record_routing {
             check_output_file(p, "--record-routing")?;
         }
-        let inner = self.options().load()?;
+        let mut inner = self.options().load()?;
         for n in &inner.notes {
             eprintln!("{n}");
         }
-        Ok(Loaded { inner })
+        if self.gpu_expert_cache.is_some() && !self.gpu {
+            anyhow::bail!("--gpu-expert-cache needs --gpu");
+        }
+        let gpu = if self.gpu {
+            use_gpu(&mut inner, self.gpu_expert_cache)?
+        } else {
+            None
+        };
+        Ok(Loaded { inner, gpu })
+    }
+}
+
+/// `--gpu`: compute on the CUDA backend if this machine has a usable GPU, else say why
+/// (one line) and stay on the CPU. A `--gpu-expert-cache` the GPU cannot hold is an error.
+fn use_gpu(
+    l: &mut sluice_engine::load::Loaded,
+    expert_cache: Option<u64>,
+) -> Result<Option<sluice_cuda::Cuda>> {
+    let t0 = std::time::Instant::now();
+    match sluice_cuda::Cuda::new(l.model.map.bytes()) {
+        Ok(c) => {
+            eprintln!(
+                "gpu: {} (CUDA; kernels compiled in {:.2} s); weight products on the GPU, the rest on {} CPU threads",
+                c.device(),
+                t0.elapsed().as_secs_f64(),
+                l.threads
+            );
+            if let Some(b) = expert_cache {
+                if let Err(e) = c.set_expert_cache(b) {
+                    anyhow::bail!("--gpu-expert-cache {}: {e}", human(b));
+                }
+                eprintln!(
+                    "gpu expert cache: {} of {} routed-expert bytes",
+                    human(b),
+                    human(l.model.groups.experts.total_bytes())
+                );
+            }
+            l.model.set_compute(Box::new(c.clone()));
+            Ok(Some(c))
+        }
+        Err(e) => {
+            eprintln!("--gpu: {e}; running on the CPU");
+            Ok(None)
+        }
     }
 }
 
@@ -420,6 +497,35 @@ impl Loaded {
     /// Print streaming statistics; `decode_secs` is the wall time the disk-busy fraction
     /// refers to.
     pub fn print_stats(&self, wall_secs: f64) {
+        if let Some(g) = &self.gpu {
+            let s = g.stats();
+            eprintln!(
+                "gpu: {} products on the GPU in {} calls taking {:.2} s, {} on the CPU | resident weights {} in {} matrices | copied per use {} | activations {}",
+                s.gpu_jobs,
+                s.calls,
+                s.busy_ns as f64 * 1e-9,
+                s.cpu_jobs,
+                human(s.resident_bytes),
+                s.resident_mats,
+                human(s.transient_bytes),
+                human(s.act_bytes)
+            );
+            if s.expert_budget > 0 {
+                let lookups = (s.expert_hits + s.expert_misses).max(1);
+                eprintln!(
+                    "gpu expert cache: budget {} | hits {} misses {} evictions {} hit rate {:.1}% | held {} (peak {}) | uploaded {} at {:.2} GB/s",
+                    human(s.expert_budget),
+                    s.expert_hits,
+                    s.expert_misses,
+                    s.expert_evictions,
+                    100.0 * s.expert_hits as f64 / lookups as f64,
+                    human(s.expert_bytes),
+                    human(s.expert_peak),
+                    human(s.expert_upload_bytes),
+                    s.expert_upload_bytes as f64 / (s.expert_upload_ns.max(1) as f64)
+                );
+            }
+        }
         if let Some(p) = &self.ple {
             let s = p.stats();
             eprintln!(

@@ -8,6 +8,7 @@ mod cache_sim;
 mod common;
 mod inspect;
 mod measure;
+mod pack;
 mod perplexity;
 mod run;
 mod serve;
@@ -43,6 +44,9 @@ enum Command {
     /// Replay a routing trace (--record-routing) against cache budgets and policies,
     /// next to Belady's optimum.
     CacheSim(cache_sim::CacheSimArgs),
+    /// Write a packed-experts sidecar (each expert's matrices contiguous, 4 KiB aligned)
+    /// for one-read-per-expert streaming; the model file is not modified.
+    Pack(pack::PackArgs),
     /// Show a GGUF file's header: metadata, tensors, and bytes by role.
     Inspect(inspect::Args),
     /// Write a random-weight GGUF of a real architecture's shape (qwen3moe presets), for
@@ -62,6 +66,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::main(a),
         Command::Inspect(args) => inspect::run(args),
         Command::CacheSim(a) => cache_sim::main(a),
+        Command::Pack(a) => pack::main(a),
         Command::Synth(a) => synth::main(a),
     };
     match result {

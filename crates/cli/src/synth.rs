@@ -16,6 +16,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sluice_gguf::GgmlType;
 use sluice_synth as synth;
 use sluice_synth::deepseek4::{Dsv4Config, Dsv4Preset, Dsv4Quant};
+use sluice_synth::glm_dsa::{GlmDsaConfig, GlmDsaPreset, GlmDsaQuant};
 use sluice_synth::{Plan, Preset, SynthConfig, Vocab, WriteOptions};
 
 /// Arguments of `sluice synth`.
@@ -31,13 +32,17 @@ pub struct SynthArgs {
     pub output: PathBuf,
     /// Architecture: qwen3moe, deepseek4 (DeepSeek V4: presets deepseek-v4-flash and
     /// deepseek4-tiny, --quant q2 or mxfp4; of the shape flags only --layers and --vocab
-    /// apply), or qwen4exp (Qwen3.8-Flash-Next, the real shape with its 320M-row n-gram PLE
+    /// apply), glm-dsa (GLM-5.2/5.3: presets glm-5.2 and glm-dsa-tiny, --quant iq2xxs or q2;
+    /// of the shape flags only --layers and --vocab apply), qwen4exp (Qwen3.8-Flash-Next, the real shape with its 320M-row n-gram PLE
     /// table; only --layers, --quant, --ple-quant, --seed and --name apply; also chosen by
-    /// `--preset qwen3.8-flash-next`).
+    /// `--preset qwen3.8-flash-next`), or glm5next (GLM-5.3-Flash, the real shape without the
+    /// MTP block; only --layers, --experts, --quant, --vocab-from, --seed and --name apply;
+    /// also chosen by `--preset glm-5.3-flash`).
     #[arg(long, default_value = "qwen3moe")]
     pub arch: String,
     /// Shape preset: tiny, qwen3-30b-a3b, qwen3-235b-a22b (qwen3moe); deepseek-v4-flash,
-    /// deepseek4-tiny (deepseek4; default deepseek4-tiny); qwen3.8-flash-next (qwen4exp).
+    /// deepseek4-tiny (deepseek4; default deepseek4-tiny); glm-5.2 (also glm-5.3), glm-dsa-tiny
+    /// (glm-dsa; default glm-dsa-tiny); qwen3.8-flash-next (qwen4exp); glm-5.3-flash (glm5next).
     /// The flags below override it.
     #[arg(long)]
     pub preset: Option<String>,
@@ -74,7 +79,8 @@ pub struct SynthArgs {
     /// block size falls back to Q8_0 (then F32). Default Q8_0.
     /// deepseek4: q2 (routed gate/up IQ2_XXS, down Q2_K; attention, shared expert and
     /// output Q8_0; hyper-connection, router, compressor, indexer F16) or mxfp4 (routed
-    /// experts MXFP4, the rest the same).
+    /// experts MXFP4, the rest the same). glm-dsa: iq2xxs or q2 (routed experts IQ2_XXS or
+    /// Q2_K; attention, indexer, dense/shared FFN, embedding, output Q8_0; router, norms F32).
     #[arg(long)]
     pub quant: Option<String>,
     /// Synthetic expert popularity: 0 = uniform; S > 0 scales router row e by
@@ -248,6 +254,92 @@ pub fn dsv4_config(args: &SynthArgs) -> Result<Dsv4Config> {
     })
 }
 
+/// The glm-dsa configuration the flags describe.
+pub fn glm_dsa_config(args: &SynthArgs) -> Result<GlmDsaConfig> {
+    let name = args.preset.as_deref().unwrap_or("glm-dsa-tiny");
+    let preset = GlmDsaPreset::from_name(name).ok_or_else(|| {
+        anyhow!(
+            "unknown glm-dsa --preset '{name}'; known: {}",
+            GlmDsaPreset::NAMES.join(", ")
+        )
+    })?;
+    let q = args
+        .quant
+        .as_deref()
+        .ok_or_else(|| anyhow!("--arch glm-dsa needs --quant iq2xxs or q2"))?;
+    let quant = GlmDsaQuant::from_name(q)
+        .ok_or_else(|| anyhow!("--quant '{q}': glm-dsa takes iq2xxs or q2"))?;
+    let ignored = [
+        ("--hidden", args.hidden),
+        ("--heads", args.heads),
+        ("--kv-heads", args.kv_heads),
+        ("--head-dim", args.head_dim),
+        ("--experts", args.experts),
+        ("--top-k", args.top_k),
+        ("--expert-ff", args.expert_ff),
+        ("--context", args.context),
+    ];
+    if let Some((f, _)) = ignored.iter().find(|(_, v)| v.is_some()) {
+        anyhow::bail!("{f} does not apply to --arch glm-dsa (only --layers and --vocab)");
+    }
+    if args.router_skew != 0.0 {
+        anyhow::bail!("--router-skew does not apply to --arch glm-dsa");
+    }
+    let mut shape = preset.shape();
+    if let Some(l) = args.layers {
+        shape.layers = l;
+    }
+    if args.vocab.is_some() {
+        shape.vocab = args.vocab;
+    }
+    Ok(GlmDsaConfig {
+        shape,
+        quant,
+        seed: args.seed,
+        name: args
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("sluice synth {} {}", preset.name(), quant.name())),
+    })
+}
+
+fn print_glm_dsa_plan(args: &SynthArgs, cfg: &GlmDsaConfig, plan: &Plan, vocab_src: &str) {
+    let s = &cfg.shape;
+    let r = plan.role_bytes();
+    let size = plan.file_size();
+    let full = synth::glm_dsa::indexer_types(s.layers);
+    eprintln!(
+        "synth {}: glm-dsa, {} layers ({} dense, {} full indexers), hidden {}, {} MLA heads, {} experts of {} (top-{}), vocab {} ({}), {}, seed {}",
+        args.output.display(),
+        s.layers,
+        s.dense_layers.min(s.layers),
+        full.iter().filter(|&&b| b).count(),
+        s.hidden,
+        s.heads,
+        s.experts,
+        s.expert_ff,
+        s.top_k,
+        plan.layout
+            .tensor("token_embd.weight")
+            .map_or(0, |t| t.dims[1]),
+        vocab_src,
+        cfg.quant.name(),
+        cfg.seed
+    );
+    eprintln!(
+        "  file: {size} bytes ({:.2} GiB), {} tensors; routed experts {:.2} GiB ({} bytes per expert), resident {:.2} GiB + embeddings/output {:.2} GiB",
+        gib(size),
+        plan.layout.tensors.len(),
+        gib(r.routed_experts),
+        plan.one_expert_bytes(),
+        gib(r.resident),
+        gib(r.embeddings)
+    );
+    for f in &plan.fallbacks {
+        eprintln!("  note: {f}");
+    }
+}
+
 fn print_dsv4_plan(args: &SynthArgs, cfg: &Dsv4Config, plan: &Plan, vocab_src: &str) {
     let s = &cfg.shape;
     let r = plan.role_bytes();
@@ -347,6 +439,66 @@ fn qwen4exp_plan(args: &SynthArgs) -> Result<Plan> {
     Ok(plan)
 }
 
+/// The `glm-5.3-flash` plan (glm5next).
+fn glm5next_plan(args: &SynthArgs) -> Result<Plan> {
+    let q = args.quant.as_deref().unwrap_or("Q8_0");
+    let quant = GgmlType::from_name(&q.to_uppercase())
+        .filter(|t| synth::QUANTS.contains(t))
+        .ok_or_else(|| anyhow!("--quant '{q}': expected F32, Q8_0, Q4_K or Q6_K"))?;
+    let ignored = [
+        ("--hidden", args.hidden),
+        ("--heads", args.heads),
+        ("--kv-heads", args.kv_heads),
+        ("--head-dim", args.head_dim),
+        ("--top-k", args.top_k),
+        ("--expert-ff", args.expert_ff),
+        ("--context", args.context),
+        ("--vocab", args.vocab),
+    ];
+    if let Some((f, _)) = ignored.iter().find(|(_, v)| v.is_some()) {
+        anyhow::bail!("{f} does not apply to glm5next (only --layers and --experts)");
+    }
+    let cfg = synth::glm5next::G5SynthConfig {
+        layers: args.layers.unwrap_or(synth::glm5next::LAYERS),
+        experts: args.experts.unwrap_or(synth::glm5next::EXPERTS),
+        quant,
+        seed: args.seed,
+        name: args
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("sluice synth glm-5.3-flash {quant}")),
+    };
+    let vocab = match &args.vocab_from {
+        Some(p) => Vocab::from_gguf(p)?,
+        None => Vocab::builtin(),
+    };
+    let plan = synth::glm5next::plan(&cfg, vocab)?;
+    let size = plan.file_size();
+    let r = plan.role_bytes();
+    eprintln!(
+        "synth {}: glm5-next (GLM-5.3-Flash shape), {} layers ({} KDA), {} experts of {} (top-{}), {}, seed {}",
+        args.output.display(),
+        cfg.layers,
+        (0..cfg.layers).filter(|&i| synth::glm5next::is_kda(i)).count(),
+        cfg.experts,
+        synth::glm5next::EXPERT_FF,
+        synth::glm5next::TOP_K,
+        cfg.quant,
+        cfg.seed
+    );
+    eprintln!(
+        "  file: {size} bytes ({:.2} GiB), {} tensors; routed experts {:.2} GiB, embeddings/output {:.2} GiB",
+        gib(size),
+        plan.layout.tensors.len(),
+        gib(r.routed_experts),
+        gib(r.embeddings)
+    );
+    for f in &plan.fallbacks {
+        eprintln!("  note: {f}");
+    }
+    Ok(plan)
+}
+
 pub fn main(args: SynthArgs) -> Result<()> {
     let vocab = match &args.vocab_from {
         Some(p) => Vocab::from_gguf(p)?,
@@ -355,6 +507,8 @@ pub fn main(args: SynthArgs) -> Result<()> {
     let vocab_src = vocab.source.clone();
     let plan = match args.arch.as_str() {
         "qwen4exp" => qwen4exp_plan(&args)?,
+        "glm5next" | "glm5-next" => glm5next_plan(&args)?,
+        "qwen3moe" if args.preset.as_deref() == Some("glm-5.3-flash") => glm5next_plan(&args)?,
         "qwen3moe" if args.preset.as_deref() == Some("qwen3.8-flash-next") => qwen4exp_plan(&args)?,
         "qwen3moe" => {
             let cfg = config(&args)?;
@@ -368,7 +522,15 @@ pub fn main(args: SynthArgs) -> Result<()> {
             print_dsv4_plan(&args, &cfg, &plan, &vocab_src);
             plan
         }
-        a => anyhow::bail!("--arch '{a}': synth writes qwen3moe, deepseek4 or qwen4exp"),
+        "glm-dsa" => {
+            let cfg = glm_dsa_config(&args)?;
+            let plan = synth::glm_dsa::plan(&cfg, vocab)?;
+            print_glm_dsa_plan(&args, &cfg, &plan, &vocab_src);
+            plan
+        }
+        a => anyhow::bail!(
+            "--arch '{a}': synth writes qwen3moe, deepseek4, qwen4exp, glm-dsa or glm5next"
+        ),
     };
     if args.dry_run {
         return Ok(());

@@ -264,3 +264,110 @@ fn streaming_stats_reconcile_and_trace_replays() {
     assert!(text.contains("belady") && text.contains("lru"), "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `sluice pack` writes the sidecar next to the model copy, `run` finds it and dumps the
+/// same logits as without it (and as with a preloaded profile written by `cache-sim`); a
+/// sidecar of another model is refused with one line naming it; `pack` of a file that is
+/// not a model fails cleanly.
+#[test]
+fn pack_sidecar_and_preload_profile_end_to_end() {
+    let dir = tmp_dir("pack");
+    let model = dir.join("b.gguf");
+    std::fs::copy(fixture("b-q8_0.gguf"), &model).unwrap();
+    let m = model.to_str().unwrap().to_string();
+    let out = sluice(&["pack", &m]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sidecar = dir.join("b.gguf.slpack");
+    assert!(sidecar.exists() && !dir.join("b.gguf.slpack.tmp").exists());
+    let trace = dir.join("t.bin");
+    let profile = dir.join("p.profile");
+    let run = |name: &str, extra: &[&str]| {
+        let d = dir.join(name);
+        let mut args = vec![
+            "run",
+            "-m",
+            &m,
+            "--raw",
+            "-p",
+            "The GNU General",
+            "-n",
+            "8",
+            "--temp",
+            "0",
+            "--expert-cache",
+            "80K",
+            "--io",
+            "pread",
+            "--dump-logits",
+            d.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let out = sluice(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            std::fs::read(d.join("logits.npy")).unwrap(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (packed, note) = run("packed", &["--record-routing", trace.to_str().unwrap()]);
+    assert!(note.contains("packed experts"), "{note}");
+    let (plain, note) = run("plain", &["--no-pack"]);
+    assert!(!note.contains("packed experts"), "{note}");
+    assert_eq!(packed, plain, "logits with and without the packed sidecar");
+    let out = sluice(&[
+        "cache-sim",
+        trace.to_str().unwrap(),
+        "--write-profile",
+        profile.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (warm, note) = run("warm", &["--preload-profile", profile.to_str().unwrap()]);
+    assert!(note.contains("preloaded"), "{note}");
+    assert_eq!(packed, warm, "logits with a preloaded profile");
+    // A sidecar of another model.
+    let other = dir.join("other.slpack");
+    let out = sluice(&[
+        "pack",
+        &fixture("a-q8_0.gguf"),
+        "-o",
+        other.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = sluice(&[
+        "run",
+        "-m",
+        &m,
+        "-p",
+        "hi",
+        "-n",
+        "1",
+        "--expert-cache",
+        "80K",
+        "--pack",
+        other.to_str().unwrap(),
+    ]);
+    fails_with(&out, &["other.slpack", "does not match"]);
+    // Not a GGUF: one line naming the file, nothing written.
+    let junk = dir.join("junk.gguf");
+    std::fs::write(&junk, b"not a model").unwrap();
+    let out = sluice(&["pack", junk.to_str().unwrap()]);
+    fails_with(&out, &["junk.gguf"]);
+    assert!(!dir.join("junk.gguf.slpack").exists() && !dir.join("junk.gguf.slpack.tmp").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -6,6 +6,8 @@
 //! (everything outside the streamable groups, so a table meant to stay on disk is never
 //! locked), and [`Loaded`]: the model, its pool and the streaming tier's handle. Messages
 //! about what is in effect are returned as [`Loaded::notes`] for the caller to print.
+//! Also picks the packed-experts sidecar ([`PackChoice`]) and warms the cache from a
+//! popularity profile (`--preload-profile`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,8 +16,8 @@ use std::time::Instant;
 use sluice_io::IoConfig;
 use sluice_models::Model;
 use sluice_tier::{
-    open_ple, parse_size, PleIo, PleOptions, PleSource, PolicyKind, SizeSpec, StreamConfig,
-    StreamingExperts,
+    open_ple, parse_size, PackFile, PleIo, PleOptions, PleSource, PolicyKind, Profile, SizeSpec,
+    StreamConfig, StreamingExperts,
 };
 
 use crate::EngineError;
@@ -54,6 +56,22 @@ pub struct StreamOptions {
     /// before the layers run, for the whole prompt at the start of prefill and for each
     /// token in decode. Never changes a result (`--no-hash-prefetch` turns it off).
     pub hash_prefetch: bool,
+    /// Packed-experts sidecar (`sluice pack`): one read per expert.
+    pub pack: PackChoice,
+    /// Warm the cache at start from this popularity profile (`cache-sim --write-profile`).
+    pub preload_profile: Option<PathBuf>,
+}
+
+/// Which packed-experts sidecar to read experts from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum PackChoice {
+    /// `MODEL.gguf.slpack` next to the model, if it exists (a mismatched one is refused).
+    #[default]
+    Auto,
+    /// Never: read each matrix from the model file.
+    Off,
+    /// This file (it must exist and match the model).
+    File(PathBuf),
 }
 
 /// Everything needed to load a model.
@@ -94,6 +112,8 @@ pub struct MemoryPlan {
     pub resident: u64,
     /// Experts of `--resident-layers`, pinned outside the budget.
     pub resident_layers: u64,
+    /// One sequence's KV cache at the planned context plus its fixed state
+    /// (`ModelConfig::state_bytes`: recurrent states, attention windows).
     pub kv: u64,
     /// available - resident - resident layers - KV: the most a cache may take.
     pub available_for_cache: u64,
@@ -127,7 +147,8 @@ impl MemoryPlan {
             .take(resident_layers)
             .map(|l| l.unit_bytes() * l.n_units as u64)
             .sum();
-        let kv = c.kv_bytes_per_pos * ctx.min(c.n_ctx_train) as u64;
+        // One sequence: its KV rows for the planned context plus its fixed state.
+        let kv = c.kv_bytes_per_pos * ctx.min(c.n_ctx_train) as u64 + c.state_bytes;
         let reserve = (available / 10).max(1 << 30);
         let available_for_cache = available.saturating_sub(resident + pinned_layers + kv);
         Ok(MemoryPlan {
@@ -300,7 +321,7 @@ impl LoadOptions {
         let budget = match s.budget {
             Budget::Auto => {
                 notes.push(format!(
-                    "expert cache auto: {} available - {} resident weights - {} resident layers - {} KV - reserve = {}",
+                    "expert cache auto: {} available - {} resident weights - {} resident layers - {} KV + state - reserve = {}",
                     human(plan.available),
                     human(plan.resident),
                     human(plan.resident_layers),
@@ -320,7 +341,7 @@ impl LoadOptions {
             return Err(EngineError::Option {
                 flag,
                 what: format!(
-                    "{size}: {} is more than this machine can spare for the cache ({}: {} available - {} resident weights - {} experts of --resident-layers - {} KV); use `auto`, a smaller size or fewer resident layers",
+                    "{size}: {} is more than this machine can spare for the cache ({}: {} available - {} resident weights - {} experts of --resident-layers - {} KV + state); use `auto`, a smaller size or fewer resident layers",
                     human(needs),
                     human(plan.available_for_cache),
                     human(plan.available),
@@ -348,13 +369,64 @@ impl LoadOptions {
             io: s.io.clone(),
         };
         notes.push(lock_resident(model));
-        let st = Arc::new(StreamingExperts::open(
+        let pack_path = match &s.pack {
+            PackChoice::Off => None,
+            PackChoice::File(p) => Some(p.clone()),
+            PackChoice::Auto => {
+                Some(sluice_tier::pack::default_path(&self.path)).filter(|p| p.exists())
+            }
+        };
+        let pack = match &pack_path {
+            None => None,
+            Some(p) => {
+                let header = model
+                    .map
+                    .bytes()
+                    .get(..model.gguf.data_offset as usize)
+                    .unwrap_or(&[]);
+                let pf = PackFile::open(
+                    p,
+                    &self.path,
+                    model.gguf.file_size,
+                    header,
+                    &model.groups.experts,
+                )
+                .map_err(|e| EngineError::Option {
+                    flag: "--pack",
+                    what: e.to_string(),
+                })?;
+                notes.push(format!(
+                    "packed experts: {} (one read per expert)",
+                    p.display()
+                ));
+                Some(pf)
+            }
+        };
+        let st = Arc::new(StreamingExperts::open_packed(
             &self.path,
             &model.groups.experts,
             model.cfg.n_expert_used,
             &cfg,
+            pack.as_ref(),
         )?);
         st.set_certain_prefetch(s.hash_prefetch);
+        if let Some(p) = &s.preload_profile {
+            let opt = |what: String| EngineError::Option {
+                flag: "--preload-profile",
+                what,
+            };
+            let prof = Profile::read(p).map_err(|e| opt(e.to_string()))?;
+            prof.check(p, model.cfg.n_layer as u32, model.cfg.n_expert as u32)
+                .map_err(|e| opt(e.to_string()))?;
+            let t0 = Instant::now();
+            let (n, bytes) = st.preload(&prof)?;
+            notes.push(format!(
+                "preloaded {n} experts ({}) from {} in {:.2} s",
+                human(bytes),
+                p.display(),
+                t0.elapsed().as_secs_f64()
+            ));
+        }
         let io = st.io_stats();
         notes.push(format!(
             "expert cache: {} of {} routed-expert bytes ({:.0}%), policy {}, io {}, {}{}",

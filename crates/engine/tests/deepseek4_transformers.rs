@@ -457,7 +457,7 @@ fn streaming_equals_resident() {
 /// none. Every byte read is still a miss or a prefetch.
 #[test]
 fn hash_prefetch_on_off_same_logits() {
-    use sluice_engine::load::{Budget, LoadOptions, StreamOptions};
+    use sluice_engine::load::{Budget, LoadOptions, PackChoice, StreamOptions};
     use sluice_engine::session::Session;
     for name in ["a-f32.gguf", "b-f32.gguf"] {
         let path = fixture(name);
@@ -485,6 +485,8 @@ fn hash_prefetch_on_off_same_logits() {
                         high_priority: false,
                     },
                     hash_prefetch: on,
+                    pack: PackChoice::Off,
+                    preload_profile: None,
                 }),
                 record_routing: None,
                 ple: Default::default(),

@@ -5,7 +5,9 @@
 mod common;
 
 use common::qwen3moe_fixture;
-use sluice_engine::load::{max_compute_threads, Budget, LoadOptions, MemoryPlan, StreamOptions};
+use sluice_engine::load::{
+    max_compute_threads, Budget, LoadOptions, MemoryPlan, PackChoice, StreamOptions,
+};
 use sluice_engine::tier::PolicyKind;
 use sluice_engine::{EngineError, Model};
 use sluice_io::{Backend, IoConfig};
@@ -52,6 +54,8 @@ fn opts(resident_layers: usize, threads: usize, io_threads: usize) -> LoadOption
                 high_priority: false,
             },
             hash_prefetch: true,
+            pack: PackChoice::Off,
+            preload_profile: None,
         }),
         record_routing: None,
         ple: Default::default(),

@@ -1,9 +1,12 @@
 //! Logits are identical, bit for bit, whether routed experts are resident or streamed
 //! through the byte-budgeted cache, for every IO backend, O_DIRECT on and off, budgets
 //! from the minimum (constant eviction) to everything, resident layers, and 1 or 2 threads.
-//! And the cache never holds more than its budget.
+//! And the cache never holds more than its budget. Models: the qwen3moe fixtures and a
+//! glm5next (GLM-5.3-Flash) fixture (dense leading layer, KDA state, f16 latent rows).
 
 mod common;
+
+use std::path::{Path, PathBuf};
 
 use common::{qwen3moe_fixture as fixture, qwen3moe_tokens as tokens};
 use sluice_engine::tier::PolicyKind;
@@ -13,11 +16,14 @@ use sluice_io::{Backend, IoConfig};
 
 /// Prefill in chunks of `batch`, then decode the rest one token at a time; every position's logits.
 fn logits(m: &Model, threads: usize, batch: usize) -> Vec<f32> {
+    logits_of(m, threads, batch, &tokens())
+}
+
+fn logits_of(m: &Model, threads: usize, batch: usize, toks: &[u32]) -> Vec<f32> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .unwrap();
-    let toks = tokens();
     let (prompt, rest) = toks.split_at(toks.len() / 2);
     let mut kv = m.new_state(256, false);
     let mut out = Vec::new();
@@ -33,10 +39,9 @@ fn logits(m: &Model, threads: usize, batch: usize) -> Vec<f32> {
     out
 }
 
-fn streamed(name: &str, cfg: &StreamConfig) -> (Model, u64) {
-    let path = fixture(name);
-    let mut m = Model::load(&path).unwrap();
-    let s = StreamingExperts::open(&path, &m.groups.experts, m.cfg.n_expert_used, cfg).unwrap();
+fn streamed_at(path: &Path, cfg: &StreamConfig) -> (Model, u64) {
+    let mut m = Model::load(path).unwrap();
+    let s = StreamingExperts::open(path, &m.groups.experts, m.cfg.n_expert_used, cfg).unwrap();
     let budget = s.cache_stats().budget;
     m.set_expert_source(Box::new(s));
     (m, budget)
@@ -70,8 +75,13 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 }
 
 fn check_model(name: &str) {
-    let resident = Model::load(&fixture(name)).unwrap();
-    let want = logits(&resident, 1, 64);
+    check_model_at(&fixture(name), &tokens());
+}
+
+fn check_model_at(path: &Path, toks: &[u32]) {
+    let name = path.display();
+    let resident = Model::load(path).unwrap();
+    let want = logits_of(&resident, 1, 64, toks);
     let k = resident.cfg.n_expert_used;
     let min = StreamingExperts::min_budget(&resident.groups.experts, k);
     let all = resident.groups.experts.total_bytes() * 2;
@@ -87,8 +97,8 @@ fn check_model(name: &str) {
                     for policy in [PolicyKind::Lru, PolicyKind::Lfu { half_life: 4 }] {
                         let cfg =
                             stream_cfg(budget, policy, resident_layers, backend, direct, depth);
-                        let (m, _) = streamed(name, &cfg);
-                        let got = logits(&m, threads, batch);
+                        let (m, _) = streamed_at(path, &cfg);
+                        let got = logits_of(&m, threads, batch, toks);
                         assert!(
                             same_bits(&got, &want),
                             "{name}: logits differ with {backend:?} direct={direct} budget={budget} resident_layers={resident_layers} threads={threads} batch={batch} policy={policy:?}"
@@ -110,6 +120,27 @@ fn streaming_logits_bit_identical_model_a() {
 #[test]
 fn streaming_logits_bit_identical_model_b_f32() {
     check_model("b-f32.gguf");
+}
+
+fn glm5next_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/glm5next")
+        .join(name)
+}
+
+/// GLM-5.3-Flash (glm5next): KDA layers, pooled-DSA layers, a shared indexer layer, a
+/// dense leading layer (no expert group), the long prompt of its oracle fixtures.
+#[test]
+fn streaming_logits_bit_identical_glm5next() {
+    let text = std::fs::read_to_string(glm5next_fixture("manifest.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let toks: Vec<u32> = v["prompts"]["long"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    check_model_at(&glm5next_fixture("c-f32.gguf"), &toks);
 }
 
 /// At the minimum budget the cache must evict constantly, never exceed the budget, and
@@ -208,4 +239,31 @@ fn error_mid_layer_leaves_no_reads_behind() {
         got.sort_by_key(|g| g.0);
         assert_eq!(got, want, "layer {layer}");
     }
+}
+
+/// Slot memory is made ready in the background at load: once the filler is done the
+/// budget is allocated as free slots (never more), before any read.
+#[test]
+fn slots_are_populated_in_the_background_within_the_budget() {
+    let path = fixture("a-q8_0.gguf");
+    let m = Model::load(&path).unwrap();
+    let min = StreamingExperts::min_budget(&m.groups.experts, m.cfg.n_expert_used);
+    let budget = 3 * min + min / 3;
+    let cfg = stream_cfg(budget, PolicyKind::default(), 0, Backend::Pread, false, 4);
+    let s = StreamingExperts::open(&path, &m.groups.experts, m.cfg.n_expert_used, &cfg).unwrap();
+    s.wait_slots_ready();
+    let cs = s.cache_stats();
+    let slot = min / m.cfg.n_expert_used as u64;
+    assert!(
+        cs.bytes_allocated <= budget,
+        "{} > {budget}",
+        cs.bytes_allocated
+    );
+    assert!(
+        cs.bytes_allocated + slot > budget,
+        "only {} of {budget} allocated (slot {slot})",
+        cs.bytes_allocated
+    );
+    assert_eq!(cs.total.requests(), 0);
+    assert_eq!(cs.bytes_cached, 0);
 }

@@ -145,6 +145,38 @@ pub fn quantize_row_q8_0(x: &[f32]) -> Vec<BlockQ8_0> {
         .collect()
 }
 
+/// One Q8_1 activation block (paired with Q4_1 / Q5_1 weights, as ggml pairs them): the
+/// Q8_0 quants and scale plus `s = f16(d * sum qs)` with `d` the unrounded f32 scale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct BlockQ8_1 {
+    /// Scale, f16 bits.
+    pub d: u16,
+    /// `d * sum(qs)` rounded to f16 (bits), `d` before its own rounding.
+    pub s: u16,
+    /// Quants in -127..=127.
+    pub qs: [i8; QK8_0],
+}
+
+/// Quantize `x` (a multiple of 32 long) to Q8_1 like ggml's x86 `quantize_row_q8_1`: the
+/// quants and scale of [`quantize_row_q8_0`] plus the block sum `s = f16(d * sum q)`.
+pub fn quantize_row_q8_1(x: &[f32]) -> Vec<BlockQ8_1> {
+    debug_assert_eq!(x.len() % QK8_0, 0);
+    x.chunks_exact(QK8_0)
+        .zip(quantize_row_q8_0(x))
+        .map(|(xb, b)| {
+            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let sum: i32 = b.qs.iter().map(|&q| i32::from(q)).sum();
+            BlockQ8_1 {
+                d: b.d,
+                s: f32_to_f16(d * sum as f32),
+                qs: b.qs,
+            }
+        })
+        .collect()
+}
+
 /// Quantize `x` (a multiple of 256 long) to Q8_K exactly like ggml's
 /// `quantize_row_q8_K_ref`: the element of largest magnitude `max` (first one wins) gives
 /// `iscale = -127 / max`, `q = min(127, nearest_int(iscale * x))`, `d = 1 / iscale`.

@@ -3,12 +3,14 @@
 //! Owns: block layouts ([`formats`]), a scalar reference for every op ([`reference`], the
 //! spec), AVX2 / AVX-512 fast paths ([`x86`]) chosen once at run time
 //! (`SLUICE_ISA=scalar|avx2|avx512` forces a lower tier), and the row-parallel
-//! `matvec` / `matmul` drivers on the current rayon pool.
+//! `matvec` / `matmul` drivers on the current rayon pool, and [`pool`]: a persistent pool
+//! with cheap dispatch for callers that schedule their own row blocks.
 //!
 //! Weight formats: F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K, and Q4_0, Q4_1, Q5_1, IQ4_NL,
 //! MXFP4, Q2_K, Q3_K, Q5_K, IQ4_XS, TQ1_0, TQ2_0. Activations are prepared once per weight
-//! format ([`QuantizedActs`]): Q8_0 blocks for the 32-element block formats (Q8_0, Q5_0,
-//! Q4_0, Q4_1, Q5_1, IQ4_NL, MXFP4), Q8_K blocks for the 256-element ones (the K-quants,
+//! format ([`QuantizedActs`]), the format ggml pairs with it: Q8_0 blocks for the 32-element
+//! block formats (Q8_0, Q5_0, Q4_0, IQ4_NL, MXFP4), Q8_1 (Q8_0 plus the block sum) for
+//! Q4_1 and Q5_1, Q8_K blocks for the 256-element ones (the K-quants,
 //! IQ4_XS, TQ1_0, TQ2_0), plain f32 for the dense formats.
 //!
 //! IQ grid formats ([`iq`]): IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, with
@@ -18,10 +20,11 @@
 pub mod formats;
 pub mod iq;
 mod isa;
+pub mod pool;
 pub mod reference;
 pub mod x86;
 
-use formats::{BlockQ8K, BlockQ8_0};
+use formats::{BlockQ8K, BlockQ8_0, BlockQ8_1};
 use rayon::prelude::*;
 
 pub use isa::{isa, Isa};
@@ -53,6 +56,9 @@ pub enum KernelError {
     /// An ISA tier was requested explicitly that this CPU does not have.
     #[error("kernels: ISA tier {0:?} is not available on this CPU")]
     IsaUnavailable(Isa),
+    /// An accelerator backend failed (driver call, launch, copy).
+    #[error("kernels: device: {0}")]
+    Device(String),
 }
 
 /// Whether `ty` has kernels here.
@@ -143,6 +149,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), K
 pub(crate) enum ActData {
     F32(Vec<f32>),
     Q8_0(Vec<BlockQ8_0>),
+    Q8_1(Vec<BlockQ8_1>),
     Q8K(Vec<BlockQ8K>),
 }
 
@@ -156,7 +163,7 @@ pub struct QuantizedActs {
 
 impl QuantizedActs {
     /// Prepare `x` for weights of type `weight_ty`: quantize to Q8_0 (32-element block
-    /// formats), to Q8_K (256-element ones), or keep f32 (F32/F16/BF16). `x.len()` must be
+    /// formats; Q8_1 for Q4_1 / Q5_1), to Q8_K (256-element ones), or keep f32 (F32/F16/BF16). `x.len()` must be
     /// whole blocks.
     pub fn new(weight_ty: GgmlType, x: &[f32]) -> Result<Self, KernelError> {
         row_bytes("QuantizedActs::new", weight_ty, x.len())?;
@@ -165,7 +172,8 @@ impl QuantizedActs {
             F32 | F16 | BF16 => ActData::F32(x.to_vec()),
             Q8_0 | Q5_0 => ActData::Q8_0(formats::quantize_row_q8_0(x)),
             Q4_K | Q6_K => ActData::Q8K(formats::quantize_row_q8_k(x)),
-            Q4_0 | Q4_1 | Q5_1 | IQ4_NL | MXFP4 => ActData::Q8_0(formats::quantize_row_q8_0(x)),
+            Q4_0 | IQ4_NL | MXFP4 => ActData::Q8_0(formats::quantize_row_q8_0(x)),
+            Q4_1 | Q5_1 => ActData::Q8_1(formats::quantize_row_q8_1(x)),
             Q2_K | Q3_K | Q5_K | IQ4_XS | TQ1_0 | TQ2_0 => {
                 ActData::Q8K(formats::quantize_row_q8_k(x))
             }
@@ -193,6 +201,14 @@ impl QuantizedActs {
     pub fn q8_0_blocks(&self) -> Option<&[BlockQ8_0]> {
         match &self.data {
             ActData::Q8_0(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The Q8_1 blocks, when prepared for Q4_1 / Q5_1.
+    pub fn q8_1_blocks(&self) -> Option<&[BlockQ8_1]> {
+        match &self.data {
+            ActData::Q8_1(v) => Some(v),
             _ => None,
         }
     }
@@ -272,8 +288,8 @@ pub(crate) fn ref_dot(ty: GgmlType, row: &[u8], a: &QuantizedActs) -> f32 {
         (Q4_K, ActData::Q8K(y)) => reference::dot_q4_k(row, y),
         (Q6_K, ActData::Q8K(y)) => reference::dot_q6_k(row, y),
         (Q4_0, ActData::Q8_0(y)) => reference::dot_q4_0(row, y),
-        (Q4_1, ActData::Q8_0(y)) => reference::dot_q4_1(row, y),
-        (Q5_1, ActData::Q8_0(y)) => reference::dot_q5_1(row, y),
+        (Q4_1, ActData::Q8_1(y)) => reference::dot_q4_1(row, y),
+        (Q5_1, ActData::Q8_1(y)) => reference::dot_q5_1(row, y),
         (IQ4_NL, ActData::Q8_0(y)) => reference::dot_iq4_nl(row, y),
         (MXFP4, ActData::Q8_0(y)) => reference::dot_mxfp4(row, y),
         (Q2_K, ActData::Q8K(y)) => reference::dot_q2_k(row, y),
@@ -309,17 +325,18 @@ fn check_acts(
         // quants-k
         (ty, &a.data),
         (
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::IQ4_NL | GgmlType::MXFP4,
+            GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::MXFP4,
             ActData::Q8_0(_)
-        ) | (
-            GgmlType::Q2_K
-                | GgmlType::Q3_K
-                | GgmlType::Q5_K
-                | GgmlType::IQ4_XS
-                | GgmlType::TQ1_0
-                | GgmlType::TQ2_0,
-            ActData::Q8K(_)
-        )
+        ) | (GgmlType::Q4_1 | GgmlType::Q5_1, ActData::Q8_1(_))
+            | (
+                GgmlType::Q2_K
+                    | GgmlType::Q3_K
+                    | GgmlType::Q5_K
+                    | GgmlType::IQ4_XS
+                    | GgmlType::TQ1_0
+                    | GgmlType::TQ2_0,
+                ActData::Q8K(_)
+            )
     ) || (iq::is_iq(ty) && matches!(a.data, ActData::Q8K(_)));
     if !compatible {
         return Err(KernelError::Shape {

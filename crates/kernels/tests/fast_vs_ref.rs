@@ -48,6 +48,19 @@ fn abs_terms(ty: GgmlType, row: &[u8], x: &[f32]) -> f64 {
         }
         return t;
     }
+    if let Some(ys) = acts.q8_1_blocks() {
+        // Quant terms bounded through |w| + 2 |m|, plus the min term m * s.
+        for (b, yb) in ys.iter().enumerate() {
+            let dy = f16_to_f32(yb.d) as f64;
+            let m = min_term(ty, row, b);
+            for i in 0..32 {
+                t += (w[32 * b + i] as f64 * dy * yb.qs[i] as f64).abs();
+                t += 2.0 * (m * dy * yb.qs[i] as f64).abs();
+            }
+            t += (m * f16_to_f32(yb.s) as f64).abs();
+        }
+        return t;
+    }
     let ys = acts.q8_k_blocks().unwrap();
     // Formats with a min (w = d*sc*q - dmin*m): bound both parts by |w| + 2 |dmin*m|.
     for (b, yb) in ys.iter().enumerate() {

@@ -5,10 +5,22 @@
 //! `sluice-kernels` (scalar / AVX2 / AVX-512 picked at run time). A GPU backend is one more
 //! implementation of this trait, not a fork of every architecture.
 
-use rayon::prelude::*;
+use std::sync::Mutex;
+
 use sluice_kernels::{
-    matmul, matvec, matvec_rows, BatchScratch, GgmlType, KernelError, PreparedBatch, QuantizedActs,
+    matmul, matvec, matvec_rows, pool, BatchScratch, GgmlType, KernelError, PreparedBatch,
+    QuantizedActs,
 };
+
+/// Which routed-expert matrix a job's weights are: a backend may cache experts by this
+/// identity (the bytes themselves may sit in a RAM cache slot reused for other experts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UnitKey {
+    pub layer: u32,
+    pub unit: u32,
+    /// The matrix within the unit (0 gate, 1 up, 2 down for GLU experts).
+    pub part: u8,
+}
 
 /// One product of a [`Compute::linear_group`]: `y[n, rows] = x[n, cols] W^T`.
 pub struct LinearJob<'a> {
@@ -19,6 +31,8 @@ pub struct LinearJob<'a> {
     pub x: &'a [f32],
     pub n: usize,
     pub y: &'a mut [f32],
+    /// The routed expert these weights belong to (None for every other matrix).
+    pub unit: Option<UnitKey>,
 }
 
 /// What blocks ask of a backend.
@@ -52,7 +66,8 @@ pub trait Compute: Send + Sync {
     fn name(&self) -> &'static str;
 }
 
-/// The CPU backend (the current rayon pool does the work).
+/// The CPU backend: every product runs on the persistent compute pool
+/// ([`sluice_kernels::pool`], as many threads as the current rayon pool has).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Cpu;
 
@@ -67,11 +82,17 @@ impl Compute for Cpu {
         n: usize,
         y: &mut [f32],
     ) -> Result<(), KernelError> {
-        if n == 1 {
-            matvec(ty, w, rows, cols, x, y)
-        } else {
-            matmul(ty, w, rows, cols, x, n, y)
-        }
+        let mut jobs = [LinearJob {
+            ty,
+            w,
+            rows,
+            cols,
+            x,
+            n,
+            y,
+            unit: None,
+        }];
+        self.linear_group(&mut jobs)
     }
 
     /// All jobs run as one parallel pass over (job, row block) tasks, each input prepared
@@ -85,48 +106,21 @@ impl Compute for Cpu {
                 && j.x.len() == j.cols * j.n
                 && j.w.len().is_multiple_of(j.rows)
         };
-        // A single job, or a shape the kernels must report: one at a time.
-        if jobs.len() == 1 || jobs.iter().any(|j| !well_formed_n(j)) {
+        // A shape the kernels must report (or an empty product): the plain drivers.
+        if jobs.iter().any(|j| !well_formed_n(j)) {
             for j in jobs.iter_mut() {
-                self.linear(j.ty, j.w, j.rows, j.cols, j.x, j.n, j.y)?;
+                if j.n == 1 {
+                    matvec(j.ty, j.w, j.rows, j.cols, j.x, j.y)?;
+                } else {
+                    matmul(j.ty, j.w, j.rows, j.cols, j.x, j.n, j.y)?;
+                }
             }
             return Ok(());
         }
         if jobs.iter().any(|j| j.n != 1) {
             return grouped_matmul(jobs);
         }
-        // Activations: one per distinct (input slice, weight type).
-        let mut acts: Vec<((usize, usize, GgmlType), QuantizedActs)> = Vec::new();
-        let mut meta = Vec::with_capacity(jobs.len());
-        for j in jobs.iter() {
-            let key = (j.x.as_ptr() as usize, j.x.len(), j.ty);
-            let idx = match acts.iter().position(|a| a.0 == key) {
-                Some(i) => i,
-                None => {
-                    acts.push((key, QuantizedActs::new(j.ty, j.x)?));
-                    acts.len() - 1
-                }
-            };
-            // (type, weights, columns, row bytes, activation index)
-            meta.push((j.ty, j.w, j.cols, j.w.len() / j.rows.max(1), idx));
-        }
-        let total_rows: usize = jobs.iter().map(|j| j.rows).sum();
-        let threads = rayon::current_num_threads().max(1);
-        // About 8 tasks per thread over all jobs, at least 16 rows each.
-        let per_task = total_rows.div_ceil(threads * 8).max(16);
-        let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
-        for (ji, j) in jobs.iter_mut().enumerate() {
-            let rows = j.rows;
-            for (c, ys) in j.y[..rows].chunks_mut(per_task).enumerate() {
-                tasks.push((ji, c * per_task, ys));
-            }
-        }
-        let (meta, acts) = (&meta, &acts);
-        tasks.into_par_iter().try_for_each(|(ji, r0, ys)| {
-            let (ty, w, cols, rb, ai) = meta[ji];
-            let w = &w[r0 * rb..(r0 + ys.len()) * rb];
-            matvec_rows(ty, w, cols, &acts[ai].1, ys)
-        })
+        grouped_matvec(jobs)
     }
 
     fn name(&self) -> &'static str {
@@ -134,69 +128,316 @@ impl Compute for Cpu {
     }
 }
 
+/// Weight bytes one task should at least cover (below this, handing a task out costs
+/// more than it saves).
+const MIN_TASK_BYTES: usize = 16 * 1024;
+/// Tasks per thread a pass aims at (the atomic hand-out balances them).
+const TASKS_PER_THREAD: usize = 8;
+
+/// The first error any task reported.
+struct FirstError(Mutex<Option<KernelError>>);
+
+impl FirstError {
+    fn new() -> Self {
+        FirstError(Mutex::new(None))
+    }
+    fn set(&self, r: Result<(), KernelError>) {
+        if let Err(e) = r {
+            lock(&self.0).get_or_insert(e);
+        }
+    }
+    fn result(self) -> Result<(), KernelError> {
+        match self.0.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Distinct (input, weight type) keys of `jobs` and each job's key index.
+fn input_keys(jobs: &[LinearJob<'_>]) -> (Vec<usize>, Vec<usize>) {
+    let mut keys: Vec<(usize, usize, GgmlType)> = Vec::new();
+    let mut first = Vec::new();
+    let idx = jobs
+        .iter()
+        .enumerate()
+        .map(|(ji, j)| {
+            let key = (j.x.as_ptr() as usize, j.x.len(), j.ty);
+            keys.iter().position(|k| *k == key).unwrap_or_else(|| {
+                keys.push(key);
+                first.push(ji);
+                keys.len() - 1
+            })
+        })
+        .collect();
+    (first, idx)
+}
+
+/// Rows per task for a matrix of `rb`-byte rows in a pass over `total_bytes` of weights.
+fn rows_per_task(rb: usize, total_bytes: usize, threads: usize) -> usize {
+    let bytes = total_bytes
+        .div_ceil(threads * TASKS_PER_THREAD)
+        .max(MIN_TASK_BYTES);
+    (bytes / rb.max(1)).max(1)
+}
+
+/// Single-token jobs in one pass: activations quantized once per distinct input, then
+/// (job, row block) tasks with `matvec_rows` (same bits as `matvec`).
+fn grouped_matvec(jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
+    let (first, idx) = input_keys(jobs);
+    let acts: Vec<QuantizedActs> = if first.len() == 1 {
+        vec![QuantizedActs::new(jobs[first[0]].ty, jobs[first[0]].x)?]
+    } else {
+        let slots: Vec<Mutex<Option<Result<QuantizedActs, KernelError>>>> =
+            first.iter().map(|_| Mutex::new(None)).collect();
+        let jr = &*jobs;
+        pool::run(first.len(), &|_, i| {
+            let j = &jr[first[i]];
+            *lock(&slots[i]) = Some(QuantizedActs::new(j.ty, j.x));
+        });
+        slots
+            .into_iter()
+            .map(|s| {
+                s.into_inner()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .expect("every input prepared")
+            })
+            .collect::<Result<_, _>>()?
+    };
+    let threads = pool::threads();
+    let total: usize = jobs.iter().map(|j| j.w.len()).sum();
+    // (type, weights, columns, row bytes, activation index)
+    let meta: Vec<_> = jobs
+        .iter()
+        .zip(&idx)
+        .map(|(j, &ai)| (j.ty, j.w, j.cols, j.w.len() / j.rows, ai))
+        .collect();
+    let mut tasks: Vec<Mutex<(usize, usize, &mut [f32])>> = Vec::new();
+    for (ji, j) in jobs.iter_mut().enumerate() {
+        let per = rows_per_task(meta[ji].3, total, threads);
+        for (c, ys) in j.y.chunks_mut(per).enumerate() {
+            tasks.push(Mutex::new((ji, c * per, ys)));
+        }
+    }
+    let err = FirstError::new();
+    pool::run(tasks.len(), &|_, i| {
+        let mut t = lock(&tasks[i]);
+        let (ji, r0, ref mut ys) = *t;
+        let (ty, w, cols, rb, ai) = meta[ji];
+        let w = &w[r0 * rb..(r0 + ys.len()) * rb];
+        err.set(matvec_rows(ty, w, cols, &acts[ai], ys));
+    });
+    err.result()
+}
+
 /// Several-token jobs in one parallel pass: each input prepared once per weight type
 /// ([`PreparedBatch`]), tasks over (job, row block) write disjoint rows of per-job
 /// `[rows, n]` buffers, transposed into `y` afterwards. Same bits as `matmul` per job.
 fn grouped_matmul(jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
-    // Distinct (input, weight type) pairs, each prepared once, in parallel.
-    let mut keys: Vec<(usize, usize, GgmlType)> = Vec::new();
-    let mut meta = Vec::with_capacity(jobs.len());
-    for j in jobs.iter() {
-        let key = (j.x.as_ptr() as usize, j.x.len(), j.ty);
-        let idx = keys.iter().position(|k| *k == key).unwrap_or_else(|| {
-            keys.push(key);
-            keys.len() - 1
+    let (first, idx) = input_keys(jobs);
+    let slots: Vec<Mutex<Option<Result<PreparedBatch, KernelError>>>> =
+        first.iter().map(|_| Mutex::new(None)).collect();
+    {
+        let jr = &*jobs;
+        pool::run(first.len(), &|_, i| {
+            let j = &jr[first[i]];
+            *lock(&slots[i]) = Some(PreparedBatch::new(j.ty, j.x, j.n, j.cols));
         });
-        // (weights, row bytes, tokens, batch index)
-        meta.push((j.w, j.w.len() / j.rows, j.n, idx));
     }
-    let first_job: Vec<usize> = (0..keys.len())
-        .map(|bi| {
-            meta.iter()
-                .position(|m| m.3 == bi)
-                .expect("every key has a job")
-        })
-        .collect();
-    let batches: Vec<((), PreparedBatch)> = first_job
-        .par_iter()
-        .map(|&ji| {
-            let j = &jobs[ji];
-            PreparedBatch::new(j.ty, j.x, j.n, j.cols).map(|b| ((), b))
+    let batches: Vec<PreparedBatch> = slots
+        .into_iter()
+        .map(|s| {
+            s.into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .expect("every input prepared")
         })
         .collect::<Result<_, _>>()?;
-    let total: usize = jobs.iter().map(|j| j.rows * j.n).sum();
-    let threads = rayon::current_num_threads().max(1);
+    let threads = pool::threads();
+    // Weight bytes times tokens: the work of a job.
+    let total: usize = jobs.iter().map(|j| j.w.len() * j.n).sum();
     let mut yts: Vec<Vec<f32>> = jobs.iter().map(|j| vec![0.0f32; j.rows * j.n]).collect();
+    // (weights, row bytes, tokens, batch index)
+    let meta: Vec<_> = jobs
+        .iter()
+        .zip(&idx)
+        .map(|(j, &bi)| (j.w, j.w.len() / j.rows, j.n, bi))
+        .collect();
     let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
     for (ji, yt) in yts.iter_mut().enumerate() {
-        let (_, _, n, bi) = meta[ji];
-        // About 8 tasks per thread over all jobs (in row-token products), whole row groups.
-        let group = batches[bi].1.row_group();
-        let rows_per = (total.div_ceil(threads * 8) / n)
-            .max(8)
-            .next_multiple_of(group);
-        for (c, ys) in yt.chunks_mut(rows_per * n).enumerate() {
-            tasks.push((ji, c * rows_per, ys));
+        let (_, rb, n, bi) = meta[ji];
+        // Whole row groups of the register-blocked kernels.
+        let group = batches[bi].row_group();
+        let per = rows_per_task(rb * n, total, threads).next_multiple_of(group);
+        for (c, ys) in yt.chunks_mut(per * n).enumerate() {
+            tasks.push((ji, c * per, ys));
         }
     }
-    let (meta_r, batches_r) = (&meta, &batches);
-    tasks.into_par_iter().try_for_each_init(
-        || -> Vec<Option<BatchScratch>> { (0..batches_r.len()).map(|_| None).collect() },
-        |scratch, (ji, r0, ys)| {
-            let (w, rb, n, bi) = meta_r[ji];
-            let nr = ys.len() / n;
-            let b = &batches_r[bi].1;
-            let s = scratch[bi].get_or_insert_with(|| b.scratch());
-            b.rows_t_with(s, &w[r0 * rb..(r0 + nr) * rb], ys)
-        },
-    )?;
-    jobs.par_iter_mut().zip(&yts).for_each(|(j, yt)| {
+    // Largest tasks first (experts get different token counts), so the last tasks
+    // handed out are small and threads finish together.
+    // (cost: weight bytes times tokens = output values times row bytes)
+    tasks.sort_by_key(|(ji, _, ys)| std::cmp::Reverse(ys.len() * meta[*ji].1));
+    let tasks: Vec<Mutex<(usize, usize, &mut [f32])>> = tasks.into_iter().map(Mutex::new).collect();
+    // Per-thread scratch, one per prepared input.
+    let scratch: Vec<Mutex<Vec<Option<BatchScratch>>>> = (0..threads)
+        .map(|_| Mutex::new((0..batches.len()).map(|_| None).collect()))
+        .collect();
+    let err = FirstError::new();
+    pool::run(tasks.len(), &|worker, i| {
+        let mut t = lock(&tasks[i]);
+        let (ji, r0, ref mut ys) = *t;
+        let (w, rb, n, bi) = meta[ji];
+        let nr = ys.len() / n;
+        let b = &batches[bi];
+        let mut sc = lock(&scratch[worker]);
+        let s = sc[bi].get_or_insert_with(|| b.scratch());
+        err.set(b.rows_t_with(s, &w[r0 * rb..(r0 + nr) * rb], ys));
+    });
+    drop(tasks);
+    err.result()?;
+    let outs: Vec<Mutex<&mut LinearJob<'_>>> = jobs.iter_mut().map(Mutex::new).collect();
+    pool::run(outs.len(), &|_, ji| {
+        let mut j = lock(&outs[ji]);
         let (rows, n) = (j.rows, j.n);
-        for (r, yrow) in yt.chunks(n).enumerate() {
+        for (r, yrow) in yts[ji].chunks(n).enumerate() {
             for (t, &v) in yrow.iter().enumerate() {
                 j.y[t * rows + r] = v;
             }
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_kernels::formats::quantize_row_q8_0;
+
+    fn data(len: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..len)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    fn q8_matrix(rows: usize, cols: usize, seed: u32) -> Vec<u8> {
+        let w = data(rows * cols, seed);
+        let mut out = Vec::new();
+        for r in w.chunks(cols) {
+            for b in quantize_row_q8_0(r) {
+                out.extend_from_slice(&b.d.to_le_bytes());
+                out.extend(b.qs.iter().map(|&q| q as u8));
+            }
+        }
+        out
+    }
+
+    /// The grouped pool passes give the plain drivers' bits (`matvec` / `matmul` per
+    /// job) at every thread count, with shared and distinct inputs and mixed types.
+    #[test]
+    fn grouped_products_match_the_plain_drivers_at_every_thread_count() {
+        let cols = 256;
+        let shapes = [
+            (200usize, GgmlType::Q8_0),
+            (64, GgmlType::Q8_0),
+            (37, GgmlType::F32),
+            (129, GgmlType::Q8_0),
+        ];
+        let ws: Vec<Vec<u8>> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, &(rows, ty))| match ty {
+                GgmlType::F32 => data(rows * cols, 50 + i as u32)
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect(),
+                _ => q8_matrix(rows, cols, 10 + i as u32),
+            })
+            .collect();
+        for n in [1usize, 3, 9] {
+            let xa = data(n * cols, 1);
+            let xb = data(n * cols, 2);
+            // jobs 0, 1 share xa; 2, 3 share xb
+            let xs = [&xa, &xa, &xb, &xb];
+            let single = rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .unwrap();
+            let want: Vec<Vec<f32>> = single.install(|| {
+                shapes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(rows, ty))| {
+                        let mut y = vec![0.0f32; n * rows];
+                        if n == 1 {
+                            matvec(ty, &ws[i], rows, cols, xs[i], &mut y).unwrap();
+                        } else {
+                            matmul(ty, &ws[i], rows, cols, xs[i], n, &mut y).unwrap();
+                        }
+                        y
+                    })
+                    .collect()
+            });
+            for threads in [1, 2, 3, 4, 8] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut ys: Vec<Vec<f32>> = shapes
+                    .iter()
+                    .map(|&(rows, _)| vec![f32::NAN; n * rows])
+                    .collect();
+                pool.install(|| {
+                    let mut jobs: Vec<LinearJob<'_>> = shapes
+                        .iter()
+                        .zip(ys.iter_mut())
+                        .enumerate()
+                        .map(|(i, (&(rows, ty), y))| LinearJob {
+                            ty,
+                            w: &ws[i],
+                            rows,
+                            cols,
+                            x: xs[i],
+                            n,
+                            y,
+                            unit: None,
+                        })
+                        .collect();
+                    Cpu.linear_group(&mut jobs).unwrap();
+                });
+                for (i, (got, want)) in ys.iter().zip(&want).enumerate() {
+                    let same = got
+                        .iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "job {i} differs: n={n} threads={threads}");
+                }
+                // One product alone takes the same path.
+                let mut y = vec![f32::NAN; n * shapes[0].0];
+                pool.install(|| Cpu.linear(GgmlType::Q8_0, &ws[0], 200, cols, &xa, n, &mut y))
+                    .unwrap();
+                assert!(y
+                    .iter()
+                    .zip(&want[0])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()));
+            }
+        }
+    }
+
+    /// A malformed job is reported, not run.
+    #[test]
+    fn bad_shapes_are_errors() {
+        let w = vec![0u8; 34 * 8 - 1];
+        let x = vec![0.0f32; 256];
+        let mut y = vec![0.0f32; 1];
+        assert!(Cpu
+            .linear(GgmlType::Q8_0, &w, 1, 256, &x, 1, &mut y)
+            .is_err());
+    }
 }

@@ -26,6 +26,9 @@ pub struct ModelConfig {
     pub n_expert_used: usize,
     /// KV-cache bytes per position at f32 (all layers), for the memory plan.
     pub kv_bytes_per_pos: u64,
+    /// Bytes of per-sequence state whatever the context (recurrent states of linear-attention
+    /// layers, fixed attention windows), counted once per sequence and per snapshot.
+    pub state_bytes: u64,
 }
 
 /// Typed access to `<arch>.*` keys of one file.

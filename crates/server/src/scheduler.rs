@@ -377,7 +377,8 @@ fn run_job(
     }
     // Snapshot at the message boundary for later requests extending this prompt.
     if job.snapshot && head.len() > cached {
-        let bytes = shared.loaded.model.cfg.kv_bytes_per_pos * head.len() as u64;
+        let cfg = &shared.loaded.model.cfg;
+        let bytes = cfg.kv_bytes_per_pos * head.len() as u64 + cfg.state_bytes;
         let fits = {
             let pc = shared.prefix.lock().unwrap_or_else(|e| e.into_inner());
             pc.fits(bytes) && !pc.contains(head)

@@ -11,6 +11,8 @@
 
 pub mod blocks;
 pub mod deepseek4;
+pub mod glm5next;
+pub mod glm_dsa;
 pub mod qwen4exp;
 pub mod vocab;
 mod write;
@@ -433,14 +435,27 @@ impl Plan {
 
     /// Bytes of one expert of one layer (gate + up + down).
     pub fn one_expert_bytes(&self) -> u64 {
-        let n_expert = ["qwen3moe", "deepseek4"]
+        let n_expert = ["qwen3moe", "deepseek4", "glm-dsa"]
             .iter()
             .find_map(|a| self.layout.get_u64(&format!("{a}.expert_count")).ok())
             .unwrap_or(1)
             .max(1);
+        // The first layer with routed experts (glm-dsa's leading layers are dense).
+        let first = (0..)
+            .take_while(|il| {
+                self.layout
+                    .tensor(&format!("blk.{il}.attn_norm.weight"))
+                    .is_some()
+            })
+            .find(|il| {
+                self.layout
+                    .tensor(&format!("blk.{il}.ffn_gate_exps.weight"))
+                    .is_some()
+            })
+            .unwrap_or(0);
         ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"]
             .iter()
-            .filter_map(|t| self.layout.tensor(&format!("blk.0.{t}.weight")))
+            .filter_map(|t| self.layout.tensor(&format!("blk.{first}.{t}.weight")))
             .map(|t| t.n_bytes / n_expert)
             .sum()
     }

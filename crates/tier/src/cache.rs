@@ -430,6 +430,33 @@ impl<B: SlotBuf> ExpertCache<B> {
         g.check();
     }
 
+    /// Bytes of a slot of `class` (after `SlotBuf::slot_size`), if the class exists.
+    pub fn class_bytes(&self, class: usize) -> Option<usize> {
+        self.lock().classes.get(class).copied()
+    }
+
+    /// Adds `buf` (allocated and populated by the caller, outside the lock) as a free slot
+    /// of `class` if the budget has room for it; otherwise hands it back. Lets slot memory
+    /// be made ready in the background instead of on the first reads' path.
+    pub fn add_free_slot(&self, class: usize, buf: B) -> Result<(), B> {
+        let mut g = self.lock();
+        let Some(&bytes) = g.classes.get(class) else {
+            return Err(buf);
+        };
+        if buf.size() != bytes || g.allocated + bytes as u64 > g.budget {
+            return Err(buf);
+        }
+        let i = g.new_slot_with(class, false, buf);
+        g.free[class].push(i);
+        g.check();
+        Ok(())
+    }
+
+    /// Starts the policy's statistics of `key` from a saved rate (selections per token).
+    pub fn seed(&self, key: ExpertKey, rate: f64) {
+        self.lock().policy.seed(key, rate);
+    }
+
     /// One token finished (all layers): advances the policy's decay clock.
     pub fn end_token(&self) {
         let mut g = self.lock();
@@ -474,8 +501,12 @@ impl<B: SlotBuf> Inner<B> {
     }
 
     fn new_slot(&mut self, class: usize, resident: bool) -> u32 {
+        let buf = B::alloc(self.classes[class]);
+        self.new_slot_with(class, resident, buf)
+    }
+
+    fn new_slot_with(&mut self, class: usize, resident: bool, buf: B) -> u32 {
         let bytes = self.classes[class];
-        let buf = B::alloc(bytes);
         debug_assert_eq!(buf.size(), bytes, "SlotBuf::alloc returned a wrong size");
         let slot = Slot {
             class,

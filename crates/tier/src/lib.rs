@@ -1,7 +1,7 @@
 //! The expert tier: where routed experts live between the SSD and the compute thread.
 //!
 //! Owns: the RAM cache of experts with a hard byte budget ([`ExpertCache`]), its eviction
-//! policies ([`Policy`]: LRU, LFU with decay, LRU-2), the routing trace format written by
+//! policies ([`Policy`]: expected next use (default), LRU, LFU with decay, LRU-2), the routing trace format written by
 //! `--record-routing` ([`trace`]), the offline cache simulator with Belady's optimum
 //! ([`sim`]) and byte-size parsing for budgets ([`parse_size`]); the description of every
 //! tensor group that may live outside RAM ([`groups`]), the [`ExpertSource`] interface the
@@ -13,8 +13,10 @@
 
 pub mod cache;
 pub mod groups;
+pub mod pack;
 pub mod ple;
 pub mod policy;
+pub mod profile;
 pub mod sim;
 pub mod size;
 pub mod slot;
@@ -27,9 +29,11 @@ pub use cache::{
     Pinned, Reservation, SlotId, Ticket,
 };
 pub use ple::{open_ple, PleIo, PleOptions, PleSource, PleStats};
-pub use policy::{Lfu, Lru, Lru2, Policy, PolicyKind};
+pub use policy::{Lfu, Lru, Lru2, NextUse, Policy, PolicyKind};
+pub use profile::{Profile, ProfileError};
 
 pub use groups::{RowTable, StackedPart, StreamableGroups, UnitGroup, UnitLayer};
+pub use pack::{PackError, PackFile, PackLayer};
 pub use sim::{simulate, simulate_belady, simulate_kind, SimResult};
 pub use size::{parse_size, parse_size_bytes, SizeError, SizeSpec};
 pub use slot::{NoBuf, SlotBuf};

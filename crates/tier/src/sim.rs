@@ -20,7 +20,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 
 use super::cache::{CacheConfig, CacheError, ExpertCache, ExpertKey, Lookup};
-use super::policy::{Policy, PolicyKind};
+use super::policy::{NextUse, Policy, PolicyKind};
+use super::profile::Profile;
 use super::slot::NoBuf;
 use super::trace::RoutingTrace;
 
@@ -96,6 +97,48 @@ pub fn simulate(
     budget: u64,
     policy: Box<dyn Policy>,
 ) -> Result<SimResult, CacheError> {
+    simulate_preloaded(trace, budget, policy, None)
+}
+
+/// Seeds the policy from `profile` and fills `cache` with the profile's most popular
+/// experts while they fit in the budget without evicting (what `--preload-profile` does
+/// at start). Returns the bytes filled.
+pub fn preload<B: crate::SlotBuf>(
+    cache: &ExpertCache<B>,
+    profile: &Profile,
+    class_of_layer: impl Fn(u32) -> Option<(usize, usize)>,
+    mut fill: impl FnMut(ExpertKey, crate::cache::Reservation<B>) -> Result<(), CacheError>,
+) -> Result<u64, CacheError> {
+    for &(k, r) in &profile.rates {
+        cache.seed(k, r);
+    }
+    let mut filled = 0;
+    for (k, _) in profile.ranked() {
+        let Some((class, bytes)) = class_of_layer(k.layer) else {
+            continue;
+        };
+        let s = cache.stats();
+        if s.bytes_allocated + bytes as u64 > cache.budget() || cache.contains(k) {
+            if s.bytes_allocated + bytes as u64 > cache.budget() {
+                break;
+            }
+            continue;
+        }
+        let r = cache.reserve(k, class)?;
+        fill(k, r)?;
+        filled += bytes as u64;
+    }
+    Ok(filled)
+}
+
+/// [`simulate`], with the cache warmed from a popularity profile first (the warm-up's
+/// reads are not counted as misses).
+pub fn simulate_preloaded(
+    trace: &RoutingTrace,
+    budget: u64,
+    policy: Box<dyn Policy>,
+    profile: Option<&Profile>,
+) -> Result<SimResult, CacheError> {
     let (sizes, of_layer) = size_classes(trace);
     let name = policy.name().to_string();
     let cache = ExpertCache::<NoBuf>::new(
@@ -107,6 +150,19 @@ pub fn simulate(
         },
         policy,
     )?;
+    let mut preloaded = 0;
+    if let Some(p) = profile {
+        let slot_sizes = cache.slot_sizes();
+        preloaded = preload(
+            &cache,
+            p,
+            |l| {
+                let b = *trace.header.expert_bytes.get(l as usize)?;
+                (b > 0).then(|| (of_layer[l as usize], slot_sizes[of_layer[l as usize]]))
+            },
+            |_, r| cache.fill(r.ticket, r.buf, &[]).map(drop),
+        )?;
+    }
     let moe = trace.header.moe_layers();
     let k = trace.header.top_k as usize;
     let mut pins = Vec::with_capacity(k);
@@ -135,7 +191,7 @@ pub fn simulate(
         hits: s.total.hits,
         misses: s.total.misses,
         evictions: s.total.evictions,
-        bytes_read: s.bytes_filled,
+        bytes_read: s.bytes_filled - preloaded,
         slot_allocations: s.slot_allocations,
         peak_bytes: s.peak_bytes,
     })
@@ -150,6 +206,14 @@ pub fn simulate_kind(
     let mut r = simulate(trace, budget, kind.build())?;
     r.policy = kind.label();
     Ok(r)
+}
+
+/// Replays with the expected-next-use rule and every expert's selection rate counted over
+/// the whole trace in hindsight ([`NextUse::frozen`]): the best a frequency-based online
+/// policy can do when requests are independent, so the yardstick for online policies.
+pub fn simulate_oracle_rate(trace: &RoutingTrace, budget: u64) -> Result<SimResult, CacheError> {
+    let p = Profile::from_trace(trace, None);
+    simulate(trace, budget, Box::new(NextUse::frozen(p.rates)))
 }
 
 /// Replays with Belady's rule.
@@ -228,6 +292,17 @@ pub fn format_report(
     results: &[SimResult],
     belady: Option<&SimResult>,
 ) -> String {
+    format_report_with(trace, budget, results, None, belady)
+}
+
+/// [`format_report`] with the hindsight-rate yardstick row ([`simulate_oracle_rate`]).
+pub fn format_report_with(
+    trace: &RoutingTrace,
+    budget: u64,
+    results: &[SimResult],
+    oracle: Option<&SimResult>,
+    belady: Option<&SimResult>,
+) -> String {
     let gb = |b: u64| b as f64 / 1e9;
     let total = trace.header.total_expert_bytes();
     let (sizes, _) = size_classes(trace);
@@ -285,6 +360,13 @@ pub fn format_report(
         };
         row(r, vs);
     }
+    if let Some(o) = oracle {
+        let vs = match belady {
+            Some(b) if b.misses > 0 => format!("x{:.2}", o.misses as f64 / b.misses as f64),
+            _ => "-".into(),
+        };
+        row(o, vs);
+    }
     if let Some(b) = belady {
         row(b, "optimum".into());
     }
@@ -293,6 +375,12 @@ pub fn format_report(
             s,
             "note: {} expert sizes; with mixed sizes Belady's rule is a heuristic, not a strict bound",
             sizes.len()
+        );
+    }
+    if oracle.is_some() {
+        let _ = writeln!(
+            s,
+            "note: oracle-rate = expected next use with selection rates counted over the whole trace in hindsight (a yardstick: the best a rate-based online policy can do on independent requests)"
         );
     }
     let _ = writeln!(

@@ -3,7 +3,9 @@
 //!
 //! Owns: mapping (layer, unit) to the file segments of its matrices (from the
 //! [`UnitGroup`] the loader describes), the hits-first / misses-in-flight schedule of one
-//! layer's units, resident (pinned) layers, the routing of completions to the sequence
+//! layer's units, reading from a packed sidecar when one is given (one read per unit),
+//! slot memory made ready on a background thread at load, warming from a profile,
+//! resident (pinned) layers, the routing of completions to the sequence
 //! that issued them (several sequences may forward through one source at once), and the
 //! compute side's IO-wait counters. Budget enforcement and eviction are the cache's;
 //! reading is the IO engine's (`sluice-io`).
@@ -11,7 +13,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use sluice_io::{
@@ -20,6 +22,8 @@ use sluice_io::{
 };
 
 use crate::groups::{UnitGroup, UnitLayer};
+use crate::pack::{PackFile, PackLayer};
+use crate::profile::Profile;
 use crate::source::{BatchFn, ExpertSource, ExpertView, Stop, StreamError};
 use crate::{
     CacheConfig, CacheError, CacheStats, ExpertCache, ExpertKey, Lookup, Pinned, PolicyKind,
@@ -52,6 +56,8 @@ pub struct StreamConfig {
 /// File layout of one layer's units.
 struct LayerLayout {
     unit: UnitLayer,
+    /// Where the units are in a packed sidecar (one read per unit), when one is used.
+    packed: Option<PackLayer>,
     /// Slot bytes one unit needs (aligned spans of its segments; the largest over the
     /// layer, since alignment padding depends on the offset).
     capacity: usize,
@@ -61,6 +67,12 @@ struct LayerLayout {
 
 impl LayerLayout {
     fn segments(&self, e: usize) -> Vec<Segment> {
+        if let Some(p) = &self.packed {
+            return vec![Segment {
+                offset: p.offset(e),
+                len: p.unit_bytes() as usize,
+            }];
+        }
         (0..self.unit.parts.len())
             .map(|i| {
                 let r = self.unit.part_range(i, e);
@@ -105,7 +117,10 @@ pub struct StreamStats {
 /// through a mailbox, and a unit another sequence is already reading is waited for rather
 /// than read twice.
 pub struct StreamingExperts {
-    cache: ExpertCache<AlignedBuf>,
+    cache: Arc<ExpertCache<AlignedBuf>>,
+    /// The background thread that makes slot memory ready at load, and its stop flag.
+    slot_filler: Mutex<Option<std::thread::JoinHandle<()>>>,
+    stop_filler: Arc<AtomicBool>,
     io: Box<dyn IoEngine>,
     layers: Vec<Option<LayerLayout>>,
     /// Pins of resident layers' experts, held for the model's lifetime.
@@ -133,6 +148,13 @@ pub struct StreamingExperts {
     certain_prefetch: AtomicBool,
 }
 
+impl Drop for StreamingExperts {
+    fn drop(&mut self) {
+        self.stop_filler.store(true, Ordering::Relaxed);
+        self.wait_slots_ready();
+    }
+}
+
 /// Completions that arrived for a caller other than the one polling.
 #[derive(Default)]
 struct Mailbox {
@@ -147,7 +169,7 @@ type InFlight = HashMap<u64, (usize, Ticket)>;
 impl StreamingExperts {
     /// The smallest budget that can run the model: one layer's top-k units at once.
     pub fn min_budget(group: &UnitGroup, top_k: usize) -> u64 {
-        let largest = layouts(group)
+        let largest = layouts(group, None)
             .iter()
             .flatten()
             .map(|l| l.capacity)
@@ -164,7 +186,19 @@ impl StreamingExperts {
         top_k: usize,
         cfg: &StreamConfig,
     ) -> Result<Self, StreamError> {
-        let mut layers = layouts(group);
+        Self::open_packed(path, group, top_k, cfg, None)
+    }
+
+    /// Like [`Self::open`]; with `pack` (a sidecar validated against this model), every
+    /// unit is read from the sidecar in one aligned read instead of one read per matrix.
+    pub fn open_packed(
+        path: &Path,
+        group: &UnitGroup,
+        top_k: usize,
+        cfg: &StreamConfig,
+        pack: Option<&PackFile>,
+    ) -> Result<Self, StreamError> {
+        let mut layers = layouts(group, pack);
         // One size class per distinct list of matrix sizes, with the capacity of the worst
         // alignment among all its units, so a slot can hold any unit of any layer of that
         // class (mixed-quant files get one pool per class).
@@ -194,9 +228,11 @@ impl StreamingExperts {
             },
             cfg.policy.build(),
         )?;
-        let io = open_engine(path, &cfg.io)?;
+        let io = open_engine(pack.map_or(path, |p| p.path.as_path()), &cfg.io)?;
         let mut s = StreamingExperts {
-            cache,
+            cache: Arc::new(cache),
+            slot_filler: Mutex::new(None),
+            stop_filler: Arc::new(AtomicBool::new(false)),
             io,
             layers,
             resident: Vec::new(),
@@ -218,7 +254,65 @@ impl StreamingExperts {
             certain_prefetch: AtomicBool::new(true),
         };
         s.load_resident(cfg.resident_layers)?;
+        s.start_slot_filler();
         Ok(s)
+    }
+
+    /// Allocate and fault in the budget's slot memory on a background thread, so the first
+    /// tokens' reads do not wait for page faults on the compute thread. Slots go to the size
+    /// classes in proportion to their layers; the thread stops when the budget is full or
+    /// the source is dropped. Never changes what is computed.
+    fn start_slot_filler(&self) {
+        let order: Vec<usize> = self.layers.iter().flatten().map(|l| l.class).collect();
+        if order.is_empty() {
+            return;
+        }
+        let cache = self.cache.clone();
+        let stop = self.stop_filler.clone();
+        let h = std::thread::Builder::new()
+            .name("sluice-slots".into())
+            .spawn(move || {
+                let mut refused = 0;
+                for &class in order.iter().cycle() {
+                    if stop.load(Ordering::Relaxed) || refused >= order.len() {
+                        break;
+                    }
+                    let Some(bytes) = cache.class_bytes(class) else {
+                        break;
+                    };
+                    let s = cache.stats();
+                    if s.bytes_allocated + bytes as u64 > s.budget {
+                        refused += 1;
+                        continue;
+                    }
+                    let mut buf = AlignedBuf::new(bytes);
+                    for b in buf.as_mut_slice().iter_mut().step_by(4096) {
+                        *b = 0;
+                    }
+                    match cache.add_free_slot(class, buf) {
+                        Ok(()) => refused = 0,
+                        Err(_) => refused += 1,
+                    }
+                }
+            });
+        if let Ok(h) = h {
+            *self
+                .slot_filler
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(h);
+        }
+    }
+
+    /// Wait until the background slot filler is done (for tests and measurements).
+    pub fn wait_slots_ready(&self) {
+        let h = self
+            .slot_filler
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(h) = h {
+            let _ = h.join();
+        }
     }
 
     /// Read every unit of the first `n` layers that have units into resident (never
@@ -251,6 +345,73 @@ impl StreamingExperts {
             self.layers[l] = Some(layout);
         }
         Ok(())
+    }
+
+    /// Warm the cache from a popularity profile: seed the policy's statistics and read the
+    /// most popular experts while they fit in the budget without evicting. Blocks until
+    /// they have landed. Returns (experts read, expert bytes read).
+    pub fn preload(&self, profile: &Profile) -> Result<(u64, u64), StreamError> {
+        let mut in_flight = InFlight::new();
+        let mut n = 0u64;
+        let mut bytes = 0u64;
+        let depth = 64;
+        let wait0 = self.io_wait_ns.load(Ordering::Relaxed);
+        let res = crate::sim::preload(
+            &self.cache,
+            profile,
+            |l| {
+                let layout = self.layers.get(l as usize)?.as_ref()?;
+                Some((layout.class, layout.capacity))
+            },
+            |k, r| {
+                let Some(layout) = self.layers.get(k.layer as usize).and_then(Option::as_ref)
+                else {
+                    self.cache.release_failed(r.ticket, Some(r.buf));
+                    return Ok(());
+                };
+                if k.expert as usize >= layout.unit.n_units {
+                    self.cache.release_failed(r.ticket, Some(r.buf));
+                    return Ok(());
+                }
+                let tag = self.tag();
+                in_flight.insert(tag, (0, r.ticket));
+                if self
+                    .io
+                    .submit(ReadReq {
+                        tag,
+                        segments: layout.segments(k.expert as usize),
+                        buf: r.buf,
+                    })
+                    .is_err()
+                {
+                    if let Some((_, t)) = in_flight.remove(&tag) {
+                        self.cache.release_failed(t, None);
+                    }
+                    return Ok(());
+                }
+                n += 1;
+                bytes += layout.unit.unit_bytes();
+                while in_flight.len() >= depth {
+                    if self.complete_one(&mut in_flight).is_err() {
+                        break;
+                    }
+                }
+                Ok(())
+            },
+        );
+        let mut first_err = res.err().map(StreamError::from);
+        while !in_flight.is_empty() {
+            if let Err(e) = self.complete_one(&mut in_flight) {
+                first_err.get_or_insert(e);
+            }
+        }
+        // Preload reads are not demand reads: the cache's miss counters and the compute
+        // side's IO wait stay untouched.
+        self.io_wait_ns.store(wait0, Ordering::Relaxed);
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok((n, bytes)),
+        }
     }
 
     fn tag(&self) -> u64 {
@@ -423,14 +584,16 @@ impl StreamingExperts {
 }
 
 /// Per layer: where its units' matrices are and the slot bytes one needs.
-fn layouts(group: &UnitGroup) -> Vec<Option<LayerLayout>> {
+fn layouts(group: &UnitGroup, pack: Option<&PackFile>) -> Vec<Option<LayerLayout>> {
     group
         .layers
         .iter()
-        .map(|l| {
-            l.as_ref().map(|unit| {
+        .enumerate()
+        .map(|(l, layer)| {
+            layer.as_ref().map(|unit| {
                 let mut layout = LayerLayout {
                     unit: unit.clone(),
+                    packed: pack.and_then(|p| p.layers.get(l).cloned().flatten()),
                     capacity: 0,
                     class: 0,
                 };
@@ -701,9 +864,17 @@ fn expert_view<'a>(p: &'a Pinned<AlignedBuf>, layout: &LayerLayout) -> ExpertVie
     let b = p.bytes();
     let mut parts: [&[u8]; crate::MAX_PARTS] = [&[]; crate::MAX_PARTS];
     let n = layout.unit.parts.len();
+    let mut packed_at = p.placed()[0];
     for (i, part) in layout.unit.parts.iter().enumerate() {
-        let at = p.placed()[i];
-        parts[i] = &b[at..at + part.bytes_per_unit as usize];
+        let len = part.bytes_per_unit as usize;
+        let at = if layout.packed.is_some() {
+            // One segment: the parts follow each other.
+            packed_at += len;
+            packed_at - len
+        } else {
+            p.placed()[i]
+        };
+        parts[i] = &b[at..at + len];
     }
     ExpertView::new(&parts[..n])
 }

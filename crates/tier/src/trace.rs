@@ -466,6 +466,29 @@ impl RoutingTrace {
         &self.ids[t * self.per_token..(t + 1) * self.per_token]
     }
 
+    /// The trace without its first `n` tokens (a batch cut in two keeps its tail), or
+    /// `None` if that leaves nothing.
+    pub fn skip_tokens(&self, n: usize) -> Option<RoutingTrace> {
+        if n >= self.n_tokens() {
+            return None;
+        }
+        let mut batches = Vec::new();
+        let mut at = 0usize;
+        for &b in &self.batches {
+            let end = at + b as usize;
+            if end > n {
+                batches.push((end - at.max(n)) as u32);
+            }
+            at = end;
+        }
+        Some(RoutingTrace {
+            header: self.header.clone(),
+            batches,
+            ids: self.ids[n * self.per_token..].to_vec(),
+            per_token: self.per_token,
+        })
+    }
+
     /// Serializes to the v1 file format.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut v = self

@@ -5,8 +5,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
 use proptest::prelude::*;
-use sluice_tier::sim::{requests, simulate_belady, simulate_kind};
+use sluice_tier::sim::{
+    requests, simulate_belady, simulate_kind, simulate_oracle_rate, simulate_preloaded,
+};
 use sluice_tier::{CacheError, PolicyKind, RoutingRecorder, RoutingTrace, TraceError, TraceHeader};
+use sluice_tier::{ExpertKey, NextUse, Policy, Profile};
 
 fn header(n_layer: u32, n_expert: u32, top_k: u32, bytes: u64) -> TraceHeader {
     TraceHeader {
@@ -304,7 +307,7 @@ proptest! {
     fn belady_beats_every_policy(t in trace_strategy(3, 8, 2, 40), slots in 2u64..12) {
         let budget = slots * 1000;
         let b = simulate_belady(&t, budget).unwrap();
-        for kind in [PolicyKind::Lru, PolicyKind::Lfu { half_life: 4 }, PolicyKind::Lfu { half_life: 16 }, PolicyKind::Lru2] {
+        for kind in [PolicyKind::Lru, PolicyKind::Lfu { half_life: 4 }, PolicyKind::Lfu { half_life: 16 }, PolicyKind::Lru2, PolicyKind::NextUse { half_life: 2 }, PolicyKind::default()] {
             let r = simulate_kind(&t, budget, kind).unwrap();
             prop_assert!(b.misses <= r.misses, "{}: {} < belady {}", r.policy, r.misses, b.misses);
             prop_assert_eq!(r.requests, b.requests);
@@ -337,4 +340,76 @@ fn simulator_counts_on_a_hand_trace() {
         report.contains("lru") && report.contains("belady") && report.contains("+2 (x1.50)"),
         "{report}"
     );
+}
+
+#[test]
+fn next_use_keeps_the_frequent_expert() {
+    // 1 layer, 3 experts, top-1, 2 slots. Requests 0 0 0 0 1 2 0.
+    // LRU: at 2 the cache is [0 1], 0 is older: evicted, so the last 0 misses (4 misses).
+    // next: 0 was selected 4 times, 1 once: 1 goes, the last 0 hits (3 misses).
+    let h = header(1, 3, 1, 1000);
+    let toks: Vec<Vec<u16>> = [0, 0, 0, 0, 1, 2, 0].iter().map(|&e| vec![e]).collect();
+    let t = RoutingTrace::from_tokens(h, &toks).unwrap();
+    assert_eq!(simulate_kind(&t, 2000, PolicyKind::Lru).unwrap().misses, 4);
+    assert_eq!(
+        simulate_kind(&t, 2000, PolicyKind::default())
+            .unwrap()
+            .misses,
+        3
+    );
+    assert_eq!(simulate_oracle_rate(&t, 2000).unwrap().misses, 3);
+}
+
+#[test]
+fn next_use_evicts_the_layer_visited_farthest_ahead() {
+    // Two layers, one cached expert each, equal rates. The layer just requested (0) is
+    // visited again only after layer 1, so its expert goes although it is the more recent.
+    let mut p = NextUse::new(64);
+    let (a, b) = (ExpertKey::new(1, 0), ExpertKey::new(0, 0));
+    p.on_request(a);
+    p.on_insert(a);
+    p.on_request(b);
+    p.on_insert(b);
+    assert_eq!(p.victim(&mut |_| true), Some(b));
+    // Unless it is not evictable.
+    assert_eq!(p.victim(&mut |k| k != b), Some(a));
+    // A rarely selected expert of the next layer goes before a frequent one of this layer.
+    let mut p = NextUse::new(64);
+    for _ in 0..4 {
+        p.on_request(b);
+        p.on_request(a);
+        p.on_token_end();
+    }
+    let c = ExpertKey::new(1, 1);
+    p.on_request(b);
+    p.on_insert(b);
+    p.on_request(c);
+    p.on_insert(c);
+    p.on_request(b);
+    assert_eq!(p.victim(&mut |_| true), Some(c));
+}
+
+#[test]
+fn preloaded_profile_warms_the_cache() {
+    // 2 layers, 4 experts, top-1; the trace uses experts 0 and 1 of each layer.
+    let h = header(2, 4, 1, 1000);
+    let toks: Vec<Vec<u16>> = (0..20)
+        .map(|t| vec![(t % 2) as u16, (t % 2) as u16])
+        .collect();
+    let t = RoutingTrace::from_tokens(h, &toks).unwrap();
+    let prof = Profile::from_trace(&t, None);
+    assert_eq!(prof.rates.len(), 4);
+    assert!(prof.rates.iter().all(|r| (r.1 - 0.5).abs() < 1e-12));
+    // Room for all 4 used experts: cold, the 4 first requests miss; warm, none does.
+    let cold = simulate_preloaded(&t, 4000, PolicyKind::default().build(), None).unwrap();
+    let warm = simulate_preloaded(&t, 4000, PolicyKind::default().build(), Some(&prof)).unwrap();
+    assert_eq!((cold.misses, warm.misses), (4, 0));
+    assert_eq!(warm.bytes_read, 0);
+    // The profile of the first half only, replayed on the second half.
+    let half = Profile::from_trace(&t, Some(0..10));
+    assert_eq!(half.tokens, 10);
+    let rest = t.skip_tokens(10).unwrap();
+    assert_eq!(rest.n_tokens(), 10);
+    assert_eq!(rest.token(0), t.token(10));
+    assert!(t.skip_tokens(20).is_none());
 }

@@ -1,13 +1,12 @@
-//! Scalar reference for Q4_0, Q4_1, Q5_1, IQ4_NL, MXFP4 (with Q8_0 activations) and Q2_K,
-//! Q3_K, Q5_K, IQ4_XS, TQ1_0, TQ2_0 (with Q8_K activations).
+//! Scalar reference for Q4_0, IQ4_NL, MXFP4 (with Q8_0 activations), Q4_1, Q5_1 (with Q8_1
+//! activations) and Q2_K, Q3_K, Q5_K, IQ4_XS, TQ1_0, TQ2_0 (with Q8_K activations).
 //!
 //! Dequantizers do the f32 operations of `gguf.quants.dequantize` in the same order
 //! (so they match it bit for bit). Dots follow the crate convention: the integer parts of
 //! a block are exact i32, then one f32 expression per block is added to a single
-//! accumulator in block order. Formats with a per-block minimum (Q4_1, Q5_1) use the
-//! exact sum of the Q8_0 block's quants times the block's f16 scale for the min term
-//! (llama.cpp pairs them with Q8_1, which stores `f16(d * sum)` with d not yet rounded;
-//! the quants themselves are the same).
+//! accumulator in block order. Formats with a per-block minimum (Q4_1, Q5_1) take the min
+//! term from the Q8_1 block's stored `s = f16(d * sum q)` (d not yet rounded), exactly the
+//! value ggml's `vec_dot_q4_1_q8_1` reads.
 
 #![allow(clippy::needless_range_loop)] // index loops read like the layouts
 
@@ -132,12 +131,6 @@ fn isum32<T: Copy + Into<i32>>(qx: &[T; QK8_0], qy: &[i8; QK8_0]) -> i32 {
     qx.iter().zip(qy).map(|(&a, &b)| a.into() * b as i32).sum()
 }
 
-/// Exact sum of a Q8_0 block's quants.
-#[inline]
-pub fn q8_0_qsum(yb: &BlockQ8_0) -> i32 {
-    yb.qs.iter().map(|&q| q as i32).sum()
-}
-
 /// Q4_0 row . Q8_0 activations: `sum_b (dx_b * dy_b) * isum_b`.
 pub fn dot_q4_0(row: &[u8], y: &[BlockQ8_0]) -> f32 {
     let mut acc = 0.0f32;
@@ -148,17 +141,17 @@ pub fn dot_q4_0(row: &[u8], y: &[BlockQ8_0]) -> f32 {
     acc
 }
 
-/// Q4_1 / Q5_1 block: `(dx * dy) * isum + (m * dy) * ysum`.
+/// Q4_1 / Q5_1 block: `(dx * dy) * isum + m * s`, `s` the Q8_1 block's stored
+/// `f16(d * sum q)` (as ggml's `vec_dot_q4_1_q8_1`).
 #[inline]
-fn min_block(b: &[u8], yb: &BlockQ8_0, q: &[u8; QK8_0]) -> f32 {
+fn min_block(b: &[u8], yb: &BlockQ8_1, q: &[u8; QK8_0]) -> f32 {
     let dy = f16_to_f32(yb.d);
     let isum = isum32(q, &yb.qs);
-    let ysum = q8_0_qsum(yb);
-    (f16_to_f32(le_u16(b, 0)) * dy) * isum as f32 + (f16_to_f32(le_u16(b, 2)) * dy) * ysum as f32
+    (f16_to_f32(le_u16(b, 0)) * dy) * isum as f32 + f16_to_f32(le_u16(b, 2)) * f16_to_f32(yb.s)
 }
 
-/// Q4_1 row . Q8_0 activations: `sum_b (dx dy) isum_b + (m dy) ysum_b`.
-pub fn dot_q4_1(row: &[u8], y: &[BlockQ8_0]) -> f32 {
+/// Q4_1 row . Q8_1 activations: `sum_b (dx dy) isum_b + m_b s_b`.
+pub fn dot_q4_1(row: &[u8], y: &[BlockQ8_1]) -> f32 {
     let mut acc = 0.0f32;
     for (b, yb) in row.chunks_exact(Q4_1_BYTES).zip(y) {
         acc += min_block(b, yb, &q4_1_quants(b));
@@ -166,8 +159,8 @@ pub fn dot_q4_1(row: &[u8], y: &[BlockQ8_0]) -> f32 {
     acc
 }
 
-/// Q5_1 row . Q8_0 activations: `sum_b (dx dy) isum_b + (m dy) ysum_b`.
-pub fn dot_q5_1(row: &[u8], y: &[BlockQ8_0]) -> f32 {
+/// Q5_1 row . Q8_1 activations: `sum_b (dx dy) isum_b + m_b s_b`.
+pub fn dot_q5_1(row: &[u8], y: &[BlockQ8_1]) -> f32 {
     let mut acc = 0.0f32;
     for (b, yb) in row.chunks_exact(Q5_1_BYTES).zip(y) {
         acc += min_block(b, yb, &q5_1_quants(b));

@@ -1,5 +1,5 @@
 //! AVX2 (and, for the Q8_0-activation ones, AVX-512 VNNI) dots for the quants-k formats:
-//! Q4_0, Q4_1, Q5_1, IQ4_NL, MXFP4 with Q8_0 activations; Q2_K, Q3_K, Q5_K, IQ4_XS, TQ1_0,
+//! Q4_0, IQ4_NL, MXFP4 with Q8_0 activations; Q4_1, Q5_1 with Q8_1 ones; Q2_K, Q3_K, Q5_K, IQ4_XS, TQ1_0,
 //! TQ2_0 with Q8_K activations.
 //!
 //! Owns: the block decoders to bytes and the N-token kernels. Same contract as `avx2.rs`:
@@ -8,7 +8,7 @@
 //! with the block's `dx * dy` (rounded to f32 exactly as the reference rounds it); the
 //! operations on token t's accumulator do not depend on the tile size N, so matmul equals
 //! matvec bit for bit. Offsets (Q3_K's -4, TQ's -1) go through the Q8_K `bsums`, and the
-//! Q4_1/Q5_1 minimum through the exact sum of the Q8_0 block's quants.
+//! Q4_1/Q5_1 minimum through the Q8_1 block's stored sum.
 //! Every function here is a `#[target_feature]` fn: callers must hold the matching token.
 
 #![allow(clippy::needless_range_loop)] // index loops read like the layouts
@@ -100,21 +100,20 @@ pub(super) fn decode_q5_1(b: &[u8; Q5_1_BYTES], tab: &[f32; 65536]) -> (f32, f32
     (d, m, _mm256_or_si256(nibbles(sub::<16, u8>(b, 8)), hi))
 }
 
-/// Generates a kernel for a Q8_0-activation format with a per-block minimum (Q4_1, Q5_1):
-/// per block and token `(dx dy) * lanes(q . y) + (m dy) * lanes(sum y)`. `$dot` is the
-/// u8 x i8 -> i32 lane step (maddubs + madd, or VNNI): q <= 31 and |y| <= 127, so the
-/// maddubs pairs stay below 2^15.
+/// Generates a kernel for a Q8_1-activation format with a per-block minimum (Q4_1, Q5_1):
+/// per block and token `(dx dy) * lanes(q . y) + m * s` with `s` the Q8_1 block's stored
+/// `f16(d * sum y)` (ggml's pairing). `$dot` is the u8 x i8 -> i32 lane step (maddubs +
+/// madd, or VNNI): q <= 31 and |y| <= 127, so the maddubs pairs stay below 2^15.
 macro_rules! q8_min_kernel {
     ($name:ident, $bytes:expr, $decode:ident, $features:literal, $dot:expr) => {
-        /// Row of this format . N Q8_0 activation rows.
+        /// Row of this format . N Q8_1 activation rows.
         #[target_feature(enable = $features)]
-        pub(super) fn $name<const N: usize>(row: &[u8], ys: [&[BlockQ8_0]; N]) -> [f32; N] {
+        pub(super) fn $name<const N: usize>(row: &[u8], ys: [&[BlockQ8_1]; N]) -> [f32; N] {
             let dot = $dot;
             let tab = f16_table();
-            let ones = _mm256_set1_epi8(1);
-            // Two accumulators per token (quant term, min term): two independent FMA chains.
+            // Quant term in lanes, min term as one scalar chain per token.
             let mut acc = [_mm256_setzero_ps(); N];
-            let mut accm = [_mm256_setzero_ps(); N];
+            let mut accm = [0.0f32; N];
             let (blocks, _) = row.as_chunks::<{ $bytes }>();
             for (i, b) in blocks.iter().enumerate() {
                 let (dx, mx, qx) = $decode(b, tab);
@@ -123,14 +122,13 @@ macro_rules! q8_min_kernel {
                     let qy = ld256_i8(&yb.qs);
                     let dy = tab[yb.d as usize];
                     let s = _mm256_cvtepi32_ps(dot(qx, qy));
-                    let ysum = _mm256_cvtepi32_ps(dot(ones, qy));
                     acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dy), s, acc[t]);
-                    accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(mx * dy), ysum, accm[t]);
+                    accm[t] += mx * tab[yb.s as usize];
                 }
             }
             let mut out = [0.0f32; N];
             for t in 0..N {
-                out[t] = hsum8(acc[t]) + hsum8(accm[t]);
+                out[t] = hsum8(acc[t]) + accm[t];
             }
             out
         }

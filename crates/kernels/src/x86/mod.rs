@@ -65,7 +65,7 @@ pub use tokens::*;
 
 #[cfg(target_arch = "x86_64")]
 mod tokens {
-    use crate::formats::{BlockQ8K, BlockQ8_0};
+    use crate::formats::{BlockQ8K, BlockQ8_0, BlockQ8_1};
     use crate::{ActData, GgmlType, QuantizedActs};
 
     /// Proof that the CPU has AVX2, FMA and F16C.
@@ -117,6 +117,12 @@ mod tokens {
         match &a.data {
             ActData::Q8_0(v) => v,
             _ => panic!("activations not prepared for Q8_0/Q5_0"),
+        }
+    }
+    fn q8_1(a: &QuantizedActs) -> &[BlockQ8_1] {
+        match &a.data {
+            ActData::Q8_1(v) => v,
+            _ => panic!("activations not prepared for Q4_1/Q5_1"),
         }
     }
     fn dense(a: &QuantizedActs) -> &[f32] {
@@ -215,8 +221,8 @@ mod tokens {
                 BF16 => tiled!(acts, out, dense, row, super::avx2::dot_bf16),
                 // quants-k
                 Q4_0 => tiled!(acts, out, q8_0, row, super::kquants::dot_q4_0),
-                Q4_1 => tiled!(acts, out, q8_0, row, super::kquants::dot_q4_1),
-                Q5_1 => tiled!(acts, out, q8_0, row, super::kquants::dot_q5_1),
+                Q4_1 => tiled!(acts, out, q8_1, row, super::kquants::dot_q4_1),
+                Q5_1 => tiled!(acts, out, q8_1, row, super::kquants::dot_q5_1),
                 IQ4_NL => tiled!(acts, out, q8_0, row, super::kquants::dot_iq4_nl),
                 MXFP4 => tiled!(acts, out, q8_0, row, super::kquants::dot_mxfp4),
                 Q2_K => tiled!(acts, out, q8k, row, super::kquants::dot_q2k),
@@ -255,8 +261,8 @@ mod tokens {
                 Q6_K => tiled!(acts, out, q8k, row, super::avx512::dot_q6k),
                 // quants-k
                 Q4_0 => tiled!(acts, out, q8_0, row, super::kquants::dot_q4_0_vnni),
-                Q4_1 => tiled!(acts, out, q8_0, row, super::kquants::dot_q4_1_vnni),
-                Q5_1 => tiled!(acts, out, q8_0, row, super::kquants::dot_q5_1_vnni),
+                Q4_1 => tiled!(acts, out, q8_1, row, super::kquants::dot_q4_1_vnni),
+                Q5_1 => tiled!(acts, out, q8_1, row, super::kquants::dot_q5_1_vnni),
                 IQ4_NL => tiled!(acts, out, q8_0, row, super::kquants::dot_iq4_nl_vnni),
                 MXFP4 => tiled!(acts, out, q8_0, row, super::kquants::dot_mxfp4_vnni),
                 IQ2_XXS => tiled!(acts, out, q8k, row, crate::iq::avx2::dot512_iq2xxs),

@@ -323,6 +323,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         n_expert,
         n_expert_used: k,
         kv_bytes_per_pos: per_pos.ceil() as u64,
+        state_bytes: (n_layer * window * head_dim * 4) as u64,
     };
     let shape = Dsv4Shape {
         n_embd,

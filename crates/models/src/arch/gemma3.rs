@@ -57,6 +57,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         n_expert: 0,
         n_expert_used: 0,
         kv_bytes_per_pos: g.kv_bytes_per_pos(),
+        state_bytes: 0,
     };
     let t = Tensors::new(file, map);
     let e = n_embd;

@@ -6,6 +6,8 @@
 
 pub mod deepseek4;
 pub mod gemma3;
+pub mod glm5next;
+pub mod glm_dsa;
 pub mod qwen3moe;
 pub mod qwen4exp;
 
@@ -69,6 +71,9 @@ pub const REGISTRY: &[(&str, LoadFn)] = &[
     ("gemma3", gemma3::load),
     ("deepseek4", deepseek4::load),
     ("qwen4exp", qwen4exp::load),
+    ("glm-dsa", glm_dsa::load),
+    ("glm5-next", glm5next::load),
+    ("glm5next", glm5next::load),
 ];
 
 /// Names of every registered architecture.

@@ -469,6 +469,9 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
         n_expert,
         n_expert_used: k,
         kv_bytes_per_pos: (n_qsa * (2 * n_head_kv * head_dim + idx_dim) * 4) as u64,
+        // DeltaNet conv + recurrent state per layer (the PLE layer's short conv history is
+        // not counted).
+        state_bytes: ((n_layer - n_qsa) * delta.state_bytes()) as u64,
     };
     let rows: Option<Arc<dyn PleRows>> = table.clone().map(|x| Arc::new(x) as Arc<dyn PleRows>);
     Ok(Qwen4Exp {

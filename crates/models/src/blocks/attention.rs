@@ -4,7 +4,7 @@
 //! position), appending K/V, and softmax(q K^T * scale) V with an optional sliding window.
 //! The output projection is applied by the caller's block (`wo`).
 
-use rayon::prelude::*;
+use std::sync::Mutex;
 
 use super::{Batch, Env};
 use crate::kv::KvCache;
@@ -108,50 +108,60 @@ pub fn gqa(
     let v = qkv.pop().expect("three outputs");
     let mut k = qkv.pop().expect("three outputs");
     let mut q = qkv.pop().expect("three outputs");
-    let mut cs = Vec::with_capacity(inv_freq.len());
-    for t in 0..t_len {
-        // cos/sin once per position, shared by every q and k head.
-        rope_cos_sin(batch.positions[t], inv_freq, &mut cs);
-        for head in q[t * nh * hd..(t + 1) * nh * hd].chunks_mut(hd) {
-            if let Some(w) = &w.q_norm {
-                rms_norm_inplace(head, w, rms_eps);
+    // Per token: q/k head norms and RoPE (cos/sin once per position and pass), tokens
+    // spread over the compute pool in prefill.
+    let norm_rope = |x: &mut [f32], heads: usize, norm: &Option<Vec<f32>>| {
+        crate::threads::for_each_chunk(x, heads * hd, 4, |t, xt| {
+            let mut cs = Vec::with_capacity(inv_freq.len());
+            rope_cos_sin(batch.positions[t], inv_freq, &mut cs);
+            for head in xt.chunks_mut(hd) {
+                if let Some(w) = norm {
+                    rms_norm_inplace(head, w, rms_eps);
+                }
+                rope_neox_cs(head, &cs);
             }
-            rope_neox_cs(head, &cs);
-        }
-        for head in k[t * nkv * hd..(t + 1) * nkv * hd].chunks_mut(hd) {
-            if let Some(w) = &w.k_norm {
-                rms_norm_inplace(head, w, rms_eps);
-            }
-            rope_neox_cs(head, &cs);
-        }
-    }
+        })
+    };
+    norm_rope(&mut q, nh, &w.q_norm);
+    norm_rope(&mut k, nkv, &w.k_norm);
     kv.append(il, &k, &v);
     let (kc, vc) = kv.layer(il);
     let group = nh / nkv;
     let mut out = vec![0.0f32; t_len * nh * hdv];
-    out.par_chunks_mut(hdv).enumerate().for_each(|(i, o)| {
-        let (t, head) = (i / nh, i % nh);
-        let g = head / group;
-        let pos = batch.positions[t];
-        let lo = match window {
-            None => 0,
-            Some(win) => (pos + 1).saturating_sub(win),
-        };
-        let qh = &q[(t * nh + head) * hd..(t * nh + head + 1) * hd];
-        let mut scores: Vec<f32> = (lo..=pos)
-            .map(|j| {
+    // (position, head) items in tasks of a few heads (one pool pass); each item's sums
+    // run in a fixed order, so the thread count never changes a bit.
+    let per = (t_len * nh)
+        .div_ceil(sluice_kernels::pool::threads() * 4)
+        .clamp(1, 16);
+    let tasks: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per * hdv).map(Mutex::new).collect();
+    sluice_kernels::pool::run(tasks.len(), &|_, c| {
+        let mut o = tasks[c].lock().unwrap_or_else(|p| p.into_inner());
+        let mut scores: Vec<f32> = Vec::new();
+        for (ii, o) in o.chunks_mut(hdv).enumerate() {
+            let i = c * per + ii;
+            let (t, head) = (i / nh, i % nh);
+            let g = head / group;
+            let pos = batch.positions[t];
+            let lo = match window {
+                None => 0,
+                Some(win) => (pos + 1).saturating_sub(win),
+            };
+            let qh = &q[(t * nh + head) * hd..(t * nh + head + 1) * hd];
+            scores.clear();
+            scores.extend((lo..=pos).map(|j| {
                 let kh = &kc[(j * nkv + g) * hd..(j * nkv + g + 1) * hd];
                 dot(qh, kh) * scale
-            })
-            .collect();
-        softmax(&mut scores);
-        for (j, &p) in (lo..=pos).zip(&scores) {
-            let vh = &vc[(j * nkv + g) * hdv..(j * nkv + g + 1) * hdv];
-            for (a, &b) in o.iter_mut().zip(vh) {
-                *a += p * b;
+            }));
+            softmax(&mut scores);
+            for (j, &p) in (lo..=pos).zip(&scores) {
+                let vh = &vc[(j * nkv + g) * hdv..(j * nkv + g + 1) * hdv];
+                for (a, &b) in o.iter_mut().zip(vh) {
+                    *a += p * b;
+                }
             }
         }
     });
+    drop(tasks);
     drop(q);
     env.linear(&w.wo, &out, t_len)
 }

@@ -35,6 +35,11 @@ pub struct DeltaShape {
 }
 
 impl DeltaShape {
+    /// Bytes of one layer's state (f32): the conv history and the recurrent matrix.
+    pub fn state_bytes(&self) -> usize {
+        4 * ((self.conv_kernel - 1) * self.conv_dim() + self.n_v_heads * self.d_k * self.d_v)
+    }
+
     pub fn conv_dim(&self) -> usize {
         2 * self.n_k_heads * self.d_k + self.n_v_heads * self.d_v
     }

@@ -13,16 +13,24 @@
 //! - [`hyper`]: hyper-connections (several residual streams mixed by Sinkhorn; DeepSeek V4).
 //! - [`dsv4_attention`]: DeepSeek V4 attention (q-LoRA, shared K=V latent, sinks, KV
 //!   compressors, lightning indexer) and its per-sequence layer state.
+//! - [`mla`]: multi-head latent attention (absorbed, latent cache, optional token selection).
+//! - [`dsa_indexer`]: GLM's DSA lightning indexer (top-k token selection, shared by later layers).
+//! - [`kda`]: Kimi Delta Attention (GLM-5.3-Flash linear-attention layers) and its state.
+//! - [`mla_pooled`]: NoPE latent attention with the k-pool sparse indexer (GLM-5.3-Flash).
 //!
 //! Norms, RoPE tables and activations are in [`crate::ops`].
 
 pub mod attention;
 pub mod deltanet;
+pub mod dsa_indexer;
 pub mod dsv4_attention;
 pub mod ffn;
 pub mod head;
 pub mod hyper;
 pub mod hyper_lowrank;
+pub mod kda;
+pub mod mla;
+pub mod mla_pooled;
 pub mod moe;
 pub mod ple;
 pub mod qsa;
@@ -77,6 +85,7 @@ impl Env<'_> {
                 x,
                 n,
                 y,
+                unit: None,
             })
             .collect();
         self.compute.linear_group(&mut jobs)?;
@@ -102,16 +111,22 @@ impl Batch<'_> {
     }
 }
 
-/// RMS-normalise every `width`-wide row of `x` with weight `w`, in place.
+/// RMS-normalise every `width`-wide row of `x` with weight `w`, in place (a chunk's rows
+/// spread over the compute pool, at least 8 per task; one row: this thread).
 pub fn rms_norm_rows(x: &mut [f32], w: &[f32], eps: f32) {
-    for row in x.chunks_mut(w.len()) {
-        crate::ops::rms_norm_inplace(row, w, eps);
-    }
+    crate::threads::for_each_chunk(x, w.len(), 8, |_, row| {
+        crate::ops::rms_norm_inplace(row, w, eps)
+    });
 }
 
-/// `x += y` element-wise.
+/// `x += y` element-wise (large chunks spread over the compute pool).
 pub fn add_into(x: &mut [f32], y: &[f32]) {
-    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+    const PIECE: usize = 4096;
+    crate::threads::for_each_chunk(x, PIECE, 8, |i, xs| {
+        xs.iter_mut()
+            .zip(&y[(i * PIECE).min(y.len())..])
+            .for_each(|(a, b)| *a += b)
+    });
 }
 
 /// Where a check for non-finite values looks (for the error message).

@@ -6,14 +6,16 @@
 //! through the [`sluice_tier::ExpertSource`], then summing every token's k weighted outputs
 //! in slot order (so the order experts arrive in never changes a bit).
 
-use rayon::prelude::*;
+use std::borrow::Cow;
+
 use sluice_kernels::GgmlType;
 use sluice_tier::{Stop, UnitLayer};
 
 use super::ffn::Activation;
 use super::{lock, Batch, Env};
-use crate::compute::LinearJob;
+use crate::compute::{LinearJob, UnitKey};
 use crate::ops::{softmax, top_k};
+use crate::threads;
 use crate::weights::{Mat, Stacked};
 use crate::ModelError;
 
@@ -178,6 +180,16 @@ pub fn glu_unit_layer(il: usize, n_units: usize, experts: &[Stacked; 3]) -> Unit
     }
 }
 
+/// The identity of part `part` of expert `unit` in layer `il` (for backends that cache
+/// experts by it).
+fn unit_key(il: usize, unit: usize, part: u8) -> UnitKey {
+    UnitKey {
+        layer: il as u32,
+        unit: unit as u32,
+        part,
+    }
+}
+
 /// Routed experts over a chunk `h` (`[T, E]`) of layer `il`.
 pub fn routed(
     env: &Env<'_>,
@@ -215,24 +227,25 @@ pub fn routed(
     let mut run = |batch: &[(usize, sluice_tier::ExpertView<'_>)]| -> Result<(), ModelError> {
         let (gm, um, dm) = (&w.gate, &w.up, &w.down);
         let lists: Vec<&[usize]> = batch.iter().map(|&(i, _)| &users[needed[i]][..]).collect();
-        let xs: Vec<Vec<f32>> = lists
-            .par_iter()
-            .with_min_len(seq_len)
-            .map(|ts_list| {
+        // An expert with one token reads that token's row of `h` in place, so experts
+        // sharing a token share one prepared (quantized) input; several tokens: gathered.
+        let xs: Vec<Cow<'_, [f32]>> = threads::map(lists.len(), seq_len, |i| match lists[i] {
+            [ts] => Cow::Borrowed(&h[ts / k * e..(ts / k + 1) * e]),
+            ts_list => {
                 let mut xs = Vec::with_capacity(ts_list.len() * e);
                 for &ts in ts_list.iter() {
                     let t = ts / k;
                     xs.extend_from_slice(&h[t * e..(t + 1) * e]);
                 }
-                xs
-            })
-            .collect();
+                Cow::Owned(xs)
+            }
+        });
         let mut g: Vec<Vec<f32>> = lists.iter().map(|l| vec![0.0f32; l.len() * ff]).collect();
         let mut u: Vec<Vec<f32>> = lists.iter().map(|l| vec![0.0f32; l.len() * ff]).collect();
         let mut d: Vec<Vec<f32>> = lists.iter().map(|l| vec![0.0f32; l.len() * e]).collect();
         {
             let mut jobs = Vec::with_capacity(2 * batch.len());
-            for (((&(_, view), x), (gj, uj)), l) in batch
+            for (((&(i, view), x), (gj, uj)), l) in batch
                 .iter()
                 .zip(&xs)
                 .zip(g.iter_mut().zip(u.iter_mut()))
@@ -246,6 +259,7 @@ pub fn routed(
                     x,
                     n: l.len(),
                     y: gj,
+                    unit: Some(unit_key(il, needed[i], 0)),
                 });
                 jobs.push(LinearJob {
                     ty: um.ty,
@@ -255,21 +269,19 @@ pub fn routed(
                     x,
                     n: l.len(),
                     y: uj,
+                    unit: Some(unit_key(il, needed[i], 1)),
                 });
             }
             compute.linear_group(&mut jobs)?;
         }
-        g.par_iter_mut()
-            .zip(&u)
-            .with_min_len(seq_len)
-            .for_each(|(gj, uj)| {
-                for (a, &b) in gj.iter_mut().zip(uj) {
-                    *a = w.act.glu(*a, b);
-                }
-            });
+        threads::for_each_chunk(&mut g, 1, seq_len, |i, gj| {
+            for (a, &b) in gj[0].iter_mut().zip(&u[i]) {
+                *a = w.act.glu(*a, b);
+            }
+        });
         {
             let mut jobs = Vec::with_capacity(batch.len());
-            for (((&(_, view), gj), dj), l) in batch.iter().zip(&g).zip(d.iter_mut()).zip(&lists) {
+            for (((&(i, view), gj), dj), l) in batch.iter().zip(&g).zip(d.iter_mut()).zip(&lists) {
                 jobs.push(LinearJob {
                     ty: dm.ty,
                     w: view.part(2),
@@ -278,6 +290,7 @@ pub fn routed(
                     x: gj,
                     n: l.len(),
                     y: dj,
+                    unit: Some(unit_key(il, needed[i], 2)),
                 });
             }
             compute.linear_group(&mut jobs)?;
@@ -290,18 +303,14 @@ pub fn routed(
                 src[ts] = Some((bi, j));
             }
         }
-        slot_out
-            .par_chunks_mut(e)
-            .enumerate()
-            .with_min_len(seq_len)
-            .for_each(|(ts, dst)| {
-                if let Some((bi, j)) = src[ts] {
-                    let wt = weights[ts];
-                    for (o, &v) in dst.iter_mut().zip(&d[bi][j * e..(j + 1) * e]) {
-                        *o = v * wt;
-                    }
+        threads::for_each_chunk(&mut slot_out, e, seq_len, |ts, dst| {
+            if let Some((bi, j)) = src[ts] {
+                let wt = weights[ts];
+                for (o, &v) in dst.iter_mut().zip(&d[bi][j * e..(j + 1) * e]) {
+                    *o = v * wt;
                 }
-            });
+            }
+        });
         Ok(())
     };
     let walked = env
@@ -317,15 +326,12 @@ pub fn routed(
     }
     walked?;
     let mut out = vec![0.0f32; t_len * e];
-    out.par_chunks_mut(e)
-        .enumerate()
-        .with_min_len(seq_len)
-        .for_each(|(t, dst)| {
-            for slot in 0..k {
-                let src = &slot_out[(t * k + slot) * e..(t * k + slot + 1) * e];
-                dst.iter_mut().zip(src).for_each(|(a, &b)| *a += b);
-            }
-        });
+    threads::for_each_chunk(&mut out, e, seq_len, |t, dst| {
+        for slot in 0..k {
+            let src = &slot_out[(t * k + slot) * e..(t * k + slot + 1) * e];
+            dst.iter_mut().zip(src).for_each(|(a, &b)| *a += b);
+        }
+    });
     Ok(out)
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sluice_engine::load::{Budget, LoadOptions, StreamOptions};
+use sluice_engine::load::{Budget, LoadOptions, PackChoice, StreamOptions};
 use sluice_engine::sampler::{Sampler, SamplerConfig};
 use sluice_engine::session::{GenerateOptions, Hooks, Session};
 use sluice_engine::text::chat::{ChatMessage, ChatTemplate};
@@ -50,6 +50,8 @@ pub fn options(path: &Path, stream: bool) -> LoadOptions {
                 high_priority: false,
             },
             hash_prefetch: true,
+            pack: PackChoice::Off,
+            preload_profile: None,
         }),
         record_routing: None,
         ple: Default::default(),

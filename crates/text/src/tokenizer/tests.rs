@@ -166,3 +166,25 @@ fn unsupported_inputs_are_errors() {
         Err(TokenizerError::LengthMismatch { .. })
     ));
 }
+
+#[test]
+fn glm_pre_tokenizer_splits_like_llama3_and_never_adds_bos() {
+    let tokens: Vec<String> = ["Ġ", "h", "i", "hi", "Ġhi", "!", "<|end|>"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for pre in ["glm4", "glm5"] {
+        let data = VocabData {
+            model: "gpt2".into(),
+            pre: Some(pre.into()),
+            token_types: Some(vec![1, 1, 1, 1, 1, 1, 3]),
+            tokens: tokens.clone(),
+            merges: vec!["h i".into(), "Ġ hi".into()],
+            add_bos: Some(true),
+            ..Default::default()
+        };
+        let t = Tokenizer::from_vocab(data, "test").unwrap();
+        // llama.cpp: special_bos_id = NULL for glm4/glm5 even when the file asks for a BOS.
+        assert_eq!(t.encode("hi hi!", true, false), vec![3, 4, 5], "{pre}");
+    }
+}

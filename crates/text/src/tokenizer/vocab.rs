@@ -78,7 +78,13 @@ fn pre_info(name: &str) -> Option<PreInfo> {
             add_bos: true,
             ..base(PreTokenizer::JoyAi)
         },
-        "dbrx" | "smaug-bpe" => base(PreTokenizer::Llama3),
+        "dbrx" | "smaug-bpe" | "chatglm-bpe" => base(PreTokenizer::Llama3),
+        // GLM-4.x / GLM-5.x: llama.cpp's CHATGLM4 regex is llama3's; no BOS; whole words
+        // found in the vocabulary skip the merges.
+        "glm4" | "glm5" => PreInfo {
+            ignore_merges: true,
+            ..base(PreTokenizer::Llama3)
+        },
         "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de"
         | "a.x-4.0" | "mellum" | "modern-bert" | "mpt" | "olmo" | "jais" | "exaone4"
         | "trillion" => base(PreTokenizer::Gpt2),
@@ -268,6 +274,11 @@ pub(crate) fn build(data: VocabData, source: &str) -> Result<Tokenizer, Tokenize
     }
     if kind_model == "gemma4" {
         add_bos = true;
+    }
+    // GLM (llama.cpp: special_bos_id = NULL): never a BOS, whatever the file says.
+    if kind_model == "gpt2" && matches!(data.pre.as_deref(), Some("glm4" | "glm5" | "chatglm-bpe"))
+    {
+        add_bos = false;
     }
 
     detect_special(&mut vocab, &mut special);

@@ -1,0 +1,710 @@
+//! The CUDA compute backend.
+//!
+//! Owns: [`Cuda`], an implementation of `sluice_models::compute::Compute` on one NVIDIA
+//! GPU. The driver (libcuda) and NVRTC (libnvrtc) are loaded at run time (cudarc with
+//! dynamic loading), so the binary builds and runs without CUDA and [`Cuda::new`] says why
+//! when there is none. The kernels (`kernels.cu`) are CUDA C compiled by NVRTC for the
+//! device's architecture once per process.
+//!
+//! Weights: a weight slice that lies inside the model's memory map (immutable file bytes)
+//! is uploaded to VRAM on first use and stays there, keyed by its host address and length,
+//! while the resident bytes stay under a budget (free VRAM at start minus a reserve); any
+//! other slice (a streamed expert in a RAM cache slot, whose address is reused for other
+//! experts) or one past the budget is copied to a scratch buffer for each use.
+//!
+//! Products: a warp-per-row matvec over groups of 8 tokens, so a token's result does not
+//! depend on the batch (prompt chunking never changes logits, as on the CPU); a 64x64-tiled
+//! matmul for prefill is there behind `SLUICE_CUDA_TILED=1`. Both dequantize on the fly (F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K, the block layouts
+//! of `sluice_kernels::reference`) and keep activations in f32, so results differ from the
+//! CPU path (Q8-quantized activations) by rounding. Other weight types and shapes the
+//! kernels do not take (columns not a multiple of 32) run on the CPU backend.
+//! Everything else of a forward pass (attention, norms, routing) stays on the CPU.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+use sluice_kernels::{GgmlType, KernelError};
+use sluice_models::compute::{Compute, Cpu, LinearJob, UnitKey};
+
+/// The kernels' CUDA C source.
+pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
+
+/// Tokens per group of the matvec kernel (its `MV_MAX_N`).
+pub const MATVEC_MAX_N: usize = 8;
+
+/// Bytes of one entry of the matvec job table (`MvJob` in kernels.cu).
+const MV_JOB_BYTES: usize = 48;
+
+/// The largest grid y / z dimension.
+const MAX_GRID_Y: usize = 65535;
+
+/// VRAM kept free for scratch buffers and the driver when sizing the resident budget.
+const VRAM_RESERVE: u64 = 1 << 30;
+
+/// Why the CUDA backend is not available.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("no CUDA driver (libcuda.so could not be loaded)")]
+    NoDriver,
+    #[error("no NVRTC (libnvrtc.so.13/.12/.11 could not be loaded; put the CUDA toolkit's lib64 on LD_LIBRARY_PATH or set CUDA_HOME)")]
+    NoNvrtc,
+    #[error("no CUDA device: {0}")]
+    NoDevice(String),
+    #[error("CUDA driver: {0}")]
+    Driver(String),
+    #[error("NVRTC could not compile the kernels: {0}")]
+    Compile(String),
+}
+
+fn drv(e: cudarc::driver::DriverError) -> CudaError {
+    CudaError::Driver(e.to_string())
+}
+
+fn dev_err(what: &str, e: cudarc::driver::DriverError) -> KernelError {
+    KernelError::Device(format!("cuda {what}: {e}"))
+}
+
+/// Weight formats with GPU kernels, as (type, kernel suffix).
+const FORMATS: [(GgmlType, &str); 7] = [
+    (GgmlType::F32, "f32"),
+    (GgmlType::F16, "f16"),
+    (GgmlType::BF16, "bf16"),
+    (GgmlType::Q8_0, "q8_0"),
+    (GgmlType::Q5_0, "q5_0"),
+    (GgmlType::Q4_K, "q4_k"),
+    (GgmlType::Q6_K, "q6_k"),
+];
+
+/// Whether the GPU kernels take `ty`.
+pub fn is_supported(ty: GgmlType) -> bool {
+    FORMATS.iter().any(|f| f.0 == ty)
+}
+
+/// Counters of one backend since it was made.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CudaStats {
+    /// Products run on the GPU / handed to the CPU backend.
+    pub gpu_jobs: u64,
+    pub cpu_jobs: u64,
+    /// Weight bytes now resident in VRAM, and how many matrices.
+    pub resident_bytes: u64,
+    pub resident_mats: u64,
+    /// Weight bytes copied per use (streamed experts, past the budget).
+    pub transient_bytes: u64,
+    /// Activation bytes up and result bytes down.
+    pub act_bytes: u64,
+    /// Grouped calls that reached the GPU, and the wall time spent in them (copies,
+    /// kernels, waiting for the results).
+    pub calls: u64,
+    pub busy_ns: u64,
+    /// The VRAM expert cache (`set_expert_cache`): budget (0 = off), bytes held now and at
+    /// most, hits, misses, evictions, bytes uploaded on misses and the time the uploads took.
+    pub expert_budget: u64,
+    pub expert_bytes: u64,
+    pub expert_peak: u64,
+    pub expert_hits: u64,
+    pub expert_misses: u64,
+    pub expert_evictions: u64,
+    pub expert_upload_bytes: u64,
+    pub expert_upload_ns: u64,
+}
+
+/// Routed-expert matrices kept in VRAM by identity, least recently used evicted first.
+#[derive(Default)]
+struct ExpertCache {
+    map: HashMap<UnitKey, (CudaSlice<u8>, u64)>,
+    tick: u64,
+}
+
+struct Inner {
+    resident: HashMap<(usize, usize), CudaSlice<u8>>,
+    budget: u64,
+    x: Option<CudaSlice<f32>>,
+    y: Option<CudaSlice<f32>>,
+    w: Option<CudaSlice<u8>>,
+    /// The matvec job table.
+    d: Option<CudaSlice<u8>>,
+    experts: Option<ExpertCache>,
+    /// Host staging: every input of a call in one upload, every result in one download.
+    hx: Vec<f32>,
+    hy: Vec<f32>,
+    stats: CudaStats,
+}
+
+/// One GPU as a compute backend (see the module header). Clones share the device, its
+/// resident weights and its counters (keep one for statistics, give one to the model).
+#[derive(Clone)]
+pub struct Cuda {
+    d: Arc<Device>,
+}
+
+struct Device {
+    stream: Arc<CudaStream>,
+    /// (matvec, matmul) per entry of `FORMATS`.
+    funcs: Vec<(CudaFunction, CudaFunction)>,
+    device: String,
+    /// `SLUICE_CUDA_TILED=1`: the tiled kernel for more than MATVEC_MAX_N tokens (faster
+    /// prefill, but a token's bits then depend on the batch it came in).
+    tiled: bool,
+    /// Host address range whose bytes never change (the model's memory map).
+    stable: (usize, usize),
+    inner: Mutex<Inner>,
+}
+
+/// Places NVRTC is looked for when the loader's search path does not have it.
+fn nvrtc_dirs() -> Vec<String> {
+    let mut dirs = Vec::new();
+    for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
+        if let Ok(v) = std::env::var(var) {
+            dirs.push(format!("{v}/lib64"));
+            dirs.push(format!("{v}/lib"));
+        }
+    }
+    dirs.push("/usr/local/cuda/lib64".into());
+    dirs.push("/usr/local/cuda/targets/x86_64-linux/lib".into());
+    dirs
+}
+
+/// Make libnvrtc loadable by its plain name: if the loader cannot find it, load it once
+/// from a CUDA toolkit directory (a library already loaded is found by its soname).
+fn ensure_nvrtc() -> Result<(), CudaError> {
+    // SAFETY: is_culib_present only tries to dlopen libnvrtc under its known names.
+    if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Ok(());
+    }
+    for dir in nvrtc_dirs() {
+        for v in ["13", "12", "11"] {
+            let p = format!("{dir}/libnvrtc.so.{v}");
+            if !std::path::Path::new(&p).exists() {
+                continue;
+            }
+            // SAFETY: loading NVRTC runs its initialisers, which have no preconditions.
+            if let Ok(lib) = unsafe { libloading::Library::new(&p) } {
+                // Kept for the life of the process so cudarc's dlopen by soname finds it.
+                std::mem::forget(lib);
+                // SAFETY: as above.
+                if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+                    return Ok(());
+                }
+            }
+        }
+    }
+    Err(CudaError::NoNvrtc)
+}
+
+/// The kernels' PTX for `arch` (e.g. `compute_90`), compiled once per process.
+fn ptx_for(arch: &str) -> Result<String, CudaError> {
+    static PTX: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+    let cache = PTX.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = c.get(arch) {
+        return Ok(p.clone());
+    }
+    let opts = CompileOptions {
+        options: vec![format!("--gpu-architecture={arch}")],
+        name: Some("sluice_kernels.cu".into()),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SOURCE, opts)
+        .map_err(|e| CudaError::Compile(format!("{e:?}")))?
+        .to_src();
+    c.insert(arch.to_string(), ptx.clone());
+    Ok(ptx)
+}
+
+/// Compile the kernels for `arch` (e.g. `compute_90`) with NVRTC and return the PTX; needs
+/// NVRTC but no GPU (a check of the kernel source on a machine without one).
+pub fn compile_kernels(arch: &str) -> Result<String, CudaError> {
+    ensure_nvrtc()?;
+    ptx_for(arch)
+}
+
+impl Cuda {
+    /// Open GPU 0, compile the kernels, and treat `stable` (the model's mapped bytes) as
+    /// weights that may stay resident in VRAM. Errors say why CUDA is not usable here.
+    pub fn new(stable: &[u8]) -> Result<Cuda, CudaError> {
+        // cudarc panics when a library or symbol is missing: check first, and turn any
+        // panic left into an error.
+        // SAFETY: is_culib_present only tries to dlopen libcuda under its known names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(CudaError::NoDriver);
+        }
+        ensure_nvrtc()?;
+        let range = (stable.as_ptr() as usize, stable.len());
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let r = std::panic::catch_unwind(|| Device::open(range));
+        std::panic::set_hook(hook);
+        match r {
+            Ok(r) => r.map(|d| Cuda { d: Arc::new(d) }),
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "unknown".into());
+                Err(CudaError::Driver(msg))
+            }
+        }
+    }
+
+    /// Device name and compute capability.
+    pub fn device(&self) -> &str {
+        &self.d.device
+    }
+
+    /// Limit the weight bytes kept resident in VRAM (default: free VRAM at start - 1 GiB).
+    pub fn set_resident_budget(&self, bytes: u64) {
+        self.d.lock().budget = bytes;
+    }
+
+    /// Keep routed experts in a VRAM cache of at most `bytes` (a hard budget; least recently
+    /// used evicted first), identified by layer, expert and matrix rather than by host
+    /// address, so experts streamed through the RAM tier are uploaded once per miss here.
+    /// Experts then never count as resident weights, and the resident budget shrinks by
+    /// `bytes`. Call before the first product; 0 turns the cache off. Refused (with the
+    /// numbers) when the budget does not fit the VRAM left for weights.
+    pub fn set_expert_cache(&self, bytes: u64) -> Result<(), String> {
+        let mut g = self.d.lock();
+        let room = g.budget + g.stats.expert_budget - g.stats.resident_bytes;
+        if bytes > room {
+            return Err(format!(
+                "{bytes} bytes is more than the {room} bytes of VRAM this GPU has left for weights (free VRAM at start - 1 GiB - resident weights)"
+            ));
+        }
+        g.budget = g.budget + g.stats.expert_budget - bytes;
+        g.stats.expert_budget = bytes;
+        g.experts = (bytes > 0).then(ExpertCache::default);
+        g.stats.expert_bytes = 0;
+        Ok(())
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> CudaStats {
+        self.d.lock().stats
+    }
+}
+
+impl Device {
+    fn open(stable: (usize, usize)) -> Result<Device, CudaError> {
+        let n = CudaContext::device_count().map_err(|e| CudaError::NoDevice(e.to_string()))?;
+        if n < 1 {
+            return Err(CudaError::NoDevice("the driver reports 0 devices".into()));
+        }
+        let ctx = CudaContext::new(0).map_err(|e| CudaError::NoDevice(e.to_string()))?;
+        let (major, minor) = ctx.compute_capability().map_err(drv)?;
+        let device = ctx.name().map_err(drv)?;
+        let ptx = ptx_for(&format!("compute_{major}{minor}"))?;
+        let module = ctx.load_module(Ptx::from_src(ptx)).map_err(drv)?;
+        let mut funcs = Vec::with_capacity(FORMATS.len());
+        for (_, s) in FORMATS {
+            let mv = module.load_function(&format!("mv_{s}")).map_err(drv)?;
+            let mm = module.load_function(&format!("mm_{s}")).map_err(drv)?;
+            funcs.push((mv, mm));
+        }
+        let (free, _total) = ctx.mem_get_info().map_err(drv)?;
+        let stream = ctx.default_stream();
+        Ok(Device {
+            stream,
+            funcs,
+            device: format!("{device} (sm_{major}{minor})"),
+            tiled: std::env::var("SLUICE_CUDA_TILED").is_ok_and(|v| v == "1"),
+            stable,
+            inner: Mutex::new(Inner {
+                resident: HashMap::new(),
+                budget: (free as u64).saturating_sub(VRAM_RESERVE),
+                x: None,
+                y: None,
+                w: None,
+                d: None,
+                experts: None,
+                hx: Vec::new(),
+                hy: Vec::new(),
+                stats: CudaStats::default(),
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn is_stable(&self, w: &[u8]) -> bool {
+        let (p, l) = (w.as_ptr() as usize, w.len());
+        p >= self.stable.0 && p + l <= self.stable.0 + self.stable.1
+    }
+
+    /// Whether the GPU kernels take this job (else the CPU backend runs it, and reports
+    /// a malformed one exactly as without a GPU).
+    fn gpu_job(j: &LinearJob<'_>) -> Option<usize> {
+        let fi = FORMATS.iter().position(|f| f.0 == j.ty)?;
+        let rb = j.ty.row_bytes(j.cols as u64)? as usize;
+        let ok = j.rows > 0
+            && j.n > 0
+            && j.cols.is_multiple_of(32)
+            && j.cols <= i32::MAX as usize
+            && j.rows <= i32::MAX as usize
+            && j.n <= MATVEC_MAX_N * MAX_GRID_Y
+            && j.w.len() == rb * j.rows
+            && j.x.len() == j.n * j.cols
+            && j.y.len() == j.n * j.rows;
+        ok.then_some(fi)
+    }
+
+    fn run_gpu(&self, jobs: &mut [&mut LinearJob<'_>], fis: &[usize]) -> Result<(), KernelError> {
+        const ALIGN_F: usize = 64; // floats (256 bytes)
+        const ALIGN_B: usize = 256;
+        let t0 = std::time::Instant::now();
+        let mut g = self.lock();
+        let inner = &mut *g;
+        let stream = &self.stream;
+        // Inputs: one copy per distinct slice.
+        let mut x_keys: Vec<(usize, usize)> = Vec::new();
+        let mut x_offs: Vec<usize> = Vec::new();
+        let mut x_of = Vec::with_capacity(jobs.len());
+        let mut x_total = 0usize;
+        for j in jobs.iter() {
+            let key = (j.x.as_ptr() as usize, j.x.len());
+            let i = match x_keys.iter().position(|k| *k == key) {
+                Some(i) => i,
+                None => {
+                    x_keys.push(key);
+                    x_offs.push(x_total);
+                    x_total += j.x.len().next_multiple_of(ALIGN_F);
+                    x_keys.len() - 1
+                }
+            };
+            x_of.push(i);
+        }
+        let mut y_offs = Vec::with_capacity(jobs.len());
+        let mut y_total = 0usize;
+        for j in jobs.iter() {
+            y_offs.push(y_total);
+            y_total += j.y.len().next_multiple_of(ALIGN_F);
+        }
+        // Weights: in the expert cache, resident (uploaded now if new and within budget) or
+        // transient.
+        let mut w_off: Vec<Option<usize>> = Vec::with_capacity(jobs.len());
+        let mut w_total = 0usize;
+        let mut in_cache: Vec<bool> = Vec::with_capacity(jobs.len());
+        for j in jobs.iter() {
+            if let (Some(u), Some(ec)) = (j.unit, inner.experts.as_mut()) {
+                if cache_expert(stream, ec, &mut inner.stats, u, j.w, jobs)? {
+                    w_off.push(None);
+                    in_cache.push(true);
+                    continue;
+                }
+                in_cache.push(false);
+                w_off.push(Some(w_total));
+                w_total += j.w.len().next_multiple_of(ALIGN_B);
+                continue;
+            }
+            in_cache.push(false);
+            let key = (j.w.as_ptr() as usize, j.w.len());
+            if inner.resident.contains_key(&key) {
+                w_off.push(None);
+                continue;
+            }
+            let len = j.w.len() as u64;
+            if self.is_stable(j.w) && inner.stats.resident_bytes + len <= inner.budget {
+                let d = stream.clone_htod(j.w).map_err(|e| dev_err("upload", e))?;
+                inner.resident.insert(key, d);
+                inner.stats.resident_bytes += len;
+                inner.stats.resident_mats += 1;
+                w_off.push(None);
+            } else {
+                w_off.push(Some(w_total));
+                w_total += j.w.len().next_multiple_of(ALIGN_B);
+            }
+        }
+        grow(stream, &mut inner.x, x_total)?;
+        grow(stream, &mut inner.y, y_total)?;
+        grow(stream, &mut inner.w, w_total)?;
+        let (xb, yb) = (
+            inner.x.as_mut().expect("grown"),
+            inner.y.as_mut().expect("grown"),
+        );
+        inner.hx.clear();
+        inner.hx.resize(x_total, 0.0);
+        for (ki, &off) in x_offs.iter().enumerate() {
+            let ji = x_of.iter().position(|&i| i == ki).expect("a job has it");
+            let x = jobs[ji].x;
+            inner.hx[off..off + x.len()].copy_from_slice(x);
+        }
+        stream
+            .memcpy_htod(&inner.hx[..], &mut xb.slice_mut(0..x_total))
+            .map_err(|e| dev_err("copy x", e))?;
+        inner.stats.act_bytes += 4 * x_total as u64;
+        if w_total > 0 {
+            let wb = inner.w.as_mut().expect("grown");
+            for (j, off) in jobs.iter().zip(&w_off) {
+                if let Some(off) = *off {
+                    stream
+                        .memcpy_htod(j.w, &mut wb.slice_mut(off..off + j.w.len()))
+                        .map_err(|e| dev_err("copy weights", e))?;
+                    inner.stats.transient_bytes += j.w.len() as u64;
+                }
+            }
+        }
+        // Raw device addresses: the kernels take them inside a job table (mv) or as
+        // parameters (mm). Every buffer stays alive and unmoved until the synchronize below.
+        let xbase = xb.device_ptr(stream).0;
+        let ybase = yb.device_ptr(stream).0;
+        let mut wptr = Vec::with_capacity(jobs.len());
+        for (ji, j) in jobs.iter().enumerate() {
+            let key = (j.w.as_ptr() as usize, j.w.len());
+            let p = match w_off[ji] {
+                None if in_cache[ji] => {
+                    let u = j.unit.expect("cached jobs have a unit");
+                    inner.experts.as_ref().expect("on").map[&u]
+                        .0
+                        .device_ptr(stream)
+                        .0
+                }
+                None => inner.resident[&key].device_ptr(stream).0,
+                Some(off) => inner.w.as_ref().expect("grown").device_ptr(stream).0 + off as u64,
+            };
+            wptr.push(p);
+        }
+        let addr = |ji: usize| {
+            (
+                wptr[ji],
+                xbase + 4 * x_offs[x_of[ji]] as u64,
+                ybase + 4 * y_offs[ji] as u64,
+            )
+        };
+        // Matvec jobs: one table, one launch per format (blockIdx.y = job).
+        let tiled = |j: &LinearJob<'_>| self.tiled && j.n > MATVEC_MAX_N;
+        let mut table: Vec<u8> = Vec::new();
+        let mut launches: Vec<(usize, usize, usize, usize, usize)> = Vec::new();
+        for fi in 0..FORMATS.len() {
+            let mut first = table.len() / MV_JOB_BYTES;
+            let (mut count, mut max_rows, mut max_groups) = (0usize, 0usize, 0usize);
+            for (ji, j) in jobs.iter().enumerate() {
+                if fis[ji] != fi || tiled(j) {
+                    continue;
+                }
+                let (w, x, y) = addr(ji);
+                table.extend_from_slice(&w.to_le_bytes());
+                table.extend_from_slice(&x.to_le_bytes());
+                table.extend_from_slice(&y.to_le_bytes());
+                table.extend_from_slice(&((j.w.len() / j.rows) as i64).to_le_bytes());
+                table.extend_from_slice(&(j.rows as i32).to_le_bytes());
+                table.extend_from_slice(&(j.cols as i32).to_le_bytes());
+                table.extend_from_slice(&(j.n as i32).to_le_bytes());
+                table.extend_from_slice(&0i32.to_le_bytes());
+                count += 1;
+                max_rows = max_rows.max(j.rows);
+                max_groups = max_groups.max(j.n.div_ceil(MATVEC_MAX_N));
+                if count == MAX_GRID_Y {
+                    launches.push((fi, first, count, max_rows, max_groups));
+                    first += count;
+                    (count, max_rows, max_groups) = (0, 0, 0);
+                }
+            }
+            if count > 0 {
+                launches.push((fi, first, count, max_rows, max_groups));
+            }
+        }
+        if !table.is_empty() {
+            grow(stream, &mut inner.d, table.len())?;
+            let db = inner.d.as_mut().expect("grown");
+            stream
+                .memcpy_htod(&table[..], &mut db.slice_mut(0..table.len()))
+                .map_err(|e| dev_err("copy job table", e))?;
+            let dbase = db.device_ptr(stream).0;
+            for &(fi, first, count, max_rows, max_groups) in &launches {
+                let cfg = LaunchConfig {
+                    grid_dim: (max_rows.div_ceil(4) as u32, count as u32, max_groups as u32),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let t = dbase + (first * MV_JOB_BYTES) as u64;
+                let mut b = stream.launch_builder(&self.funcs[fi].0);
+                b.arg(&t);
+                // SAFETY: mv_* takes one parameter, a pointer to `count` MvJob entries
+                // (48 bytes each, the layout written above) in device memory; each entry
+                // names a W of rows * row_bytes bytes, an X of n * cols floats and a Y of
+                // n * rows floats inside live buffers (checked by gpu_job and the offsets
+                // above); blocks past a job's rows or tokens return.
+                unsafe { b.launch(cfg) }.map_err(|e| dev_err("launch", e))?;
+            }
+        }
+        // Tiled jobs (SLUICE_CUDA_TILED=1): one launch each.
+        for (ji, j) in jobs.iter().enumerate() {
+            if !tiled(j) {
+                continue;
+            }
+            let (w, x, y) = addr(ji);
+            let (rows, cols, n) = (j.rows as i32, j.cols as i32, j.n as i32);
+            let rb = (j.w.len() / j.rows) as i64;
+            let cfg = LaunchConfig {
+                grid_dim: (j.rows.div_ceil(64) as u32, j.n.div_ceil(64) as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = stream.launch_builder(&self.funcs[fis[ji]].1);
+            b.arg(&w)
+                .arg(&x)
+                .arg(&y)
+                .arg(&rows)
+                .arg(&cols)
+                .arg(&rb)
+                .arg(&n);
+            // SAFETY: mm_* takes (const u8* W, const float* X, float* Y, int rows, int cols,
+            // long long row_bytes, int n), pushed in that order with those types; W, X and
+            // Y are device addresses inside live buffers of rows * row_bytes bytes, n * cols
+            // and n * rows floats; the grid covers the rows and tokens the kernel guards.
+            unsafe { b.launch(cfg) }.map_err(|e| dev_err("launch", e))?;
+        }
+        inner.hy.resize(y_total.max(inner.hy.len()), 0.0);
+        stream
+            .memcpy_dtoh(&yb.slice(0..y_total), &mut inner.hy[..y_total])
+            .map_err(|e| dev_err("copy y", e))?;
+        stream
+            .synchronize()
+            .map_err(|e| dev_err("synchronize", e))?;
+        for (ji, j) in jobs.iter_mut().enumerate() {
+            let yo = y_offs[ji];
+            let len = j.y.len();
+            j.y.copy_from_slice(&inner.hy[yo..yo + len]);
+        }
+        inner.stats.act_bytes += 4 * y_total as u64;
+        inner.stats.gpu_jobs += jobs.len() as u64;
+        inner.stats.calls += 1;
+        inner.stats.busy_ns += t0.elapsed().as_nanos() as u64;
+        Ok(())
+    }
+}
+
+/// Make expert matrix `u` (bytes `w`) present in the cache, evicting the least recently
+/// used matrices that no job of this call uses; false if it cannot fit (then it is copied
+/// for this use only).
+fn cache_expert(
+    stream: &Arc<CudaStream>,
+    ec: &mut ExpertCache,
+    st: &mut CudaStats,
+    u: UnitKey,
+    w: &[u8],
+    jobs: &[&mut LinearJob<'_>],
+) -> Result<bool, KernelError> {
+    ec.tick += 1;
+    let tick = ec.tick;
+    if let Some(e) = ec.map.get_mut(&u) {
+        if e.0.len() == w.len() {
+            e.1 = tick;
+            st.expert_hits += 1;
+            return Ok(true);
+        }
+    }
+    st.expert_misses += 1;
+    if let Some((old, _)) = ec.map.remove(&u) {
+        st.expert_bytes -= old.len() as u64;
+    }
+    let len = w.len() as u64;
+    if len > st.expert_budget {
+        return Ok(false);
+    }
+    while st.expert_bytes + len > st.expert_budget {
+        // Least recently used, never one this call needs.
+        let victim = ec
+            .map
+            .iter()
+            .filter(|(k, _)| !jobs.iter().any(|j| j.unit == Some(**k)))
+            .min_by_key(|(_, v)| v.1)
+            .map(|(k, _)| *k);
+        let Some(k) = victim else {
+            return Ok(false);
+        };
+        let (old, _) = ec.map.remove(&k).expect("found");
+        st.expert_bytes -= old.len() as u64;
+        st.expert_evictions += 1;
+    }
+    let t0 = std::time::Instant::now();
+    let d = stream
+        .clone_htod(w)
+        .map_err(|e| dev_err("expert upload", e))?;
+    st.expert_upload_ns += t0.elapsed().as_nanos() as u64;
+    st.expert_upload_bytes += len;
+    st.expert_bytes += len;
+    st.expert_peak = st.expert_peak.max(st.expert_bytes);
+    ec.map.insert(u, (d, tick));
+    Ok(true)
+}
+
+/// Make `buf` hold at least `len` elements (grown to the next power of two).
+fn grow<T: cudarc::driver::DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    buf: &mut Option<CudaSlice<T>>,
+    len: usize,
+) -> Result<(), KernelError> {
+    let have = buf.as_ref().map_or(0, |b| b.len());
+    if have >= len.max(1) {
+        return Ok(());
+    }
+    *buf = None;
+    // SAFETY: the buffer is scratch; every range a kernel reads is written by a copy first
+    // and every range copied back is written by a kernel.
+    let b = unsafe { stream.alloc::<T>(len.max(1).next_power_of_two()) }
+        .map_err(|e| dev_err("alloc", e))?;
+    *buf = Some(b);
+    Ok(())
+}
+
+impl Compute for Cuda {
+    fn linear(
+        &self,
+        ty: GgmlType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let mut jobs = [LinearJob {
+            ty,
+            w,
+            rows,
+            cols,
+            x,
+            n,
+            y,
+            unit: None,
+        }];
+        self.linear_group(&mut jobs)
+    }
+
+    fn linear_group(&self, jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
+        let mut gpu: Vec<&mut LinearJob<'_>> = Vec::with_capacity(jobs.len());
+        let mut fis = Vec::with_capacity(jobs.len());
+        let mut cpu = 0u64;
+        for j in jobs.iter_mut() {
+            match Device::gpu_job(j) {
+                Some(fi) => {
+                    fis.push(fi);
+                    gpu.push(j);
+                }
+                None => {
+                    Cpu.linear(j.ty, j.w, j.rows, j.cols, j.x, j.n, j.y)?;
+                    cpu += 1;
+                }
+            }
+        }
+        if cpu > 0 {
+            self.d.lock().stats.cpu_jobs += cpu;
+        }
+        if gpu.is_empty() {
+            return Ok(());
+        }
+        self.d.run_gpu(&mut gpu, &fis)
+    }
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+}

@@ -1,0 +1,259 @@
+//! GPU products against the scalar reference (needs a CUDA device; ignored otherwise:
+//! `cargo test --release -p sluice-cuda --test gpu_kernels -- --ignored`).
+//!
+//! Weights are random blocks with valid scales; the oracle is `sluice_kernels`'
+//! `dequantize_row` (the format spec) and an f64 dot product. The GPU keeps activations in
+//! f32, so the bound is f32 rounding: |gpu - ref| <= 1e-4 * sum |w_i x_i| + 1e-6.
+
+use sluice_cuda::Cuda;
+use sluice_kernels::{dequantize_row, GgmlType};
+use sluice_models::compute::{Compute, Cpu, LinearJob};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+fn f16_bits(v: f32) -> [u8; 2] {
+    half::f16::from_f32(v).to_bits().to_le_bytes()
+}
+
+/// `rows` random rows of `ty` with `cols` columns (valid, finite scales).
+fn random_weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
+    let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+    let mut w = vec![0u8; rb * rows];
+    match ty {
+        GgmlType::F32 => {
+            for c in w.chunks_exact_mut(4) {
+                c.copy_from_slice(&rng.unit().to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            for c in w.chunks_exact_mut(2) {
+                c.copy_from_slice(&f16_bits(rng.unit()));
+            }
+        }
+        GgmlType::BF16 => {
+            for c in w.chunks_exact_mut(2) {
+                c.copy_from_slice(&half::bf16::from_f32(rng.unit()).to_bits().to_le_bytes());
+            }
+        }
+        _ => {
+            for b in w.iter_mut() {
+                *b = rng.next() as u8;
+            }
+            let (bs, scales): (usize, &[usize]) = match ty {
+                GgmlType::Q8_0 => (34, &[0]),
+                GgmlType::Q5_0 => (22, &[0]),
+                GgmlType::Q4_K => (144, &[0, 2]),
+                GgmlType::Q6_K => (210, &[208]),
+                GgmlType::Q4_0 => (18, &[0]),
+                _ => panic!("no generator for {ty:?}"),
+            };
+            for blk in w.chunks_exact_mut(bs) {
+                for &o in scales {
+                    let d = 0.001 + 0.02 * rng.unit().abs();
+                    blk[o..o + 2].copy_from_slice(&f16_bits(d));
+                }
+            }
+        }
+    }
+    w
+}
+
+/// Reference y[t, r] and the bound sum |w x| for it.
+fn reference(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let rb = w.len() / rows;
+    let mut deq = vec![0.0f32; cols];
+    let mut y = vec![0.0f64; n * rows];
+    let mut mag = vec![0.0f64; n * rows];
+    for r in 0..rows {
+        dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut deq).unwrap();
+        for t in 0..n {
+            let xs = &x[t * cols..(t + 1) * cols];
+            let (mut s, mut m) = (0.0f64, 0.0f64);
+            for (a, b) in deq.iter().zip(xs) {
+                s += *a as f64 * *b as f64;
+                m += (*a as f64 * *b as f64).abs();
+            }
+            y[t * rows + r] = s;
+            mag[t * rows + r] = m;
+        }
+    }
+    (y, mag)
+}
+
+fn cuda(stable: &[u8]) -> Cuda {
+    Cuda::new(stable).unwrap_or_else(|e| panic!("this test needs a CUDA device: {e}"))
+}
+
+const TYPES: [GgmlType; 7] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn every_format_matches_the_reference() {
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    for ty in TYPES {
+        for (rows, cols) in [(1, 256), (37, 512), (300, 2816), (5, 4096)] {
+            let w = random_weights(ty, rows, cols, &mut rng);
+            // Resident (weights inside the stable range) and copied per use.
+            for resident in [true, false] {
+                let g = if resident { cuda(&w) } else { cuda(&[]) };
+                for n in [1, 3, 8, 9, 20, 70] {
+                    let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+                    let mut y = vec![f32::NAN; n * rows];
+                    g.linear(ty, &w, rows, cols, &x, n, &mut y).unwrap();
+                    let (want, mag) = reference(ty, &w, rows, cols, &x, n);
+                    for (i, ((&got, &want), &m)) in y.iter().zip(&want).zip(&mag).enumerate() {
+                        let tol = 1e-4 * m + 1e-6;
+                        assert!(
+                            (got as f64 - want).abs() <= tol,
+                            "{ty:?} rows {rows} cols {cols} n {n} resident {resident}: y[{i}] = {got}, reference {want} (tolerance {tol})"
+                        );
+                    }
+                    let s = g.stats();
+                    if resident {
+                        assert_eq!(
+                            s.transient_bytes, 0,
+                            "{ty:?}: resident weights were copied per use"
+                        );
+                    } else {
+                        assert_eq!(
+                            s.resident_bytes, 0,
+                            "{ty:?}: weights outside the map became resident"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A token's result has the same bits whatever batch it comes in (prompt chunking never
+/// changes logits), and resident or copied weights give the same bits.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bits_do_not_depend_on_batch_or_residency() {
+    let mut rng = Rng(42);
+    for ty in TYPES {
+        let (rows, cols, n) = (96, 1024, 21);
+        let w = random_weights(ty, rows, cols, &mut rng);
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+        let (res, copy) = (cuda(&w), cuda(&[]));
+        let mut all = vec![0.0f32; n * rows];
+        res.linear(ty, &w, rows, cols, &x, n, &mut all).unwrap();
+        let mut all2 = vec![0.0f32; n * rows];
+        copy.linear(ty, &w, rows, cols, &x, n, &mut all2).unwrap();
+        assert!(
+            all.iter()
+                .zip(&all2)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{ty:?}: resident != copied"
+        );
+        for t in 0..n {
+            let mut one = vec![0.0f32; rows];
+            res.linear(
+                ty,
+                &w,
+                rows,
+                cols,
+                &x[t * cols..(t + 1) * cols],
+                1,
+                &mut one,
+            )
+            .unwrap();
+            let row = &all[t * rows..(t + 1) * rows];
+            assert!(
+                one.iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{ty:?}: token {t} alone differs from token {t} in a batch of {n}"
+            );
+        }
+    }
+}
+
+/// A group (shared input, several weights, one unsupported type) equals the jobs one by
+/// one; the unsupported type runs on the CPU with the CPU's exact bits.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn group_equals_single_jobs_and_falls_back_to_the_cpu() {
+    let mut rng = Rng(7);
+    let cols = 512;
+    let n = 2;
+    let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+    let specs = [
+        (GgmlType::Q4_K, 64),
+        (GgmlType::Q8_0, 48),
+        (GgmlType::Q4_0, 32),
+        (GgmlType::Q6_K, 16),
+    ];
+    let ws: Vec<Vec<u8>> = specs
+        .iter()
+        .map(|&(ty, rows)| random_weights(ty, rows, cols, &mut rng))
+        .collect();
+    let g = cuda(&[]);
+    let mut ys: Vec<Vec<f32>> = specs
+        .iter()
+        .map(|&(_, rows)| vec![0.0f32; n * rows])
+        .collect();
+    {
+        let mut jobs: Vec<LinearJob<'_>> = specs
+            .iter()
+            .zip(&ws)
+            .zip(ys.iter_mut())
+            .map(|((&(ty, rows), w), y)| LinearJob {
+                ty,
+                w,
+                rows,
+                cols,
+                x: &x,
+                n,
+                y,
+                unit: None,
+            })
+            .collect();
+        g.linear_group(&mut jobs).unwrap();
+    }
+    for (((ty, rows), w), y) in specs.iter().zip(&ws).zip(&ys) {
+        let mut one = vec![0.0f32; n * rows];
+        if *ty == GgmlType::Q4_0 {
+            Cpu.linear(*ty, w, *rows, cols, &x, n, &mut one).unwrap();
+        } else {
+            g.linear(*ty, w, *rows, cols, &x, n, &mut one).unwrap();
+        }
+        assert!(
+            one.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{ty:?}: group != single"
+        );
+    }
+    let s = g.stats();
+    assert_eq!(s.cpu_jobs, 1, "Q4_0 runs on the CPU (the group's one job)");
+    assert_eq!(
+        s.gpu_jobs,
+        3 + 3,
+        "three GPU jobs in the group, three alone"
+    );
+}

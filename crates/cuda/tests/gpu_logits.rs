@@ -1,0 +1,329 @@
+//! Whole models on the GPU backend against transformers and against the CPU backend
+//! (needs a CUDA device; ignored otherwise:
+//! `cargo test --release -p sluice-cuda --test gpu_logits -- --ignored --test-threads 1`).
+//!
+//! Fixtures: tests/fixtures/qwen3moe (transformers float32 logits, made by
+//! tools/fixtures/make_qwen3moe.py; `SLUICE_FIXTURES` points elsewhere, e.g. on a machine
+//! that has the test binary but not the checkout). Gemma 3 270M from `SLUICE_GEMMA` or
+//! `$HOME/.cache/sluice/models/gemma-3-270m-q4_k_m.gguf` (skipped with a note if absent,
+//! unless `SLUICE_REQUIRE_MODELS` is set).
+
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+use sluice_cuda::Cuda;
+use sluice_engine::eval::read_npy_f32;
+use sluice_engine::models::compute::Compute;
+use sluice_engine::{Logits, Model};
+use sluice_kernels::{dequantize_row, GgmlType, KernelError};
+
+/// The oracle backend: every weight row dequantized by the reference (`dequantize_row`),
+/// f32 activations, products summed in f64. Slow; for small models only.
+struct RefCompute;
+
+impl Compute for RefCompute {
+    fn linear(
+        &self,
+        ty: GgmlType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let rb = w.len() / rows;
+        let per_row: Vec<Vec<f32>> = (0..rows)
+            .into_par_iter()
+            .map(|r| {
+                let mut d = vec![0.0f32; cols];
+                dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut d)?;
+                Ok((0..n)
+                    .map(|t| {
+                        d.iter()
+                            .zip(&x[t * cols..(t + 1) * cols])
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>() as f32
+                    })
+                    .collect())
+            })
+            .collect::<Result<_, KernelError>>()?;
+        for (r, c) in per_row.iter().enumerate() {
+            for (t, v) in c.iter().enumerate() {
+                y[t * rows + r] = *v;
+            }
+        }
+        Ok(())
+    }
+
+    fn name(&self) -> &'static str {
+        "reference"
+    }
+}
+
+/// Which backend `logits` runs on.
+#[derive(Clone, Copy, PartialEq)]
+enum Backend {
+    Cpu,
+    Gpu,
+    /// The GPU with a VRAM expert cache of 1/N of the routed-expert bytes.
+    GpuExpertCache(u64),
+    Reference,
+}
+
+fn fixtures() -> PathBuf {
+    match std::env::var_os("SLUICE_FIXTURES") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures"),
+    }
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn json(path: PathBuf) -> serde_json::Value {
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Every position's logits, the prompt in chunks of `batch`, on the GPU or the CPU.
+fn logits(
+    path: &Path,
+    toks: &[u32],
+    batch: usize,
+    backend: Backend,
+) -> (Vec<f32>, usize, Option<Cuda>) {
+    let mut m = Model::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let g = match backend {
+        Backend::Cpu => None,
+        Backend::Reference => {
+            m.set_compute(Box::new(RefCompute));
+            None
+        }
+        Backend::Gpu | Backend::GpuExpertCache(_) => {
+            let c = Cuda::new(m.map.bytes())
+                .unwrap_or_else(|e| panic!("this test needs a CUDA device: {e}"));
+            if let Backend::GpuExpertCache(div) = backend {
+                c.set_expert_cache(m.groups.experts.total_bytes() / div)
+                    .unwrap();
+            }
+            m.set_compute(Box::new(c.clone()));
+            Some(c)
+        }
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .build()
+        .unwrap();
+    let mut kv = m.new_state(toks.len() + 8, true);
+    let mut out = Vec::new();
+    for c in toks.chunks(batch) {
+        out.extend(pool.install(|| m.forward(&mut kv, c, Logits::All)).unwrap());
+    }
+    (out, m.cfg.n_vocab, g)
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+}
+
+fn max_abs(a: &[f32]) -> f32 {
+    a.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+}
+
+fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+fn top2_margin(row: &[f32]) -> f32 {
+    let mut s = row.to_vec();
+    s.sort_by(|a, b| b.total_cmp(a));
+    s[0] - s[1]
+}
+
+fn qwen3moe(name: &str) -> PathBuf {
+    fixtures().join("qwen3moe").join(name)
+}
+
+fn qwen3moe_tokens() -> Vec<u32> {
+    ids(&json(qwen3moe("tokens.json"))["ids"])
+}
+
+/// F32 weights: the GPU keeps f32 activations, like transformers: the CPU's bound (max
+/// |diff| / max |ref| < 1e-4) holds; chunking (64 vs 1 token per call) changes no bit.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn qwen3moe_f32_on_gpu_matches_transformers() {
+    let toks = qwen3moe_tokens();
+    for (model, npy) in [
+        ("a-f32.gguf", "a.logits.npy"),
+        ("b-f32.gguf", "b.logits.npy"),
+    ] {
+        let (want, _) = read_npy_f32(&qwen3moe(npy)).unwrap();
+        let (got, _, g) = logits(&qwen3moe(model), &toks, 64, Backend::Gpu);
+        let err = max_abs_diff(&got, &want) / max_abs(&want);
+        let s = g.unwrap().stats();
+        eprintln!("{model} on the GPU: max |gpu - transformers| / max |ref| = {err:e}; {s:?}");
+        assert!(
+            s.gpu_jobs > 0 && s.resident_bytes > 0,
+            "{model}: nothing ran on the GPU"
+        );
+        assert!(err < 1e-4, "{model}: relative error {err} >= 1e-4");
+        let (one, _, _) = logits(&qwen3moe(model), &toks, 1, Backend::Gpu);
+        assert!(
+            got.iter()
+                .zip(&one)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{model}: GPU logits differ between batch 64 and batch 1"
+        );
+    }
+}
+
+/// Q8_0 weights: oracle transformers on the dequantized weights (float32). The CPU rounds
+/// activations to Q8_0 and stays within 0.07; the GPU does not round them, so it must stay
+/// within that bound too, with the top-1 equal at every position (the fixture's reference
+/// margins are >= 0.4).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn qwen3moe_q8_0_on_gpu_matches_transformers() {
+    let toks = qwen3moe_tokens();
+    for (model, npy) in [
+        ("a-q8_0.gguf", "a-q8_0.dequant.logits.npy"),
+        ("b-q8_0.gguf", "b-q8_0.dequant.logits.npy"),
+    ] {
+        let (want, _) = read_npy_f32(&qwen3moe(npy)).unwrap();
+        let (got, n_vocab, _) = logits(&qwen3moe(model), &toks, 64, Backend::Gpu);
+        let (cpu, _, _) = logits(&qwen3moe(model), &toks, 64, Backend::Cpu);
+        let d_gpu = max_abs_diff(&got, &want);
+        let d_cpu = max_abs_diff(&cpu, &want);
+        eprintln!("{model}: max |gpu - reference| = {d_gpu}, max |cpu - reference| = {d_cpu}, max |gpu - cpu| = {}", max_abs_diff(&got, &cpu));
+        assert!(
+            d_gpu <= 0.07,
+            "{model}: max |gpu - reference| = {d_gpu} > 0.07"
+        );
+        for (p, (g, w)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
+            assert_eq!(
+                argmax(g),
+                argmax(w),
+                "{model}: top-1 differs at position {p}"
+            );
+        }
+    }
+}
+
+/// A VRAM expert cache smaller than the experts (evictions on every layer) changes no
+/// bit of the logits, whatever the budget or the batch.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn expert_cache_budgets_give_identical_logits() {
+    let toks = qwen3moe_tokens();
+    let path = qwen3moe("a-q8_0.gguf");
+    let (plain, _, _) = logits(&path, &toks, 64, Backend::Gpu);
+    for div in [2, 5] {
+        for batch in [64, 1] {
+            let (got, _, g) = logits(&path, &toks, batch, Backend::GpuExpertCache(div));
+            let s = g.unwrap().stats();
+            eprintln!("expert cache 1/{div} of the experts, batch {batch}: {s:?}");
+            assert!(
+                s.expert_evictions > 0,
+                "1/{div}: no eviction; the test needs some"
+            );
+            assert!(s.expert_peak <= s.expert_budget);
+            assert!(
+                got.iter()
+                    .zip(&plain)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "expert cache 1/{div}, batch {batch}: logits differ"
+            );
+        }
+    }
+}
+
+/// Gemma 3 270M (Q4_K_M: Q4_K, Q5_0, Q6_K, Q8_0 products) on the prompt and greedy
+/// continuation llama.cpp recorded (tests/fixtures/gemma3; with a vocabulary-trimmed copy,
+/// the ids below its size). Oracle: the same forward pass with every product computed by
+/// [`RefCompute`] (reference dequantization, f64 sums). The GPU (f32 activations) must be
+/// within 1e-3 of the oracle's max |logit| at every position, with the same top-1 wherever
+/// the oracle's margin exceeds 0.01; the CPU (Q8 activations) is printed for comparison.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gemma_on_gpu_matches_reference() {
+    let path = match std::env::var_os("SLUICE_GEMMA") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(std::env::var("HOME").unwrap_or_default())
+            .join(".cache/sluice/models/gemma-3-270m-q4_k_m.gguf"),
+    };
+    if !path.exists() {
+        assert!(
+            std::env::var_os("SLUICE_REQUIRE_MODELS").is_none(),
+            "{} does not exist (tools/get-gemma.sh)",
+            path.display()
+        );
+        eprintln!("note: {} not found; skipping Gemma", path.display());
+        return;
+    }
+    let greedy = json(fixtures().join("gemma3/llama_greedy.json"));
+    let r = &greedy["results"][0];
+    let mut toks = ids(&r["prompt_ids"]);
+    toks.extend(ids(&r["generated_ids"]));
+    // A vocabulary-trimmed copy (tools/cuda/trim_vocab.py) keeps the ids below its size.
+    let n_vocab = Model::load(&path).unwrap().cfg.n_vocab;
+    toks.retain(|&t| (t as usize) < n_vocab);
+    assert!(
+        toks.len() >= 16,
+        "only {} of the ids are below {n_vocab}",
+        toks.len()
+    );
+    let (gpu, n_vocab, g) = logits(&path, &toks, 64, Backend::Gpu);
+    let (cpu, _, _) = logits(&path, &toks, 64, Backend::Cpu);
+    let (oracle, _, _) = logits(&path, &toks, 64, Backend::Reference);
+    let s = g.unwrap().stats();
+    let (mut worst_gpu, mut worst_cpu) = (0.0f32, 0.0f32);
+    let (mut clear, mut agree, mut agree_cpu) = (0, 0, 0);
+    let mut bad = Vec::new();
+    for (p, ((a, c), o)) in gpu
+        .chunks(n_vocab)
+        .zip(cpu.chunks(n_vocab))
+        .zip(oracle.chunks(n_vocab))
+        .enumerate()
+    {
+        let scale = max_abs(o);
+        let d = max_abs_diff(a, o) / scale;
+        worst_gpu = worst_gpu.max(d);
+        worst_cpu = worst_cpu.max(max_abs_diff(c, o) / scale);
+        if d > 1e-3 {
+            bad.push((p, d));
+        }
+        if top2_margin(o) > 0.01 {
+            clear += 1;
+            agree += usize::from(argmax(a) == argmax(o));
+            agree_cpu += usize::from(argmax(c) == argmax(o));
+        }
+    }
+    eprintln!(
+        "gemma ({} positions): worst position max |x - reference| / max |reference|: gpu {worst_gpu:e}, cpu {worst_cpu:e}; top-1 equal to the reference where its margin > 0.01: gpu {agree}/{clear}, cpu {agree_cpu}/{clear}; {s:?}",
+        toks.len()
+    );
+    assert!(
+        bad.is_empty(),
+        "positions where max |gpu - reference| > 1e-3 of max |logit|: {bad:?}"
+    );
+    assert_eq!(
+        agree, clear,
+        "GPU top-1 differs from the reference where the margin is clear"
+    );
+}

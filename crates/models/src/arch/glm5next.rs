@@ -1,0 +1,591 @@
+//! GLM-5.3-Flash (`glm5-next` as upstream llama.cpp's converter writes it, `glm5next` as
+//! unsloth's files spell it; keys are read with the file's own prefix): a 4-stream
+//! hyper-connection residual (mHC, DeepSeek V4's, closed by an unweighted mean of the
+//! streams), Kimi Delta Attention on the layers with `attention.head_count_kv` 0, NoPE latent
+//! attention with a pooled sparse indexer on the others (head_count_kv 1), dense SwiGLU
+//! leading layers and sigmoid-routed MoE (selection bias, normalised weights times the routed
+//! scale, one shared expert), every SwiGLU clamped (`swiglu_clamp_*`). A trailing MTP block
+//! (`nextn_predict_layers`) is loaded past and never run; its experts are described so they
+//! stay on disk. Specification: ../shared/models/glm5.md sections 2.B, 3.
+//!
+//! Key aliases: `attention.indexer.kpool` falls back to `attention.indexer.block_size` (the
+//! unmerged PR #27752 converter); a scalar or missing `attention.head_count_kv` means the
+//! default layout (KDA unless `il % 4 == 3`); `kda.gate_lower_bound` missing selects the
+//! softplus gate, as llama.cpp does.
+
+use std::any::Any;
+
+use sluice_gguf::{GgufFile, MetaValue};
+use sluice_io::MappedFile;
+use sluice_tier::{StreamableGroups, UnitGroup, UnitLayer};
+
+use super::Architecture;
+use crate::blocks::ffn::{glu, Activation, GluWeights};
+use crate::blocks::hyper::{self, HcShape, HcWeights};
+use crate::blocks::kda::{kda, KdaShape, KdaState, KdaWeights};
+use crate::blocks::mla_pooled::{
+    pooled_attention, PooledIndexer, PooledShape, PooledState, PooledWeights, Selection,
+};
+use crate::blocks::moe::{glu_unit_layer, routed, MoeWeights, Router, ScoreFn, UnitMat};
+use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
+use crate::config::{Hparams, ModelConfig};
+use crate::kv::KvCache;
+use crate::state::{ExtraState, SeqState};
+use crate::weights::{Mat, Stacked, Tensors};
+use crate::ModelError;
+
+/// The two spellings of the architecture name.
+pub const NAMES: [&str; 2] = ["glm5-next", "glm5next"];
+
+enum Mixer {
+    Kda(Box<KdaWeights>),
+    Pooled(Box<PooledWeights>),
+}
+
+enum Ffn {
+    Dense(GluWeights),
+    Moe {
+        moe: MoeWeights,
+        experts: Box<[Stacked; 3]>,
+        shared: GluWeights,
+    },
+}
+
+struct Layer {
+    hc_attn: HcWeights,
+    hc_ffn: HcWeights,
+    attn_norm: Vec<f32>,
+    mixer: Mixer,
+    ffn_norm: Vec<f32>,
+    ffn: Ffn,
+    /// Clamp of the dense / shared SwiGLU.
+    act_sh: Activation,
+}
+
+pub struct Glm5Next {
+    cfg: ModelConfig,
+    hc: HcShape,
+    kda: KdaShape,
+    pooled: PooledShape,
+    rms_eps: f32,
+    token_embd: Mat,
+    output_norm: Vec<f32>,
+    output: Mat,
+    layers: Vec<Layer>,
+    /// Routed experts of the MTP block(s), never run, described so they stream.
+    mtp_experts: Vec<(usize, [Stacked; 3])>,
+}
+
+/// Per-sequence state: KDA recurrent + conv state, latent / indexer rows of the DSA layers.
+#[derive(Clone)]
+struct G5State {
+    kda: Vec<Option<KdaState>>,
+    pooled: Vec<PooledState>,
+}
+
+impl ExtraState for G5State {
+    fn clone_box(&self) -> Box<dyn ExtraState> {
+        Box::new(self.clone())
+    }
+    fn clear(&mut self) {
+        self.kda.iter_mut().flatten().for_each(KdaState::clear);
+        self.pooled.iter_mut().for_each(PooledState::clear);
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+fn arr(hp: &Hparams<'_>, k: &str) -> Option<Vec<MetaValue>> {
+    match hp.file.get(&format!("{}.{k}", hp.arch)) {
+        Some(MetaValue::Array(a)) => Some(a.values.clone()),
+        Some(v) => Some(vec![v.clone()]),
+        None => None,
+    }
+}
+
+/// A per-layer float array key (a scalar applies to every layer); 0 when absent.
+fn per_layer_f32(hp: &Hparams<'_>, k: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+    let Some(v) = arr(hp, k) else {
+        return Ok(vec![0.0; n]);
+    };
+    let vals: Option<Vec<f32>> = v
+        .iter()
+        .map(|x| x.as_f32().filter(|f| f.is_finite()))
+        .collect();
+    let vals = vals.ok_or_else(|| hp.bad(format!("{}.{k} must hold finite numbers", hp.arch)))?;
+    match vals.len() {
+        1 => Ok(vec![vals[0]; n]),
+        l if l >= n => Ok(vals),
+        l => Err(hp.bad(format!("{}.{k} has {l} entries for {n} layers", hp.arch))),
+    }
+}
+
+fn clamp_act(limit: f32) -> Activation {
+    if limit > 1e-6 {
+        Activation::SiluClamped { limit }
+    } else {
+        Activation::Silu
+    }
+}
+
+pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, ModelError> {
+    Ok(Box::new(load_glm5next(file, map)?))
+}
+
+/// Load with the concrete type.
+pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, ModelError> {
+    let found = file.architecture()?;
+    let name =
+        NAMES
+            .iter()
+            .copied()
+            .find(|n| *n == found)
+            .ok_or_else(|| ModelError::BadConfig {
+                path: file.path.clone(),
+                what: format!("architecture {found} is not glm5-next / glm5next"),
+            })?;
+    let hp = Hparams::new(file, name);
+    let e = hp.u("embedding_length")?;
+    let n_block = hp.u("block_count")?;
+    let n_mtp = hp.u_or("nextn_predict_layers", 0)?;
+    if n_block == 0 || e == 0 || n_mtp >= n_block {
+        return Err(hp.bad(format!(
+            "block_count {n_block}, embedding_length {e} must be > 0 and nextn_predict_layers {n_mtp} < block_count"
+        )));
+    }
+    let n_layer = n_block - n_mtp;
+    let n_head = hp.u("attention.head_count")?;
+    let rms_eps = hp.f_or("attention.layer_norm_rms_epsilon", 1e-5)?;
+    let ln_eps = hp.f_or("attention.layer_norm_epsilon", 1e-6)?;
+    if n_head == 0 || rms_eps < 0.0 || ln_eps < 0.0 {
+        return Err(hp.bad("head_count must be > 0 and epsilons >= 0".into()));
+    }
+    // Which layers are KDA: head_count_kv 0 (per-layer array), else the default layout.
+    let recurrent: Vec<bool> = match hp.file.get(&format!("{name}.attention.head_count_kv")) {
+        Some(MetaValue::Array(a)) => {
+            let v: Option<Vec<u64>> = a.values.iter().map(MetaValue::as_u64).collect();
+            let v = v.ok_or_else(|| {
+                hp.bad(format!("{name}.attention.head_count_kv must hold integers"))
+            })?;
+            if v.len() < n_layer {
+                return Err(hp.bad(format!(
+                    "{name}.attention.head_count_kv has {} entries for {n_layer} layers",
+                    v.len()
+                )));
+            }
+            v[..n_layer].iter().map(|&x| x == 0).collect()
+        }
+        _ => (0..n_layer).map(|i| i % 4 != 3).collect(),
+    };
+    let rot = hp.u_or("rope.dimension_count", 0)?;
+    if rot != 0 {
+        return Err(hp.bad(format!(
+            "{name}.rope.dimension_count is {rot}; GLM-5.3-Flash attention has no RoPE (0)"
+        )));
+    }
+    let kda_sh = KdaShape {
+        n_head,
+        head_dim: hp.u("kda.head_dim")?,
+        conv_kernel: hp.u("ssm.conv_kernel")?,
+        rms_eps,
+        lower_bound: if hp.has("kda.gate_lower_bound") {
+            Some(hp.f_or("kda.gate_lower_bound", -5.0)?)
+        } else {
+            None
+        },
+    };
+    if kda_sh.head_dim == 0 || kda_sh.conv_kernel == 0 {
+        return Err(hp.bad("kda.head_dim and ssm.conv_kernel must be > 0".into()));
+    }
+    let kpool = if hp.has("attention.indexer.kpool") {
+        hp.u("attention.indexer.kpool")?
+    } else {
+        hp.u("attention.indexer.block_size")?
+    };
+    let sh = PooledShape {
+        n_head,
+        q_lora: hp.u("attention.q_lora_rank")?,
+        kv_lora: hp.u("attention.kv_lora_rank")?,
+        head_k: hp.u("attention.key_length_mla")?,
+        head_v: hp.u("attention.value_length_mla")?,
+        rms_eps,
+        idx_heads: hp.u("attention.indexer.head_count")?,
+        idx_dim: hp.u("attention.indexer.key_length")?,
+        top_k: hp.u("attention.indexer.top_k")?,
+        kpool,
+        select_tail: hp.b_or("attention.indexer.kpool_select_tail", true)?,
+        ln_eps,
+    };
+    if sh.kpool < 2 || !sh.top_k.is_multiple_of(sh.kpool) || sh.idx_heads == 0 || sh.idx_dim == 0 {
+        return Err(hp.bad(format!(
+            "indexer kpool {} must be > 1 and divide top_k {}; head_count and key_length > 0",
+            sh.kpool, sh.top_k
+        )));
+    }
+    if sh.q_lora == 0 || sh.kv_lora == 0 || sh.head_k == 0 || sh.head_v == 0 {
+        return Err(hp.bad(
+            "q_lora_rank, kv_lora_rank, key_length_mla, value_length_mla must be > 0".into(),
+        ));
+    }
+    // Indexer types: true = full (default every layer).
+    let full: Vec<bool> = match arr(&hp, "attention.indexer.types") {
+        None => vec![true; n_layer],
+        Some(v) => {
+            let b: Option<Vec<bool>> = v
+                .iter()
+                .map(|x| x.as_bool().or_else(|| x.as_u64().map(|u| u != 0)))
+                .collect();
+            let b = b.ok_or_else(|| {
+                hp.bad(format!("{name}.attention.indexer.types must hold booleans"))
+            })?;
+            if b.len() == 1 {
+                vec![b[0]; n_layer]
+            } else if b.len() >= n_layer {
+                b[..n_layer].to_vec()
+            } else {
+                return Err(hp.bad(format!(
+                    "{name}.attention.indexer.types has {} entries for {n_layer} layers",
+                    b.len()
+                )));
+            }
+        }
+    };
+    // A shared layer reuses the previous DSA layer's selection: that layer must be full
+    // or shared in turn, and the first DSA layer must be full.
+    if let Some(il) = (0..n_layer).find(|&i| !recurrent[i] && !full[i]) {
+        if !(0..il).any(|j| !recurrent[j] && full[j]) {
+            return Err(hp.bad(format!(
+                "layer {il} shares the indexer selection but no earlier layer computes one"
+            )));
+        }
+    }
+    let n_hc = hp.u("hyper_connection.count")?;
+    let hc = HcShape {
+        n_hc,
+        n_embd: e,
+        sinkhorn_iters: hp.u_or("hyper_connection.sinkhorn_iterations", 20)?,
+        eps: hp.f_or("hyper_connection.epsilon", 1e-6)?,
+        rms_eps,
+    };
+    if n_hc < 2 || hc.sinkhorn_iters == 0 {
+        return Err(hp.bad(format!(
+            "hyper_connection.count {n_hc} must be >= 2 and sinkhorn_iterations > 0"
+        )));
+    }
+    let n_expert = hp.u("expert_count")?;
+    let k = hp.u("expert_used_count")?;
+    if n_expert == 0 || k == 0 || k > n_expert {
+        return Err(hp.bad(format!(
+            "expert_used_count {k} must be in 1..=expert_count {n_expert}"
+        )));
+    }
+    let gating = hp.u_or("expert_gating_func", 2)?;
+    if gating != 2 && gating != 0 {
+        return Err(hp.bad(format!(
+            "{name}.expert_gating_func is {gating}; GLM-5.3-Flash routes with sigmoid (2)"
+        )));
+    }
+    let n_dense = hp.u_or("leading_dense_block_count", 0)?.min(n_layer);
+    let n_ff_exp = hp.u("expert_feed_forward_length")?;
+    let n_shared = hp.u_or("expert_shared_count", 1)?;
+    let n_ff_sh = hp.u_or("expert_shared_feed_forward_length", n_ff_exp * n_shared)?;
+    let w_scale = hp.f_or("expert_weights_scale", 1.0)?;
+    let w_norm = hp.b_or("expert_weights_norm", false)?;
+    let clamp_exp = per_layer_f32(&hp, "swiglu_clamp_exp", n_block)?;
+    let clamp_sh = if hp.has("swiglu_clamp_shexp") {
+        per_layer_f32(&hp, "swiglu_clamp_shexp", n_block)?
+    } else {
+        clamp_exp.clone()
+    };
+    let n_vocab = hp.n_vocab()?;
+
+    let t = Tensors::new(file, map);
+    let n_mix = (2 + n_hc) * n_hc;
+    let inner = kda_sh.inner();
+    let stacked = |il: usize| -> Result<[Stacked; 3], ModelError> {
+        let n = |s: &str| format!("blk.{il}.{s}.weight");
+        Ok([
+            t.stacked(&n("ffn_gate_exps"), n_ff_exp, e, n_expert)?,
+            t.stacked(&n("ffn_up_exps"), n_ff_exp, e, n_expert)?,
+            t.stacked(&n("ffn_down_exps"), e, n_ff_exp, n_expert)?,
+        ])
+    };
+    let mut layers = Vec::with_capacity(n_layer);
+    for il in 0..n_layer {
+        let n = |s: &str| format!("blk.{il}.{s}.weight");
+        let hc_w = |p: &str| -> Result<HcWeights, ModelError> {
+            Ok(HcWeights {
+                proj: t.mat(&n(&format!("{p}_fn")), n_mix, n_hc * e)?,
+                base: t.vec(&n(&format!("{p}_base")), n_mix)?,
+                scale: t.vec(&n(&format!("{p}_scale")), 3)?,
+            })
+        };
+        let mixer = if recurrent[il] {
+            let d = kda_sh.head_dim;
+            Mixer::Kda(Box::new(KdaWeights {
+                q: t.mat(&n("attn_q"), inner, e)?,
+                k: t.mat(&n("attn_k"), inner, e)?,
+                v: t.mat(&n("attn_v"), inner, e)?,
+                conv_q: t.vec(&n("ssm_conv1d_q"), inner * kda_sh.conv_kernel)?,
+                conv_k: t.vec(&n("ssm_conv1d_k"), inner * kda_sh.conv_kernel)?,
+                conv_v: t.vec(&n("ssm_conv1d_v"), inner * kda_sh.conv_kernel)?,
+                f_a: t.mat(&n("ssm_f_a"), d, e)?,
+                f_b: t.mat(&n("ssm_f_b"), inner, d)?,
+                dt_bias: t.vec(&format!("blk.{il}.ssm_dt.bias"), inner)?,
+                a: t.vec(&format!("blk.{il}.ssm_a"), n_head)?,
+                beta: t.mat(&n("ssm_beta"), n_head, e)?,
+                g_a: t.mat(&n("ssm_g_a"), d, e)?,
+                g_b: t.mat(&n("ssm_g_b"), inner, d)?,
+                norm: t.vec(&n("ssm_norm"), d)?,
+                out: t.mat(&n("attn_output"), e, inner)?,
+            }))
+        } else {
+            let indexer = if full[il] {
+                let (ih, id) = (sh.idx_heads, sh.idx_dim);
+                Some(PooledIndexer {
+                    q_b: t.mat(&n("indexer.attn_q_b"), ih * id, sh.q_lora)?,
+                    k: t.mat(&n("indexer.attn_k"), id, e)?,
+                    k_norm: t.vec(&n("indexer.k_norm"), id)?,
+                    k_norm_b: t.vec(&format!("blk.{il}.indexer.k_norm.bias"), id)?,
+                    proj: t.mat(&n("indexer.proj"), ih, e)?,
+                    gate: t.mat(&n("indexer_compressor_gate"), id, e)?,
+                    ape: t.vec(&n("indexer_compressor_ape"), sh.kpool * id)?,
+                })
+            } else {
+                None
+            };
+            Mixer::Pooled(Box::new(PooledWeights {
+                q_a: t.mat(&n("attn_q_a"), sh.q_lora, e)?,
+                q_a_norm: t.vec(&n("attn_q_a_norm"), sh.q_lora)?,
+                q_b: t.mat(&n("attn_q_b"), n_head * sh.head_k, sh.q_lora)?,
+                kv_a: t.mat(&n("attn_kv_a_mqa"), sh.kv_lora, e)?,
+                kv_a_norm: t.vec(&n("attn_kv_a_norm"), sh.kv_lora)?,
+                k_b: t.stacked(&n("attn_k_b"), sh.kv_lora, sh.head_k, n_head)?,
+                v_b: t.stacked(&n("attn_v_b"), sh.head_v, sh.kv_lora, n_head)?,
+                out: t.mat(&n("attn_output"), e, n_head * sh.head_v)?,
+                indexer,
+            }))
+        };
+        let ffn = if il < n_dense {
+            let gate = t.mat_any_rows(&n("ffn_gate"), e)?;
+            let ff = gate.rows;
+            Ffn::Dense(GluWeights {
+                gate,
+                up: t.mat(&n("ffn_up"), ff, e)?,
+                down: t.mat(&n("ffn_down"), e, ff)?,
+            })
+        } else {
+            let experts = stacked(il)?;
+            let um = |s: &Stacked| UnitMat {
+                ty: s.ty,
+                rows: s.rows,
+                cols: s.cols,
+            };
+            Ffn::Moe {
+                moe: MoeWeights {
+                    router_w: t.mat(&n("ffn_gate_inp"), n_expert, e)?,
+                    router: Router::Biased {
+                        score: ScoreFn::Sigmoid,
+                        bias: t.vec(&format!("blk.{il}.exp_probs_b.bias"), n_expert)?,
+                        norm: w_norm,
+                        scale: w_scale,
+                    },
+                    n_expert,
+                    k,
+                    gate: um(&experts[0]),
+                    up: um(&experts[1]),
+                    down: um(&experts[2]),
+                    act: clamp_act(clamp_exp[il]),
+                },
+                shared: GluWeights {
+                    gate: t.mat(&n("ffn_gate_shexp"), n_ff_sh, e)?,
+                    up: t.mat(&n("ffn_up_shexp"), n_ff_sh, e)?,
+                    down: t.mat(&n("ffn_down_shexp"), e, n_ff_sh)?,
+                },
+                experts: Box::new(experts),
+            }
+        };
+        layers.push(Layer {
+            hc_attn: hc_w("hc_attn")?,
+            hc_ffn: hc_w("hc_ffn")?,
+            attn_norm: t.vec(&n("attn_norm"), e)?,
+            mixer,
+            ffn_norm: t.vec(&n("ffn_norm"), e)?,
+            ffn,
+            act_sh: clamp_act(clamp_sh[il]),
+        });
+    }
+    let mtp_experts = (n_layer..n_block)
+        .filter(|il| t.has(&format!("blk.{il}.ffn_gate_exps.weight")))
+        .map(|il| stacked(il).map(|s| (il, s)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (token_embd, output) = t.embd_and_output(n_vocab, e)?;
+    let n_dsa = recurrent.iter().filter(|r| !**r).count();
+    let cfg = ModelConfig {
+        arch: name,
+        n_layer,
+        n_embd: e,
+        n_vocab,
+        n_ctx_train: hp.u_or("context_length", 1 << 20)?,
+        n_expert,
+        n_expert_used: k,
+        kv_bytes_per_pos: (n_dsa * sh.bytes_per_pos()) as u64,
+        state_bytes: ((n_layer - n_dsa) * kda_sh.state_bytes()) as u64,
+    };
+    Ok(Glm5Next {
+        cfg,
+        hc,
+        kda: kda_sh,
+        pooled: sh,
+        rms_eps,
+        token_embd,
+        output_norm: t.vec("output_norm.weight", e)?,
+        output,
+        layers,
+        mtp_experts,
+    })
+}
+
+impl Glm5Next {
+    /// Whether each layer is a KDA (true) or pooled-DSA latent-attention layer.
+    pub fn kda_layers(&self) -> Vec<bool> {
+        self.layers
+            .iter()
+            .map(|l| matches!(l.mixer, Mixer::Kda(_)))
+            .collect()
+    }
+
+    /// Bytes of the fixed (context-independent) KDA state of one sequence.
+    pub fn recurrent_state_bytes(&self) -> usize {
+        self.kda_layers().iter().filter(|x| **x).count() * self.kda.state_bytes()
+    }
+}
+
+impl Architecture for Glm5Next {
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn groups(&self) -> StreamableGroups {
+        let mut layers: Vec<Option<UnitLayer>> = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(il, l)| match &l.ffn {
+                Ffn::Moe { experts, .. } => Some(glu_unit_layer(il, self.cfg.n_expert, experts)),
+                Ffn::Dense(_) => None,
+            })
+            .collect();
+        for (il, ex) in &self.mtp_experts {
+            layers.resize(*il, None);
+            layers.push(Some(glu_unit_layer(*il, self.cfg.n_expert, ex)));
+        }
+        StreamableGroups {
+            experts: UnitGroup { layers },
+            row_tables: Vec::new(),
+        }
+    }
+
+    fn new_state(&self, n_ctx: usize) -> SeqState {
+        // The KV cache only counts positions (and carries the f16 choice); rows live in the
+        // extra state.
+        let mut s = SeqState::new(KvCache::new(0, 0, 0, n_ctx));
+        s.extra = Some(Box::new(G5State {
+            kda: self
+                .layers
+                .iter()
+                .map(|l| match l.mixer {
+                    Mixer::Kda(_) => Some(KdaState::new(&self.kda)),
+                    Mixer::Pooled(_) => None,
+                })
+                .collect(),
+            pooled: vec![PooledState::default(); self.layers.len()],
+        }));
+        s
+    }
+
+    fn forward(
+        &self,
+        env: &Env<'_>,
+        batch: &Batch<'_>,
+        state: &mut SeqState,
+        rows: &[usize],
+    ) -> Result<Vec<f32>, ModelError> {
+        let f16 = state.kv.f16();
+        let st = state
+            .extra
+            .as_mut()
+            .and_then(|x| x.as_any_mut().downcast_mut::<G5State>())
+            .ok_or_else(|| {
+                ModelError::Compute("glm5next: sequence state of another model".into())
+            })?;
+        let (e, n_hc, eps) = (self.cfg.n_embd, self.hc.n_hc, self.rms_eps);
+        let t_len = batch.len();
+        let emb = head::embed(env, &self.token_embd, batch, 1.0)?;
+        check_finite(&emb, e, &batch.positions, Stage::Embedding)?;
+        let mut x = Vec::with_capacity(emb.len() * n_hc);
+        for row in emb.chunks(e) {
+            for _ in 0..n_hc {
+                x.extend_from_slice(row);
+            }
+        }
+        drop(emb);
+        let mut prev_sel: Option<Selection> = None;
+        for (il, l) in self.layers.iter().enumerate() {
+            let mut mix = hyper::pre(env, &l.hc_attn, &self.hc, &x)?;
+            rms_norm_rows(&mut mix.input, &l.attn_norm, eps);
+            let y = match &l.mixer {
+                Mixer::Kda(w) => {
+                    let ks = st.kda[il]
+                        .as_mut()
+                        .ok_or_else(|| ModelError::Compute("glm5next: missing KDA state".into()))?;
+                    kda(env, w, &self.kda, ks, &mix.input, t_len)?
+                }
+                Mixer::Pooled(w) => {
+                    let (y, sel) = pooled_attention(
+                        env,
+                        w,
+                        &self.pooled,
+                        &mut st.pooled[il],
+                        &batch.positions,
+                        &mix.input,
+                        prev_sel.as_ref(),
+                        f16,
+                    )?;
+                    prev_sel = Some(sel);
+                    y
+                }
+            };
+            hyper::post(&mut x, &y, &mix, &self.hc);
+
+            let mut mix = hyper::pre(env, &l.hc_ffn, &self.hc, &x)?;
+            rms_norm_rows(&mut mix.input, &l.ffn_norm, eps);
+            let y = match &l.ffn {
+                Ffn::Dense(w) => glu(env, w, l.act_sh, &mix.input, t_len)?,
+                Ffn::Moe { moe, shared, .. } => {
+                    let mut y = routed(env, batch, il, moe, &mix.input)?;
+                    let sh = glu(env, shared, l.act_sh, &mix.input, t_len)?;
+                    add_into(&mut y, &sh);
+                    y
+                }
+            };
+            hyper::post(&mut x, &y, &mix, &self.hc);
+            check_finite(&x, n_hc * e, &batch.positions, Stage::Layer(il))?;
+        }
+        // The head: the unweighted mean of the streams.
+        let mut h = Vec::with_capacity(rows.len() * e);
+        for &r in rows {
+            let xs = &x[r * n_hc * e..(r + 1) * n_hc * e];
+            let mut m = vec![0.0f32; e];
+            for s in xs.chunks(e) {
+                m.iter_mut().zip(s).for_each(|(a, &b)| *a += b);
+            }
+            let inv = 1.0 / n_hc as f32;
+            m.iter_mut().for_each(|v| *v *= inv);
+            h.extend_from_slice(&m);
+        }
+        let all: Vec<usize> = (0..rows.len()).collect();
+        head::logits(env, &h, &all, &self.output_norm, eps, &self.output)
+    }
+}
