@@ -267,3 +267,17 @@ fn slots_are_populated_in_the_background_within_the_budget() {
     assert_eq!(cs.total.requests(), 0);
     assert_eq!(cs.bytes_cached, 0);
 }
+
+/// A merged `ffn_gate_up_exps` file (tools/fixtures/make_merged_gate_up.py, from a-q8_0.gguf):
+/// gate and up are halves of one tensor, so their unit parts are strided slices. Streaming
+/// equals resident, and both equal the separate-tensor file bit for bit.
+#[test]
+fn streaming_logits_bit_identical_merged_gate_up() {
+    check_model("a-q8_0-gate_up.gguf");
+    let merged = Model::load(&fixture("a-q8_0-gate_up.gguf")).unwrap();
+    let separate = Model::load(&fixture("a-q8_0.gguf")).unwrap();
+    assert!(same_bits(
+        &logits_of(&merged, 2, 5, &tokens()),
+        &logits_of(&separate, 2, 5, &tokens())
+    ));
+}

@@ -23,14 +23,19 @@ pub struct Mat {
     pub range: Range<usize>,
 }
 
-/// A stacked 3-D expert tensor `[n_expert, rows, cols]` (ggml dims `[cols, rows, n_expert]`).
+/// A stacked 3-D expert tensor `[n_expert, rows, cols]` (ggml dims `[cols, rows, n_expert]`),
+/// or one matrix inside each expert's slice of such a tensor (the gate or up half of a merged
+/// `ffn_gate_up_exps`).
 #[derive(Debug, Clone)]
 pub struct Stacked {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
     pub n_expert: usize,
+    /// The whole tensor in the file.
     pub range: Range<usize>,
+    /// This matrix within one expert's slice (`0..slice` for a plain stacked tensor).
+    pub sub: Range<usize>,
 }
 
 impl Mat {
@@ -45,21 +50,26 @@ impl Stacked {
     pub fn part(&self, name: &str) -> StackedPart {
         StackedPart {
             name: name.to_string(),
-            start: self.range.start as u64,
+            start: (self.range.start + self.sub.start) as u64,
+            stride: self.slice_bytes() as u64,
             bytes_per_unit: self.expert_bytes() as u64,
         }
     }
 
-    /// Bytes of one expert's slice.
-    pub fn expert_bytes(&self) -> usize {
+    /// Bytes between consecutive experts (one expert's slice of the whole tensor).
+    pub fn slice_bytes(&self) -> usize {
         (self.range.end - self.range.start) / self.n_expert
     }
 
-    /// Absolute file range of expert `e`.
+    /// Bytes of this matrix for one expert.
+    pub fn expert_bytes(&self) -> usize {
+        self.sub.end - self.sub.start
+    }
+
+    /// Absolute file range of this matrix of expert `e`.
     pub fn expert_range(&self, e: usize) -> Range<usize> {
-        let n = self.expert_bytes();
-        let start = self.range.start + e * n;
-        start..start + n
+        let start = self.range.start + e * self.slice_bytes() + self.sub.start;
+        start..start + self.expert_bytes()
     }
 }
 
@@ -187,13 +197,66 @@ impl<'a> Tensors<'a> {
             ));
         }
         self.check_type(name, t.ty)?;
+        let range = self.range(t);
+        let slice = (range.end - range.start) / n_expert;
         Ok(Stacked {
             ty: t.ty,
             rows: t.dims[1] as usize,
             cols,
             n_expert,
-            range: self.range(t),
+            range,
+            sub: 0..slice,
         })
+    }
+
+    /// Whether layer `il` has routed GLU experts (separate or merged gate/up).
+    pub fn has_glu_experts(&self, il: usize) -> bool {
+        self.has(&format!("blk.{il}.ffn_gate_exps.weight"))
+            || self.has(&format!("blk.{il}.ffn_gate_up_exps.weight"))
+    }
+
+    /// Layer `il`'s routed GLU experts `[gate, up, down]` over `n_embd` inputs, `ff` rows per
+    /// expert when given (else read from the file). Accepts separate `ffn_gate_exps` /
+    /// `ffn_up_exps` or one merged `ffn_gate_up_exps` (`[n_embd, 2 ff, n_expert]`, each
+    /// expert's gate rows then its up rows, as llama.cpp's `build_moe_ffn` splits it).
+    pub fn glu_experts(
+        &self,
+        il: usize,
+        n_embd: usize,
+        ff: Option<usize>,
+        n_expert: usize,
+    ) -> Result<[Stacked; 3], EngineError> {
+        let n = |s: &str| format!("blk.{il}.{s}.weight");
+        let merged = n("ffn_gate_up_exps");
+        let (gate, up) = if self.has(&merged) {
+            let m = self.stacked_any_rows(&merged, n_embd, n_expert)?;
+            let slice = m.slice_bytes();
+            if m.rows % 2 != 0 || ff.is_some_and(|f| m.rows != 2 * f) {
+                let want = ff.map_or("an even number of".to_string(), |f| (2 * f).to_string());
+                return Err(self.bad(
+                    &merged,
+                    format!(
+                        "expected {want} rows per expert (gate then up), found {}",
+                        m.rows
+                    ),
+                ));
+            }
+            let half = |sub: Range<usize>| Stacked {
+                rows: m.rows / 2,
+                sub,
+                ..m.clone()
+            };
+            (half(0..slice / 2), half(slice / 2..slice))
+        } else {
+            let gate = match ff {
+                Some(f) => self.stacked(&n("ffn_gate_exps"), f, n_embd, n_expert)?,
+                None => self.stacked_any_rows(&n("ffn_gate_exps"), n_embd, n_expert)?,
+            };
+            let up = self.stacked(&n("ffn_up_exps"), gate.rows, n_embd, n_expert)?;
+            (gate, up)
+        };
+        let down = self.stacked(&n("ffn_down_exps"), n_embd, gate.rows, n_expert)?;
+        Ok([gate, up, down])
     }
 
     pub fn vec(&self, name: &str, len: usize) -> Result<Vec<f32>, EngineError> {

@@ -11,13 +11,16 @@
 use std::ops::Range;
 
 /// One matrix of every unit of a layer: unit `u` occupies
-/// `start + u * bytes_per_unit .. + bytes_per_unit` in the file.
+/// `start + u * stride .. + bytes_per_unit` in the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StackedPart {
     /// Tensor name (for messages).
     pub name: String,
     /// Absolute file offset of unit 0's slice.
     pub start: u64,
+    /// Bytes between consecutive units' slices (`bytes_per_unit` unless the matrix shares
+    /// each unit's slice of its tensor with another, e.g. a merged gate_up tensor).
+    pub stride: u64,
     /// Bytes of one unit's slice.
     pub bytes_per_unit: u64,
 }
@@ -34,7 +37,7 @@ impl UnitLayer {
     /// File range of `part` of unit `u`.
     pub fn part_range(&self, part: usize, u: usize) -> Range<u64> {
         let p = &self.parts[part];
-        let start = p.start + u as u64 * p.bytes_per_unit;
+        let start = p.start + u as u64 * p.stride;
         start..start + p.bytes_per_unit
     }
 
@@ -45,9 +48,10 @@ impl UnitLayer {
 
     /// File ranges of every matrix of this layer (all units).
     pub fn ranges(&self) -> impl Iterator<Item = Range<u64>> + '_ {
-        self.parts
-            .iter()
-            .map(|p| p.start..p.start + p.bytes_per_unit * self.n_units as u64)
+        self.parts.iter().map(|p| match self.n_units as u64 {
+            0 => p.start..p.start,
+            n => p.start..p.start + p.stride * (n - 1) + p.bytes_per_unit,
+        })
     }
 }
 
@@ -163,11 +167,13 @@ mod tests {
                 StackedPart {
                     name: "a".into(),
                     start,
+                    stride: 10,
                     bytes_per_unit: 10,
                 },
                 StackedPart {
                     name: "b".into(),
                     start: start + 40,
+                    stride: 5,
                     bytes_per_unit: 5,
                 },
             ],

@@ -413,11 +413,13 @@ mod tests {
                         StackedPart {
                             name: "a".into(),
                             start: 100,
+                            stride: 10,
                             bytes_per_unit: 10,
                         },
                         StackedPart {
                             name: "b".into(),
                             start: 130,
+                            stride: 7,
                             bytes_per_unit: 7,
                         },
                     ],

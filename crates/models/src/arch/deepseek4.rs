@@ -348,12 +348,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     };
     let n_mix = (2 + n_hc) * n_hc;
     let stacked = |il: usize| -> Result<[Stacked; 3], ModelError> {
-        let n = |s: &str| format!("blk.{il}.{s}.weight");
-        Ok([
-            t.stacked(&n("ffn_gate_exps"), n_ff, e, n_expert)?,
-            t.stacked(&n("ffn_up_exps"), n_ff, e, n_expert)?,
-            t.stacked(&n("ffn_down_exps"), e, n_ff, n_expert)?,
-        ])
+        t.glu_experts(il, e, Some(n_ff), n_expert)
     };
     let compressor =
         |il: usize, pre: &str, ratio: usize, hd: usize| -> Result<CompressorWeights, ModelError> {
@@ -476,7 +471,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         });
     }
     let mtp_experts = (n_layer..n_layer + n_mtp)
-        .filter(|il| t.has(&format!("blk.{il}.ffn_gate_exps.weight")))
+        .filter(|il| t.has_glu_experts(*il))
         .map(stacked)
         .collect::<Result<Vec<_>, _>>()?;
     let output = t.mat("output.weight", n_vocab, e)?;

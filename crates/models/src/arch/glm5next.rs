@@ -304,12 +304,7 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
     let n_mix = (2 + n_hc) * n_hc;
     let inner = kda_sh.inner();
     let stacked = |il: usize| -> Result<[Stacked; 3], ModelError> {
-        let n = |s: &str| format!("blk.{il}.{s}.weight");
-        Ok([
-            t.stacked(&n("ffn_gate_exps"), n_ff_exp, e, n_expert)?,
-            t.stacked(&n("ffn_up_exps"), n_ff_exp, e, n_expert)?,
-            t.stacked(&n("ffn_down_exps"), e, n_ff_exp, n_expert)?,
-        ])
+        t.glu_experts(il, e, Some(n_ff_exp), n_expert)
     };
     let mut layers = Vec::with_capacity(n_layer);
     for il in 0..n_layer {
@@ -417,7 +412,7 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
         });
     }
     let mtp_experts = (n_layer..n_block)
-        .filter(|il| t.has(&format!("blk.{il}.ffn_gate_exps.weight")))
+        .filter(|il| t.has_glu_experts(*il))
         .map(|il| stacked(il).map(|s| (il, s)))
         .collect::<Result<Vec<_>, _>>()?;
     let (token_embd, output) = t.embd_and_output(n_vocab, e)?;

@@ -245,16 +245,8 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         rows: s.rows,
         cols: s.cols,
     };
-    let stacked = |il: usize| -> Result<[Stacked; 3], ModelError> {
-        let n = |s: &str| format!("blk.{il}.{s}.weight");
-        let gate = t.stacked_any_rows(&n("ffn_gate_exps"), e, n_expert)?;
-        let ff = gate.rows;
-        Ok([
-            gate,
-            t.stacked(&n("ffn_up_exps"), ff, e, n_expert)?,
-            t.stacked(&n("ffn_down_exps"), e, ff, n_expert)?,
-        ])
-    };
+    let stacked =
+        |il: usize| -> Result<[Stacked; 3], ModelError> { t.glu_experts(il, e, None, n_expert) };
     let mut layers = Vec::with_capacity(n_layer);
     for (il, &is_full) in full.iter().enumerate().take(n_layer) {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
@@ -335,7 +327,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         });
     }
     let mtp_experts = (n_layer..n_block)
-        .filter(|il| t.has(&format!("blk.{il}.ffn_gate_exps.weight")))
+        .filter(|il| t.has_glu_experts(*il))
         .map(|il| stacked(il).map(|s| (il, s)))
         .collect::<Result<Vec<_>, _>>()?;
     let (token_embd, output) = t.embd_and_output(n_vocab, e)?;

@@ -67,10 +67,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     let mut layers = Vec::with_capacity(n_layer);
     for il in 0..n_layer {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
-        let gate = t.stacked_any_rows(&n("ffn_gate_exps"), e, n_expert)?;
-        let ff = gate.rows;
-        let up = t.stacked(&n("ffn_up_exps"), ff, e, n_expert)?;
-        let down = t.stacked(&n("ffn_down_exps"), e, ff, n_expert)?;
+        let [gate, up, down] = t.glu_experts(il, e, None, n_expert)?;
         let um = |s: &Stacked| UnitMat {
             ty: s.ty,
             rows: s.rows,

@@ -364,10 +364,7 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
     let mut n_qsa = 0;
     for il in 0..n_layer {
         let n = |x: &str| format!("blk.{il}.{x}.weight");
-        let gate = t.stacked_any_rows(&n("ffn_gate_exps"), e, n_expert)?;
-        let ff = gate.rows;
-        let up = t.stacked(&n("ffn_up_exps"), ff, e, n_expert)?;
-        let down = t.stacked(&n("ffn_down_exps"), e, ff, n_expert)?;
+        let [gate, up, down] = t.glu_experts(il, e, None, n_expert)?;
         let um = |x: &Stacked| UnitMat {
             ty: x.ty,
             rows: x.rows,
