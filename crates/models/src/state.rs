@@ -20,6 +20,20 @@ pub trait ExtraState: Send + Sync {
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
+/// `extra` as the architecture state `T` (taken from `SeqState::extra`, so the KV cache
+/// stays borrowable), or an error naming `arch` when the sequence was made by another model.
+pub fn extra_as<'a, T: 'static>(
+    extra: &'a mut Option<Box<dyn ExtraState>>,
+    arch: &str,
+) -> Result<&'a mut T, crate::ModelError> {
+    extra
+        .as_mut()
+        .and_then(|x| x.as_any_mut().downcast_mut::<T>())
+        .ok_or_else(|| {
+            crate::ModelError::Compute(format!("{arch}: sequence state of another model"))
+        })
+}
+
 /// The state of one sequence.
 pub struct SeqState {
     pub kv: KvCache,

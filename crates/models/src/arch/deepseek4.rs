@@ -564,13 +564,7 @@ impl Architecture for DeepSeek4 {
         rows: &[usize],
     ) -> Result<Vec<f32>, ModelError> {
         let f16 = state.kv.f16();
-        let st = state
-            .extra
-            .as_mut()
-            .and_then(|x| x.as_any_mut().downcast_mut::<Dsv4State>())
-            .ok_or_else(|| {
-                ModelError::Compute("deepseek4: sequence state of another model".into())
-            })?;
+        let st = crate::state::extra_as::<Dsv4State>(&mut state.extra, "deepseek4")?;
         let (e, hc) = (self.cfg.n_embd, self.hc.n_hc);
         let eps = self.shape.rms_eps;
         let emb = head::embed(env, &self.token_embd, batch, 1.0)?;

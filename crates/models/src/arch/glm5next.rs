@@ -508,13 +508,7 @@ impl Architecture for Glm5Next {
         rows: &[usize],
     ) -> Result<Vec<f32>, ModelError> {
         let f16 = state.kv.f16();
-        let st = state
-            .extra
-            .as_mut()
-            .and_then(|x| x.as_any_mut().downcast_mut::<G5State>())
-            .ok_or_else(|| {
-                ModelError::Compute("glm5next: sequence state of another model".into())
-            })?;
+        let st = crate::state::extra_as::<G5State>(&mut state.extra, "glm5next")?;
         let (e, n_hc, eps) = (self.cfg.n_embd, self.hc.n_hc, self.rms_eps);
         let t_len = batch.len();
         let emb = head::embed(env, &self.token_embd, batch, 1.0)?;

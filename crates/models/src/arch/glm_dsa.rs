@@ -419,13 +419,7 @@ impl Architecture for GlmDsa {
         rows: &[usize],
     ) -> Result<Vec<f32>, ModelError> {
         let f16 = state.kv.f16();
-        let st = state
-            .extra
-            .as_mut()
-            .and_then(|x| x.as_any_mut().downcast_mut::<GlmDsaState>())
-            .ok_or_else(|| {
-                ModelError::Compute("glm-dsa: sequence state of another model".into())
-            })?;
+        let st = crate::state::extra_as::<GlmDsaState>(&mut state.extra, "glm-dsa")?;
         let e = self.cfg.n_embd;
         let eps = self.rms_eps;
         let t_len = batch.len();

@@ -583,12 +583,7 @@ impl Architecture for Qwen4Exp {
         rows: &[usize],
     ) -> Result<Vec<f32>, ModelError> {
         let SeqState { kv, extra } = state;
-        let st = extra
-            .as_mut()
-            .and_then(|x| x.as_any_mut().downcast_mut::<Q4State>())
-            .ok_or_else(|| {
-                ModelError::Compute("qwen4exp: sequence state of another model".into())
-            })?;
+        let st = crate::state::extra_as::<Q4State>(extra, "qwen4exp")?;
         let (s, e, eps) = (self.n_stream, self.cfg.n_embd, self.rms_eps);
         let t_len = batch.len();
         let d = s * e;
