@@ -6,6 +6,9 @@
 //! converter writes the GGUF; transformers saves its own float32 logits for the 200 token
 //! ids of manifest.json). sluice never produced these numbers.
 
+mod common;
+use common::same_bits;
+
 use std::path::{Path, PathBuf};
 
 use sluice_engine::eval::read_npy_f32;
@@ -55,10 +58,6 @@ fn argmax(row: &[f32]) -> usize {
         }
     }
     best
-}
-
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 /// With an f32 KV cache sluice computes what transformers computes in float32; only the

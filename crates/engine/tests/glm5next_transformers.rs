@@ -11,6 +11,9 @@
 //! token-by-token decode and thread counts must give the same bits (the KDA recurrence and
 //! every reduction run in one fixed order whatever the chunking).
 
+mod common;
+use common::same_bits;
+
 use std::path::{Path, PathBuf};
 
 use sluice_engine::eval::read_npy_f32;
@@ -68,10 +71,6 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
         .zip(b)
         .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
     max_diff / max_ref
-}
-
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 fn check(gguf: &str, model: &str) {

@@ -9,6 +9,9 @@
 //! times the models' indexer top-k, so the sparse selection drops most tokens, and model a
 //! and c have "shared" layers that reuse an earlier layer's selection.
 
+mod common;
+use common::same_bits;
+
 use std::path::{Path, PathBuf};
 
 use sluice_engine::eval::read_npy_f32;
@@ -58,10 +61,6 @@ fn argmax(row: &[f32]) -> usize {
         }
     }
     best
-}
-
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 /// With an f32 latent cache sluice computes what transformers computes in float32, except

@@ -8,7 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{qwen3moe_fixture as fixture, qwen3moe_tokens as tokens};
+use common::{qwen3moe_fixture as fixture, qwen3moe_tokens as tokens, same_bits};
 use sluice_engine::load::{Budget, LoadOptions, PackChoice, StreamOptions};
 use sluice_engine::tier::pack::{write_pack, PackError, PackFile};
 use sluice_engine::tier::{PolicyKind, StreamConfig, StreamingExperts};
@@ -35,10 +35,6 @@ fn logits(m: &Model) -> Vec<f32> {
         );
     }
     out
-}
-
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 fn tmp_dir(tag: &str) -> PathBuf {

@@ -5,6 +5,9 @@
 //! (transformers 5.24 `Qwen4ExpForCausalLM`, teacher-forced logits of prompts with EOS
 //! inside, shorter and longer than the indexer budget). sluice never produced these numbers.
 
+mod common;
+use common::same_bits;
+
 use std::path::{Path, PathBuf};
 
 use sluice_engine::eval::read_npy_f32;
@@ -62,10 +65,6 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
         .zip(b)
         .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
     max_diff / max_ref
-}
-
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 fn check(gguf: &str, model: &str) {

@@ -8,7 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{qwen3moe_fixture as fixture, qwen3moe_tokens as tokens};
+use common::{qwen3moe_fixture as fixture, qwen3moe_tokens as tokens, same_bits};
 use sluice_engine::tier::PolicyKind;
 use sluice_engine::tier::{StreamConfig, StreamingExperts};
 use sluice_engine::{Logits, Model};
@@ -68,10 +68,6 @@ fn stream_cfg(
             high_priority: false,
         },
     }
-}
-
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 fn check_model(name: &str) {

@@ -1,5 +1,6 @@
 //! The tiny qwen3moe fixtures (tests/fixtures/qwen3moe, made by
-//! tools/fixtures/make_qwen3moe.py), shared by the engine's integration tests.
+//! tools/fixtures/make_qwen3moe.py) and small comparison helpers, shared by the engine's
+//! integration tests.
 
 use std::path::{Path, PathBuf};
 
@@ -21,4 +22,10 @@ pub fn qwen3moe_tokens() -> Vec<u32> {
         .iter()
         .map(|x| x.as_u64().unwrap() as u32)
         .collect()
+}
+
+/// Whether two logit vectors are equal bit for bit.
+#[allow(dead_code)]
+pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
