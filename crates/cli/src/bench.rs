@@ -282,7 +282,8 @@ pub fn main(args: BenchArgs) -> Result<()> {
         if new {
             writeln!(
                 f,
-                "model,arch,threads,batch,test,tokens,median_tps,stddev_tps,samples"
+                "model,arch,threads,batch,test,tokens,median_tps,stddev_tps,samples,expert_cache,\
+                 hit_rate,misses,bytes_read,read_gbps,disk_busy,io_wait"
             )?;
         }
         for r in &rows {

@@ -371,3 +371,53 @@ fn pack_sidecar_and_preload_profile_end_to_end() {
     assert!(!dir.join("junk.gguf.slpack").exists() && !dir.join("junk.gguf.slpack.tmp").exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `bench --csv`: the header names every column the rows have (streaming columns included),
+/// and a second run appends rows without a second header.
+#[test]
+fn bench_csv_header_matches_rows() {
+    let dir = tmp_dir("bench-csv");
+    let csv = dir.join("b.csv");
+    let m = fixture("a-q8_0.gguf");
+    for _ in 0..2 {
+        let out = sluice(&[
+            "bench",
+            "-m",
+            &m,
+            "-p",
+            "4",
+            "-n",
+            "2",
+            "-r",
+            "1",
+            "--expert-cache",
+            "60%",
+            "--csv",
+            csv.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1 + 2 * 2,
+        "one header, two tests x two runs: {text}"
+    );
+    let cols = lines[0].split(',').count();
+    assert!(lines[0].starts_with("model,") && lines[0].contains("hit_rate"));
+    for l in &lines[1..] {
+        assert!(!l.starts_with("model,"), "second header: {text}");
+        assert_eq!(
+            l.split(',').count(),
+            cols,
+            "row {l:?} vs header {:?}",
+            lines[0]
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
