@@ -123,19 +123,52 @@ pub fn round_half_even(x: f32) -> f32 {
     }
 }
 
+/// [`round_half_even`] for `|x| < 2^22` (or NaN) only: no branch, so loops of it vectorize.
+#[inline(always)]
+fn round_half_even_small(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
+    (x + MAGIC) - MAGIC
+}
+
+/// Largest `|v|` of `x` (0 for an empty slice; NaN ignored, as `f32::max` does), in eight
+/// lanes: max is exact in any order, so this equals the sequential fold.
+#[inline(always)]
+fn abs_max(x: &[f32]) -> f32 {
+    let mut m = [0.0f32; 8];
+    let c = x.chunks_exact(8);
+    let rest = c.remainder();
+    for b in c {
+        for l in 0..8 {
+            m[l] = m[l].max(b[l].abs());
+        }
+    }
+    let mut r = m.iter().fold(0.0f32, |a, &b| a.max(b));
+    for v in rest {
+        r = r.max(v.abs());
+    }
+    r
+}
+
 /// Quantize `x` (a multiple of 32 long) to Q8_0 the way llama.cpp's x86 `quantize_row_q8_0`
 /// does: `d = amax / 127` stored as f16, `q = round_half_even(x * (127 / amax))`.
 pub fn quantize_row_q8_0(x: &[f32]) -> Vec<BlockQ8_0> {
     debug_assert_eq!(x.len() % QK8_0, 0);
     x.chunks_exact(QK8_0)
         .map(|xb| {
-            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let amax = abs_max(xb);
             let d = amax / 127.0;
             let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
             let mut qs = [0i8; QK8_0];
-            for (q, v) in qs.iter_mut().zip(xb) {
-                // |v * id| <= 127 (+ rounding), so the cast never saturates for finite input.
-                *q = round_half_even(v * id) as i8;
+            if amax.is_finite() {
+                // |v * id| <= 127 (+ rounding): round_half_even's short form holds for
+                // every element, so the loop has no branch and vectorizes.
+                for (q, v) in qs.iter_mut().zip(xb) {
+                    *q = round_half_even_small(v * id) as i8;
+                }
+            } else {
+                for (q, v) in qs.iter_mut().zip(xb) {
+                    *q = round_half_even(v * id) as i8;
+                }
             }
             BlockQ8_0 {
                 d: f32_to_f16(d),
@@ -184,15 +217,13 @@ pub fn quantize_row_q8_k(x: &[f32]) -> Vec<BlockQ8K> {
     debug_assert_eq!(x.len() % QK_K, 0);
     x.chunks_exact(QK_K)
         .map(|xb| {
-            let mut amax = 0.0f32;
-            let mut max = 0.0f32;
-            for &v in xb {
-                let ax = v.abs();
-                if ax > amax {
-                    amax = ax;
-                    max = v;
-                }
-            }
+            // The first element of largest magnitude (NaN never wins a comparison).
+            let amax = abs_max(xb);
+            let max = xb
+                .iter()
+                .copied()
+                .find(|v| v.abs() == amax && amax != 0.0)
+                .unwrap_or(0.0);
             let mut b = BlockQ8K {
                 d: 0.0,
                 qs: [0; QK_K],
@@ -202,9 +233,17 @@ pub fn quantize_row_q8_k(x: &[f32]) -> Vec<BlockQ8K> {
                 return b;
             }
             let iscale = -127.0 / max;
-            for (q, v) in b.qs.iter_mut().zip(xb) {
-                let r = round_half_even(iscale * v) as i32;
-                *q = r.clamp(-128, 127) as i8;
+            if amax.is_finite() {
+                // |iscale * v| <= 127 (+ rounding): branch-free rounding, vectorizes.
+                for (q, v) in b.qs.iter_mut().zip(xb) {
+                    let r = round_half_even_small(iscale * v) as i32;
+                    *q = r.clamp(-128, 127) as i8;
+                }
+            } else {
+                for (q, v) in b.qs.iter_mut().zip(xb) {
+                    let r = round_half_even(iscale * v) as i32;
+                    *q = r.clamp(-128, 127) as i8;
+                }
             }
             for (j, s) in b.bsums.iter_mut().enumerate() {
                 *s = b.qs[16 * j..16 * j + 16].iter().map(|&q| q as i16).sum();
@@ -217,7 +256,86 @@ pub fn quantize_row_q8_k(x: &[f32]) -> Vec<BlockQ8K> {
 
 #[cfg(test)]
 mod tests {
-    use super::round_half_even;
+    use super::*;
+
+    /// The element-wise forms the vectorizable quantizers replaced (kept as the oracle).
+    fn q8_0_scalar(x: &[f32]) -> Vec<(u16, [i8; QK8_0])> {
+        x.chunks_exact(QK8_0)
+            .map(|xb| {
+                let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+                let mut qs = [0i8; QK8_0];
+                for (q, v) in qs.iter_mut().zip(xb) {
+                    *q = round_half_even(v * id) as i8;
+                }
+                (f32_to_f16(amax / 127.0), qs)
+            })
+            .collect()
+    }
+
+    fn q8_k_scalar(x: &[f32]) -> Vec<(u32, Vec<i8>)> {
+        x.chunks_exact(QK_K)
+            .map(|xb| {
+                let (mut amax, mut max) = (0.0f32, 0.0f32);
+                for &v in xb {
+                    if v.abs() > amax {
+                        amax = v.abs();
+                        max = v;
+                    }
+                }
+                if amax == 0.0 {
+                    return (0, vec![0; QK_K]);
+                }
+                let iscale = -127.0 / max;
+                let qs = xb
+                    .iter()
+                    .map(|v| (round_half_even(iscale * v) as i32).clamp(-128, 127) as i8)
+                    .collect();
+                ((1.0 / iscale).to_bits(), qs)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn quantizers_equal_the_element_wise_forms() {
+        let mut s = 0x9e37_79b9u32;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            s
+        };
+        for case in 0..400 {
+            let mut x: Vec<f32> = (0..QK_K * 2)
+                .map(|_| (next() as i32 as f32) * f32::powi(2.0, case % 40 - 50))
+                .collect();
+            match case % 5 {
+                0 => x[17] = f32::NAN,
+                1 => x[300] = f32::INFINITY,
+                2 => x[..QK_K].iter_mut().for_each(|v| *v = 0.0),
+                3 => {
+                    // Ties for the largest magnitude: the first one must win.
+                    x[40] = -1e3;
+                    x[41] = 1e3;
+                }
+                _ => {}
+            }
+            let q0: Vec<_> = quantize_row_q8_0(&x).iter().map(|b| (b.d, b.qs)).collect();
+            assert_eq!(q0, q8_0_scalar(&x), "case {case}");
+            let blocks = quantize_row_q8_k(&x);
+            let qk: Vec<_> = blocks
+                .iter()
+                .map(|b| (b.d.to_bits(), b.qs.to_vec()))
+                .collect();
+            assert_eq!(qk, q8_k_scalar(&x), "case {case}");
+            for b in &blocks {
+                for (j, &bs) in b.bsums.iter().enumerate() {
+                    let want: i16 = b.qs[16 * j..16 * j + 16].iter().map(|&q| q as i16).sum();
+                    assert_eq!(bs, want);
+                }
+            }
+        }
+    }
 
     #[test]
     fn round_half_even_equals_std_on_ties_and_random_values() {

@@ -234,6 +234,14 @@ fn grouped_matvec(jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
     err.result()
 }
 
+/// Tokens per task of the `[rows, n]` -> `[n, rows]` copy in [`grouped_matmul`].
+const TRANSPOSE_TOKENS: usize = 8;
+
+thread_local! {
+    /// [`grouped_matmul`]'s per-job `[rows, n]` buffers, kept between calls.
+    static YT_SCRATCH: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Several-token jobs in one parallel pass: each input prepared once per weight type
 /// ([`PreparedBatch`]), tasks over (job, row block) write disjoint rows of per-job
 /// `[rows, n]` buffers, transposed into `y` afterwards. Same bits as `matmul` per job.
@@ -259,7 +267,13 @@ fn grouped_matmul(jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
     let threads = pool::threads();
     // Weight bytes times tokens: the work of a job.
     let total: usize = jobs.iter().map(|j| j.w.len() * j.n).sum();
-    let mut yts: Vec<Vec<f32>> = jobs.iter().map(|j| vec![0.0f32; j.rows * j.n]).collect();
+    // `[rows, n]` buffers reused across calls on this thread (no page faults per layer);
+    // the kernels overwrite every value, so stale contents never leak into results.
+    let mut yts: Vec<Vec<f32>> = YT_SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    yts.resize_with(jobs.len(), Vec::new);
+    for (yt, j) in yts.iter_mut().zip(jobs.iter()) {
+        yt.resize(j.rows * j.n, 0.0);
+    }
     // (weights, row bytes, tokens, batch index)
     let meta: Vec<_> = jobs
         .iter()
@@ -298,16 +312,30 @@ fn grouped_matmul(jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
     });
     drop(tasks);
     err.result()?;
-    let outs: Vec<Mutex<&mut LinearJob<'_>>> = jobs.iter_mut().map(Mutex::new).collect();
-    pool::run(outs.len(), &|_, ji| {
-        let mut j = lock(&outs[ji]);
-        let (rows, n) = (j.rows, j.n);
-        for (r, yrow) in yts[ji].chunks(n).enumerate() {
-            for (t, &v) in yrow.iter().enumerate() {
-                j.y[t * rows + r] = v;
+    // `[rows, n]` -> `[n, rows]` in (job, token block) tasks: each task writes whole
+    // output rows, reading a few consecutive values of every input row (a pure copy, so
+    // the split never changes a bit).
+    let mut copies: Vec<Mutex<(usize, usize, &mut [f32])>> = Vec::new();
+    for (ji, j) in jobs.iter_mut().enumerate() {
+        let rows = j.rows;
+        for (c, ys) in j.y.chunks_mut(TRANSPOSE_TOKENS * rows).enumerate() {
+            copies.push(Mutex::new((ji, c * TRANSPOSE_TOKENS, ys)));
+        }
+    }
+    pool::run(copies.len(), &|_, i| {
+        let mut t = lock(&copies[i]);
+        let (ji, t0, ref mut ys) = *t;
+        let n = meta[ji].2;
+        let rows = yts[ji].len() / n;
+        let tb = ys.len() / rows;
+        for (r, src) in yts[ji].chunks_exact(n).enumerate() {
+            for (dt, &v) in src[t0..t0 + tb].iter().enumerate() {
+                ys[dt * rows + r] = v;
             }
         }
     });
+    drop(copies);
+    YT_SCRATCH.with(|c| *c.borrow_mut() = yts);
     Ok(())
 }
 
