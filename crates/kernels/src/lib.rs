@@ -257,6 +257,24 @@ impl Backend {
         }
     }
 
+    /// `out[r] = row r of w . acts` for `out.len()` consecutive `rb`-byte rows; the same
+    /// bits as [`Backend::dot_tile`] on each row alone (single-token row kernels).
+    #[inline]
+    fn rows(self, ty: GgmlType, w: &[u8], rb: usize, acts: &QuantizedActs, out: &mut [f32]) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2(t) => t.rows(ty, w, rb, acts, out),
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx512(t) => t.rows(ty, w, rb, acts, out),
+            _ => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    let row = &w[i * rb..(i + 1) * rb];
+                    self.dot_tile(ty, row, &[acts], std::slice::from_mut(o));
+                }
+            }
+        }
+    }
+
     /// `out[t] = row . acts[t]` for every t; `acts.len() == out.len() <= TILE`.
     /// Each `out[t]` depends only on `row` and `acts[t]` (not on the tile), which is what
     /// makes matmul bit-identical to matvec.
@@ -377,10 +395,7 @@ pub fn matvec_rows(
     let rb = check_matrix("matvec_rows", ty, w_rows, y.len(), cols)?;
     shape("matvec_rows", ty, "activation columns", cols, acts.cols())?;
     check_acts("matvec_rows", ty, rb, acts)?;
-    for (i, yv) in y.iter_mut().enumerate() {
-        let row = &w_rows[i * rb..(i + 1) * rb];
-        be.dot_tile(ty, row, &[acts], std::slice::from_mut(yv));
-    }
+    be.rows(ty, w_rows, rb, acts, y);
     Ok(())
 }
 
@@ -483,10 +498,7 @@ pub fn matvec_with(
     let chunk = rows_per_task(rows, rb);
     y.par_chunks_mut(chunk).enumerate().for_each(|(c, ys)| {
         let r0 = c * chunk;
-        for (i, yv) in ys.iter_mut().enumerate() {
-            let row = &w[(r0 + i) * rb..(r0 + i + 1) * rb];
-            be.dot_tile(ty, row, &[&acts], std::slice::from_mut(yv));
-        }
+        be.rows(ty, &w[r0 * rb..(r0 + ys.len()) * rb], rb, &acts, ys);
     });
     Ok(())
 }

@@ -1,11 +1,14 @@
-//! matmul == matvec per token, bit for bit, on every tier; matvec with 1 vs 2 rayon
+//! matmul == matvec per token, bit for bit, on every tier; matvec (whose single-token row
+//! kernels run two rows interleaved) == the one-row dot on each row, bit for bit; matvec with 1 vs 2 rayon
 //! threads bit for bit; shape errors are typed errors, not panics.
 
 mod common;
 
 use common::*;
 use proptest::prelude::*;
-use sluice_kernels::{matmul_with, matvec_with, GgmlType, Isa, KernelError};
+use sluice_kernels::{
+    matmul_with, matvec_with, vec_dot_with, GgmlType, Isa, KernelError, QuantizedActs,
+};
 
 fn pool(n: usize) -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new()
@@ -39,6 +42,31 @@ proptest! {
                 for r in 0..rows {
                     prop_assert_eq!(ym[t * rows + r].to_bits(), yv[r].to_bits(), "{:?} {} t={} r={}", isa, ty, t, r);
                 }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 120, ..ProptestConfig::default() })]
+
+    /// The multi-row matvec kernels (two rows interleaved, a single-row remainder) give
+    /// every row the bits of the one-row dot, on every tier, for odd and even row counts.
+    #[test]
+    fn matvec_rows_equal_single_row_dots((ti, nb, seed) in case(), rows in 1usize..24) {
+        let ty = TYPES[ti];
+        let cols = cols_for(ty, nb, seed);
+        let mut rng = SplitMix(seed);
+        let w = matrix(ty, rows, cols, &mut rng);
+        let x = random_x(ty, cols, &mut rng, false);
+        let acts = QuantizedActs::new(ty, &x).unwrap();
+        let rb = w.len() / rows;
+        for isa in Isa::available() {
+            let mut y = vec![0.0f32; rows];
+            matvec_with(isa, ty, &w, rows, cols, &x, &mut y).unwrap();
+            for r in 0..rows {
+                let d = vec_dot_with(isa, ty, &w[r * rb..(r + 1) * rb], &acts).unwrap();
+                prop_assert_eq!(y[r].to_bits(), d.to_bits(), "{:?} {} r={}", isa, ty, r);
             }
         }
     }

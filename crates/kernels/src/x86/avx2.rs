@@ -276,6 +276,7 @@ pub(super) fn decode_q5_0(b: &[u8; Q5_0_BYTES], tab: &[f32; 65536]) -> (f32, __m
 
 crate::q8_like_kernel!(
     dot_q8_0,
+    rows_q8_0,
     Q8_0_BYTES,
     decode_q8_0,
     "avx2,fma,f16c",
@@ -283,6 +284,7 @@ crate::q8_like_kernel!(
 );
 crate::q8_like_kernel!(
     dot_q5_0,
+    rows_q5_0,
     Q5_0_BYTES,
     decode_q5_0,
     "avx2,fma,f16c",

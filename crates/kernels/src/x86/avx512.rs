@@ -19,6 +19,7 @@ use crate::formats::{BlockQ8K, Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES};
 
 crate::q8_like_kernel!(
     dot_q8_0,
+    rows_q8_0,
     Q8_0_BYTES,
     decode_q8_0,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
@@ -26,6 +27,7 @@ crate::q8_like_kernel!(
 );
 crate::q8_like_kernel!(
     dot_q5_0,
+    rows_q5_0,
     Q5_0_BYTES,
     decode_q5_0,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",

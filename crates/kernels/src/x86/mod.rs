@@ -14,6 +14,61 @@
 #[macro_export]
 #[doc(hidden)]
 macro_rules! q8_like_kernel {
+    ($name:ident, $rows:ident, $bytes:expr, $decode:ident, $features:literal, $dot:expr) => {
+        /// `out[r] = row r . ys` for the consecutive rows of `w` (`rb` bytes each): the
+        /// same bits as `$name::<1>` on each row (same per-lane operations in the same
+        /// order), but two rows run interleaved (two independent FMA chains), the
+        /// activation block and its scale are loaded once for both, and the weights are
+        /// prefetched [`MATVEC_PREFETCH_ROWS`] rows ahead.
+        #[target_feature(enable = $features)]
+        pub(super) fn $rows(
+            w: &[u8],
+            rb: usize,
+            ys: &[$crate::formats::BlockQ8_0],
+            out: &mut [f32],
+        ) {
+            let dot = $dot;
+            let tab = $crate::formats::f16_table();
+            let nb = rb / $bytes;
+            let ys = &ys[..nb];
+            let pf = |r: usize, off: usize| {
+                let p = w
+                    .as_ptr()
+                    .wrapping_add((r + super::MATVEC_PREFETCH_ROWS) * rb + off);
+                // A hint: never faults, whatever the address.
+                _mm_prefetch::<_MM_HINT_T0>(p.cast());
+            };
+            let mut pairs = out.chunks_exact_mut(2);
+            let mut r = 0;
+            for o in &mut pairs {
+                let (b0, _) = w[r * rb..(r + 1) * rb].as_chunks::<{ $bytes }>();
+                let (b1, _) = w[(r + 1) * rb..(r + 2) * rb].as_chunks::<{ $bytes }>();
+                let mut a0 = _mm256_setzero_ps();
+                let mut a1 = _mm256_setzero_ps();
+                for ((x0, x1), yb) in b0.iter().zip(b1).zip(ys) {
+                    let dy = tab[yb.d as usize];
+                    let qy = ld256_i8(&yb.qs);
+                    let (d0, q0) = $decode(x0, tab);
+                    let (d1, q1) = $decode(x1, tab);
+                    let s0 = dot(_mm256_sign_epi8(q0, q0), _mm256_sign_epi8(qy, q0));
+                    let s1 = dot(_mm256_sign_epi8(q1, q1), _mm256_sign_epi8(qy, q1));
+                    a0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * dy), _mm256_cvtepi32_ps(s0), a0);
+                    a1 = _mm256_fmadd_ps(_mm256_set1_ps(d1 * dy), _mm256_cvtepi32_ps(s1), a1);
+                }
+                for off in (0..2 * rb).step_by(64) {
+                    pf(r, off);
+                }
+                o[0] = hsum8(a0);
+                o[1] = hsum8(a1);
+                r += 2;
+            }
+            for o in pairs.into_remainder() {
+                *o = $name::<1>(&w[r * rb..(r + 1) * rb], [ys])[0];
+            }
+        }
+
+        $crate::q8_like_kernel!($name, $bytes, $decode, $features, $dot);
+    };
     ($name:ident, $bytes:expr, $decode:ident, $features:literal, $dot:expr) => {
         /// Row of this format . N Q8_0 activation rows.
         #[target_feature(enable = $features)]
@@ -44,6 +99,10 @@ macro_rules! q8_like_kernel {
         }
     };
 }
+
+/// How many rows ahead the single-token Q8_0 / Q5_0 row kernels prefetch their weights.
+#[cfg(target_arch = "x86_64")]
+const MATVEC_PREFETCH_ROWS: usize = 4;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -202,6 +261,30 @@ mod tokens {
     }
 
     impl Avx2 {
+        /// `out[r] = row r of w . acts` for `out.len()` consecutive `rb`-byte rows (types
+        /// checked by the caller); same bits as [`Avx2::dot_tile`] on each row alone.
+        pub(crate) fn rows(
+            self,
+            ty: GgmlType,
+            w: &[u8],
+            rb: usize,
+            acts: &QuantizedActs,
+            out: &mut [f32],
+        ) {
+            // SAFETY (both arms): the token proves the CPU has the kernel's features; the
+            // kernel only touches memory through the safe slices it is given.
+            match ty {
+                GgmlType::Q8_0 => unsafe { super::avx2::rows_q8_0(w, rb, q8_0(acts), out) },
+                GgmlType::Q5_0 => unsafe { super::avx2::rows_q5_0(w, rb, q8_0(acts), out) },
+                _ => {
+                    for (i, o) in out.iter_mut().enumerate() {
+                        let row = &w[i * rb..(i + 1) * rb];
+                        self.dot_tile(ty, row, &[acts], std::slice::from_mut(o));
+                    }
+                }
+            }
+        }
+
         /// `out[t] = row . acts[t]` (types checked by the caller).
         pub(crate) fn dot_tile(
             self,
@@ -244,6 +327,29 @@ mod tokens {
     }
 
     impl Avx512 {
+        /// [`Avx2::rows`] on this tier (same bits).
+        pub(crate) fn rows(
+            self,
+            ty: GgmlType,
+            w: &[u8],
+            rb: usize,
+            acts: &QuantizedActs,
+            out: &mut [f32],
+        ) {
+            // SAFETY (both arms): the token proves the CPU has the kernel's features; the
+            // kernel only touches memory through the safe slices it is given.
+            match ty {
+                GgmlType::Q8_0 => unsafe { super::avx512::rows_q8_0(w, rb, q8_0(acts), out) },
+                GgmlType::Q5_0 => unsafe { super::avx512::rows_q5_0(w, rb, q8_0(acts), out) },
+                _ => {
+                    for (i, o) in out.iter_mut().enumerate() {
+                        let row = &w[i * rb..(i + 1) * rb];
+                        self.dot_tile(ty, row, &[acts], std::slice::from_mut(o));
+                    }
+                }
+            }
+        }
+
         /// `out[t] = row . acts[t]` (types checked by the caller).
         pub(crate) fn dot_tile(
             self,
