@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Build sluice and run the main job: the real Gemma 3 270M (installed from PyPI by
 # tools/get-gemma.sh) answers a question. Pass your own question as the first argument.
+#
+# The PyPI file is the pretrained (base) Gemma 3 270M, not the instruction-tuned one: through
+# the chat template it rambles (llama.cpp's llama-completion gives the same tokens), so the
+# question goes in as a plain "Question: ... Answer:" completion (`--raw`). For chat with an
+# instruction-tuned GGUF: `sluice run -m MODEL.gguf -p "..."` (the template is applied).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 question="${1:-What is the capital of France?}"
 model="$(tools/get-gemma.sh)"
 cargo build --release -p sluice-cli
-target/release/sluice run -m "$model" -p "$question" -n 64 --temp 0
+target/release/sluice run -m "$model" --raw -p "Question: $question
+Answer:" -n 12 --temp 0
