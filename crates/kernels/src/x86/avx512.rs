@@ -128,6 +128,72 @@ pub(super) fn dot_q4k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
     out
 }
 
+/// `out[r] = row r . ys` for consecutive Q4_K rows of `w` (`rb` bytes each), two rows
+/// interleaved: each row's accumulators see exactly the operations of `dot_q4k::<1>` in the
+/// same order (same bits), while the activation block is loaded once for both rows and the
+/// two rows' chains run side by side. An odd last row goes through `dot_q4k::<1>`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) fn rows_q4k(w: &[u8], rb: usize, ys: &[BlockQ8K], out: &mut [f32]) {
+    let tab = crate::formats::f16_table();
+    let m4 = _mm512_set1_epi8(0x0F);
+    let idx = Q4_SC_IDX.map(|m| {
+        // SAFETY: `m` is 16 readable i32; loadu has no alignment requirement.
+        unsafe { _mm512_loadu_si512(m.as_ptr().cast()) }
+    });
+    let nb = rb / Q4_K_BYTES;
+    let ys = &ys[..nb];
+    let mut pairs = out.chunks_exact_mut(2);
+    let mut r = 0;
+    for o in &mut pairs {
+        let (b0, _) = w[r * rb..(r + 1) * rb].as_chunks::<Q4_K_BYTES>();
+        let (b1, _) = w[(r + 1) * rb..(r + 2) * rb].as_chunks::<Q4_K_BYTES>();
+        let mut acc = [_mm256_setzero_ps(); 2];
+        let mut accm = [_mm_setzero_ps(); 2];
+        for ((x0, x1), yb) in b0.iter().zip(b1).zip(ys) {
+            let bs = ld256_i16(&yb.bsums);
+            let q8s = _mm_hadd_epi16(
+                _mm256_castsi256_si128(bs),
+                _mm256_extracti128_si256::<1>(bs),
+            );
+            let mut sumi = [_mm512_setzero_si512(); 2];
+            let mut dd = [0.0f32; 2];
+            for (k, b) in [x0, x1].into_iter().enumerate() {
+                let d = tab[u16::from_le_bytes([b[0], b[1]]) as usize];
+                let dmin = tab[u16::from_le_bytes([b[2], b[3]]) as usize];
+                let u = q4k_scales_mins(sub::<12, u8>(b, 4));
+                let mins = _mm256_extracti128_si256::<1>(_mm256_cvtepu8_epi16(_mm_set_epi32(
+                    u[3] as i32,
+                    u[2] as i32,
+                    u[1] as i32,
+                    u[0] as i32,
+                )));
+                let prod = _mm_madd_epi16(mins, q8s);
+                accm[k] = _mm_fmadd_ps(_mm_set1_ps(-yb.d * dmin), _mm_cvtepi32_ps(prod), accm[k]);
+                let sc32 = _mm512_cvtepu8_epi32(_mm_set_epi32(0, 0, u[1] as i32, u[0] as i32));
+                for (j, &ix) in idx.iter().enumerate() {
+                    let scale = _mm512_permutexvar_epi32(ix, sc32);
+                    let q4 = ld256(sub::<32, u8>(b, 16 + 32 * j));
+                    let q4 = _mm512_and_si512(halves(q4, _mm256_srli_epi16::<4>(q4)), m4);
+                    let q8 = ld512_i8(sub::<64, i8>(&yb.qs, 64 * j));
+                    let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q4, q8);
+                    sumi[k] = _mm512_dpwssd_epi32(sumi[k], p, scale);
+                }
+                dd[k] = yb.d * d;
+            }
+            for k in 0..2 {
+                let v = _mm256_set1_ps(dd[k]);
+                acc[k] = _mm256_fmadd_ps(v, _mm256_cvtepi32_ps(fold(sumi[k])), acc[k]);
+            }
+        }
+        o[0] = hsum8(acc[0]) + hsum4(accm[0]);
+        o[1] = hsum8(acc[1]) + hsum4(accm[1]);
+        r += 2;
+    }
+    if let [last] = pairs.into_remainder() {
+        *last = dot_q4k::<1>(&w[r * rb..(r + 1) * rb], [ys])[0];
+    }
+}
+
 /// `Q6_SC_IDX[m]`: i32 lane l gets scale #(4m + l / 4) (Q6_K: one scale per 16 elements,
 /// two 32-element groups per 512-bit vector).
 pub(super) const Q6_SC_IDX: [[i32; 16]; 4] = {

@@ -341,6 +341,7 @@ mod tokens {
             match ty {
                 GgmlType::Q8_0 => unsafe { super::avx512::rows_q8_0(w, rb, q8_0(acts), out) },
                 GgmlType::Q5_0 => unsafe { super::avx512::rows_q5_0(w, rb, q8_0(acts), out) },
+                GgmlType::Q4_K => unsafe { super::avx512::rows_q4k(w, rb, q8k(acts), out) },
                 _ => {
                     for (i, o) in out.iter_mut().enumerate() {
                         let row = &w[i * rb..(i + 1) * rb];
