@@ -205,6 +205,28 @@ fn print_plan(args: &SynthArgs, cfg: &SynthConfig, plan: &Plan, vocab_src: &str)
     }
 }
 
+/// Presets whose only free dimensions are `--layers` and `--vocab` (deepseek4, glm-dsa):
+/// any other shape flag, or a router skew, is an error naming the flag.
+fn only_layers_and_vocab(args: &SynthArgs, arch: &str) -> Result<()> {
+    let ignored = [
+        ("--hidden", args.hidden),
+        ("--heads", args.heads),
+        ("--kv-heads", args.kv_heads),
+        ("--head-dim", args.head_dim),
+        ("--experts", args.experts),
+        ("--top-k", args.top_k),
+        ("--expert-ff", args.expert_ff),
+        ("--context", args.context),
+    ];
+    if let Some((f, _)) = ignored.iter().find(|(_, v)| v.is_some()) {
+        anyhow::bail!("{f} does not apply to --arch {arch} (only --layers and --vocab)");
+    }
+    if args.router_skew != 0.0 {
+        anyhow::bail!("--router-skew does not apply to --arch {arch}");
+    }
+    Ok(())
+}
+
 /// The deepseek4 configuration the flags describe.
 pub fn dsv4_config(args: &SynthArgs) -> Result<Dsv4Config> {
     let name = args.preset.as_deref().unwrap_or("deepseek4-tiny");
@@ -220,22 +242,7 @@ pub fn dsv4_config(args: &SynthArgs) -> Result<Dsv4Config> {
         .ok_or_else(|| anyhow!("--arch deepseek4 needs --quant q2 or mxfp4"))?;
     let quant = Dsv4Quant::from_name(q)
         .ok_or_else(|| anyhow!("--quant '{q}': deepseek4 takes q2 or mxfp4"))?;
-    let ignored = [
-        ("--hidden", args.hidden),
-        ("--heads", args.heads),
-        ("--kv-heads", args.kv_heads),
-        ("--head-dim", args.head_dim),
-        ("--experts", args.experts),
-        ("--top-k", args.top_k),
-        ("--expert-ff", args.expert_ff),
-        ("--context", args.context),
-    ];
-    if let Some((f, _)) = ignored.iter().find(|(_, v)| v.is_some()) {
-        anyhow::bail!("{f} does not apply to --arch deepseek4 (only --layers and --vocab)");
-    }
-    if args.router_skew != 0.0 {
-        anyhow::bail!("--router-skew does not apply to --arch deepseek4");
-    }
+    only_layers_and_vocab(args, "deepseek4")?;
     let mut shape = preset.shape();
     if let Some(l) = args.layers {
         shape.layers = l;
@@ -269,22 +276,7 @@ pub fn glm_dsa_config(args: &SynthArgs) -> Result<GlmDsaConfig> {
         .ok_or_else(|| anyhow!("--arch glm-dsa needs --quant iq2xxs or q2"))?;
     let quant = GlmDsaQuant::from_name(q)
         .ok_or_else(|| anyhow!("--quant '{q}': glm-dsa takes iq2xxs or q2"))?;
-    let ignored = [
-        ("--hidden", args.hidden),
-        ("--heads", args.heads),
-        ("--kv-heads", args.kv_heads),
-        ("--head-dim", args.head_dim),
-        ("--experts", args.experts),
-        ("--top-k", args.top_k),
-        ("--expert-ff", args.expert_ff),
-        ("--context", args.context),
-    ];
-    if let Some((f, _)) = ignored.iter().find(|(_, v)| v.is_some()) {
-        anyhow::bail!("{f} does not apply to --arch glm-dsa (only --layers and --vocab)");
-    }
-    if args.router_skew != 0.0 {
-        anyhow::bail!("--router-skew does not apply to --arch glm-dsa");
-    }
+    only_layers_and_vocab(args, "glm-dsa")?;
     let mut shape = preset.shape();
     if let Some(l) = args.layers {
         shape.layers = l;
