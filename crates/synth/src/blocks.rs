@@ -114,6 +114,11 @@ pub fn block_geometry(ty: GgmlType) -> (usize, usize) {
     }
 }
 
+/// Rows of `ty` hold a whole number of blocks.
+pub fn fits(ty: GgmlType, row_len: usize) -> bool {
+    row_len.is_multiple_of(block_geometry(ty).1)
+}
+
 /// A scale jitter in [0.75, 1.25): block scales of a real model vary.
 #[inline]
 fn jitter(rng: &mut Rng) -> f32 {

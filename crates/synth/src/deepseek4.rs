@@ -186,11 +186,6 @@ pub fn compress_ratios(layers: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Rows of `ty` hold a whole number of blocks.
-fn fits(ty: GgmlType, row_len: usize) -> bool {
-    row_len.is_multiple_of(crate::blocks::block_geometry(ty).1)
-}
-
 impl Dsv4Shape {
     fn validate(&self, quant: Dsv4Quant, n_vocab: usize) -> Result<(), SynthError> {
         let bad = |w: String| Err(SynthError::Config(w));
@@ -227,7 +222,7 @@ impl Dsv4Shape {
             ("expert gate/up rows (hidden)", gu, self.hidden),
             ("expert down rows (expert-ff)", down, self.expert_ff),
         ] {
-            if !fits(ty, len) {
+            if !crate::blocks::fits(ty, len) {
                 return bad(format!(
                     "{what} of {len} are not a multiple of {ty}'s {} values per block",
                     crate::blocks::block_geometry(ty).1
@@ -340,7 +335,7 @@ pub fn plan(cfg: &Dsv4Config, mut vocab: Vocab) -> Result<Plan, SynthError> {
     let mut fallbacks = Vec::new();
     // A matrix in `ty` (Q8_0 falls back to F16 when its rows are not whole blocks).
     let mut mat = |t: &mut Vec<PlannedTensor>, name: String, dims: &[u64], ty: GgmlType, sg| {
-        let ty = if fits(ty, dims[0] as usize) {
+        let ty = if crate::blocks::fits(ty, dims[0] as usize) {
             ty
         } else {
             fallbacks.push(format!("{name}: F16 (rows of {})", dims[0]));

@@ -183,10 +183,6 @@ pub fn indexer_types(layers: usize) -> Vec<bool> {
         .collect()
 }
 
-fn fits(ty: GgmlType, row_len: usize) -> bool {
-    row_len.is_multiple_of(crate::blocks::block_geometry(ty).1)
-}
-
 impl GlmDsaShape {
     fn validate(&self, quant: GlmDsaQuant, n_vocab: usize) -> Result<(), SynthError> {
         let bad = |w: String| Err(SynthError::Config(w));
@@ -213,7 +209,7 @@ impl GlmDsaShape {
             ("expert gate/up rows (hidden)", self.hidden),
             ("expert down rows (expert-ff)", self.expert_ff),
         ] {
-            if !fits(ty, len) {
+            if !crate::blocks::fits(ty, len) {
                 return bad(format!(
                     "{what} of {len} are not a multiple of {ty}'s {} values per block",
                     crate::blocks::block_geometry(ty).1
@@ -303,9 +299,9 @@ pub fn plan(cfg: &GlmDsaConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
     let mut fallbacks = Vec::new();
     // A matrix in `ty`; rows that are not whole blocks fall back to Q8_0 (32-blocks), then F16.
     let mut mat = |t: &mut Vec<PlannedTensor>, name: String, dims: &[u64], ty: GgmlType, sg| {
-        let ty = if fits(ty, dims[0] as usize) {
+        let ty = if crate::blocks::fits(ty, dims[0] as usize) {
             ty
-        } else if fits(GgmlType::Q8_0, dims[0] as usize) {
+        } else if crate::blocks::fits(GgmlType::Q8_0, dims[0] as usize) {
             fallbacks.push(format!("{name}: Q8_0 (rows of {})", dims[0]));
             GgmlType::Q8_0
         } else {
