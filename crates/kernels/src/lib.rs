@@ -16,7 +16,11 @@
 //! IQ grid formats ([`iq`]): IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, with
 //! Q8_K activations (scalar reference + AVX2 kernels, recompiled with AVX-512 enabled for
 //! that tier).
+//!
+//! Linear attention ([`delta_rule`]): the delta-rule state step shared by Gated DeltaNet
+//! and Kimi Delta Attention.
 
+pub mod delta_rule;
 pub mod formats;
 pub mod iq;
 mod isa;

@@ -6,15 +6,20 @@
 //! (`rms(o) * w * act(z)`) before the output projection.
 //!
 //! One form for prefill and decode: the recurrent update, token by token, in a fixed
-//! order. Prefill chunked or not and token-by-token decode therefore give the same bits
-//! (the chunked UT-transform form of the reference is the same function; it is faster on
-//! long prompts and not implemented yet).
+//! order (`sluice_kernels::delta_rule`, two passes over each head's state per token, the
+//! widest vectors the CPU has, the same bits on every tier). Prefill chunked or not and
+//! token-by-token decode therefore give the same bits. The chunked UT-transform form of
+//! the reference computes the same function with different rounding; it would turn this
+//! step into matrix products on long prompts and is not implemented (the step is a small
+//! share of a layer's time, see issue 11's closing note).
 //!
 //! Head order: GGUF files from llama.cpp's converter store the value side (v part of
 //! `attn_qkv`, `attn_gate`, `ssm_alpha/beta/a/dt`, `ssm_out` columns) in tiled order, so
 //! value head `j` reads key head `j % H_k`.
 
 use rayon::prelude::*;
+
+use sluice_kernels::delta_rule::delta_rule_step;
 
 use super::Env;
 use crate::ops::silu;
@@ -158,6 +163,7 @@ pub fn delta_net(
             let mut q = vec![0.0f32; dk];
             let mut k = vec![0.0f32; dk];
             let mut kv = vec![0.0f32; dv];
+            let mut decay_rows = vec![0.0f32; dk];
             for t in 0..t_len {
                 let row = &conv[t * cd..(t + 1) * cd];
                 q.copy_from_slice(&row[kh * dk..(kh + 1) * dk]);
@@ -168,32 +174,9 @@ pub fn delta_net(
                 q.iter_mut().for_each(|x| *x *= q_scale);
                 let b = sigmoid(beta[t * hv + j]);
                 let g = w.a[j] * softplus(alpha[t * hv + j] + w.dt_bias[j]);
-                let decay = g.exp();
-                s.iter_mut().for_each(|x| *x *= decay);
-                // kv = S^T k
-                kv.iter_mut().for_each(|x| *x = 0.0);
-                for (i, &ki) in k.iter().enumerate() {
-                    for (a, &sv) in kv.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
-                        *a += ki * sv;
-                    }
-                }
-                // delta = beta (v - kv); S += k delta^T
-                for (a, &vv) in kv.iter_mut().zip(v) {
-                    *a = b * (vv - *a);
-                }
-                for (i, &ki) in k.iter().enumerate() {
-                    for (sv, &dl) in s[i * dv..(i + 1) * dv].iter_mut().zip(kv.iter()) {
-                        *sv += ki * dl;
-                    }
-                }
-                // o = S^T q
+                decay_rows.fill(g.exp());
                 let orow = &mut out[t * dv..(t + 1) * dv];
-                orow.iter_mut().for_each(|x| *x = 0.0);
-                for (i, &qi) in q.iter().enumerate() {
-                    for (a, &sv) in orow.iter_mut().zip(&s[i * dv..(i + 1) * dv]) {
-                        *a += qi * sv;
-                    }
-                }
+                delta_rule_step(s, dv, &k, &q, v, &decay_rows, b, &mut kv, orow);
             }
         });
     // Gated RMS norm per head.

@@ -15,6 +15,8 @@
 
 use rayon::prelude::*;
 
+use sluice_kernels::delta_rule::delta_rule_step;
+
 use super::Env;
 use crate::ops::silu;
 use crate::weights::Mat;
@@ -193,6 +195,7 @@ pub fn kda(
             let mut qh = vec![0.0f32; d];
             let mut kh = vec![0.0f32; d];
             let mut kv = vec![0.0f32; d];
+            let mut decay_rows = vec![0.0f32; d];
             for t in 0..t_len {
                 let row = &conv[t * cd..(t + 1) * cd];
                 qh.copy_from_slice(&row[hd * d..(hd + 1) * d]);
@@ -204,34 +207,11 @@ pub fn kda(
                 let b = sigmoid(beta[t * nh + hd]);
                 let g = &fg[t * inner + hd * d..t * inner + (hd + 1) * d];
                 // S = diag(exp(g)) S: row i (key channel i) decays by exp(g[i]).
-                for (srow, &gi) in s.chunks_mut(d).zip(g) {
-                    let dec = gi.exp();
-                    srow.iter_mut().for_each(|x| *x *= dec);
+                for (dr, &gi) in decay_rows.iter_mut().zip(g) {
+                    *dr = gi.exp();
                 }
-                // kv = S^T k
-                kv.iter_mut().for_each(|x| *x = 0.0);
-                for (i, &ki) in kh.iter().enumerate() {
-                    for (a, &sv) in kv.iter_mut().zip(&s[i * d..(i + 1) * d]) {
-                        *a += ki * sv;
-                    }
-                }
-                // delta = beta (v - kv); S += k delta^T
-                for (a, &vv) in kv.iter_mut().zip(vh) {
-                    *a = b * (vv - *a);
-                }
-                for (i, &ki) in kh.iter().enumerate() {
-                    for (sv, &dl) in s[i * d..(i + 1) * d].iter_mut().zip(kv.iter()) {
-                        *sv += ki * dl;
-                    }
-                }
-                // o = S^T q
                 let orow = &mut out[t * d..(t + 1) * d];
-                orow.iter_mut().for_each(|x| *x = 0.0);
-                for (i, &qi) in qh.iter().enumerate() {
-                    for (a, &sv) in orow.iter_mut().zip(&s[i * d..(i + 1) * d]) {
-                        *a += qi * sv;
-                    }
-                }
+                delta_rule_step(s, d, &kh, &qh, vh, &decay_rows, b, &mut kv, orow);
             }
         });
     // Sigmoid-gated RMS norm per head.
