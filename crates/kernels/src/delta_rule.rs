@@ -156,7 +156,7 @@ mod tests {
     use super::*;
 
     /// The four-pass definition, written out plainly (the spec of the fused step).
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
     fn four_pass(
         s: &mut [f32],
         dv: usize,
@@ -187,9 +187,7 @@ mod tests {
                 s[i * dv + a] += k[i] * kv[a];
             }
         }
-        for a in 0..dv {
-            out[a] = 0.0;
-        }
+        out.fill(0.0);
         for i in 0..dk {
             for a in 0..dv {
                 out[a] += q[i] * s[i * dv + a];
