@@ -272,11 +272,17 @@ fn expert_cache_uploads_from_pinned_memory_keep_bits() {
     let ty = GgmlType::Q4_K;
     let rb = ty.row_bytes(cols as u64).unwrap() as usize;
     let experts = 12;
-    // One arena holding every expert, like a slot arena.
-    let mut arena = Vec::with_capacity(experts * rows * rb);
-    for _ in 0..experts {
-        arena.extend(random_weights(ty, rows, cols, &mut rng));
+    // One page-aligned arena holding every expert, like the tier's slots (whole pages).
+    let total = experts * rows * rb;
+    assert_eq!(total % 4096, 0);
+    let mut buf = vec![0u8; total + 4096];
+    let off = buf.as_ptr().align_offset(4096);
+    let arena = &mut buf[off..off + total];
+    for (e, chunk) in arena.chunks_exact_mut(rows * rb).enumerate() {
+        assert!(e < experts);
+        chunk.copy_from_slice(&random_weights(ty, rows, cols, &mut rng));
     }
+    let arena = &*arena;
     let w = |e: usize| &arena[e * rows * rb..(e + 1) * rows * rb];
     let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
     let plain = cuda(&[]);
@@ -292,7 +298,7 @@ fn expert_cache_uploads_from_pinned_memory_keep_bits() {
         // Room for 5 experts: groups of 4 over a sliding window hit and miss.
         g.set_expert_cache(5 * (rows * rb) as u64).unwrap();
         if pinned {
-            g.pin_host(&arena).unwrap();
+            g.pin_host(arena).unwrap();
         }
         for step in 0..20usize {
             let ids: Vec<usize> = (0..4).map(|k| (step + 2 * k) % experts).collect();
@@ -335,7 +341,7 @@ fn expert_cache_uploads_from_pinned_memory_keep_bits() {
         if pinned {
             assert_eq!(s.pinned_bytes, arena.len() as u64);
             assert_eq!(s.upload_pinned_bytes, s.upload_bytes);
-            g.unpin_host(&arena);
+            g.unpin_host(arena);
             assert_eq!(g.stats().pinned_bytes, 0);
         } else {
             assert_eq!(s.upload_pinned_bytes, 0);
