@@ -553,10 +553,11 @@ impl Loaded {
             }
             if s.upload_bytes > 0 || s.pinned_ranges > 0 || s.pin_failures > 0 {
                 eprintln!(
-                    "gpu uploads (copy stream): {} at {:.2} GB/s, {:.1}% from page-locked memory | host page-locked {} in {} ranges ({} refused, {:.2} s registering)",
+                    "gpu uploads (copy stream): {} at {:.2} GB/s, {:.1}% from page-locked memory, compute waited {:.2} s for them | host page-locked {} in {} ranges ({} refused, {:.2} s registering)",
                     human(s.upload_bytes),
                     s.upload_gbps(),
                     100.0 * s.upload_pinned_bytes as f64 / s.upload_bytes.max(1) as f64,
+                    s.upload_wait_ns as f64 * 1e-9,
                     human(s.pinned_bytes),
                     s.pinned_ranges,
                     s.pin_failures,

@@ -131,6 +131,9 @@ pub struct CudaStats {
     pub upload_bytes: u64,
     pub upload_ns: u64,
     pub upload_pinned_bytes: u64,
+    /// GPU time the compute stream waited for uploads after the products that needed none
+    /// (CUDA events: from the end of those products to the end of the uploads).
+    pub upload_wait_ns: u64,
     /// Host memory page-locked now (`pin_host`, the RAM tier's slots) in how many ranges,
     /// ranges the driver refused, and the time spent registering.
     pub pinned_bytes: u64,
@@ -199,6 +202,8 @@ struct Inner {
     /// the compute stream waits on).
     up_start: CudaEvent,
     up_end: CudaEvent,
+    /// Recorded on the compute stream where it starts waiting for the uploads.
+    ready_done: CudaEvent,
     experts: Option<ExpertCache>,
     /// Host staging: every input of a call in one upload, every result in one download.
     hx: Vec<f32>,
@@ -427,6 +432,7 @@ impl Device {
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let up_start = ctx.new_event(timing).map_err(drv)?;
         let up_end = ctx.new_event(timing).map_err(drv)?;
+        let ready_done = ctx.new_event(timing).map_err(drv)?;
         Ok(Device {
             ctx: ctx.clone(),
             stream,
@@ -445,6 +451,7 @@ impl Device {
                 d: None,
                 up_start,
                 up_end,
+                ready_done,
                 experts: None,
                 hx: Vec::new(),
                 hy: Vec::new(),
@@ -759,6 +766,10 @@ impl Device {
                 if !any_pending {
                     break;
                 }
+                inner
+                    .ready_done
+                    .record(stream)
+                    .map_err(|e| dev_err("event", e))?;
                 stream
                     .wait(&inner.up_end)
                     .map_err(|e| dev_err("wait for uploads", e))?;
@@ -823,11 +834,13 @@ impl Device {
         if any_pending {
             copy.synchronize()
                 .map_err(|e| dev_err("synchronize copies", e))?;
-            let ms = inner
-                .up_start
-                .elapsed_ms(&inner.up_end)
-                .map_err(|e| dev_err("upload time", e))?;
-            inner.stats.upload_ns += (ms as f64 * 1e6) as u64;
+            // Timing only: a failure to read it must not fail the products.
+            if let Ok(ms) = inner.up_start.elapsed_ms(&inner.up_end) {
+                inner.stats.upload_ns += (ms.max(0.0) as f64 * 1e6) as u64;
+            }
+            if let Ok(ms) = inner.ready_done.elapsed_ms(&inner.up_end) {
+                inner.stats.upload_wait_ns += (ms.max(0.0) as f64 * 1e6) as u64;
+            }
         }
         for (ji, j) in jobs.iter_mut().enumerate() {
             let yo = y_offs[ji];
