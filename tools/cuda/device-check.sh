@@ -5,7 +5,9 @@
 # gzipped `sluice` binary and test binaries (no_gpu, gpu_kernels, gpu_logits), the
 # fixtures they read, and this script. On the GPU machine:
 #   cd DIR && [GEMMA=gemma.gguf] bash device-check.sh [tests] [gemma] [bench] [stream] [tiers]
-# (no section named = all). GEMMA: Gemma 3 270M, or a vocabulary-trimmed copy
+# (no section named = all). With `OLD=/path/to/old/sluice tools/cuda/pack.sh DIR` the older
+# binary travels as sluice-old and the tiers section runs its main row with it too (before /
+# after in one call). GEMMA: Gemma 3 270M, or a vocabulary-trimmed copy
 # (tools/cuda/trim_vocab.py) where the full file is too big to carry.
 # Writes everything to ${OUT:-.}/cuda-check.log (bench rows to bench.csv).
 set -u
@@ -26,7 +28,7 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
 done
 say "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 run nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-for f in sluice no_gpu gpu_kernels gpu_logits; do
+for f in sluice sluice-old no_gpu gpu_kernels gpu_logits; do
     [ -e "$f.gz" ] && gunzip -f "$f.gz"
     chmod +x "$f" 2>/dev/null
 done
@@ -63,7 +65,11 @@ if want stream; then
 fi
 if want tiers; then
     # A VRAM expert tier (4 GiB) over the RAM tier (8 GiB) over the SSD: 15.2 GiB of experts.
+    # RAM-tier slots page-locked for the uploads (the default with --gpu); the same with
+    # SLUICE_CUDA_PIN=0 (pageable slots, still the copy stream); the old binary if packed.
     run timeout 200 ./sluice bench -m $M -p 0 -n 32 -r 2 --expert-cache 8G --gpu --gpu-expert-cache 4G --stats --csv "$OUT/bench.csv"
+    SLUICE_CUDA_PIN=0 run timeout 200 ./sluice bench -m $M -p 0 -n 32 -r 2 --expert-cache 8G --gpu --gpu-expert-cache 4G --stats --csv "$OUT/bench.csv"
+    [ -x sluice-old ] && run timeout 200 ./sluice-old bench -m $M -p 0 -n 32 -r 2 --expert-cache 8G --gpu --gpu-expert-cache 4G --stats --csv "$OUT/bench-old.csv"
     # VRAM tier over the memory map (no RAM tier): 8 GiB of the 15.2 GiB.
     run timeout 200 ./sluice bench -m $M -p 64 -n 32 -r 2 --gpu --gpu-expert-cache 8G --stats --csv "$OUT/bench.csv"
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the release binary and the CUDA test binaries and put them, stripped and gzipped, with the
 # fixtures they read and device-check.sh, into DEST (for a GPU machine without Rust).
-#   tools/cuda/pack.sh DEST
+#   [OLD=path/to/older/sluice] tools/cuda/pack.sh DEST
+# (OLD: an older release binary to compare with, packed as sluice-old.)
 set -euo pipefail
 DEST=${1:?usage: tools/cuda/pack.sh DEST}
 cd "$(dirname "$0")/../.."
@@ -15,6 +16,10 @@ for l in sys.stdin:
 mkdir -p "$DEST/fixtures/qwen3moe" "$DEST/fixtures/gemma3"
 strip -o "$DEST/sluice" target/release/sluice
 gzip -9f "$DEST/sluice"
+if [ -n "${OLD:-}" ]; then
+    strip -o "$DEST/sluice-old" "$OLD"
+    gzip -9f "$DEST/sluice-old"
+fi
 for b in "${BINS[@]}"; do
     strip -o "$DEST/${b%% *}" "${b#* }"
     gzip -9f "$DEST/${b%% *}"

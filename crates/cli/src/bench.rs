@@ -44,6 +44,45 @@ struct Row {
     samples: Vec<f64>,
     /// Streaming counters over the measured repetitions (not the warm-up).
     stream: Option<StreamDelta>,
+    /// GPU counters over the same repetitions (`--gpu` with a GPU found).
+    gpu: Option<GpuDelta>,
+}
+
+/// What the GPU backend did during one test's measured repetitions: VRAM expert-tier
+/// lookups and hits, and weight uploads on the copy stream (bytes, copy time).
+#[derive(Debug, Default, Clone, Copy)]
+struct GpuDelta {
+    hits: u64,
+    lookups: u64,
+    upload_bytes: u64,
+    upload_ns: u64,
+}
+
+impl GpuDelta {
+    fn snapshot(l: &Loaded) -> Option<GpuDelta> {
+        let s = l.gpu.as_ref()?.stats();
+        Some(GpuDelta {
+            hits: s.expert_hits,
+            lookups: s.expert_hits + s.expert_misses,
+            upload_bytes: s.upload_bytes,
+            upload_ns: s.upload_ns,
+        })
+    }
+    fn since(self, b: GpuDelta) -> GpuDelta {
+        GpuDelta {
+            hits: self.hits - b.hits,
+            lookups: self.lookups - b.lookups,
+            upload_bytes: self.upload_bytes - b.upload_bytes,
+            upload_ns: self.upload_ns - b.upload_ns,
+        }
+    }
+    /// VRAM-tier hit rate (0 without lookups: no `--gpu-expert-cache`).
+    fn hit_rate(&self) -> f64 {
+        self.hits as f64 / self.lookups.max(1) as f64
+    }
+    fn gbps(&self) -> f64 {
+        self.upload_bytes as f64 / self.upload_ns.max(1) as f64
+    }
 }
 
 /// What the expert tier did during one test's measured repetitions.
@@ -217,6 +256,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
         let mut samples = Vec::new();
         let t0 = Instant::now();
         let before = StreamDelta::snapshot(&l, 0);
+        let gpu_before = GpuDelta::snapshot(&l);
         for r in 0..args.repetitions {
             eprint!("\r{kind}{n}: run {}/{}   ", r + 1, args.repetitions);
             samples.push(run(&l, 1 + r as u64)?);
@@ -227,11 +267,16 @@ pub fn main(args: BenchArgs) -> Result<()> {
             (Some(a), Some(b)) => Some(a.since(b)),
             _ => None,
         };
+        let gpu = match (GpuDelta::snapshot(&l), gpu_before) {
+            (Some(a), Some(b)) => Some(a.since(b)),
+            _ => None,
+        };
         rows.push(Row {
             test: format!("{kind}{n}"),
             tokens: n,
             samples,
             stream,
+            gpu,
         });
     }
     println!(
@@ -269,6 +314,18 @@ pub fn main(args: BenchArgs) -> Result<()> {
             );
         }
     }
+    for r in &rows {
+        if let Some(g) = &r.gpu {
+            eprintln!(
+                "{}: gpu expert hit rate {:.1}% ({} lookups), uploaded {:.2} GB at {:.2} GB/s",
+                r.test,
+                100.0 * g.hit_rate(),
+                g.lookups,
+                g.upload_bytes as f64 * 1e-9,
+                g.gbps()
+            );
+        }
+    }
     if args.model.stream.stats {
         l.print_stats(bench_start.elapsed().as_secs_f64());
     }
@@ -283,7 +340,8 @@ pub fn main(args: BenchArgs) -> Result<()> {
             writeln!(
                 f,
                 "model,arch,threads,batch,test,tokens,median_tps,stddev_tps,samples,expert_cache,\
-                 hit_rate,misses,bytes_read,read_gbps,disk_busy,io_wait"
+                 hit_rate,misses,bytes_read,read_gbps,disk_busy,io_wait,gpu,gpu_hit_rate,\
+                 gpu_upload_bytes,gpu_upload_gbps"
             )?;
         }
         for r in &rows {
@@ -295,9 +353,10 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 .expert_cache
                 .as_ref()
                 .map_or_else(|| "mmap".to_string(), |(_, text)| text.clone());
+            let gd = r.gpu.unwrap_or_default();
             writeln!(
                 f,
-                "{},{},{},{},{},{},{:.3},{:.3},{},{},{:.4},{},{},{:.3},{:.3},{:.3}",
+                "{},{},{},{},{},{},{:.3},{:.3},{},{},{:.4},{},{},{:.3},{:.3},{:.3},{},{:.4},{},{:.3}",
                 name,
                 cfg.arch,
                 threads,
@@ -313,7 +372,11 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 d.bytes_read,
                 d.gbps(),
                 d.busy(),
-                d.wait()
+                d.wait(),
+                if r.gpu.is_some() { "on" } else { "off" },
+                gd.hit_rate(),
+                gd.upload_bytes,
+                gd.gbps()
             )?;
         }
     }

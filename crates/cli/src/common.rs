@@ -331,6 +331,7 @@ fn use_gpu(
                     human(l.model.groups.experts.total_bytes())
                 );
             }
+            pin_slots(&c, l);
             l.model.set_compute(Box::new(c.clone()));
             Ok(Some(c))
         }
@@ -338,6 +339,32 @@ fn use_gpu(
             eprintln!("--gpu: {e}; running on the CPU");
             Ok(None)
         }
+    }
+}
+
+/// Page-lock the RAM expert tier's slots for the GPU (slots allocated later are locked as
+/// they come), so uploads of streamed experts run at pinned speed; `SLUICE_CUDA_PIN=0`
+/// leaves them pageable (for A/B). One line either way.
+fn pin_slots(c: &sluice_cuda::Cuda, l: &sluice_engine::load::Loaded) {
+    let Some(st) = &l.streaming else {
+        return;
+    };
+    if std::env::var("SLUICE_CUDA_PIN").is_ok_and(|v| v == "0") {
+        eprintln!("gpu: expert cache slots left pageable (SLUICE_CUDA_PIN=0)");
+        return;
+    }
+    st.set_slot_memory(std::sync::Arc::new(c.clone()));
+    let s = c.stats();
+    match c.pin_error() {
+        Some(e) => eprintln!(
+            "gpu: page-locking the expert cache failed ({e}); uploads from it stay pageable"
+        ),
+        None => eprintln!(
+            "gpu: expert cache page-locked for uploads: {} in {} slots so far ({:.2} s), later slots as they are allocated",
+            human(s.pinned_bytes),
+            s.pinned_ranges,
+            s.pin_ns as f64 * 1e-9
+        ),
     }
 }
 
@@ -513,7 +540,7 @@ impl Loaded {
             if s.expert_budget > 0 {
                 let lookups = (s.expert_hits + s.expert_misses).max(1);
                 eprintln!(
-                    "gpu expert cache: budget {} | hits {} misses {} evictions {} hit rate {:.1}% | held {} (peak {}) | uploaded {} at {:.2} GB/s",
+                    "gpu expert cache: budget {} | hits {} misses {} evictions {} hit rate {:.1}% | held {} (peak {}) | uploaded {}",
                     human(s.expert_budget),
                     s.expert_hits,
                     s.expert_misses,
@@ -521,8 +548,20 @@ impl Loaded {
                     100.0 * s.expert_hits as f64 / lookups as f64,
                     human(s.expert_bytes),
                     human(s.expert_peak),
-                    human(s.expert_upload_bytes),
-                    s.expert_upload_bytes as f64 / (s.expert_upload_ns.max(1) as f64)
+                    human(s.expert_upload_bytes)
+                );
+            }
+            if s.upload_bytes > 0 || s.pinned_ranges > 0 || s.pin_failures > 0 {
+                eprintln!(
+                    "gpu uploads (copy stream): {} at {:.2} GB/s, {:.1}% from page-locked memory, compute waited {:.2} s for them | host page-locked {} in {} ranges ({} refused, {:.2} s registering)",
+                    human(s.upload_bytes),
+                    s.upload_gbps(),
+                    100.0 * s.upload_pinned_bytes as f64 / s.upload_bytes.max(1) as f64,
+                    s.upload_wait_ns as f64 * 1e-9,
+                    human(s.pinned_bytes),
+                    s.pinned_ranges,
+                    s.pin_failures,
+                    s.pin_ns as f64 * 1e-9
                 );
             }
         }

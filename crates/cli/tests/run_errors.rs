@@ -410,8 +410,17 @@ fn bench_csv_header_matches_rows() {
     );
     let cols = lines[0].split(',').count();
     assert!(lines[0].starts_with("model,") && lines[0].contains("hit_rate"));
+    let header: Vec<&str> = lines[0].split(',').collect();
+    let gpu = header
+        .iter()
+        .position(|&c| c == "gpu")
+        .expect("a gpu column");
+    for c in ["gpu_hit_rate", "gpu_upload_bytes", "gpu_upload_gbps"] {
+        assert!(header.contains(&c), "no {c} column: {}", lines[0]);
+    }
     for l in &lines[1..] {
         assert!(!l.starts_with("model,"), "second header: {text}");
+        assert_eq!(l.split(',').nth(gpu), Some("off"), "no --gpu: {l}");
         assert_eq!(
             l.split(',').count(),
             cols,

@@ -12,6 +12,19 @@
 //! other slice (a streamed expert in a RAM cache slot, whose address is reused for other
 //! experts) or one past the budget is copied to a scratch buffer for each use.
 //!
+//! Host memory: [`Cuda::pin_host`] (and the [`SlotMemory`] hook, through which the RAM
+//! expert tier hands over its slot buffers) page-locks host ranges with
+//! `cuMemHostRegister`, so copies out of them run at pinned speed (~55 GB/s on an H200
+//! against 5-8 GB/s pageable) and are truly asynchronous; a range the driver refuses stays
+//! pageable (counted, the first error kept for `--stats`).
+//!
+//! Uploads: weights that are not yet in VRAM for a call (VRAM expert-cache misses, weights
+//! copied per use) are copied on their own stream; the call's other products (cache hits,
+//! resident weights) are launched first on the compute stream, which waits on the copy
+//! stream's event only before the products that need the uploaded bytes. Every job's
+//! result is computed the same way whichever launch it is in, so this never changes bits.
+//! Both streams are idle again before a call returns (the copies read the caller's slices).
+//!
 //! Products: a warp-per-row matvec over groups of 8 tokens, so a token's result does not
 //! depend on the batch (prompt chunking never changes logits, as on the CPU); a 64x64-tiled
 //! matmul for prefill is there behind `SLUICE_CUDA_TILED=1`. Both dequantize on the fly (F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K, the block layouts
@@ -20,15 +33,17 @@
 //! kernels do not take (columns not a multiple of 32) run on the CPU backend.
 //! Everything else of a forward pass (attention, norms, routing) stays on the CPU.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PushKernelArg,
 };
 use cudarc::nvrtc::{CompileOptions, Ptx};
 use sluice_kernels::{GgmlType, KernelError};
 use sluice_models::compute::{Compute, Cpu, LinearJob, UnitKey};
+use sluice_tier::SlotMemory;
 
 /// The kernels' CUDA C source.
 pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
@@ -110,13 +125,68 @@ pub struct CudaStats {
     pub expert_misses: u64,
     pub expert_evictions: u64,
     pub expert_upload_bytes: u64,
-    pub expert_upload_ns: u64,
+    /// Weight bytes copied on the copy stream (expert-cache misses and weights copied per
+    /// use), the copy stream's time for them (CUDA events), and how many of those bytes
+    /// came from page-locked host memory.
+    pub upload_bytes: u64,
+    pub upload_ns: u64,
+    pub upload_pinned_bytes: u64,
+    /// GPU time the compute stream waited for uploads after the products that needed none
+    /// (CUDA events: from the end of those products to the end of the uploads).
+    pub upload_wait_ns: u64,
+    /// Host memory page-locked now (`pin_host`, the RAM tier's slots) in how many ranges,
+    /// ranges the driver refused, and the time spent registering.
+    pub pinned_bytes: u64,
+    pub pinned_ranges: u64,
+    pub pin_failures: u64,
+    pub pin_ns: u64,
 }
 
-/// Routed-expert matrices kept in VRAM by identity, least recently used evicted first.
+impl CudaStats {
+    /// Copy-stream upload rate in GB/s (0 when nothing was uploaded).
+    pub fn upload_gbps(&self) -> f64 {
+        if self.upload_ns == 0 {
+            return 0.0;
+        }
+        self.upload_bytes as f64 / self.upload_ns as f64
+    }
+
+    /// Hits / lookups of the VRAM expert cache (0 when it was not asked).
+    pub fn expert_hit_rate(&self) -> f64 {
+        let n = self.expert_hits + self.expert_misses;
+        if n == 0 {
+            return 0.0;
+        }
+        self.expert_hits as f64 / n as f64
+    }
+}
+
+/// Host ranges page-locked with the driver: start address -> length.
+#[derive(Default)]
+struct HostPins {
+    ranges: BTreeMap<usize, usize>,
+    bytes: u64,
+    failures: u64,
+    ns: u64,
+    /// The first registration error, for `--stats`.
+    first_error: Option<String>,
+}
+
+impl HostPins {
+    /// Whether `[p, p + len)` lies inside one page-locked range.
+    fn covers(&self, p: usize, len: usize) -> bool {
+        self.ranges
+            .range(..=p)
+            .next_back()
+            .is_some_and(|(&a, &l)| p + len <= a + l)
+    }
+}
+
+/// Routed-expert matrices kept in VRAM by identity, least recently used evicted first:
+/// (buffer, last use, upload pending in the call in progress).
 #[derive(Default)]
 struct ExpertCache {
-    map: HashMap<UnitKey, (CudaSlice<u8>, u64)>,
+    map: HashMap<UnitKey, (CudaSlice<u8>, u64, bool)>,
     tick: u64,
 }
 
@@ -128,6 +198,12 @@ struct Inner {
     w: Option<CudaSlice<u8>>,
     /// The matvec job table.
     d: Option<CudaSlice<u8>>,
+    /// Timing events around a call's uploads on the copy stream (the end one is also what
+    /// the compute stream waits on).
+    up_start: CudaEvent,
+    up_end: CudaEvent,
+    /// Recorded on the compute stream where it starts waiting for the uploads.
+    ready_done: CudaEvent,
     experts: Option<ExpertCache>,
     /// Host staging: every input of a call in one upload, every result in one download.
     hx: Vec<f32>,
@@ -143,7 +219,12 @@ pub struct Cuda {
 }
 
 struct Device {
+    ctx: Arc<CudaContext>,
+    /// Kernels, activations and results.
     stream: Arc<CudaStream>,
+    /// Weight uploads that a call's products wait for (see the module header).
+    copy: Arc<CudaStream>,
+    host: Mutex<HostPins>,
     /// (matvec, matmul) per entry of `FORMATS`.
     funcs: Vec<(CudaFunction, CudaFunction)>,
     device: String,
@@ -285,7 +366,40 @@ impl Cuda {
 
     /// Counters so far.
     pub fn stats(&self) -> CudaStats {
-        self.d.lock().stats
+        let mut s = self.d.lock().stats;
+        let h = self.d.host();
+        s.pinned_bytes = h.bytes;
+        s.pinned_ranges = h.ranges.len() as u64;
+        s.pin_failures = h.failures;
+        s.pin_ns = h.ns;
+        s
+    }
+
+    /// The first error the driver gave when page-locking host memory, if any.
+    pub fn pin_error(&self) -> Option<String> {
+        self.d.host().first_error.clone()
+    }
+
+    /// Page-lock `bytes` (`cuMemHostRegister`) so copies out of it run at pinned speed;
+    /// the memory must stay allocated until [`Cuda::unpin_host`]. Errors (the range stays
+    /// pageable, and everything still works) are counted and returned.
+    pub fn pin_host(&self, bytes: &[u8]) -> Result<(), String> {
+        self.d.pin(bytes.as_ptr() as usize, bytes.len())
+    }
+
+    /// Undo [`Cuda::pin_host`] for the range starting at `bytes` (nothing if not pinned).
+    pub fn unpin_host(&self, bytes: &[u8]) {
+        self.d.unpin(bytes.as_ptr() as usize)
+    }
+}
+
+/// The RAM expert tier's slot buffers, page-locked while they exist.
+impl SlotMemory for Cuda {
+    fn added(&self, addr: usize, len: usize) {
+        let _ = self.d.pin(addr, len);
+    }
+    fn removed(&self, addr: usize, _len: usize) {
+        self.d.unpin(addr);
     }
 }
 
@@ -307,9 +421,23 @@ impl Device {
             funcs.push((mv, mm));
         }
         let (free, _total) = ctx.mem_get_info().map_err(drv)?;
+        // SAFETY: this crate orders its streams by hand (see run_gpu): a buffer written on
+        // the copy stream is read on the compute stream only after it waits on the copy
+        // stream's event, every call leaves both streams idle, and buffers are dropped
+        // only between calls. cudarc's per-slice event tracking would add an event record
+        // and wait per buffer use.
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
+        let copy = ctx.new_stream().map_err(drv)?;
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let up_start = ctx.new_event(timing).map_err(drv)?;
+        let up_end = ctx.new_event(timing).map_err(drv)?;
+        let ready_done = ctx.new_event(timing).map_err(drv)?;
         Ok(Device {
+            ctx: ctx.clone(),
             stream,
+            copy,
+            host: Mutex::new(HostPins::default()),
             funcs,
             device: format!("{device} (sm_{major}{minor})"),
             tiled: std::env::var("SLUICE_CUDA_TILED").is_ok_and(|v| v == "1"),
@@ -321,6 +449,9 @@ impl Device {
                 y: None,
                 w: None,
                 d: None,
+                up_start,
+                up_end,
+                ready_done,
                 experts: None,
                 hx: Vec::new(),
                 hy: Vec::new(),
@@ -331,6 +462,62 @@ impl Device {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn host(&self) -> std::sync::MutexGuard<'_, HostPins> {
+        self.host.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Page-lock `[addr, addr + len)` (see `Cuda::pin_host`).
+    fn pin(&self, addr: usize, len: usize) -> Result<(), String> {
+        if len == 0 {
+            return Ok(());
+        }
+        let mut h = self.host();
+        if h.ranges.contains_key(&addr) {
+            return Ok(());
+        }
+        let t0 = std::time::Instant::now();
+        let r = self.ctx.bind_to_thread().and_then(|()| {
+            // SAFETY: cuMemHostRegister page-locks the pages of [addr, addr + len) and
+            // records the range with the driver; it neither reads nor writes the bytes. The
+            // caller keeps the range allocated until `unpin` (the SlotMemory contract); a
+            // range that is not mapped makes the call fail, which is handled below.
+            unsafe {
+                cudarc::driver::sys::cuMemHostRegister_v2(addr as *mut std::ffi::c_void, len, 0)
+            }
+            .result()
+        });
+        h.ns += t0.elapsed().as_nanos() as u64;
+        match r {
+            Ok(()) => {
+                h.ranges.insert(addr, len);
+                h.bytes += len as u64;
+                Ok(())
+            }
+            Err(e) => {
+                h.failures += 1;
+                let msg = format!("cuMemHostRegister of {len} bytes: {e}");
+                h.first_error.get_or_insert_with(|| msg.clone());
+                Err(msg)
+            }
+        }
+    }
+
+    /// Undo `pin` for the range starting at `addr`. No copy reads it any more: every call
+    /// leaves the copy stream idle, and the tier releases a slot only while no job holds it.
+    fn unpin(&self, addr: usize) {
+        let mut h = self.host();
+        let Some(len) = h.ranges.remove(&addr) else {
+            return;
+        };
+        h.bytes -= len as u64;
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `addr` is the start of a range registered by `pin` and not yet
+            // unregistered; unregistering only unlocks its pages.
+            let _ =
+                unsafe { cudarc::driver::sys::cuMemHostUnregister(addr as *mut std::ffi::c_void) };
+        }
     }
 
     fn is_stable(&self, w: &[u8]) -> bool {
@@ -362,6 +549,10 @@ impl Device {
         let mut g = self.lock();
         let inner = &mut *g;
         let stream = &self.stream;
+        let copy = &self.copy;
+        // Copies below may read the jobs' slices asynchronously: whatever happens, both
+        // streams are idle again before this returns.
+        let _idle = Idle(stream, copy);
         // Inputs: one copy per distinct slice.
         let mut x_keys: Vec<(usize, usize)> = Vec::new();
         let mut x_offs: Vec<usize> = Vec::new();
@@ -386,27 +577,37 @@ impl Device {
             y_offs.push(y_total);
             y_total += j.y.len().next_multiple_of(ALIGN_F);
         }
-        // Weights: in the expert cache, resident (uploaded now if new and within budget) or
-        // transient.
+        // Weights: in the expert cache (present, or a slot made now that the copy stream
+        // fills), resident (uploaded now if new and within budget) or copied per use into
+        // the scratch buffer (on the copy stream). `pending`: the job's weights are
+        // uploaded by this call on the copy stream.
         let mut w_off: Vec<Option<usize>> = Vec::with_capacity(jobs.len());
         let mut w_total = 0usize;
         let mut in_cache: Vec<bool> = Vec::with_capacity(jobs.len());
+        let mut pending: Vec<bool> = Vec::with_capacity(jobs.len());
         for j in jobs.iter() {
             if let (Some(u), Some(ec)) = (j.unit, inner.experts.as_mut()) {
-                if cache_expert(stream, ec, &mut inner.stats, u, j.w, jobs)? {
-                    w_off.push(None);
-                    in_cache.push(true);
-                    continue;
+                match cache_expert(copy, ec, &mut inner.stats, u, j.w.len(), jobs)? {
+                    Cached::Hit | Cached::Miss => {
+                        let miss = ec.map[&u].2;
+                        w_off.push(None);
+                        in_cache.push(true);
+                        pending.push(miss);
+                    }
+                    Cached::NoRoom => {
+                        in_cache.push(false);
+                        pending.push(true);
+                        w_off.push(Some(w_total));
+                        w_total += j.w.len().next_multiple_of(ALIGN_B);
+                    }
                 }
-                in_cache.push(false);
-                w_off.push(Some(w_total));
-                w_total += j.w.len().next_multiple_of(ALIGN_B);
                 continue;
             }
             in_cache.push(false);
             let key = (j.w.as_ptr() as usize, j.w.len());
             if inner.resident.contains_key(&key) {
                 w_off.push(None);
+                pending.push(false);
                 continue;
             }
             let len = j.w.len() as u64;
@@ -416,14 +617,63 @@ impl Device {
                 inner.stats.resident_bytes += len;
                 inner.stats.resident_mats += 1;
                 w_off.push(None);
+                pending.push(false);
             } else {
                 w_off.push(Some(w_total));
+                pending.push(true);
                 w_total += j.w.len().next_multiple_of(ALIGN_B);
             }
         }
         grow(stream, &mut inner.x, x_total)?;
         grow(stream, &mut inner.y, y_total)?;
-        grow(stream, &mut inner.w, w_total)?;
+        grow(copy, &mut inner.w, w_total)?;
+        // Uploads on the copy stream, timed by two events; the compute stream waits on the
+        // end event before the first product that needs them.
+        let any_pending = pending.iter().any(|&p| p);
+        if any_pending {
+            inner
+                .up_start
+                .record(copy)
+                .map_err(|e| dev_err("event", e))?;
+            let (mut bytes, mut pinned) = (0u64, 0u64);
+            let host = self.host();
+            for (ji, j) in jobs.iter().enumerate() {
+                if !pending[ji] {
+                    continue;
+                }
+                let len = j.w.len();
+                match w_off[ji] {
+                    None => {
+                        let u = j.unit.expect("cached jobs have a unit");
+                        let e = inner
+                            .experts
+                            .as_mut()
+                            .expect("on")
+                            .map
+                            .get_mut(&u)
+                            .expect("made above");
+                        copy.memcpy_htod(j.w, &mut e.0)
+                            .map_err(|e| dev_err("expert upload", e))?;
+                        e.2 = false;
+                        inner.stats.expert_upload_bytes += len as u64;
+                    }
+                    Some(off) => {
+                        let wb = inner.w.as_mut().expect("grown");
+                        copy.memcpy_htod(j.w, &mut wb.slice_mut(off..off + len))
+                            .map_err(|e| dev_err("copy weights", e))?;
+                        inner.stats.transient_bytes += len as u64;
+                    }
+                }
+                bytes += len as u64;
+                if host.covers(j.w.as_ptr() as usize, len) {
+                    pinned += len as u64;
+                }
+            }
+            drop(host);
+            inner.up_end.record(copy).map_err(|e| dev_err("event", e))?;
+            inner.stats.upload_bytes += bytes;
+            inner.stats.upload_pinned_bytes += pinned;
+        }
         let (xb, yb) = (
             inner.x.as_mut().expect("grown"),
             inner.y.as_mut().expect("grown"),
@@ -439,17 +689,6 @@ impl Device {
             .memcpy_htod(&inner.hx[..], &mut xb.slice_mut(0..x_total))
             .map_err(|e| dev_err("copy x", e))?;
         inner.stats.act_bytes += 4 * x_total as u64;
-        if w_total > 0 {
-            let wb = inner.w.as_mut().expect("grown");
-            for (j, off) in jobs.iter().zip(&w_off) {
-                if let Some(off) = *off {
-                    stream
-                        .memcpy_htod(j.w, &mut wb.slice_mut(off..off + j.w.len()))
-                        .map_err(|e| dev_err("copy weights", e))?;
-                    inner.stats.transient_bytes += j.w.len() as u64;
-                }
-            }
-        }
         // Raw device addresses: the kernels take them inside a job table (mv) or as
         // parameters (mm). Every buffer stays alive and unmoved until the synchronize below.
         let xbase = xb.device_ptr(stream).0;
@@ -477,47 +716,68 @@ impl Device {
                 ybase + 4 * y_offs[ji] as u64,
             )
         };
-        // Matvec jobs: one table, one launch per format (blockIdx.y = job).
+        // Matvec jobs: one table; per phase (0: weights already in VRAM, 1: uploaded by
+        // this call) one launch per format (blockIdx.y = job).
         let tiled = |j: &LinearJob<'_>| self.tiled && j.n > MATVEC_MAX_N;
         let mut table: Vec<u8> = Vec::new();
-        let mut launches: Vec<(usize, usize, usize, usize, usize)> = Vec::new();
-        for fi in 0..FORMATS.len() {
-            let mut first = table.len() / MV_JOB_BYTES;
-            let (mut count, mut max_rows, mut max_groups) = (0usize, 0usize, 0usize);
-            for (ji, j) in jobs.iter().enumerate() {
-                if fis[ji] != fi || tiled(j) {
-                    continue;
+        let mut launches: Vec<(usize, usize, usize, usize, usize, bool)> = Vec::new();
+        for phase in [false, true] {
+            for fi in 0..FORMATS.len() {
+                let mut first = table.len() / MV_JOB_BYTES;
+                let (mut count, mut max_rows, mut max_groups) = (0usize, 0usize, 0usize);
+                for (ji, j) in jobs.iter().enumerate() {
+                    if fis[ji] != fi || tiled(j) || pending[ji] != phase {
+                        continue;
+                    }
+                    let (w, x, y) = addr(ji);
+                    table.extend_from_slice(&w.to_le_bytes());
+                    table.extend_from_slice(&x.to_le_bytes());
+                    table.extend_from_slice(&y.to_le_bytes());
+                    table.extend_from_slice(&((j.w.len() / j.rows) as i64).to_le_bytes());
+                    table.extend_from_slice(&(j.rows as i32).to_le_bytes());
+                    table.extend_from_slice(&(j.cols as i32).to_le_bytes());
+                    table.extend_from_slice(&(j.n as i32).to_le_bytes());
+                    table.extend_from_slice(&0i32.to_le_bytes());
+                    count += 1;
+                    max_rows = max_rows.max(j.rows);
+                    max_groups = max_groups.max(j.n.div_ceil(MATVEC_MAX_N));
+                    if count == MAX_GRID_Y {
+                        launches.push((fi, first, count, max_rows, max_groups, phase));
+                        first += count;
+                        (count, max_rows, max_groups) = (0, 0, 0);
+                    }
                 }
-                let (w, x, y) = addr(ji);
-                table.extend_from_slice(&w.to_le_bytes());
-                table.extend_from_slice(&x.to_le_bytes());
-                table.extend_from_slice(&y.to_le_bytes());
-                table.extend_from_slice(&((j.w.len() / j.rows) as i64).to_le_bytes());
-                table.extend_from_slice(&(j.rows as i32).to_le_bytes());
-                table.extend_from_slice(&(j.cols as i32).to_le_bytes());
-                table.extend_from_slice(&(j.n as i32).to_le_bytes());
-                table.extend_from_slice(&0i32.to_le_bytes());
-                count += 1;
-                max_rows = max_rows.max(j.rows);
-                max_groups = max_groups.max(j.n.div_ceil(MATVEC_MAX_N));
-                if count == MAX_GRID_Y {
-                    launches.push((fi, first, count, max_rows, max_groups));
-                    first += count;
-                    (count, max_rows, max_groups) = (0, 0, 0);
+                if count > 0 {
+                    launches.push((fi, first, count, max_rows, max_groups, phase));
                 }
-            }
-            if count > 0 {
-                launches.push((fi, first, count, max_rows, max_groups));
             }
         }
+        let mut dbase = 0u64;
         if !table.is_empty() {
             grow(stream, &mut inner.d, table.len())?;
             let db = inner.d.as_mut().expect("grown");
             stream
                 .memcpy_htod(&table[..], &mut db.slice_mut(0..table.len()))
                 .map_err(|e| dev_err("copy job table", e))?;
-            let dbase = db.device_ptr(stream).0;
-            for &(fi, first, count, max_rows, max_groups) in &launches {
+            dbase = db.device_ptr(stream).0;
+        }
+        for phase in [false, true] {
+            if phase {
+                if !any_pending {
+                    break;
+                }
+                inner
+                    .ready_done
+                    .record(stream)
+                    .map_err(|e| dev_err("event", e))?;
+                stream
+                    .wait(&inner.up_end)
+                    .map_err(|e| dev_err("wait for uploads", e))?;
+            }
+            for &(fi, first, count, max_rows, max_groups, ph) in &launches {
+                if ph != phase {
+                    continue;
+                }
                 let cfg = LaunchConfig {
                     grid_dim: (max_rows.div_ceil(4) as u32, count as u32, max_groups as u32),
                     block_dim: (128, 1, 1),
@@ -530,36 +790,39 @@ impl Device {
                 // (48 bytes each, the layout written above) in device memory; each entry
                 // names a W of rows * row_bytes bytes, an X of n * cols floats and a Y of
                 // n * rows floats inside live buffers (checked by gpu_job and the offsets
-                // above); blocks past a job's rows or tokens return.
+                // above), whose bytes are on the device before this launch (phase 1 runs
+                // after the compute stream waited for the uploads); blocks past a job's
+                // rows or tokens return.
                 unsafe { b.launch(cfg) }.map_err(|e| dev_err("launch", e))?;
             }
-        }
-        // Tiled jobs (SLUICE_CUDA_TILED=1): one launch each.
-        for (ji, j) in jobs.iter().enumerate() {
-            if !tiled(j) {
-                continue;
+            // Tiled jobs (SLUICE_CUDA_TILED=1): one launch each.
+            for (ji, j) in jobs.iter().enumerate() {
+                if !tiled(j) || pending[ji] != phase {
+                    continue;
+                }
+                let (w, x, y) = addr(ji);
+                let (rows, cols, n) = (j.rows as i32, j.cols as i32, j.n as i32);
+                let rb = (j.w.len() / j.rows) as i64;
+                let cfg = LaunchConfig {
+                    grid_dim: (j.rows.div_ceil(64) as u32, j.n.div_ceil(64) as u32, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut b = stream.launch_builder(&self.funcs[fis[ji]].1);
+                b.arg(&w)
+                    .arg(&x)
+                    .arg(&y)
+                    .arg(&rows)
+                    .arg(&cols)
+                    .arg(&rb)
+                    .arg(&n);
+                // SAFETY: mm_* takes (const u8* W, const float* X, float* Y, int rows, int
+                // cols, long long row_bytes, int n), pushed in that order with those types;
+                // W, X and Y are device addresses inside live buffers of rows * row_bytes
+                // bytes, n * cols and n * rows floats, W's bytes on the device before this
+                // launch (as above); the grid covers the rows and tokens the kernel guards.
+                unsafe { b.launch(cfg) }.map_err(|e| dev_err("launch", e))?;
             }
-            let (w, x, y) = addr(ji);
-            let (rows, cols, n) = (j.rows as i32, j.cols as i32, j.n as i32);
-            let rb = (j.w.len() / j.rows) as i64;
-            let cfg = LaunchConfig {
-                grid_dim: (j.rows.div_ceil(64) as u32, j.n.div_ceil(64) as u32, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = stream.launch_builder(&self.funcs[fis[ji]].1);
-            b.arg(&w)
-                .arg(&x)
-                .arg(&y)
-                .arg(&rows)
-                .arg(&cols)
-                .arg(&rb)
-                .arg(&n);
-            // SAFETY: mm_* takes (const u8* W, const float* X, float* Y, int rows, int cols,
-            // long long row_bytes, int n), pushed in that order with those types; W, X and
-            // Y are device addresses inside live buffers of rows * row_bytes bytes, n * cols
-            // and n * rows floats; the grid covers the rows and tokens the kernel guards.
-            unsafe { b.launch(cfg) }.map_err(|e| dev_err("launch", e))?;
         }
         inner.hy.resize(y_total.max(inner.hy.len()), 0.0);
         stream
@@ -568,6 +831,17 @@ impl Device {
         stream
             .synchronize()
             .map_err(|e| dev_err("synchronize", e))?;
+        if any_pending {
+            copy.synchronize()
+                .map_err(|e| dev_err("synchronize copies", e))?;
+            // Timing only: a failure to read it must not fail the products.
+            if let Ok(ms) = inner.up_start.elapsed_ms(&inner.up_end) {
+                inner.stats.upload_ns += (ms.max(0.0) as f64 * 1e6) as u64;
+            }
+            if let Ok(ms) = inner.ready_done.elapsed_ms(&inner.up_end) {
+                inner.stats.upload_wait_ns += (ms.max(0.0) as f64 * 1e6) as u64;
+            }
+        }
         for (ji, j) in jobs.iter_mut().enumerate() {
             let yo = y_offs[ji];
             let len = j.y.len();
@@ -581,35 +855,55 @@ impl Device {
     }
 }
 
-/// Make expert matrix `u` (bytes `w`) present in the cache, evicting the least recently
-/// used matrices that no job of this call uses; false if it cannot fit (then it is copied
-/// for this use only).
+/// Waits for two streams when dropped (errors ignored: the call already reports one).
+struct Idle<'a>(&'a Arc<CudaStream>, &'a Arc<CudaStream>);
+
+impl Drop for Idle<'_> {
+    fn drop(&mut self) {
+        let _ = self.1.synchronize();
+        let _ = self.0.synchronize();
+    }
+}
+
+/// What [`cache_expert`] did.
+enum Cached {
+    /// Present (or made earlier in this call: its upload is pending).
+    Hit,
+    /// A slot made now: the caller uploads the bytes into it.
+    Miss,
+    /// It cannot fit: copy it for this use only.
+    NoRoom,
+}
+
+/// Make room for expert matrix `u` (`len` bytes) in the cache, evicting the least recently
+/// used matrices that no job of this call uses. A new entry's device buffer is allocated
+/// on the copy stream and marked for upload (its third field).
 fn cache_expert(
-    stream: &Arc<CudaStream>,
+    copy: &Arc<CudaStream>,
     ec: &mut ExpertCache,
     st: &mut CudaStats,
     u: UnitKey,
-    w: &[u8],
+    len: usize,
     jobs: &[&mut LinearJob<'_>],
-) -> Result<bool, KernelError> {
+) -> Result<Cached, KernelError> {
     ec.tick += 1;
     let tick = ec.tick;
     if let Some(e) = ec.map.get_mut(&u) {
-        if e.0.len() == w.len() {
+        if e.0.len() == len {
             e.1 = tick;
             st.expert_hits += 1;
-            return Ok(true);
+            return Ok(Cached::Hit);
         }
     }
     st.expert_misses += 1;
-    if let Some((old, _)) = ec.map.remove(&u) {
+    if let Some((old, _, _)) = ec.map.remove(&u) {
         st.expert_bytes -= old.len() as u64;
     }
-    let len = w.len() as u64;
-    if len > st.expert_budget {
-        return Ok(false);
+    let len64 = len as u64;
+    if len64 > st.expert_budget {
+        return Ok(Cached::NoRoom);
     }
-    while st.expert_bytes + len > st.expert_budget {
+    while st.expert_bytes + len64 > st.expert_budget {
         // Least recently used, never one this call needs.
         let victim = ec
             .map
@@ -618,22 +912,19 @@ fn cache_expert(
             .min_by_key(|(_, v)| v.1)
             .map(|(k, _)| *k);
         let Some(k) = victim else {
-            return Ok(false);
+            return Ok(Cached::NoRoom);
         };
-        let (old, _) = ec.map.remove(&k).expect("found");
+        let (old, _, _) = ec.map.remove(&k).expect("found");
         st.expert_bytes -= old.len() as u64;
         st.expert_evictions += 1;
     }
-    let t0 = std::time::Instant::now();
-    let d = stream
-        .clone_htod(w)
-        .map_err(|e| dev_err("expert upload", e))?;
-    st.expert_upload_ns += t0.elapsed().as_nanos() as u64;
-    st.expert_upload_bytes += len;
-    st.expert_bytes += len;
+    // SAFETY: the buffer's bytes are written by the upload the caller issues on the copy
+    // stream before any product reads them (the compute stream waits for that upload).
+    let d = unsafe { copy.alloc::<u8>(len) }.map_err(|e| dev_err("expert alloc", e))?;
+    st.expert_bytes += len64;
     st.expert_peak = st.expert_peak.max(st.expert_bytes);
-    ec.map.insert(u, (d, tick));
-    Ok(true)
+    ec.map.insert(u, (d, tick, true));
+    Ok(Cached::Miss)
 }
 
 /// Make `buf` hold at least `len` elements (grown to the next power of two).

@@ -257,3 +257,94 @@ fn group_equals_single_jobs_and_falls_back_to_the_cpu() {
         "three GPU jobs in the group, three alone"
     );
 }
+
+/// Experts through the VRAM expert cache, uploaded on the copy stream from page-locked host
+/// memory (`pin_host`, as the RAM tier's slots are) and from pageable memory, in groups that
+/// mix hits and misses (the hits are launched before the misses' uploads are waited for):
+/// every result has the bits of the same job without a cache, and the pinned bytes are
+/// counted as uploaded from page-locked memory.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn expert_cache_uploads_from_pinned_memory_keep_bits() {
+    use sluice_models::compute::UnitKey;
+    let mut rng = Rng(99);
+    let (rows, cols, n) = (256, 2048, 3);
+    let ty = GgmlType::Q4_K;
+    let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+    let experts = 12;
+    // One page-aligned arena holding every expert, like the tier's slots (whole pages).
+    let total = experts * rows * rb;
+    assert_eq!(total % 4096, 0);
+    let mut buf = vec![0u8; total + 4096];
+    let off = buf.as_ptr().align_offset(4096);
+    let arena = &mut buf[off..off + total];
+    for (e, chunk) in arena.chunks_exact_mut(rows * rb).enumerate() {
+        assert!(e < experts);
+        chunk.copy_from_slice(&random_weights(ty, rows, cols, &mut rng));
+    }
+    let arena = &*arena;
+    let w = |e: usize| &arena[e * rows * rb..(e + 1) * rows * rb];
+    let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+    let plain = cuda(&[]);
+    let want: Vec<Vec<f32>> = (0..experts)
+        .map(|e| {
+            let mut y = vec![0.0f32; n * rows];
+            plain.linear(ty, w(e), rows, cols, &x, n, &mut y).unwrap();
+            y
+        })
+        .collect();
+    for pinned in [true, false] {
+        let g = cuda(&[]);
+        // Room for 5 experts: groups of 4 over a sliding window hit and miss.
+        g.set_expert_cache(5 * (rows * rb) as u64).unwrap();
+        if pinned {
+            g.pin_host(arena).unwrap();
+        }
+        for step in 0..20usize {
+            let ids: Vec<usize> = (0..4).map(|k| (step + 2 * k) % experts).collect();
+            let mut ys: Vec<Vec<f32>> = ids.iter().map(|_| vec![f32::NAN; n * rows]).collect();
+            {
+                let mut jobs: Vec<LinearJob<'_>> = ids
+                    .iter()
+                    .zip(ys.iter_mut())
+                    .map(|(&e, y)| LinearJob {
+                        ty,
+                        w: w(e),
+                        rows,
+                        cols,
+                        x: &x,
+                        n,
+                        y,
+                        unit: Some(UnitKey {
+                            layer: 0,
+                            unit: e as u32,
+                            part: 0,
+                        }),
+                    })
+                    .collect();
+                g.linear_group(&mut jobs).unwrap();
+            }
+            for (&e, y) in ids.iter().zip(&ys) {
+                assert!(
+                    y.iter()
+                        .zip(&want[e])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "pinned {pinned}, step {step}: expert {e} differs from no cache"
+                );
+            }
+        }
+        let s = g.stats();
+        eprintln!("pinned {pinned}: {s:?}");
+        assert!(s.expert_hits > 0 && s.expert_misses > 0 && s.expert_evictions > 0);
+        assert_eq!(s.upload_bytes, s.expert_upload_bytes);
+        assert!(s.upload_ns > 0);
+        if pinned {
+            assert_eq!(s.pinned_bytes, arena.len() as u64);
+            assert_eq!(s.upload_pinned_bytes, s.upload_bytes);
+            g.unpin_host(arena);
+            assert_eq!(g.stats().pinned_bytes, 0);
+        } else {
+            assert_eq!(s.upload_pinned_bytes, 0);
+        }
+    }
+}

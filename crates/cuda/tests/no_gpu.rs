@@ -1,7 +1,19 @@
-//! The CUDA backend without a GPU: opening it is a clean error (no panic, no abort), and the
-//! kernel source compiles with NVRTC where NVRTC is installed (no GPU needed for that).
+//! The CUDA backend without a GPU: opening it is a clean error (no panic, no abort), the
+//! kernel source compiles with NVRTC where NVRTC is installed (no GPU needed for that), and
+//! the RAM tier hands the slot memory that `--gpu` page-locks to a `SlotMemory` hook such
+//! that every streamed expert matrix a compute backend gets lies inside it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use sluice_cuda::{compile_kernels, Cuda, CudaError};
+use sluice_engine::models::compute::{Compute, Cpu, LinearJob};
+use sluice_engine::tier::{PolicyKind, SlotMemory, StreamConfig, StreamingExperts};
+use sluice_engine::{Logits, Model};
+use sluice_io::{Backend, IoConfig};
+use sluice_kernels::{GgmlType, KernelError};
 
 /// Whether this machine shows an NVIDIA device node (then a GPU may be usable).
 fn has_nvidia_node() -> bool {
@@ -50,5 +62,201 @@ fn kernels_compile_with_nvrtc() {
                 assert!(ptx.contains(&name), "{arch}: PTX lacks {name}");
             }
         }
+    }
+}
+
+fn fixtures() -> PathBuf {
+    match std::env::var_os("SLUICE_FIXTURES") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures"),
+    }
+}
+
+/// A `SlotMemory` hook that keeps the ranges it is told about (what `Cuda` page-locks).
+#[derive(Default)]
+struct Ranges {
+    live: Mutex<BTreeMap<usize, usize>>,
+    added: AtomicU64,
+}
+
+impl Ranges {
+    fn covers(&self, p: usize, len: usize) -> bool {
+        let live = self.live.lock().unwrap();
+        live.range(..=p)
+            .next_back()
+            .is_some_and(|(&a, &l)| p + len <= a + l)
+    }
+}
+
+impl SlotMemory for Ranges {
+    fn added(&self, addr: usize, len: usize) {
+        self.added.fetch_add(1, Ordering::Relaxed);
+        assert!(self.live.lock().unwrap().insert(addr, len).is_none());
+    }
+    fn removed(&self, addr: usize, len: usize) {
+        assert_eq!(self.live.lock().unwrap().remove(&addr), Some(len));
+    }
+}
+
+/// The CPU backend, checking that every routed-expert matrix it gets lies in a hooked range.
+struct Checking {
+    ranges: Arc<Ranges>,
+    expert_jobs: AtomicU64,
+    outside: AtomicU64,
+}
+
+impl Compute for Checking {
+    fn linear(
+        &self,
+        ty: GgmlType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+    ) -> Result<(), KernelError> {
+        Cpu.linear(ty, w, rows, cols, x, n, y)
+    }
+    fn linear_group(&self, jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
+        for j in jobs.iter() {
+            if j.unit.is_some() {
+                self.expert_jobs.fetch_add(1, Ordering::Relaxed);
+                if !self.ranges.covers(j.w.as_ptr() as usize, j.w.len()) {
+                    self.outside.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        Cpu.linear_group(jobs)
+    }
+    fn name(&self) -> &'static str {
+        "checking"
+    }
+}
+
+fn all_logits(m: &Model, toks: &[u32]) -> Vec<f32> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let mut kv = m.new_state(toks.len() + 8, false);
+    let (prompt, rest) = toks.split_at(toks.len() / 2);
+    let mut out = pool
+        .install(|| m.forward(&mut kv, prompt, Logits::All))
+        .unwrap();
+    for &t in rest {
+        out.extend(
+            pool.install(|| m.forward(&mut kv, &[t], Logits::All))
+                .unwrap(),
+        );
+    }
+    out
+}
+
+/// `--gpu --expert-cache`: the hook, set once every slot exists or while the background
+/// filler is still making them (as the CLI does), hears of every slot, and every expert
+/// matrix handed to the backend lies inside a range it holds at that moment; logits equal
+/// the resident run's; dropping the tier removes every range.
+#[test]
+fn streamed_experts_lie_in_the_slot_memory_the_hook_holds() {
+    for slots_first in [true, false] {
+        hook_covers_streamed_experts(slots_first);
+    }
+}
+
+fn hook_covers_streamed_experts(slots_first: bool) {
+    let path = fixtures().join("qwen3moe/a-q8_0.gguf");
+    let ids = std::fs::read_to_string(fixtures().join("qwen3moe/tokens.json")).unwrap();
+    let ids: serde_json::Value = serde_json::from_str(&ids).unwrap();
+    let toks: Vec<u32> = ids["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    let want = all_logits(&Model::load(&path).unwrap(), &toks);
+    let mut m = Model::load(&path).unwrap();
+    let min = StreamingExperts::min_budget(&m.groups.experts, m.cfg.n_expert_used);
+    let cfg = StreamConfig {
+        budget: min.max(m.groups.experts.total_bytes() / 3),
+        policy: PolicyKind::Lru,
+        resident_layers: 0,
+        io: IoConfig {
+            backend: Backend::Pread,
+            direct: false,
+            depth: 4,
+            threads: 2,
+            high_priority: false,
+        },
+    };
+    let s = Arc::new(
+        StreamingExperts::open(&path, &m.groups.experts, m.cfg.n_expert_used, &cfg).unwrap(),
+    );
+    if slots_first {
+        s.wait_slots_ready();
+        assert!(s.cache_stats().slot_allocations > 0);
+    }
+    let ranges = Arc::new(Ranges::default());
+    s.set_slot_memory(ranges.clone());
+    let check = Arc::new(Checking {
+        ranges: ranges.clone(),
+        expert_jobs: AtomicU64::new(0),
+        outside: AtomicU64::new(0),
+    });
+    m.set_expert_source(Box::new(s.clone()));
+    m.set_compute(Box::new(ArcCompute(check.clone())));
+    let got = all_logits(&m, &toks);
+    assert!(
+        got.iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "streamed logits differ from resident"
+    );
+    let (jobs, outside) = (
+        check.expert_jobs.load(Ordering::Relaxed),
+        check.outside.load(Ordering::Relaxed),
+    );
+    assert!(jobs > 0, "no expert product reached the backend");
+    assert_eq!(
+        outside, 0,
+        "{outside} of {jobs} expert products outside the hooked slots"
+    );
+    s.wait_slots_ready();
+    let slots = s.cache_stats().slot_allocations;
+    assert_eq!(
+        ranges.added.load(Ordering::Relaxed),
+        slots,
+        "slots_first {slots_first}: every slot hooked once"
+    );
+    assert!(s.cache_stats().total.misses > 0 && s.cache_stats().total.evictions > 0);
+    drop(m);
+    drop(s);
+    assert!(
+        ranges.live.lock().unwrap().is_empty(),
+        "ranges left after the tier was dropped"
+    );
+}
+
+/// `Box<dyn Compute>` over a shared checker.
+struct ArcCompute(Arc<Checking>);
+
+impl Compute for ArcCompute {
+    fn linear(
+        &self,
+        ty: GgmlType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+    ) -> Result<(), KernelError> {
+        self.0.linear(ty, w, rows, cols, x, n, y)
+    }
+    fn linear_group(&self, jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
+        self.0.linear_group(jobs)
+    }
+    fn name(&self) -> &'static str {
+        "checking"
     }
 }

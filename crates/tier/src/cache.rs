@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use thiserror::Error;
 
 use super::policy::Policy;
-use super::slot::SlotBuf;
+use super::slot::{SlotBuf, SlotMemory};
 
 /// Cache key: one routed expert of one layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -264,6 +264,8 @@ enum State {
 struct Slot<B> {
     class: usize,
     bytes: u64,
+    /// Address and length of the slot's buffer (for the [`SlotMemory`] hook).
+    mem: (usize, usize),
     resident: bool,
     state: State,
     data: Arc<SlotData<B>>,
@@ -282,11 +284,27 @@ struct Inner<B> {
     cached: u64,
     in_flight: u64,
     stats: CacheStats,
+    /// Told about every slot's memory (`set_slot_memory`).
+    hook: Option<Arc<dyn SlotMemory>>,
 }
 
 /// The expert cache. Thread-safe; every operation takes one short lock.
 pub struct ExpertCache<B: SlotBuf> {
     inner: Mutex<Inner<B>>,
+}
+
+impl<B: SlotBuf> Drop for ExpertCache<B> {
+    /// The hook hears of every slot's release before the slots' buffers are freed.
+    fn drop(&mut self) {
+        let g = self.inner.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let Some(h) = g.hook.take() {
+            for s in g.slots.iter().flatten() {
+                if s.mem.1 > 0 {
+                    h.removed(s.mem.0, s.mem.1);
+                }
+            }
+        }
+    }
 }
 
 impl<B: SlotBuf> ExpertCache<B> {
@@ -332,6 +350,7 @@ impl<B: SlotBuf> ExpertCache<B> {
                 cached: 0,
                 in_flight: 0,
                 stats,
+                hook: None,
             }),
         })
     }
@@ -452,6 +471,29 @@ impl<B: SlotBuf> ExpertCache<B> {
         Ok(())
     }
 
+    /// Tell `hook` where every slot's memory is: now for the slots that exist, then as
+    /// slots are allocated and released, and for all of them when the cache is dropped
+    /// (see [`SlotMemory`]). Replaces an earlier hook, which is told every slot is removed.
+    pub fn set_slot_memory(&self, hook: Arc<dyn SlotMemory>) {
+        let mut g = self.lock();
+        let mems: Vec<(usize, usize)> = g
+            .slots
+            .iter()
+            .flatten()
+            .map(|s| s.mem)
+            .filter(|m| m.1 > 0)
+            .collect();
+        if let Some(old) = g.hook.take() {
+            for &(a, l) in &mems {
+                old.removed(a, l);
+            }
+        }
+        for &(a, l) in &mems {
+            hook.added(a, l);
+        }
+        g.hook = Some(hook);
+    }
+
     /// Starts the policy's statistics of `key` from a saved rate (selections per token).
     pub fn seed(&self, key: ExpertKey, rate: f64) {
         self.lock().policy.seed(key, rate);
@@ -508,9 +550,16 @@ impl<B: SlotBuf> Inner<B> {
     fn new_slot_with(&mut self, class: usize, resident: bool, buf: B) -> u32 {
         let bytes = self.classes[class];
         debug_assert_eq!(buf.size(), bytes, "SlotBuf::alloc returned a wrong size");
+        let mem = (buf.as_slice().as_ptr() as usize, buf.as_slice().len());
+        if let Some(h) = &self.hook {
+            if mem.1 > 0 {
+                h.added(mem.0, mem.1);
+            }
+        }
         let slot = Slot {
             class,
             bytes: bytes as u64,
+            mem,
             resident,
             state: State::Free,
             data: Arc::new(SlotData {
@@ -539,6 +588,11 @@ impl<B: SlotBuf> Inner<B> {
 
     fn drop_slot(&mut self, i: u32) {
         if let Some(s) = self.slots[i as usize].take() {
+            if let Some(h) = &self.hook {
+                if s.mem.1 > 0 {
+                    h.removed(s.mem.0, s.mem.1);
+                }
+            }
             if s.resident {
                 self.stats.resident_bytes -= s.bytes;
             } else {

@@ -36,7 +36,7 @@ pub use groups::{RowTable, StackedPart, StreamableGroups, UnitGroup, UnitLayer};
 pub use pack::{PackError, PackFile, PackLayer};
 pub use sim::{simulate, simulate_belady, simulate_kind, SimResult};
 pub use size::{parse_size, parse_size_bytes, SizeError, SizeSpec};
-pub use slot::{NoBuf, SlotBuf};
+pub use slot::{NoBuf, SlotBuf, SlotMemory};
 pub use source::{BatchFn, ExpertSource, ExpertView, Stop, StreamError, MAX_PARTS};
 pub use streaming::{StreamConfig, StreamStats, StreamingExperts};
 pub use trace::{RoutingRecorder, RoutingTrace, TraceError, TraceHeader};

@@ -1,6 +1,9 @@
-//! Slot storage for the expert cache: the [`SlotBuf`] trait and two test/simulation impls.
+//! Slot storage for the expert cache: the [`SlotBuf`] trait and two test/simulation impls,
+//! and the [`SlotMemory`] hook.
 //!
-//! Owns: what a cache slot's buffer must provide. The engine plugs in `sluice_io::AlignedBuf`
+//! Owns: what a cache slot's buffer must provide, and how a compute backend is told where
+//! slot memory is (e.g. to page-lock it for fast host-to-device copies) without this crate
+//! depending on that backend. The engine plugs in `sluice_io::AlignedBuf`
 //! (4096-aligned, so O_DIRECT reads land in it directly) with a three-line impl once that
 //! type lands on main:
 //!
@@ -41,6 +44,18 @@ impl SlotBuf for Vec<u8> {
     fn size(&self) -> usize {
         self.len()
     }
+}
+
+/// Told where every cache slot's memory is (`ExpertCache::set_slot_memory`): a GPU
+/// backend page-locks it so host-to-device copies of slots run at pinned speed. Called
+/// under the cache's lock, for the slots that exist when the hook is set and then for each
+/// slot as it is allocated or released; what the hook does never changes what is computed.
+pub trait SlotMemory: Send + Sync {
+    /// `len` bytes at address `addr` are a slot's buffer; they stay allocated (and the
+    /// buffer never moves) until `removed(addr, len)` is called for them.
+    fn added(&self, addr: usize, len: usize);
+    /// The slot at `addr` is about to be freed: stop using its memory.
+    fn removed(&self, addr: usize, len: usize);
 }
 
 /// Accounting-only buffer: remembers its size, holds no memory. The simulator runs the

@@ -427,6 +427,12 @@ impl StreamingExperts {
         self.cache.stats()
     }
 
+    /// Tell `hook` where the cache's slot memory is (see [`crate::SlotMemory`]): e.g. a GPU
+    /// backend page-locks it so copies of streamed experts to VRAM run at pinned speed.
+    pub fn set_slot_memory(&self, hook: Arc<dyn crate::SlotMemory>) {
+        self.cache.set_slot_memory(hook);
+    }
+
     /// The IO backend actually in use (after any fallback).
     pub fn io_stats_name(&self) -> &'static str {
         self.io.name()

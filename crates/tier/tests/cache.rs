@@ -4,8 +4,10 @@
 use proptest::prelude::*;
 use sluice_tier::{
     CacheConfig, CacheError, ExpertCache, ExpertKey, Lfu, Lookup, Lru2, Pinned, Policy, PolicyKind,
-    Reservation,
+    Reservation, SlotMemory,
 };
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 fn key(l: u32, e: u32) -> ExpertKey {
     ExpertKey::new(l, e)
@@ -229,6 +231,77 @@ fn mixed_classes_release_free_slots_of_another_class() {
     assert_eq!(s.bytes_cached, 0);
     c.fill(r.ticket, r.buf, &[]).unwrap();
     c.check_invariants().unwrap();
+}
+
+/// Records the slot memory a [`SlotMemory`] hook is told about: address -> length, and
+/// every call that would be wrong (a range added twice, or removed when not added).
+#[derive(Default)]
+struct Ranges {
+    live: Mutex<BTreeMap<usize, usize>>,
+    errors: Mutex<Vec<String>>,
+}
+
+impl SlotMemory for Ranges {
+    fn added(&self, addr: usize, len: usize) {
+        if self.live.lock().unwrap().insert(addr, len).is_some() {
+            self.errors
+                .lock()
+                .unwrap()
+                .push(format!("{addr:#x} added twice"));
+        }
+    }
+    fn removed(&self, addr: usize, len: usize) {
+        if self.live.lock().unwrap().remove(&addr) != Some(len) {
+            self.errors
+                .lock()
+                .unwrap()
+                .push(format!("{addr:#x}+{len} removed, not added"));
+        }
+    }
+}
+
+/// The slot-memory hook hears of the slots that exist when it is set, of each slot allocated
+/// or released later (mixed classes force releases), and of every slot when the cache is
+/// dropped; the ranges it holds are always exactly the live slots' buffers.
+#[test]
+fn slot_memory_hook_sees_every_slot_until_released() {
+    let c = cache(40, &[10, 40], 1, PolicyKind::Lru);
+    request(&c, key(0, 0));
+    request(&c, key(0, 1));
+    let h = Arc::new(Ranges::default());
+    c.set_slot_memory(h.clone());
+    assert_eq!(h.live.lock().unwrap().len(), 2);
+    assert!(h.live.lock().unwrap().values().all(|&l| l == 10));
+    // The pinned slot's buffer is one of the ranges.
+    let Lookup::Hit(p) = c.lookup(key(0, 0)) else {
+        panic!("cached")
+    };
+    let a = p.bytes().as_ptr() as usize;
+    assert_eq!(h.live.lock().unwrap().get(&a), Some(&10));
+    drop(p);
+    request(&c, key(0, 2));
+    request(&c, key(0, 3));
+    assert_eq!(h.live.lock().unwrap().len(), 4);
+    // A 40-byte slot releases the four small ones first.
+    let r = c.reserve(key(1, 0), 1).unwrap();
+    assert_eq!(c.stats().slot_frees, 4);
+    let live: Vec<usize> = h.live.lock().unwrap().values().copied().collect();
+    assert_eq!(live, vec![40]);
+    assert_eq!(
+        h.live.lock().unwrap().keys().next(),
+        Some(&(r.buf.as_ptr() as usize))
+    );
+    c.fill(r.ticket, r.buf, &[]).unwrap();
+    drop(c);
+    assert!(
+        h.live.lock().unwrap().is_empty(),
+        "dropped cache left ranges"
+    );
+    assert!(
+        h.errors.lock().unwrap().is_empty(),
+        "{:?}",
+        h.errors.lock().unwrap()
+    );
 }
 
 #[derive(Debug, Clone)]
