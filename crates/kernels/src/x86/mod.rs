@@ -303,9 +303,13 @@ mod tokens {
                 GgmlType::Q4_K => unsafe { super::avx2::rows_q4k(w, rb, q8k(acts), out) },
                 GgmlType::Q6_K => unsafe { super::avx2::rows_q6k(w, rb, q8k(acts), out) },
                 _ => {
-                    let pf = super::KQ_PREFETCH_ROWS;
+                    // Dense rows are long runs the hardware prefetchers follow on their own.
+                    let dense = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+                    let pf = if dense { 0 } else { super::KQ_PREFETCH_ROWS * rb };
                     for (i, o) in out.iter_mut().enumerate() {
-                        super::prefetch_block(w, (i + pf) * rb, rb);
+                        if pf > 0 {
+                            super::prefetch_block(w, i * rb + pf, rb);
+                        }
                         let row = &w[i * rb..(i + 1) * rb];
                         self.dot_tile(ty, row, &[acts], std::slice::from_mut(o));
                     }
@@ -372,9 +376,13 @@ mod tokens {
                 GgmlType::Q4_K => unsafe { super::avx512::rows_q4k(w, rb, q8k(acts), out) },
                 GgmlType::Q6_K => unsafe { super::avx512::rows_q6k(w, rb, q8k(acts), out) },
                 _ => {
-                    let pf = super::KQ_PREFETCH_ROWS;
+                    // Dense rows are long runs the hardware prefetchers follow on their own.
+                    let dense = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+                    let pf = if dense { 0 } else { super::KQ_PREFETCH_ROWS * rb };
                     for (i, o) in out.iter_mut().enumerate() {
-                        super::prefetch_block(w, (i + pf) * rb, rb);
+                        if pf > 0 {
+                            super::prefetch_block(w, i * rb + pf, rb);
+                        }
                         let row = &w[i * rb..(i + 1) * rb];
                         self.dot_tile(ty, row, &[acts], std::slice::from_mut(o));
                     }
