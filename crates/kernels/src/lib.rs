@@ -534,7 +534,7 @@ pub fn matmul_with(
     if rows == 0 || n == 0 {
         return Ok(());
     }
-    let batch = PreparedBatch::with_backend(be, ty, x, n, cols)?;
+    let batch = PreparedBatch::with_backend(be, ty, x, n, cols, true)?;
     // yt is rows x n (row-major): each task owns whole rows of it.
     let mut yt = vec![0.0f32; rows * n];
     let chunk = rows_per_task(rows, rb).next_multiple_of(batch.row_group());
@@ -590,17 +590,23 @@ enum BatchScratchInner {
 type BatchScratchInner = ();
 
 impl PreparedBatch {
-    /// Prepare `x` (`[n, cols]`) for weights of type `ty` on the best ISA tier.
+    /// Prepare `x` (`[n, cols]`) for weights of type `ty` on the best ISA tier, on the
+    /// calling thread: callers preparing several inputs at once spread them over their own
+    /// pool (as `sluice-models`' grouped products do on [`pool`]), so no second parallel
+    /// mechanism runs inside their tasks.
     pub fn new(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Result<Self, KernelError> {
-        Self::with_backend(Backend::new(isa())?, ty, x, n, cols)
+        Self::with_backend(Backend::new(isa())?, ty, x, n, cols, false)
     }
 
+    /// `par`: quantize the tokens on the current rayon pool (else on this thread; the
+    /// same bits either way).
     fn with_backend(
         be: Backend,
         ty: GgmlType,
         x: &[f32],
         n: usize,
         cols: usize,
+        par: bool,
     ) -> Result<Self, KernelError> {
         check_supported(ty)?;
         shape(
@@ -617,10 +623,12 @@ impl PreparedBatch {
         ) = (be, ty)
         {
             if n >= 2 && cols > 0 {
-                let acts = x
-                    .par_chunks(cols)
-                    .map(|xt| x86::PackedQ8::new(ty, &formats::quantize_row_q8_0(xt)))
-                    .collect();
+                let pack = |xt: &[f32]| x86::PackedQ8::new(ty, &formats::quantize_row_q8_0(xt));
+                let acts = if par {
+                    x.par_chunks(cols).map(pack).collect()
+                } else {
+                    x.chunks(cols).map(pack).collect()
+                };
                 return Ok(PreparedBatch {
                     be,
                     ty,
@@ -633,10 +641,12 @@ impl PreparedBatch {
         #[cfg(target_arch = "x86_64")]
         if let (Backend::Avx2(_) | Backend::Avx512(_), GgmlType::Q4_K | GgmlType::Q6_K) = (be, ty) {
             if n >= 2 && cols > 0 {
-                let acts = x
-                    .par_chunks(cols)
-                    .map(|xt| x86::PackedQ8K::new(&formats::quantize_row_q8_k(xt)))
-                    .collect();
+                let pack = |xt: &[f32]| x86::PackedQ8K::new(&formats::quantize_row_q8_k(xt));
+                let acts = if par {
+                    x.par_chunks(cols).map(pack).collect()
+                } else {
+                    x.chunks(cols).map(pack).collect()
+                };
                 return Ok(PreparedBatch {
                     be,
                     ty,
@@ -650,8 +660,12 @@ impl PreparedBatch {
             (0..n)
                 .map(|_| QuantizedActs::new(ty, &[]))
                 .collect::<Result<_, _>>()?
-        } else {
+        } else if par {
             x.par_chunks(cols)
+                .map(|xt| QuantizedActs::new(ty, xt))
+                .collect::<Result<_, _>>()?
+        } else {
+            x.chunks(cols)
                 .map(|xt| QuantizedActs::new(ty, xt))
                 .collect::<Result<_, _>>()?
         };
@@ -718,6 +732,9 @@ impl PreparedBatch {
         shape("matmul", ty, "output length (rows * n)", nr * n, yt.len())?;
         let rb = check_matrix("matmul", ty, w_rows, nr, self.cols)?;
         match &self.acts {
+            // One token: the single-token row kernels (two rows interleaved, weights
+            // prefetched; the same bits as the one-row dot below).
+            BatchActs::Generic(acts) if n == 1 => self.be.rows(ty, w_rows, rb, &acts[0], yt),
             BatchActs::Generic(acts) => {
                 let acts: Vec<&QuantizedActs> = acts.iter().collect();
                 for (i, yrow) in yt.chunks_mut(n).enumerate() {

@@ -305,7 +305,11 @@ mod tokens {
                 _ => {
                     // Dense rows are long runs the hardware prefetchers follow on their own.
                     let dense = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-                    let pf = if dense { 0 } else { super::KQ_PREFETCH_ROWS * rb };
+                    let pf = if dense {
+                        0
+                    } else {
+                        super::KQ_PREFETCH_ROWS * rb
+                    };
                     for (i, o) in out.iter_mut().enumerate() {
                         if pf > 0 {
                             super::prefetch_block(w, i * rb + pf, rb);
@@ -378,7 +382,11 @@ mod tokens {
                 _ => {
                     // Dense rows are long runs the hardware prefetchers follow on their own.
                     let dense = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-                    let pf = if dense { 0 } else { super::KQ_PREFETCH_ROWS * rb };
+                    let pf = if dense {
+                        0
+                    } else {
+                        super::KQ_PREFETCH_ROWS * rb
+                    };
                     for (i, o) in out.iter_mut().enumerate() {
                         if pf > 0 {
                             super::prefetch_block(w, i * rb + pf, rb);
