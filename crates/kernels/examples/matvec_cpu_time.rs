@@ -7,7 +7,7 @@
 //! (`-- --matmul [FILTER]`: matmul of 32 tokens at 4096x2048 on each tier instead;
 //! `-- --stream [FILTER]`: single-token matvecs over 256 MiB of expert-shaped 768x2048
 //! matrices, one after another, so the weights come from DRAM as in a MoE decode, on each
-//! tier).
+//! tier; then the same with 8 tokens per matrix, as a prefill's experts see them).
 
 use sluice_kernels::{matmul_with, matvec_with, GgmlType, Isa};
 use std::hint::black_box;
@@ -131,6 +131,34 @@ fn main() {
                     }
                 });
                 line += &format!("  {}: {:6.2}", isa.name(), (count * one.len()) as f64 / ns);
+            }
+            // An expert's share of a prefill: 8 tokens per matrix.
+            let n = 8;
+            let xs: Vec<f32> = (0..n * cols)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+                .collect();
+            let mut ys = vec![0.0f32; n * rows];
+            for isa in Isa::available().into_iter().skip(1) {
+                let ns = best_ns(&pool, 1, || {
+                    for w in &ws {
+                        matmul_with(
+                            isa,
+                            ty,
+                            black_box(w),
+                            rows,
+                            cols,
+                            black_box(&xs),
+                            n,
+                            &mut ys,
+                        )
+                        .unwrap();
+                    }
+                });
+                line += &format!(
+                    "  {} x8: {:6.2}",
+                    isa.name(),
+                    (count * one.len()) as f64 / ns
+                );
             }
             println!("{line}");
         }
