@@ -534,7 +534,7 @@ pub fn matmul_with(
     if rows == 0 || n == 0 {
         return Ok(());
     }
-    let batch = PreparedBatch::with_backend(be, ty, x, n, cols, true)?;
+    let batch = PreparedBatch::with_backend(be, ty, x, n, cols, Par::Rayon)?;
     // yt is rows x n (row-major): each task owns whole rows of it.
     let mut yt = vec![0.0f32; rows * n];
     let chunk = rows_per_task(rows, rb).next_multiple_of(batch.row_group());
@@ -578,6 +578,54 @@ enum BatchActs {
     PackedQ8K(Vec<x86::PackedQ8K>),
 }
 
+/// Where [`PreparedBatch`] quantizes its tokens.
+#[derive(Clone, Copy)]
+enum Par {
+    /// On the calling thread (inside a pool task: no second parallel mechanism there).
+    Serial,
+    /// On the current rayon pool (`matmul`).
+    Rayon,
+    /// On [`pool`], in chunks of [`PREP_ROWS`] tokens.
+    Pool,
+}
+
+/// Tokens per task when [`Par::Pool`] quantizes a batch.
+const PREP_ROWS: usize = 8;
+
+impl Par {
+    /// `f` of each `cols`-long row of `x`, in row order.
+    fn map_rows<T: Send>(
+        self,
+        x: &[f32],
+        cols: usize,
+        f: impl Fn(&[f32]) -> T + Sync + Send,
+    ) -> Vec<T> {
+        match self {
+            Par::Serial => x.chunks(cols).map(f).collect(),
+            Par::Rayon => x.par_chunks(cols).map(f).collect(),
+            Par::Pool => {
+                let rows: Vec<&[f32]> = x.chunks(cols).collect();
+                let slots: Vec<std::sync::Mutex<Vec<T>>> = rows
+                    .chunks(PREP_ROWS)
+                    .map(|_| std::sync::Mutex::new(Vec::new()))
+                    .collect();
+                pool::run(slots.len(), &|_, c| {
+                    let done: Vec<T> = rows[c * PREP_ROWS..]
+                        .iter()
+                        .take(PREP_ROWS)
+                        .map(|r| f(r))
+                        .collect();
+                    *slots[c].lock().unwrap_or_else(|p| p.into_inner()) = done;
+                });
+                slots
+                    .into_iter()
+                    .flat_map(|s| s.into_inner().unwrap_or_else(|p| p.into_inner()))
+                    .collect()
+            }
+        }
+    }
+}
+
 /// Per-task scratch space of [`PreparedBatch::rows_t_with`].
 pub struct BatchScratch(Option<BatchScratchInner>);
 
@@ -595,18 +643,24 @@ impl PreparedBatch {
     /// pool (as `sluice-models`' grouped products do on [`pool`]), so no second parallel
     /// mechanism runs inside their tasks.
     pub fn new(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Result<Self, KernelError> {
-        Self::with_backend(Backend::new(isa())?, ty, x, n, cols, false)
+        Self::with_backend(Backend::new(isa())?, ty, x, n, cols, Par::Serial)
     }
 
-    /// `par`: quantize the tokens on the current rayon pool (else on this thread; the
-    /// same bits either way).
+    /// [`PreparedBatch::new`] with the tokens quantized in parallel on [`pool`] (for a
+    /// caller outside any pool job with one input to prepare, e.g. a prefill's q/k/v
+    /// group; the same bits).
+    pub fn new_pooled(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Result<Self, KernelError> {
+        Self::with_backend(Backend::new(isa())?, ty, x, n, cols, Par::Pool)
+    }
+
+    /// `par`: where the tokens are quantized (the same bits everywhere).
     fn with_backend(
         be: Backend,
         ty: GgmlType,
         x: &[f32],
         n: usize,
         cols: usize,
-        par: bool,
+        par: Par,
     ) -> Result<Self, KernelError> {
         check_supported(ty)?;
         shape(
@@ -624,11 +678,7 @@ impl PreparedBatch {
         {
             if n >= 2 && cols > 0 {
                 let pack = |xt: &[f32]| x86::PackedQ8::new(ty, &formats::quantize_row_q8_0(xt));
-                let acts = if par {
-                    x.par_chunks(cols).map(pack).collect()
-                } else {
-                    x.chunks(cols).map(pack).collect()
-                };
+                let acts = par.map_rows(x, cols, pack);
                 return Ok(PreparedBatch {
                     be,
                     ty,
@@ -642,11 +692,7 @@ impl PreparedBatch {
         if let (Backend::Avx2(_) | Backend::Avx512(_), GgmlType::Q4_K | GgmlType::Q6_K) = (be, ty) {
             if n >= 2 && cols > 0 {
                 let pack = |xt: &[f32]| x86::PackedQ8K::new(&formats::quantize_row_q8_k(xt));
-                let acts = if par {
-                    x.par_chunks(cols).map(pack).collect()
-                } else {
-                    x.chunks(cols).map(pack).collect()
-                };
+                let acts = par.map_rows(x, cols, pack);
                 return Ok(PreparedBatch {
                     be,
                     ty,
@@ -660,13 +706,9 @@ impl PreparedBatch {
             (0..n)
                 .map(|_| QuantizedActs::new(ty, &[]))
                 .collect::<Result<_, _>>()?
-        } else if par {
-            x.par_chunks(cols)
-                .map(|xt| QuantizedActs::new(ty, xt))
-                .collect::<Result<_, _>>()?
         } else {
-            x.chunks(cols)
-                .map(|xt| QuantizedActs::new(ty, xt))
+            par.map_rows(x, cols, |xt| QuantizedActs::new(ty, xt))
+                .into_iter()
                 .collect::<Result<_, _>>()?
         };
         Ok(PreparedBatch {
