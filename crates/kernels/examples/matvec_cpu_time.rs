@@ -4,7 +4,10 @@
 //! figure is the best of 7 runs of 20 matvecs. Also a 256 MiB read loop for reference.
 //!
 //! Run: `cargo run -p sluice-kernels --release --example matvec_cpu_time [FORMAT_FILTER]`
-//! (`-- --matmul [FILTER]`: matmul of 32 tokens at 4096x2048 on each tier instead).
+//! (`-- --matmul [FILTER]`: matmul of 32 tokens at 4096x2048 on each tier instead;
+//! `-- --stream [FILTER]`: single-token matvecs over 256 MiB of expert-shaped 768x2048
+//! matrices, one after another, so the weights come from DRAM as in a MoE decode, on each
+//! tier; then the same with 8 tokens per matrix, as a prefill's experts see them).
 
 use sluice_kernels::{matmul_with, matvec_with, GgmlType, Isa};
 use std::hint::black_box;
@@ -88,6 +91,10 @@ fn main() {
     if matmul {
         args.remove(0);
     }
+    let stream = args.first().map(String::as_str) == Some("--stream");
+    if stream {
+        args.remove(0);
+    }
     let filter = args.first().cloned().unwrap_or_default();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
@@ -98,6 +105,65 @@ fn main() {
         Q4_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q5_K, IQ4_XS, TQ1_0,
         TQ2_0,
     ];
+    if stream {
+        let (rows, cols) = (768usize, 2048usize);
+        println!(
+            "matvec {rows}x{cols} over 256 MiB of matrices, 1 thread: GB of weights per CPU-second"
+        );
+        for ty in types
+            .into_iter()
+            .filter(|t| t.to_string().contains(&filter))
+        {
+            let one = weights(ty, rows, cols);
+            let count = (256usize << 20) / one.len();
+            // Distinct copies (not one buffer read again), so every pass streams from DRAM.
+            let ws: Vec<Vec<u8>> = (0..count).map(|_| one.clone()).collect();
+            let x: Vec<f32> = (0..cols)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+                .collect();
+            let mut y = vec![0.0f32; rows];
+            let mut line = format!("{ty:7}");
+            for isa in Isa::available().into_iter().skip(1) {
+                let ns = best_ns(&pool, 1, || {
+                    for w in &ws {
+                        matvec_with(isa, ty, black_box(w), rows, cols, black_box(&x), &mut y)
+                            .unwrap();
+                    }
+                });
+                line += &format!("  {}: {:6.2}", isa.name(), (count * one.len()) as f64 / ns);
+            }
+            // An expert's share of a prefill: 8 tokens per matrix.
+            let n = 8;
+            let xs: Vec<f32> = (0..n * cols)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+                .collect();
+            let mut ys = vec![0.0f32; n * rows];
+            for isa in Isa::available().into_iter().skip(1) {
+                let ns = best_ns(&pool, 1, || {
+                    for w in &ws {
+                        matmul_with(
+                            isa,
+                            ty,
+                            black_box(w),
+                            rows,
+                            cols,
+                            black_box(&xs),
+                            n,
+                            &mut ys,
+                        )
+                        .unwrap();
+                    }
+                });
+                line += &format!(
+                    "  {} x8: {:6.2}",
+                    isa.name(),
+                    (count * one.len()) as f64 / ns
+                );
+            }
+            println!("{line}");
+        }
+        return;
+    }
     if matmul {
         let (rows, cols, n) = (4096usize, 2048usize, 32usize);
         println!("matmul {rows}x{cols}, {n} tokens, 1 thread: GB of weights per CPU-second");

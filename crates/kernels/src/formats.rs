@@ -123,11 +123,22 @@ pub fn round_half_even(x: f32) -> f32 {
     }
 }
 
-/// [`round_half_even`] for `|x| < 2^22` (or NaN) only: no branch, so loops of it vectorize.
+/// `(round_half_even(x) as i32).clamp(-128, 127) as i8` for `|x| < 2^22` or NaN (NaN
+/// gives 0, as the saturating float cast does), in integer steps that vectorize (the
+/// float-to-int cast does not): `x + 1.5 * 2^23` (the add of [`round_half_even`]) lands
+/// in the binade where the step is 1, so its bits minus the constant's bits are the
+/// rounded integer.
 #[inline(always)]
-fn round_half_even_small(x: f32) -> f32 {
+fn round_small_to_i8(x: f32) -> i8 {
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
-    (x + MAGIC) - MAGIC
+    let y = x + MAGIC;
+    #[allow(clippy::eq_op)] // false only for NaN
+    let r = if y == y {
+        y.to_bits() as i32 - MAGIC.to_bits() as i32
+    } else {
+        0
+    };
+    r.clamp(-128, 127) as i8
 }
 
 /// Largest `|v|` of `x` (0 for an empty slice; NaN ignored, as `f32::max` does), in eight
@@ -153,29 +164,47 @@ fn abs_max(x: &[f32]) -> f32 {
 /// does: `d = amax / 127` stored as f16, `q = round_half_even(x * (127 / amax))`.
 pub fn quantize_row_q8_0(x: &[f32]) -> Vec<BlockQ8_0> {
     debug_assert_eq!(x.len() % QK8_0, 0);
-    x.chunks_exact(QK8_0)
-        .map(|xb| {
-            let amax = abs_max(xb);
-            let d = amax / 127.0;
-            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-            let mut qs = [0i8; QK8_0];
-            if amax.is_finite() {
-                // |v * id| <= 127 (+ rounding): round_half_even's short form holds for
-                // every element, so the loop has no branch and vectorizes.
-                for (q, v) in qs.iter_mut().zip(xb) {
-                    *q = round_half_even_small(v * id) as i8;
-                }
-            } else {
-                for (q, v) in qs.iter_mut().zip(xb) {
-                    *q = round_half_even(v * id) as i8;
-                }
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above), the only feature it enables.
+        return unsafe { quantize_row_q8_0_avx2(x) };
+    }
+    quantize_row_q8_0_body(x)
+}
+
+/// [`quantize_row_q8_0`] compiled for AVX2 (same operations per element, same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn quantize_row_q8_0_avx2(x: &[f32]) -> Vec<BlockQ8_0> {
+    quantize_row_q8_0_body(x)
+}
+
+/// The body of [`quantize_row_q8_0`], inlined into each compiled form.
+#[inline(always)]
+fn quantize_row_q8_0_body(x: &[f32]) -> Vec<BlockQ8_0> {
+    let mut out = Vec::with_capacity(x.len() / QK8_0);
+    for xb in x.chunks_exact(QK8_0) {
+        let amax = abs_max(xb);
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut qs = [0i8; QK8_0];
+        if amax.is_finite() {
+            // |v * id| <= 127 (+ rounding): round_half_even's short form holds for
+            // every element, so the loop has no branch and vectorizes.
+            for (q, &v) in qs.iter_mut().zip(xb) {
+                *q = round_small_to_i8(v * id);
             }
-            BlockQ8_0 {
-                d: f32_to_f16(d),
-                qs,
+        } else {
+            for (q, &v) in qs.iter_mut().zip(xb) {
+                *q = round_half_even(v * id) as i8;
             }
-        })
-        .collect()
+        }
+        out.push(BlockQ8_0 {
+            d: f32_to_f16(d),
+            qs,
+        });
+    }
+    out
 }
 
 /// One Q8_1 activation block (paired with Q4_1 / Q5_1 weights, as ggml pairs them): the
@@ -215,43 +244,72 @@ pub fn quantize_row_q8_1(x: &[f32]) -> Vec<BlockQ8_1> {
 /// `iscale = -127 / max`, `q = min(127, nearest_int(iscale * x))`, `d = 1 / iscale`.
 pub fn quantize_row_q8_k(x: &[f32]) -> Vec<BlockQ8K> {
     debug_assert_eq!(x.len() % QK_K, 0);
-    x.chunks_exact(QK_K)
-        .map(|xb| {
-            // The first element of largest magnitude (NaN never wins a comparison).
-            let amax = abs_max(xb);
-            let max = xb
-                .iter()
-                .copied()
-                .find(|v| v.abs() == amax && amax != 0.0)
-                .unwrap_or(0.0);
-            let mut b = BlockQ8K {
-                d: 0.0,
-                qs: [0; QK_K],
-                bsums: [0; QK_K / 16],
-            };
-            if amax == 0.0 {
-                return b;
-            }
-            let iscale = -127.0 / max;
-            if amax.is_finite() {
-                // |iscale * v| <= 127 (+ rounding): branch-free rounding, vectorizes.
-                for (q, v) in b.qs.iter_mut().zip(xb) {
-                    let r = round_half_even_small(iscale * v) as i32;
-                    *q = r.clamp(-128, 127) as i8;
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above), the only feature it enables.
+        return unsafe { quantize_row_q8_k_avx2(x) };
+    }
+    quantize_row_q8_k_body(x)
+}
+
+/// [`quantize_row_q8_k`] compiled for AVX2: the same IEEE operations on each element
+/// (multiply, the add/subtract rounding, compare) in wider vectors, so the same bits; a
+/// prefill quantizes every expert's gathered input with it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn quantize_row_q8_k_avx2(x: &[f32]) -> Vec<BlockQ8K> {
+    quantize_row_q8_k_body(x)
+}
+
+/// The body of [`quantize_row_q8_k`], inlined into each compiled form (plain loops, no
+/// closures, so all of it takes the enclosing function's target features).
+#[inline(always)]
+fn quantize_row_q8_k_body(x: &[f32]) -> Vec<BlockQ8K> {
+    let mut out = Vec::with_capacity(x.len() / QK_K);
+    for xb in x.chunks_exact(QK_K) {
+        // The first element of largest magnitude (NaN never wins a comparison).
+        let amax = abs_max(xb);
+        let mut max = 0.0f32;
+        if amax != 0.0 {
+            for &v in xb {
+                if v.abs() == amax {
+                    max = v;
+                    break;
                 }
-            } else {
-                for (q, v) in b.qs.iter_mut().zip(xb) {
-                    let r = round_half_even(iscale * v) as i32;
-                    *q = r.clamp(-128, 127) as i8;
-                }
             }
-            for (j, s) in b.bsums.iter_mut().enumerate() {
-                *s = b.qs[16 * j..16 * j + 16].iter().map(|&q| q as i16).sum();
+        }
+        let mut b = BlockQ8K {
+            d: 0.0,
+            qs: [0; QK_K],
+            bsums: [0; QK_K / 16],
+        };
+        if amax == 0.0 {
+            out.push(b);
+            continue;
+        }
+        let iscale = -127.0 / max;
+        if amax.is_finite() {
+            // |iscale * v| <= 127 (+ rounding): branch-free rounding, vectorizes.
+            for (q, &v) in b.qs.iter_mut().zip(xb) {
+                *q = round_small_to_i8(iscale * v);
             }
-            b.d = 1.0 / iscale;
-            b
-        })
-        .collect()
+        } else {
+            for (q, &v) in b.qs.iter_mut().zip(xb) {
+                let r = round_half_even(iscale * v) as i32;
+                *q = r.clamp(-128, 127) as i8;
+            }
+        }
+        for (s, qs) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
+            let mut acc = 0i16;
+            for &q in qs {
+                acc += q as i16;
+            }
+            *s = acc;
+        }
+        b.d = 1.0 / iscale;
+        out.push(b);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -297,6 +355,25 @@ mod tests {
     }
 
     #[test]
+    fn round_small_to_i8_equals_the_float_form() {
+        let mut s = 0x2545_f491u32;
+        let mut xs = vec![
+            0.5f32, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -127.5, 127.5, -128.5, 0.0, -0.0,
+        ];
+        xs.extend([300.0, -300.0, 1e6, -1e6, f32::NAN, 0.49999997, -0.49999997]);
+        for _ in 0..200_000 {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            xs.push((s as f32 / u32::MAX as f32 - 0.5) * 400.0);
+        }
+        for x in xs {
+            let want = (round_half_even(x) as i32).clamp(-128, 127) as i8;
+            assert_eq!(round_small_to_i8(x), want, "{x}");
+        }
+    }
+
+    #[test]
     fn quantizers_equal_the_element_wise_forms() {
         let mut s = 0x9e37_79b9u32;
         let mut next = || {
@@ -322,7 +399,16 @@ mod tests {
             }
             let q0: Vec<_> = quantize_row_q8_0(&x).iter().map(|b| (b.d, b.qs)).collect();
             assert_eq!(q0, q8_0_scalar(&x), "case {case}");
+            // The portable form too (the public functions take the AVX2 one where the
+            // CPU has it).
+            let p0: Vec<_> = quantize_row_q8_0_body(&x)
+                .iter()
+                .map(|b| (b.d, b.qs))
+                .collect();
+            assert_eq!(p0, q0, "case {case}");
+            let portable = quantize_row_q8_k_body(&x);
             let blocks = quantize_row_q8_k(&x);
+            assert_eq!(portable, blocks, "case {case}");
             let qk: Vec<_> = blocks
                 .iter()
                 .map(|b| (b.d.to_bits(), b.qs.to_vec()))

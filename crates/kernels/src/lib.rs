@@ -538,7 +538,7 @@ pub fn matmul_with(
     if rows == 0 || n == 0 {
         return Ok(());
     }
-    let batch = PreparedBatch::with_backend(be, ty, x, n, cols)?;
+    let batch = PreparedBatch::with_backend(be, ty, x, n, cols, Par::Rayon)?;
     // yt is rows x n (row-major): each task owns whole rows of it.
     let mut yt = vec![0.0f32; rows * n];
     let chunk = rows_per_task(rows, rb).next_multiple_of(batch.row_group());
@@ -582,6 +582,54 @@ enum BatchActs {
     PackedQ8K(Vec<x86::PackedQ8K>),
 }
 
+/// Where [`PreparedBatch`] quantizes its tokens.
+#[derive(Clone, Copy)]
+enum Par {
+    /// On the calling thread (inside a pool task: no second parallel mechanism there).
+    Serial,
+    /// On the current rayon pool (`matmul`).
+    Rayon,
+    /// On [`pool`], in chunks of [`PREP_ROWS`] tokens.
+    Pool,
+}
+
+/// Tokens per task when [`Par::Pool`] quantizes a batch.
+const PREP_ROWS: usize = 8;
+
+impl Par {
+    /// `f` of each `cols`-long row of `x`, in row order.
+    fn map_rows<T: Send>(
+        self,
+        x: &[f32],
+        cols: usize,
+        f: impl Fn(&[f32]) -> T + Sync + Send,
+    ) -> Vec<T> {
+        match self {
+            Par::Serial => x.chunks(cols).map(f).collect(),
+            Par::Rayon => x.par_chunks(cols).map(f).collect(),
+            Par::Pool => {
+                let rows: Vec<&[f32]> = x.chunks(cols).collect();
+                let slots: Vec<std::sync::Mutex<Vec<T>>> = rows
+                    .chunks(PREP_ROWS)
+                    .map(|_| std::sync::Mutex::new(Vec::new()))
+                    .collect();
+                pool::run(slots.len(), &|_, c| {
+                    let done: Vec<T> = rows[c * PREP_ROWS..]
+                        .iter()
+                        .take(PREP_ROWS)
+                        .map(|r| f(r))
+                        .collect();
+                    *slots[c].lock().unwrap_or_else(|p| p.into_inner()) = done;
+                });
+                slots
+                    .into_iter()
+                    .flat_map(|s| s.into_inner().unwrap_or_else(|p| p.into_inner()))
+                    .collect()
+            }
+        }
+    }
+}
+
 /// Per-task scratch space of [`PreparedBatch::rows_t_with`].
 pub struct BatchScratch(Option<BatchScratchInner>);
 
@@ -594,17 +642,29 @@ enum BatchScratchInner {
 type BatchScratchInner = ();
 
 impl PreparedBatch {
-    /// Prepare `x` (`[n, cols]`) for weights of type `ty` on the best ISA tier.
+    /// Prepare `x` (`[n, cols]`) for weights of type `ty` on the best ISA tier, on the
+    /// calling thread: callers preparing several inputs at once spread them over their own
+    /// pool (as `sluice-models`' grouped products do on [`pool`]), so no second parallel
+    /// mechanism runs inside their tasks.
     pub fn new(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Result<Self, KernelError> {
-        Self::with_backend(Backend::new(isa())?, ty, x, n, cols)
+        Self::with_backend(Backend::new(isa())?, ty, x, n, cols, Par::Serial)
     }
 
+    /// [`PreparedBatch::new`] with the tokens quantized in parallel on [`pool`] (for a
+    /// caller outside any pool job with one input to prepare, e.g. a prefill's q/k/v
+    /// group; the same bits).
+    pub fn new_pooled(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Result<Self, KernelError> {
+        Self::with_backend(Backend::new(isa())?, ty, x, n, cols, Par::Pool)
+    }
+
+    /// `par`: where the tokens are quantized (the same bits everywhere).
     fn with_backend(
         be: Backend,
         ty: GgmlType,
         x: &[f32],
         n: usize,
         cols: usize,
+        par: Par,
     ) -> Result<Self, KernelError> {
         check_supported(ty)?;
         shape(
@@ -621,10 +681,8 @@ impl PreparedBatch {
         ) = (be, ty)
         {
             if n >= 2 && cols > 0 {
-                let acts = x
-                    .par_chunks(cols)
-                    .map(|xt| x86::PackedQ8::new(ty, &formats::quantize_row_q8_0(xt)))
-                    .collect();
+                let pack = |xt: &[f32]| x86::PackedQ8::new(ty, &formats::quantize_row_q8_0(xt));
+                let acts = par.map_rows(x, cols, pack);
                 return Ok(PreparedBatch {
                     be,
                     ty,
@@ -637,10 +695,8 @@ impl PreparedBatch {
         #[cfg(target_arch = "x86_64")]
         if let (Backend::Avx2(_) | Backend::Avx512(_), GgmlType::Q4_K | GgmlType::Q6_K) = (be, ty) {
             if n >= 2 && cols > 0 {
-                let acts = x
-                    .par_chunks(cols)
-                    .map(|xt| x86::PackedQ8K::new(&formats::quantize_row_q8_k(xt)))
-                    .collect();
+                let pack = |xt: &[f32]| x86::PackedQ8K::new(&formats::quantize_row_q8_k(xt));
+                let acts = par.map_rows(x, cols, pack);
                 return Ok(PreparedBatch {
                     be,
                     ty,
@@ -655,8 +711,8 @@ impl PreparedBatch {
                 .map(|_| QuantizedActs::new(ty, &[]))
                 .collect::<Result<_, _>>()?
         } else {
-            x.par_chunks(cols)
-                .map(|xt| QuantizedActs::new(ty, xt))
+            par.map_rows(x, cols, |xt| QuantizedActs::new(ty, xt))
+                .into_iter()
                 .collect::<Result<_, _>>()?
         };
         Ok(PreparedBatch {
@@ -722,6 +778,9 @@ impl PreparedBatch {
         shape("matmul", ty, "output length (rows * n)", nr * n, yt.len())?;
         let rb = check_matrix("matmul", ty, w_rows, nr, self.cols)?;
         match &self.acts {
+            // One token: the single-token row kernels (two rows interleaved, weights
+            // prefetched; the same bits as the one-row dot below).
+            BatchActs::Generic(acts) if n == 1 => self.be.rows(ty, w_rows, rb, &acts[0], yt),
             BatchActs::Generic(acts) => {
                 let acts: Vec<&QuantizedActs> = acts.iter().collect();
                 for (i, yrow) in yt.chunks_mut(n).enumerate() {

@@ -129,6 +129,43 @@ proptest! {
     }
 }
 
+/// The formats with two-row single-token kernels, every tier, every row count up to 9
+/// (pairs and an odd last row) and 1-4 blocks per row: each row of `matvec` has the bits
+/// of the one-row dot (a fixed sweep, so every run covers each kernel, on top of the
+/// proptest above).
+#[test]
+fn two_row_kernels_equal_one_row_dots() {
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+    ] {
+        for nb in 1..=4 {
+            for rows in 1..=9 {
+                let mut rng = SplitMix(1000 * ty.id() as u64 + 10 * nb as u64 + rows as u64);
+                let cols = cols_for(ty, nb, 0);
+                let w = matrix(ty, rows, cols, &mut rng);
+                let x = random_x(ty, cols, &mut rng, false);
+                let acts = QuantizedActs::new(ty, &x).unwrap();
+                let rb = w.len() / rows;
+                for isa in Isa::available() {
+                    let mut y = vec![f32::NAN; rows];
+                    matvec_with(isa, ty, &w, rows, cols, &x, &mut y).unwrap();
+                    for r in 0..rows {
+                        let d = vec_dot_with(isa, ty, &w[r * rb..(r + 1) * rb], &acts).unwrap();
+                        assert_eq!(
+                            y[r].to_bits(),
+                            d.to_bits(),
+                            "{isa:?} {ty} nb={nb} rows={rows} r={r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn threads_do_not_change_results() {
     let (p1, p2) = (pool(1), pool(2));

@@ -247,9 +247,14 @@ thread_local! {
 /// `[rows, n]` buffers, transposed into `y` afterwards. Same bits as `matmul` per job.
 fn grouped_matmul(jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
     let (first, idx) = input_keys(jobs);
+    // One input (e.g. q/k/v): its tokens quantized in parallel on the pool; several
+    // (experts' gathered inputs): one input per pool task, each on its task's thread.
     let slots: Vec<Mutex<Option<Result<PreparedBatch, KernelError>>>> =
         first.iter().map(|_| Mutex::new(None)).collect();
-    {
+    if let [only] = first[..] {
+        let j = &jobs[only];
+        *lock(&slots[0]) = Some(PreparedBatch::new_pooled(j.ty, j.x, j.n, j.cols));
+    } else {
         let jr = &*jobs;
         pool::run(first.len(), &|_, i| {
             let j = &jr[first[i]];

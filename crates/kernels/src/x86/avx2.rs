@@ -4,6 +4,9 @@
 //! and feeds it to N tokens; the operations applied to token t's accumulator do not depend
 //! on N, so a tile of N tokens gives bit-identical results to N single-token calls.
 //!
+//! Single-token row kernels (`rows_*`: two rows interleaved, the same per-row operations
+//! as the one-row dot, weights prefetched ahead) for Q8_0, Q5_0, Q4_K and Q6_K.
+//!
 //! Integer parts are exact (as in the reference); floats: per block, the exact i32 lane
 //! partials are converted to f32 and FMA'd into 8-lane accumulators, summed at the end.
 //! Every function here is a `#[target_feature]` fn: callers must hold the `Avx2` token.
@@ -378,4 +381,141 @@ pub(super) fn dot_bf16<const N: usize>(row: &[u8], xs: [&[f32]; N]) -> [f32; N] 
         },
         |w| crate::formats::bf16_to_f32(u16::from_le_bytes([w[0], w[1]])),
     )
+}
+
+/// `out[r] = row r . ys` for consecutive Q4_K rows of `w` (`rb` bytes each), two rows
+/// interleaved: each row's accumulators see exactly the operations of `dot_q4k::<1>` in the
+/// same order (same bits), while the activation block is loaded once for both rows, the two
+/// rows' chains run side by side, and the weights of the rows
+/// `KQ_PREFETCH_ROWS` ahead are prefetched block by block. An odd last row goes
+/// through `dot_q4k::<1>`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn rows_q4k(w: &[u8], rb: usize, ys: &[BlockQ8K], out: &mut [f32]) {
+    let tab = crate::formats::f16_table();
+    let m4 = _mm256_set1_epi8(0x0F);
+    let nb = rb / Q4_K_BYTES;
+    let ys = &ys[..nb];
+    let pf = super::KQ_PREFETCH_ROWS;
+    let mut pairs = out.chunks_exact_mut(2);
+    let mut r = 0;
+    for o in &mut pairs {
+        let (b0, _) = w[r * rb..(r + 1) * rb].as_chunks::<Q4_K_BYTES>();
+        let (b1, _) = w[(r + 1) * rb..(r + 2) * rb].as_chunks::<Q4_K_BYTES>();
+        let mut acc = [_mm256_setzero_ps(); 2];
+        let mut accm = [_mm_setzero_ps(); 2];
+        for (i, ((x0, x1), yb)) in b0.iter().zip(b1).zip(ys).enumerate() {
+            super::prefetch_block(w, (r + pf) * rb + i * Q4_K_BYTES, Q4_K_BYTES);
+            super::prefetch_block(w, (r + pf + 1) * rb + i * Q4_K_BYTES, Q4_K_BYTES);
+            let bs = ld256_i16(&yb.bsums);
+            let q8s = _mm_hadd_epi16(
+                _mm256_castsi256_si128(bs),
+                _mm256_extracti128_si256::<1>(bs),
+            );
+            let mut scales = [_mm256_setzero_si256(); 2];
+            let mut dd = [0.0f32; 2];
+            for (k, b) in [x0, x1].into_iter().enumerate() {
+                let d = tab[u16::from_le_bytes([b[0], b[1]]) as usize];
+                let dmin = tab[u16::from_le_bytes([b[2], b[3]]) as usize];
+                let u = q4k_scales_mins(sub::<12, u8>(b, 4));
+                let ms = _mm256_cvtepu8_epi16(_mm_set_epi32(
+                    u[3] as i32,
+                    u[2] as i32,
+                    u[1] as i32,
+                    u[0] as i32,
+                ));
+                let mins = _mm256_extracti128_si256::<1>(ms);
+                let sc = _mm256_castsi256_si128(ms);
+                scales[k] = _mm256_set_m128i(sc, sc);
+                let prod = _mm_madd_epi16(mins, q8s);
+                accm[k] = _mm_fmadd_ps(_mm_set1_ps(-yb.d * dmin), _mm_cvtepi32_ps(prod), accm[k]);
+                dd[k] = yb.d * d;
+            }
+            let mut sumi = [_mm256_setzero_si256(); 2];
+            for j in 0..4 {
+                let q8l = ld256_i8(sub::<32, i8>(&yb.qs, 64 * j));
+                let q8h = ld256_i8(sub::<32, i8>(&yb.qs, 64 * j + 32));
+                let shl = ld256(&K4_SHUF[2 * j]);
+                let shh = ld256(&K4_SHUF[2 * j + 1]);
+                for (k, b) in [x0, x1].into_iter().enumerate() {
+                    let scale_l = _mm256_shuffle_epi8(scales[k], shl);
+                    let scale_h = _mm256_shuffle_epi8(scales[k], shh);
+                    let q4 = ld256(sub::<32, u8>(b, 16 + 32 * j));
+                    let q4l = _mm256_and_si256(q4, m4);
+                    let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
+                    let pl = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, q8l));
+                    let ph = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, q8h));
+                    sumi[k] = _mm256_add_epi32(sumi[k], _mm256_add_epi32(pl, ph));
+                }
+            }
+            for k in 0..2 {
+                let v = _mm256_set1_ps(dd[k]);
+                acc[k] = _mm256_fmadd_ps(v, _mm256_cvtepi32_ps(sumi[k]), acc[k]);
+            }
+        }
+        o[0] = hsum8(acc[0]) + hsum4(accm[0]);
+        o[1] = hsum8(acc[1]) + hsum4(accm[1]);
+        r += 2;
+    }
+    if let [last] = pairs.into_remainder() {
+        *last = dot_q4k::<1>(&w[r * rb..(r + 1) * rb], [ys])[0];
+    }
+}
+
+/// `out[r] = row r . ys` for consecutive Q6_K rows of `w` (`rb` bytes each), two rows
+/// interleaved as in [`rows_q4k`]: each row sees exactly the operations of `dot_q6k::<1>`
+/// in the same order (same bits). An odd last row goes through `dot_q6k::<1>`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn rows_q6k(w: &[u8], rb: usize, ys: &[BlockQ8K], out: &mut [f32]) {
+    let tab = crate::formats::f16_table();
+    let nb = rb / Q6_K_BYTES;
+    let ys = &ys[..nb];
+    let pf = super::KQ_PREFETCH_ROWS;
+    let mut pairs = out.chunks_exact_mut(2);
+    let mut r = 0;
+    for o in &mut pairs {
+        let (b0, _) = w[r * rb..(r + 1) * rb].as_chunks::<Q6_K_BYTES>();
+        let (b1, _) = w[(r + 1) * rb..(r + 2) * rb].as_chunks::<Q6_K_BYTES>();
+        let mut acc = [_mm256_setzero_ps(); 2];
+        for (i, ((x0, x1), yb)) in b0.iter().zip(b1).zip(ys).enumerate() {
+            super::prefetch_block(w, (r + pf) * rb + i * Q6_K_BYTES, Q6_K_BYTES);
+            super::prefetch_block(w, (r + pf + 1) * rb + i * Q6_K_BYTES, Q6_K_BYTES);
+            let bs = ld256_i16(&yb.bsums);
+            let mut sumi = [_mm256_setzero_si256(); 2];
+            let mut sc16 = [_mm256_setzero_si256(); 2];
+            for (k, b) in [x0, x1].into_iter().enumerate() {
+                sc16[k] = _mm256_cvtepi8_epi16(ld128(sub::<16, u8>(b, 192)));
+                let corr = _mm256_madd_epi16(sc16[k], bs);
+                sumi[k] = _mm256_sub_epi32(sumi[k], _mm256_slli_epi32::<5>(corr));
+            }
+            for h in 0..2 {
+                let q0 = q6k_half(x0, h);
+                let q1 = q6k_half(x1, h);
+                for kk in 0..4 {
+                    let q8 = ld256_i8(sub::<32, i8>(&yb.qs, 128 * h + 32 * kk));
+                    let sh = ld256(&K6_SHUF[kk]);
+                    for (k, qk) in [q0[kk], q1[kk]].into_iter().enumerate() {
+                        let sch = if h == 0 {
+                            _mm256_permute2x128_si256::<0x00>(sc16[k], sc16[k])
+                        } else {
+                            _mm256_permute2x128_si256::<0x11>(sc16[k], sc16[k])
+                        };
+                        let scale = _mm256_shuffle_epi8(sch, sh);
+                        let p = _mm256_madd_epi16(scale, _mm256_maddubs_epi16(qk, q8));
+                        sumi[k] = _mm256_add_epi32(sumi[k], p);
+                    }
+                }
+            }
+            for (k, b) in [x0, x1].into_iter().enumerate() {
+                let d = tab[u16::from_le_bytes([b[208], b[209]]) as usize];
+                let dd = _mm256_set1_ps(yb.d * d);
+                acc[k] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(sumi[k]), acc[k]);
+            }
+        }
+        o[0] = hsum8(acc[0]);
+        o[1] = hsum8(acc[1]);
+        r += 2;
+    }
+    if let [last] = pairs.into_remainder() {
+        *last = dot_q6k::<1>(&w[r * rb..(r + 1) * rb], [ys])[0];
+    }
 }

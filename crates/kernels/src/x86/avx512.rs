@@ -8,7 +8,8 @@
 //! (each `vpdpbusd` lane is a sum of 4 products, |.| < 2^15, so its low i16 is the value and
 //! the scale's high i16 is 0); the 512-bit halves are added into the AVX2 kernel's 8 lanes
 //! (same elements per lane), then the float steps are the AVX2 kernel's. Other formats use
-//! the AVX2 kernels.
+//! the AVX2 kernels. Single-token row kernels (`rows_*`: two rows interleaved, weights
+//! prefetched ahead) for Q8_0, Q5_0, Q4_K and Q6_K.
 //! Every function here is a `#[target_feature]` fn: callers must hold the `Avx512` token.
 
 use core::arch::x86_64::*;
@@ -130,8 +131,9 @@ pub(super) fn dot_q4k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
 
 /// `out[r] = row r . ys` for consecutive Q4_K rows of `w` (`rb` bytes each), two rows
 /// interleaved: each row's accumulators see exactly the operations of `dot_q4k::<1>` in the
-/// same order (same bits), while the activation block is loaded once for both rows and the
-/// two rows' chains run side by side. An odd last row goes through `dot_q4k::<1>`.
+/// same order (same bits), while the activation block is loaded once for both rows, the
+/// two rows' chains run side by side, and the weights of the rows `KQ_PREFETCH_ROWS` ahead
+/// are prefetched block by block. An odd last row goes through `dot_q4k::<1>`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) fn rows_q4k(w: &[u8], rb: usize, ys: &[BlockQ8K], out: &mut [f32]) {
     let tab = crate::formats::f16_table();
@@ -142,6 +144,7 @@ pub(super) fn rows_q4k(w: &[u8], rb: usize, ys: &[BlockQ8K], out: &mut [f32]) {
     });
     let nb = rb / Q4_K_BYTES;
     let ys = &ys[..nb];
+    let pf = super::KQ_PREFETCH_ROWS;
     let mut pairs = out.chunks_exact_mut(2);
     let mut r = 0;
     for o in &mut pairs {
@@ -149,7 +152,9 @@ pub(super) fn rows_q4k(w: &[u8], rb: usize, ys: &[BlockQ8K], out: &mut [f32]) {
         let (b1, _) = w[(r + 1) * rb..(r + 2) * rb].as_chunks::<Q4_K_BYTES>();
         let mut acc = [_mm256_setzero_ps(); 2];
         let mut accm = [_mm_setzero_ps(); 2];
-        for ((x0, x1), yb) in b0.iter().zip(b1).zip(ys) {
+        for (i, ((x0, x1), yb)) in b0.iter().zip(b1).zip(ys).enumerate() {
+            super::prefetch_block(w, (r + pf) * rb + i * Q4_K_BYTES, Q4_K_BYTES);
+            super::prefetch_block(w, (r + pf + 1) * rb + i * Q4_K_BYTES, Q4_K_BYTES);
             let bs = ld256_i16(&yb.bsums);
             let q8s = _mm_hadd_epi16(
                 _mm256_castsi256_si128(bs),
@@ -256,4 +261,66 @@ pub(super) fn dot_q6k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
         out[t] = hsum8(acc[t]);
     }
     out
+}
+
+/// `out[r] = row r . ys` for consecutive Q6_K rows of `w` (`rb` bytes each), two rows
+/// interleaved as in [`rows_q4k`]: each row sees exactly the operations of `dot_q6k::<1>`
+/// in the same order (same bits), the activation block is loaded once for both rows, and
+/// the weights of the rows `KQ_PREFETCH_ROWS` ahead are prefetched block by
+/// block. An odd last row goes through `dot_q6k::<1>`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) fn rows_q6k(w: &[u8], rb: usize, ys: &[BlockQ8K], out: &mut [f32]) {
+    let tab = crate::formats::f16_table();
+    let idx = Q6_SC_IDX.map(|m| {
+        // SAFETY: `m` is 16 readable i32; loadu has no alignment requirement.
+        unsafe { _mm512_loadu_si512(m.as_ptr().cast()) }
+    });
+    let nb = rb / Q6_K_BYTES;
+    let ys = &ys[..nb];
+    let pf = super::KQ_PREFETCH_ROWS;
+    let mut pairs = out.chunks_exact_mut(2);
+    let mut r = 0;
+    for o in &mut pairs {
+        let (b0, _) = w[r * rb..(r + 1) * rb].as_chunks::<Q6_K_BYTES>();
+        let (b1, _) = w[(r + 1) * rb..(r + 2) * rb].as_chunks::<Q6_K_BYTES>();
+        let mut acc = [_mm256_setzero_ps(); 2];
+        for (i, ((x0, x1), yb)) in b0.iter().zip(b1).zip(ys).enumerate() {
+            super::prefetch_block(w, (r + pf) * rb + i * Q6_K_BYTES, Q6_K_BYTES);
+            super::prefetch_block(w, (r + pf + 1) * rb + i * Q6_K_BYTES, Q6_K_BYTES);
+            let bs = ld256_i16(&yb.bsums);
+            let mut sc32 = [_mm512_setzero_si512(); 2];
+            let mut corr = [_mm256_setzero_si256(); 2];
+            for (k, b) in [x0, x1].into_iter().enumerate() {
+                let sc8 = ld128(sub::<16, u8>(b, 192));
+                let sc16 = _mm256_cvtepi8_epi16(sc8);
+                sc32[k] = _mm512_and_si512(_mm512_cvtepi8_epi32(sc8), _mm512_set1_epi32(0xFFFF));
+                corr[k] = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs));
+            }
+            let mut sumi = [_mm512_setzero_si512(); 2];
+            for h in 0..2 {
+                let q = [q6k_half(x0, h), q6k_half(x1, h)];
+                for m in 0..2 {
+                    let q8 = ld512_i8(sub::<64, i8>(&yb.qs, 128 * h + 64 * m));
+                    for k in 0..2 {
+                        let scale = _mm512_permutexvar_epi32(idx[2 * h + m], sc32[k]);
+                        let qq = halves(q[k][2 * m], q[k][2 * m + 1]);
+                        let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qq, q8);
+                        sumi[k] = _mm512_dpwssd_epi32(sumi[k], p, scale);
+                    }
+                }
+            }
+            for (k, b) in [x0, x1].into_iter().enumerate() {
+                let d = tab[u16::from_le_bytes([b[208], b[209]]) as usize];
+                let s = _mm256_sub_epi32(fold(sumi[k]), corr[k]);
+                let dd = _mm256_set1_ps(yb.d * d);
+                acc[k] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc[k]);
+            }
+        }
+        o[0] = hsum8(acc[0]);
+        o[1] = hsum8(acc[1]);
+        r += 2;
+    }
+    if let [last] = pairs.into_remainder() {
+        *last = dot_q6k::<1>(&w[r * rb..(r + 1) * rb], [ys])[0];
+    }
 }

@@ -104,6 +104,30 @@ macro_rules! q8_like_kernel {
 #[cfg(target_arch = "x86_64")]
 const MATVEC_PREFETCH_ROWS: usize = 4;
 
+/// How many rows ahead the single-token K-quant row kernels (and the one-row fallback of
+/// [`Avx2::rows`] / [`Avx512::rows`]) prefetch their weights: a decode streams each
+/// expert's rows from DRAM once, and the hardware prefetchers alone left the Q4_K kernel
+/// waiting on the first line of each block (768x2048 matrices streamed from DRAM, 1
+/// thread: 7.8 -> 12.9 GB/s for Q4_K, 8.5 -> 14.0 for Q6_K with 2 to 8 rows ahead).
+#[cfg(target_arch = "x86_64")]
+const KQ_PREFETCH_ROWS: usize = 4;
+
+/// Prefetch hints for the `len` bytes at byte `off` of `w` (one per 64 bytes), which may
+/// lie past the end of `w`: a hint never faults, whatever the address, and reads nothing.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_block(w: &[u8], off: usize, len: usize) {
+    use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let p = w.as_ptr().wrapping_add(off);
+    let mut o = 0;
+    while o < len {
+        // SAFETY: SSE is part of the x86-64 baseline, and a prefetch is a hint that never
+        // faults and reads nothing the program sees, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o).cast()) };
+        o += 64;
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -276,8 +300,20 @@ mod tokens {
             match ty {
                 GgmlType::Q8_0 => unsafe { super::avx2::rows_q8_0(w, rb, q8_0(acts), out) },
                 GgmlType::Q5_0 => unsafe { super::avx2::rows_q5_0(w, rb, q8_0(acts), out) },
+                GgmlType::Q4_K => unsafe { super::avx2::rows_q4k(w, rb, q8k(acts), out) },
+                GgmlType::Q6_K => unsafe { super::avx2::rows_q6k(w, rb, q8k(acts), out) },
                 _ => {
+                    // Dense rows are long runs the hardware prefetchers follow on their own.
+                    let dense = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+                    let pf = if dense {
+                        0
+                    } else {
+                        super::KQ_PREFETCH_ROWS * rb
+                    };
                     for (i, o) in out.iter_mut().enumerate() {
+                        if pf > 0 {
+                            super::prefetch_block(w, i * rb + pf, rb);
+                        }
                         let row = &w[i * rb..(i + 1) * rb];
                         self.dot_tile(ty, row, &[acts], std::slice::from_mut(o));
                     }
@@ -342,8 +378,19 @@ mod tokens {
                 GgmlType::Q8_0 => unsafe { super::avx512::rows_q8_0(w, rb, q8_0(acts), out) },
                 GgmlType::Q5_0 => unsafe { super::avx512::rows_q5_0(w, rb, q8_0(acts), out) },
                 GgmlType::Q4_K => unsafe { super::avx512::rows_q4k(w, rb, q8k(acts), out) },
+                GgmlType::Q6_K => unsafe { super::avx512::rows_q6k(w, rb, q8k(acts), out) },
                 _ => {
+                    // Dense rows are long runs the hardware prefetchers follow on their own.
+                    let dense = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+                    let pf = if dense {
+                        0
+                    } else {
+                        super::KQ_PREFETCH_ROWS * rb
+                    };
                     for (i, o) in out.iter_mut().enumerate() {
+                        if pf > 0 {
+                            super::prefetch_block(w, i * rb + pf, rb);
+                        }
                         let row = &w[i * rb..(i + 1) * rb];
                         self.dot_tile(ty, row, &[acts], std::slice::from_mut(o));
                     }

@@ -190,6 +190,38 @@ fn unit_key(il: usize, unit: usize, part: u8) -> UnitKey {
     }
 }
 
+thread_local! {
+    /// [`routed`]'s output buffers (weighted slot outputs; gate, up and down outputs of a
+    /// batch of experts), kept between calls on this thread: a prefill chunk's are
+    /// megabytes per layer, which as fresh allocations were page faults and zeroing every
+    /// layer (see [`sized`]).
+    static MOE_SCRATCH: std::cell::RefCell<[Vec<f32>; 4]> = const {
+        std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new(), Vec::new()])
+    };
+}
+
+/// The first `len` values of `buf` (grown if shorter). They hold whatever the last call
+/// left: every value a call reads is written by that call first (the grouped products
+/// write every output row; every (token, slot) row of the slot outputs is written by the
+/// one expert it chose), so old values never reach a result.
+fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
+}
+
+/// `buf` split into consecutive pieces of the given lengths.
+fn split_pieces(mut buf: &mut [f32], lens: impl Iterator<Item = usize>) -> Vec<&mut [f32]> {
+    let mut out = Vec::new();
+    for n in lens {
+        let (a, rest) = std::mem::take(&mut buf).split_at_mut(n);
+        out.push(a);
+        buf = rest;
+    }
+    out
+}
+
 /// Routed experts over a chunk `h` (`[T, E]`) of layer `il`.
 pub fn routed(
     env: &Env<'_>,
@@ -217,8 +249,12 @@ pub fn routed(
         users[ex].push(ts);
     }
     let needed: Vec<usize> = (0..w.n_expert).filter(|&x| !users[x].is_empty()).collect();
+    // Buffers taken from this thread's scratch (left empty there while in use, so a
+    // nested call would allocate its own) and put back at the end.
+    let mut scratch = MOE_SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    let [slot_buf, g_buf, u_buf, d_buf] = &mut scratch;
     // slot_out[(t * k + slot) * E ..]: weighted output of token t's slot-th expert.
-    let mut slot_out = vec![0.0f32; t_len * k * e];
+    let slot_out = sized(slot_buf, t_len * k * e);
     let mut failed: Option<ModelError> = None;
     let compute = env.compute;
     // Every expert of a ready batch runs in one grouped pass for gate+up and one for down
@@ -240,9 +276,10 @@ pub fn routed(
                 Cow::Owned(xs)
             }
         });
-        let mut g: Vec<Vec<f32>> = lists.iter().map(|l| vec![0.0f32; l.len() * ff]).collect();
-        let mut u: Vec<Vec<f32>> = lists.iter().map(|l| vec![0.0f32; l.len() * ff]).collect();
-        let mut d: Vec<Vec<f32>> = lists.iter().map(|l| vec![0.0f32; l.len() * e]).collect();
+        let rows: usize = lists.iter().map(|l| l.len()).sum();
+        let mut g = split_pieces(sized(g_buf, rows * ff), lists.iter().map(|l| l.len() * ff));
+        let mut u = split_pieces(sized(u_buf, rows * ff), lists.iter().map(|l| l.len() * ff));
+        let mut d = split_pieces(sized(d_buf, rows * e), lists.iter().map(|l| l.len() * e));
         {
             let mut jobs = Vec::with_capacity(2 * batch.len());
             for (((&(i, view), x), (gj, uj)), l) in batch
@@ -258,7 +295,7 @@ pub fn routed(
                     cols: gm.cols,
                     x,
                     n: l.len(),
-                    y: gj,
+                    y: &mut gj[..],
                     unit: Some(unit_key(il, needed[i], 0)),
                 });
                 jobs.push(LinearJob {
@@ -268,14 +305,14 @@ pub fn routed(
                     cols: um.cols,
                     x,
                     n: l.len(),
-                    y: uj,
+                    y: &mut uj[..],
                     unit: Some(unit_key(il, needed[i], 1)),
                 });
             }
             compute.linear_group(&mut jobs)?;
         }
         threads::for_each_chunk(&mut g, 1, seq_len, |i, gj| {
-            for (a, &b) in gj[0].iter_mut().zip(&u[i]) {
+            for (a, &b) in gj[0].iter_mut().zip(u[i].iter()) {
                 *a = w.act.glu(*a, b);
             }
         });
@@ -287,9 +324,9 @@ pub fn routed(
                     w: view.part(2),
                     rows: dm.rows,
                     cols: dm.cols,
-                    x: gj,
+                    x: &gj[..],
                     n: l.len(),
-                    y: dj,
+                    y: &mut dj[..],
                     unit: Some(unit_key(il, needed[i], 2)),
                 });
             }
@@ -303,7 +340,7 @@ pub fn routed(
                 src[ts] = Some((bi, j));
             }
         }
-        threads::for_each_chunk(&mut slot_out, e, seq_len, |ts, dst| {
+        threads::for_each_chunk(slot_out, e, seq_len, |ts, dst| {
             if let Some((bi, j)) = src[ts] {
                 let wt = weights[ts];
                 for (o, &v) in dst.iter_mut().zip(&d[bi][j * e..(j + 1) * e]) {
@@ -326,12 +363,14 @@ pub fn routed(
     }
     walked?;
     let mut out = vec![0.0f32; t_len * e];
+    let slot_out = &scratch[0];
     threads::for_each_chunk(&mut out, e, seq_len, |t, dst| {
         for slot in 0..k {
             let src = &slot_out[(t * k + slot) * e..(t * k + slot + 1) * e];
             dst.iter_mut().zip(src).for_each(|(a, &b)| *a += b);
         }
     });
+    MOE_SCRATCH.with(|c| *c.borrow_mut() = scratch);
     Ok(out)
 }
 
