@@ -4,7 +4,11 @@
 //! biased sqrt-softplus / sigmoid scores, or a token-id hash table), recording the choice
 //! in the routing trace, and running each expert the chunk needs once for all its tokens
 //! through the [`sluice_tier::ExpertSource`], then summing every token's k weighted outputs
-//! in slot order (so the order experts arrive in never changes a bit).
+//! in slot order (so the order experts arrive in never changes a bit). Router lookahead:
+//! during a single-token step, layer L's MoE input goes through layer L+1's router
+//! ([`NextRouter`], linked at load by [`link_lookahead`]) and the predicted units are
+//! handed to [`sluice_tier::ExpertSource::lookahead`] once layer L's own reads are issued;
+//! the prediction only moves bytes, it never feeds a computation.
 
 use std::borrow::Cow;
 
@@ -163,6 +167,88 @@ pub struct MoeWeights {
     pub up: UnitMat,
     pub down: UnitMat,
     pub act: Activation,
+    /// The next MoE layer's router, for lookahead (set by [`link_lookahead`]; `None`:
+    /// the last MoE layer, a hash-routed next layer, or not linked).
+    pub next: Option<Box<NextRouter>>,
+}
+
+/// The router of the MoE layer after this one, applied to this layer's MoE input to guess
+/// which of its units the next layer will pick (router lookahead).
+#[derive(Debug, Clone)]
+pub struct NextRouter {
+    /// The next MoE layer's index.
+    pub layer: usize,
+    pub router_w: Mat,
+    pub router: Router,
+    pub n_expert: usize,
+    pub k: usize,
+    /// `w_next / w_this` per channel of the two layers' MoE input norms: turns this
+    /// layer's normed input into the next norm applied to the same residual (channels
+    /// where this layer's weight is 0 get 0).
+    pub rescale: Option<Vec<f32>>,
+}
+
+/// Link every MoE layer to the next one's router for lookahead. `layers`: per MoE layer
+/// in order, (layer index, its weights, the RMS-norm weights applied to its MoE input).
+/// Hash-routed next layers are left out (their units are certain: `prefetch`).
+pub fn link_lookahead<'a>(
+    layers: impl IntoIterator<Item = (usize, &'a mut MoeWeights, &'a [f32])>,
+) {
+    let mut layers: Vec<(usize, &'a mut MoeWeights, &'a [f32])> = layers.into_iter().collect();
+    for i in 0..layers.len() {
+        let next = layers.get(i + 1).and_then(|(il, w, norm)| {
+            if matches!(w.router, Router::Hash { .. }) {
+                return None;
+            }
+            Some(NextRouter {
+                layer: *il,
+                router_w: w.router_w.clone(),
+                router: w.router.clone(),
+                n_expert: w.n_expert,
+                k: w.k,
+                rescale: Some(norm.to_vec()),
+            })
+        });
+        let this_norm = layers[i].2;
+        layers[i].1.next = next.map(|mut n| {
+            n.rescale = n.rescale.map(|next_norm| {
+                if next_norm.len() != this_norm.len() || next_norm == this_norm {
+                    return Vec::new();
+                }
+                next_norm
+                    .iter()
+                    .zip(this_norm)
+                    .map(|(&a, &b)| if b == 0.0 { 0.0 } else { a / b })
+                    .collect()
+            });
+            if n.rescale.as_ref().is_some_and(Vec::is_empty) {
+                n.rescale = None;
+            }
+            Box::new(n)
+        });
+    }
+}
+
+/// Tell the expert source which units of the next MoE layer its router would pick for
+/// `h` (this layer's MoE input, one token). Never changes a result; errors only skip it.
+fn predict_next(
+    env: &Env<'_>,
+    batch: &Batch<'_>,
+    next: &NextRouter,
+    h: &[f32],
+) -> Option<Vec<usize>> {
+    let x: Cow<'_, [f32]> = match &next.rescale {
+        Some(r) => Cow::Owned(h.iter().zip(r).map(|(&a, &b)| a * b).collect()),
+        None => Cow::Borrowed(h),
+    };
+    let logits = env.linear(&next.router_w, &x, 1).ok()?;
+    let (mut chosen, _) = next
+        .router
+        .route(&logits, batch.tokens, next.n_expert, next.k)
+        .ok()?;
+    chosen.sort_unstable();
+    chosen.dedup();
+    Some(chosen)
 }
 
 /// Tensor names of a GLU expert unit's matrices, in the order [`routed`] reads them.
@@ -217,6 +303,14 @@ pub fn routed(
         users[ex].push(ts);
     }
     let needed: Vec<usize> = (0..w.n_expert).filter(|&x| !users[x].is_empty()).collect();
+    // Router lookahead (decode): the next layer's likely units, handed over once this
+    // layer's own reads are issued (its first batch), so they queue behind them.
+    let mut ahead = match &w.next {
+        Some(next) if t_len == 1 && env.experts.lookahead_enabled() => {
+            predict_next(env, batch, next, h).map(|u| (next.layer, u))
+        }
+        _ => None,
+    };
     // slot_out[(t * k + slot) * E ..]: weighted output of token t's slot-th expert.
     let mut slot_out = vec![0.0f32; t_len * k * e];
     let mut failed: Option<ModelError> = None;
@@ -316,6 +410,9 @@ pub fn routed(
     let walked = env
         .experts
         .for_each_batch(env.map, il, &needed, &mut |batch| {
+            if let Some((layer, units)) = ahead.take() {
+                env.experts.lookahead(layer, &units);
+            }
             run(batch).map_err(|e| {
                 failed = Some(e);
                 Stop
