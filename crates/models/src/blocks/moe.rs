@@ -467,6 +467,71 @@ mod tests {
         assert!((s[1] - 30.0f32.sqrt()).abs() < 1e-5);
     }
 
+    fn moe(router: Router) -> MoeWeights {
+        let m = |rows, cols| UnitMat {
+            ty: GgmlType::F32,
+            rows,
+            cols,
+        };
+        MoeWeights {
+            router_w: Mat {
+                ty: GgmlType::F32,
+                rows: 4,
+                cols: 2,
+                range: 0..32,
+            },
+            router,
+            n_expert: 4,
+            k: 2,
+            gate: m(3, 2),
+            up: m(3, 2),
+            down: m(2, 3),
+            act: Activation::Silu,
+            next: None,
+        }
+    }
+
+    #[test]
+    fn lookahead_links_each_moe_layer_to_the_next_router() {
+        let hash = Router::Hash {
+            table: vec![0, 1],
+            score: ScoreFn::Softmax,
+            norm: true,
+            scale: 1.0,
+        };
+        let biased = Router::Biased {
+            score: ScoreFn::Sigmoid,
+            bias: vec![0.0, 1.0, 0.0, 0.0],
+            norm: true,
+            scale: 2.5,
+        };
+        let mut ls = [
+            moe(Router::Softmax { norm: true }),
+            moe(biased),
+            moe(hash),
+            moe(Router::Softmax { norm: false }),
+        ];
+        let norms = [vec![2.0, 0.0], vec![1.0, 3.0], vec![1.0, 1.0], vec![1.0, 1.0]];
+        // Layers 0, 2, 3, 5 are MoE layers (1 and 4 dense).
+        let idx = [0, 2, 3, 5];
+        link_lookahead(
+            ls.iter_mut()
+                .zip(&norms)
+                .zip(idx)
+                .map(|((m, n), il)| (il, m, &n[..])),
+        );
+        let n0 = ls[0].next.as_ref().expect("layer 0 -> layer 2");
+        assert_eq!(n0.layer, 2);
+        assert!(matches!(n0.router, Router::Biased { scale, .. } if scale == 2.5));
+        // w_next / w_this, 0 where this layer's weight is 0.
+        assert_eq!(n0.rescale.as_deref(), Some(&[0.5, 0.0][..]));
+        assert!(ls[1].next.is_none(), "the next layer is hash-routed");
+        let n2 = ls[2].next.as_ref().expect("layer 3 -> layer 5");
+        assert_eq!(n2.layer, 5);
+        assert!(n2.rescale.is_none(), "equal norms need no rescale");
+        assert!(ls[3].next.is_none(), "the last MoE layer has no next");
+    }
+
     #[test]
     fn hash_router_uses_token_table_and_checks_range() {
         let r = Router::Hash {
