@@ -242,12 +242,11 @@ fn predict_next(
         None => Cow::Borrowed(h),
     };
     let logits = env.linear(&next.router_w, &x, 1).ok()?;
-    let (mut chosen, _) = next
+    // One token: k distinct units, most likely first (reads are issued in this order).
+    let (chosen, _) = next
         .router
         .route(&logits, batch.tokens, next.n_expert, next.k)
         .ok()?;
-    chosen.sort_unstable();
-    chosen.dedup();
     Some(chosen)
 }
 
@@ -511,7 +510,12 @@ mod tests {
             moe(hash),
             moe(Router::Softmax { norm: false }),
         ];
-        let norms = [vec![2.0, 0.0], vec![1.0, 3.0], vec![1.0, 1.0], vec![1.0, 1.0]];
+        let norms = [
+            vec![2.0, 0.0],
+            vec![1.0, 3.0],
+            vec![1.0, 1.0],
+            vec![1.0, 1.0],
+        ];
         // Layers 0, 2, 3, 5 are MoE layers (1 and 4 dense).
         let idx = [0, 2, 3, 5];
         link_lookahead(
