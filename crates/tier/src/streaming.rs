@@ -93,7 +93,8 @@ impl LayerLayout {
 /// Counters of the compute side of streaming.
 #[derive(Debug, Default, Clone)]
 pub struct StreamStats {
-    /// Time the compute thread spent waiting for expert reads.
+    /// Time the compute thread spent waiting for expert reads (its own, and reads of units
+    /// it needs that a prefetch or another sequence issued).
     pub io_wait_ns: u64,
     /// Experts computed while other reads of the same layer were still in flight.
     pub overlapped: u64,
@@ -1114,7 +1115,12 @@ impl StreamingExperts {
                 call(f, std::slice::from_ref(&landed))?;
             }
             if blocked_by_others {
+                // Waiting for a read issued elsewhere (a prefetch, another sequence) is
+                // waiting for IO too.
+                let t0 = Instant::now();
                 self.wait_for_others();
+                self.io_wait_ns
+                    .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }
             misses = deferred;
         }
