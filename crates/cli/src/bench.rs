@@ -94,6 +94,13 @@ struct StreamDelta {
     busy_ns: u64,
     io_wait_ns: u64,
     wall_ns: u64,
+    /// Router lookahead: predicted units the layer chose, units asked after a prediction,
+    /// speculative reads, those used by their layer, bytes read and not used.
+    la_correct: u64,
+    la_actual: u64,
+    la_issued: u64,
+    la_hit: u64,
+    la_wasted_bytes: u64,
 }
 
 impl StreamDelta {
@@ -107,6 +114,11 @@ impl StreamDelta {
             busy_ns: io.busy_ns,
             io_wait_ns: s.io_wait_ns,
             wall_ns,
+            la_correct: s.la_correct,
+            la_actual: s.la_actual,
+            la_issued: s.la_issued,
+            la_hit: s.la_hit,
+            la_wasted_bytes: s.la_wasted_bytes,
         })
     }
     fn since(self, before: StreamDelta) -> StreamDelta {
@@ -117,7 +129,16 @@ impl StreamDelta {
             busy_ns: self.busy_ns - before.busy_ns,
             io_wait_ns: self.io_wait_ns - before.io_wait_ns,
             wall_ns: self.wall_ns - before.wall_ns,
+            la_correct: self.la_correct - before.la_correct,
+            la_actual: self.la_actual - before.la_actual,
+            la_issued: self.la_issued - before.la_issued,
+            la_hit: self.la_hit - before.la_hit,
+            la_wasted_bytes: self.la_wasted_bytes - before.la_wasted_bytes,
         }
+    }
+    /// Share of the units layers chose that lookahead had predicted (0 without lookahead).
+    fn la_accuracy(&self) -> f64 {
+        self.la_correct as f64 / self.la_actual.max(1) as f64
     }
     fn hit_rate(&self) -> f64 {
         self.hits as f64 / (self.hits + self.misses).max(1) as f64
@@ -312,6 +333,16 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 100.0 * d.busy(),
                 100.0 * d.wait()
             );
+            if d.la_actual > 0 {
+                eprintln!(
+                    "{}: lookahead accuracy {:.1}%, reads issued {}, used by their layer {}, wasted {:.2} GB",
+                    r.test,
+                    100.0 * d.la_accuracy(),
+                    d.la_issued,
+                    d.la_hit,
+                    d.la_wasted_bytes as f64 * 1e-9
+                );
+            }
         }
     }
     for r in &rows {
@@ -341,7 +372,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 f,
                 "model,arch,threads,batch,test,tokens,median_tps,stddev_tps,samples,expert_cache,\
                  hit_rate,misses,bytes_read,read_gbps,disk_busy,io_wait,gpu,gpu_hit_rate,\
-                 gpu_upload_bytes,gpu_upload_gbps"
+                 gpu_upload_bytes,gpu_upload_gbps,la_accuracy,la_issued,la_useful,la_wasted_bytes"
             )?;
         }
         for r in &rows {
@@ -356,7 +387,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
             let gd = r.gpu.unwrap_or_default();
             writeln!(
                 f,
-                "{},{},{},{},{},{},{:.3},{:.3},{},{},{:.4},{},{},{:.3},{:.3},{:.3},{},{:.4},{},{:.3}",
+                "{},{},{},{},{},{},{:.3},{:.3},{},{},{:.4},{},{},{:.3},{:.3},{:.3},{},{:.4},{},{:.3},{:.4},{},{},{}",
                 name,
                 cfg.arch,
                 threads,
@@ -376,7 +407,11 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 if r.gpu.is_some() { "on" } else { "off" },
                 gd.hit_rate(),
                 gd.upload_bytes,
-                gd.gbps()
+                gd.gbps(),
+                d.la_accuracy(),
+                d.la_issued,
+                d.la_hit,
+                d.la_wasted_bytes
             )?;
         }
     }

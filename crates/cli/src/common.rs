@@ -184,6 +184,14 @@ pub struct StreamArgs {
     /// prefill and for each token before layer 0 runs. For A/B; logits are the same.
     #[arg(long = "no-hash-prefetch")]
     pub no_hash_prefetch: bool,
+    /// Router lookahead (decode): during layer L, apply layer L+1's router to layer L's
+    /// MoE input and read the predicted experts while L computes, once L's own reads are
+    /// issued, without evicting what the current layer holds. For A/B; logits are the same.
+    #[arg(long = "lookahead", overrides_with = "no_lookahead")]
+    pub lookahead: bool,
+    /// Turn router lookahead off (see --lookahead).
+    #[arg(long = "no-lookahead", overrides_with = "lookahead")]
+    pub no_lookahead: bool,
     /// Packed-experts sidecar written by `sluice pack` (one aligned read per expert).
     /// Default: MODEL.gguf.slpack next to the model when it exists; a sidecar that does
     /// not match the model is refused.
@@ -258,6 +266,11 @@ impl ModelArgs {
                     high_priority: !s.no_io_priority,
                 },
                 hash_prefetch: !s.no_hash_prefetch,
+                lookahead: if s.no_lookahead {
+                    false
+                } else {
+                    s.lookahead || sluice_engine::load::LOOKAHEAD_DEFAULT
+                },
                 pack: match (&s.pack, s.no_pack) {
                     (_, true) => PackChoice::Off,
                     (Some(p), _) => PackChoice::File(p.clone()),
@@ -614,6 +627,23 @@ impl Loaded {
             human(cs.resident_bytes)
         );
         eprintln!("io: {io}");
+        if ss.la_predicted > 0 {
+            eprintln!(
+                "lookahead (router of layer L+1 on layer L's MoE input): accuracy {:.1}% ({} of {} chosen units predicted) | reads issued {} ({}) | used by their layer {} ({:.1}% of issued) | wasted {} ({}) | already cached or in flight {} | left out: budget {}, disk busy until the layer ran {}",
+                100.0 * ss.la_correct as f64 / ss.la_actual.max(1) as f64,
+                ss.la_correct,
+                ss.la_actual,
+                ss.la_issued,
+                human(ss.la_bytes),
+                ss.la_hit,
+                100.0 * ss.la_hit as f64 / ss.la_issued.max(1) as f64,
+                ss.la_wasted,
+                human(ss.la_wasted_bytes),
+                ss.la_present,
+                ss.la_skipped,
+                ss.la_dropped
+            );
+        }
         if ss.prefetch_issued + ss.prefetch_present + ss.prefetch_skipped > 0 {
             eprintln!(
                 "prefetch (certain, hash-routed layers): issued {} ({}) | hit {} ({:.1}% of issued) | already cached or in flight {} | left out (budget) {}",
@@ -633,9 +663,11 @@ impl Loaded {
             .map(|(s, &b)| s.misses * b)
             .sum::<u64>()
             + st.resident_read_bytes()
-            + ss.prefetch_bytes;
+            + ss.prefetch_bytes
+            + ss.la_bytes
+            + ss.reread_bytes;
         eprintln!(
-            "reconcile: bytes requested {} = misses x expert bytes + prefetches {} ({}); read incl. alignment {} (+{:.1}%)",
+            "reconcile: bytes requested {} = misses x expert bytes + prefetches + lookahead + re-reads {} ({}); read incl. alignment {} (+{:.1}%)",
             io.bytes_requested,
             expected,
             if io.bytes_requested == expected { "ok" } else { "MISMATCH" },

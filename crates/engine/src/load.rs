@@ -42,6 +42,9 @@ impl std::str::FromStr for Budget {
     }
 }
 
+/// Whether router lookahead is on when neither `--lookahead` nor `--no-lookahead` is given.
+pub const LOOKAHEAD_DEFAULT: bool = true;
+
 /// Streaming of routed experts from the SSD.
 #[derive(Debug, Clone)]
 pub struct StreamOptions {
@@ -56,6 +59,9 @@ pub struct StreamOptions {
     /// before the layers run, for the whole prompt at the start of prefill and for each
     /// token in decode. Never changes a result (`--no-hash-prefetch` turns it off).
     pub hash_prefetch: bool,
+    /// Router lookahead (`--lookahead` / `--no-lookahead`): read the experts layer L+1's
+    /// router picks from layer L's MoE input while L computes. Never changes a result.
+    pub lookahead: bool,
     /// Packed-experts sidecar (`sluice pack`): one read per expert.
     pub pack: PackChoice,
     /// Warm the cache at start from this popularity profile (`cache-sim --write-profile`).
@@ -410,6 +416,13 @@ impl LoadOptions {
             pack.as_ref(),
         )?);
         st.set_certain_prefetch(s.hash_prefetch);
+        st.set_lookahead(s.lookahead);
+        if let Some(n) = std::env::var("SLUICE_LOOKAHEAD_MAX_DEMAND")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            st.set_lookahead_max_demand(n);
+        }
         if let Some(p) = &s.preload_profile {
             let opt = |what: String| EngineError::Option {
                 flag: "--preload-profile",

@@ -60,9 +60,11 @@ fn streamed(name: &str, backend: Backend, budget_factor: u64) -> (Model, Arc<Str
             high_priority: false,
         },
     };
-    let s = Arc::new(
-        StreamingExperts::open(&path, &m.groups.experts, m.cfg.n_expert_used, &cfg).unwrap(),
-    );
+    let s = StreamingExperts::open(&path, &m.groups.experts, m.cfg.n_expert_used, &cfg).unwrap();
+    // Router lookahead on: speculative reads of one sequence land for another (it reads
+    // nothing at the minimum budget, where every slot is the current layer's).
+    s.set_lookahead(true);
+    let s = Arc::new(s);
     m.set_expert_source(Box::new(s.clone()));
     (m, s)
 }

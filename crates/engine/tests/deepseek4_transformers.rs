@@ -422,8 +422,8 @@ fn streaming_equals_resident() {
                 .sum();
             assert_eq!(
                 io.bytes_requested,
-                misses + ss.prefetch_bytes,
-                "{name}: bytes read != misses + prefetches"
+                misses + ss.prefetch_bytes + ss.reread_bytes,
+                "{name}: bytes read != misses + prefetches + re-reads"
             );
             assert!(cs.peak_allocated <= budget);
             let has_hash = name != "c-f32.gguf";
@@ -484,6 +484,7 @@ fn hash_prefetch_on_off_same_logits() {
                         high_priority: false,
                     },
                     hash_prefetch: on,
+                    lookahead: on,
                     pack: PackChoice::Off,
                     preload_profile: None,
                 }),
@@ -505,7 +506,11 @@ fn hash_prefetch_on_off_same_logits() {
                 .zip(&per_layer)
                 .map(|(l, &b)| l.misses * b)
                 .sum();
-            assert_eq!(io.bytes_requested, misses + ss.prefetch_bytes, "{name}");
+            assert_eq!(
+                io.bytes_requested,
+                misses + ss.prefetch_bytes + ss.la_bytes + ss.reread_bytes,
+                "{name}"
+            );
             eprintln!(
                 "{name} hash prefetch {on}: misses {} hits {} | prefetch issued {} hit {} bytes {} present {} skipped {}",
                 cs.total.misses,
@@ -814,4 +819,16 @@ fn joyai_tokenizer_matches_llama_cpp() {
     }
     let n = check(&Tokenizer::from_gguf(&f).unwrap(), "qwen2-joyai");
     eprintln!("joyai-llm: {n} cases on the qwen2 vocabulary match llama.cpp");
+}
+
+/// Router lookahead (`--lookahead`) on and off, decoding token by token (where it
+/// predicts): the resident logits bit for bit, and lookahead really read ahead.
+#[test]
+fn lookahead_decode_equals_resident() {
+    for name in ["a-f32.gguf", "b-f32.gguf", "c-f32.gguf"] {
+        let path = fixture(name);
+        let want = run(&Model::load(&path).unwrap(), 1, 2, false);
+        let issued = common::check_lookahead(&path, &want, &|m| run(m, 1, 2, false));
+        assert!(issued > 0, "{name}: no lookahead read issued");
+    }
 }

@@ -505,3 +505,15 @@ fn file_with_mtp_block_loads_and_ignores_it() {
     ));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Router lookahead (`--lookahead`) on and off, decoding token by token (where it
+/// predicts): the resident logits bit for bit, and lookahead really read ahead.
+#[test]
+fn lookahead_decode_equals_resident() {
+    for name in ["a-f32.gguf", "b-f32.gguf", "c-f32.gguf"] {
+        let path = fixture(name);
+        let want = run(&Model::load(&path).unwrap(), 1, 2, false);
+        let issued = common::check_lookahead(&path, &want, &|m| run(m, 1, 2, false));
+        assert!(issued > 0, "{name}: no lookahead read issued");
+    }
+}

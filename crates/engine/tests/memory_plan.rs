@@ -54,6 +54,7 @@ fn opts(resident_layers: usize, threads: usize, io_threads: usize) -> LoadOption
                 high_priority: false,
             },
             hash_prefetch: true,
+            lookahead: true,
             pack: PackChoice::Off,
             preload_profile: None,
         }),

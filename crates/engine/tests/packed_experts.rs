@@ -141,6 +141,7 @@ fn load_with(model: &Path, pack: PackChoice) -> Result<sluice_engine::load::Load
                 high_priority: false,
             },
             hash_prefetch: true,
+            lookahead: true,
             pack,
             preload_profile: None,
         }),

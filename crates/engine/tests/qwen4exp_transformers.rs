@@ -367,3 +367,17 @@ fn mtp_layer_in_block_count_is_skipped() {
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(same_bits(&got, &want));
 }
+
+/// Router lookahead (`--lookahead`) on and off, decoding the prompt's last tokens one at a
+/// time (where it predicts): the resident logits bit for bit, and lookahead read ahead.
+#[test]
+fn lookahead_decode_equals_resident() {
+    for name in ["a-f32.gguf", "c-f32.gguf"] {
+        let path = fixture(name);
+        let toks = prompt("long");
+        let decode = toks.len() / 2;
+        let want = run(&Model::load(&path).unwrap(), &toks, 6, decode, 2);
+        let issued = common::check_lookahead(&path, &want, &|m| run(m, &toks, 6, decode, 2));
+        assert!(issued > 0, "{name}: no lookahead read issued");
+    }
+}

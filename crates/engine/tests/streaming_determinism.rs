@@ -1,12 +1,14 @@
 //! Logits are identical, bit for bit, whether routed experts are resident or streamed
 //! through the byte-budgeted cache, for every IO backend, O_DIRECT on and off, budgets
-//! from the minimum (constant eviction) to everything, resident layers, and 1 or 2 threads.
+//! from the minimum (constant eviction) to everything, resident layers, 1 or 2 threads,
+//! and router lookahead on and off (speculative reads only move bytes).
 //! And the cache never holds more than its budget. Models: the qwen3moe fixtures and a
 //! glm5next (GLM-5.3-Flash) fixture (dense leading layer, KDA state, f16 latent rows).
 
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use common::{qwen3moe_fixture as fixture, qwen3moe_tokens as tokens, same_bits};
 use sluice_engine::tier::PolicyKind;
@@ -39,12 +41,14 @@ fn logits_of(m: &Model, threads: usize, batch: usize, toks: &[u32]) -> Vec<f32> 
     out
 }
 
-fn streamed_at(path: &Path, cfg: &StreamConfig) -> (Model, u64) {
+/// A model streaming through `cfg`, router lookahead on or off, and a handle on its source.
+fn streamed_la(path: &Path, cfg: &StreamConfig, lookahead: bool) -> (Model, Arc<StreamingExperts>) {
     let mut m = Model::load(path).unwrap();
     let s = StreamingExperts::open(path, &m.groups.experts, m.cfg.n_expert_used, cfg).unwrap();
-    let budget = s.cache_stats().budget;
-    m.set_expert_source(Box::new(s));
-    (m, budget)
+    s.set_lookahead(lookahead);
+    let s = Arc::new(s);
+    m.set_expert_source(Box::new(s.clone()));
+    (m, s)
 }
 
 /// A streaming configuration; `high_priority` stays off in tests, `threads` at 2.
@@ -83,6 +87,7 @@ fn check_model_at(path: &Path, toks: &[u32]) {
     let all = resident.groups.experts.total_bytes() * 2;
     let backends = [Backend::Uring, Backend::Pread, Backend::Mmap];
     let mut runs = 0;
+    let (mut la_runs, mut la_predicted, mut la_issued) = (0, 0, 0);
     for backend in backends {
         for direct in [true, false] {
             if backend == Backend::Mmap && direct {
@@ -90,15 +95,31 @@ fn check_model_at(path: &Path, toks: &[u32]) {
             }
             for (budget, resident_layers) in [(min, 0), (min + min / 2, 0), (all, 0), (min, 1)] {
                 for (threads, batch, depth) in [(1, 64, 1), (2, 3, 32)] {
-                    for policy in [PolicyKind::Lru, PolicyKind::Lfu { half_life: 4 }] {
+                    for policy in [
+                        PolicyKind::Lru,
+                        PolicyKind::Lfu { half_life: 4 },
+                        PolicyKind::default(),
+                    ] {
+                        // Router lookahead on in every other run (each configuration is
+                        // covered both ways across the two policies of a pair).
+                        let lookahead = runs % 2 == 1;
                         let cfg =
                             stream_cfg(budget, policy, resident_layers, backend, direct, depth);
-                        let (m, _) = streamed_at(path, &cfg);
+                        let (m, s) = streamed_la(path, &cfg, lookahead);
                         let got = logits_of(&m, threads, batch, toks);
                         assert!(
                             same_bits(&got, &want),
-                            "{name}: logits differ with {backend:?} direct={direct} budget={budget} resident_layers={resident_layers} threads={threads} batch={batch} policy={policy:?}"
+                            "{name}: logits differ with {backend:?} direct={direct} budget={budget} resident_layers={resident_layers} threads={threads} batch={batch} policy={policy:?} lookahead={lookahead}"
                         );
+                        let ss = s.stream_stats();
+                        if lookahead {
+                            la_runs += 1;
+                            la_predicted += ss.la_predicted;
+                            la_issued += ss.la_issued;
+                            assert!(ss.la_hit <= ss.la_issued && ss.la_correct <= ss.la_actual);
+                        } else {
+                            assert_eq!(ss.la_predicted + ss.la_issued, 0, "{name}: lookahead off");
+                        }
                         runs += 1;
                     }
                 }
@@ -106,6 +127,11 @@ fn check_model_at(path: &Path, toks: &[u32]) {
         }
     }
     assert!(runs >= 40);
+    // Lookahead must have predicted and read something (else the runs above prove nothing).
+    assert!(
+        la_runs >= 20 && la_predicted > 0 && la_issued > 0,
+        "{name}: lookahead idle ({la_runs} runs, {la_predicted} predicted, {la_issued} read)"
+    );
 }
 
 #[test]

@@ -106,6 +106,17 @@ pub trait ExpertSource: Send + Sync {
     /// experts follow from the token ids): a streaming source may start reading them now,
     /// without waiting. Never changes what [`ExpertSource::for_each_expert`] computes.
     fn prefetch(&self, _layer: usize, _units: &[usize]) {}
+
+    /// Whether [`ExpertSource::lookahead`] does anything (callers skip predicting if not).
+    fn lookahead_enabled(&self) -> bool {
+        false
+    }
+
+    /// Units of `layer` *predicted* to be needed next (router lookahead: the next layer's
+    /// router applied to an earlier hidden state). A streaming source may read them when
+    /// the disk has room; speculative, so never at the expense of demand reads or pinned
+    /// units. Never changes what [`ExpertSource::for_each_expert`] computes.
+    fn lookahead(&self, _layer: usize, _units: &[usize]) {}
 }
 
 /// A callback over a batch of ready units: (index in the unit list, view).
@@ -139,5 +150,13 @@ impl<T: ExpertSource> ExpertSource for std::sync::Arc<T> {
 
     fn prefetch(&self, layer: usize, units: &[usize]) {
         (**self).prefetch(layer, units)
+    }
+
+    fn lookahead_enabled(&self) -> bool {
+        (**self).lookahead_enabled()
+    }
+
+    fn lookahead(&self, layer: usize, units: &[usize]) {
+        (**self).lookahead(layer, units)
     }
 }

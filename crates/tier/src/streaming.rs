@@ -6,13 +6,14 @@
 //! layer's units, reading from a packed sidecar when one is given (one read per unit),
 //! slot memory made ready on a background thread at load, warming from a profile,
 //! resident (pinned) layers, the routing of completions to the sequence
-//! that issued them (several sequences may forward through one source at once), and the
-//! compute side's IO-wait counters. Budget enforcement and eviction are the cache's;
+//! that issued them (several sequences may forward through one source at once), reads
+//! ahead of demand (certain prefetch of units known ahead, speculative router lookahead
+//! gated by how many demand reads are in flight), and the compute side's IO-wait counters. Budget enforcement and eviction are the cache's;
 //! reading is the IO engine's (`sluice-io`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -92,7 +93,8 @@ impl LayerLayout {
 /// Counters of the compute side of streaming.
 #[derive(Debug, Default, Clone)]
 pub struct StreamStats {
-    /// Time the compute thread spent waiting for expert reads.
+    /// Time the compute thread spent waiting for expert reads (its own, and reads of units
+    /// it needs that a prefetch or another sequence issued).
     pub io_wait_ns: u64,
     /// Experts computed while other reads of the same layer were still in flight.
     pub overlapped: u64,
@@ -108,6 +110,60 @@ pub struct StreamStats {
     /// Prefetched units found cached or still in flight when the layer asked for them
     /// (the rest of `prefetch_issued` were evicted before use, or are not asked yet).
     pub prefetch_hit: u64,
+    /// Units another read (a prefetch, another sequence) had in flight when the layer
+    /// looked them up, evicted after landing and before the layer pinned them, so read
+    /// again (`--stats` reconciles bytes with them).
+    pub reread: u64,
+    pub reread_bytes: u64,
+    /// Router lookahead ([`ExpertSource::lookahead`]): units predicted, how many of them the
+    /// layer's real routing chose (`la_correct` of `la_actual` units the layers asked for
+    /// after a prediction: the accuracy), reads issued and their bytes, predicted units
+    /// already cached or in flight, left out (budget), dropped because demand reads kept
+    /// the disk busy until the layer ran, read and used by the layer visit they were read
+    /// for (`la_hit`), read and not used by it (`la_wasted`, bytes `la_wasted_bytes`).
+    pub la_predicted: u64,
+    pub la_correct: u64,
+    pub la_actual: u64,
+    pub la_issued: u64,
+    pub la_bytes: u64,
+    pub la_present: u64,
+    pub la_skipped: u64,
+    pub la_dropped: u64,
+    pub la_hit: u64,
+    pub la_wasted: u64,
+    pub la_wasted_bytes: u64,
+}
+
+/// Why a unit was read ahead of its layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ahead {
+    /// Certain: the unit follows from the token ids (hash-routed layers).
+    Certain,
+    /// Speculative: predicted by router lookahead.
+    Lookahead,
+}
+
+/// Lookahead counters (see the `la_*` fields of [`StreamStats`]).
+#[derive(Default)]
+struct LaCounters {
+    predicted: AtomicU64,
+    correct: AtomicU64,
+    actual: AtomicU64,
+    issued: AtomicU64,
+    bytes: AtomicU64,
+    present: AtomicU64,
+    skipped: AtomicU64,
+    dropped: AtomicU64,
+    hit: AtomicU64,
+    wasted: AtomicU64,
+    wasted_bytes: AtomicU64,
+}
+
+/// Predicted units waiting for the disk to have room (issued by [`StreamingExperts::pump`]).
+#[derive(Default)]
+struct Pending {
+    layer: usize,
+    units: std::collections::VecDeque<usize>,
 }
 
 /// Routed experts streamed from the model file through a byte-budgeted cache.
@@ -142,10 +198,25 @@ pub struct StreamingExperts {
     prefetch_present: AtomicU64,
     prefetch_skipped: AtomicU64,
     prefetch_hit: AtomicU64,
-    /// Units read by a prefetch and not asked for yet (for `prefetch_hit`).
-    prefetched: Mutex<HashSet<ExpertKey>>,
+    reread: AtomicU64,
+    reread_bytes: AtomicU64,
+    /// Units read by a prefetch and not asked for yet (for `prefetch_hit` / `la_hit`).
+    prefetched: Mutex<HashMap<ExpertKey, Ahead>>,
     /// Certain prefetches on (`--no-hash-prefetch` turns them off, for A/B).
     certain_prefetch: AtomicBool,
+    /// Router lookahead on (`--lookahead` / `--no-lookahead`).
+    lookahead: AtomicBool,
+    /// Speculative reads are issued only while at most this many demand reads are in flight.
+    la_max_demand: AtomicUsize,
+    /// Reads the IO engine keeps in flight (`IoConfig::depth`): speculative reads never
+    /// take the total past it.
+    depth: usize,
+    /// Demand reads in flight of the layer being computed (last set by a walk).
+    demand: AtomicUsize,
+    /// Predicted units not issued yet, and the last prediction per layer (for accuracy).
+    pending: Mutex<Pending>,
+    predicted: Mutex<HashMap<usize, Vec<usize>>>,
+    la: LaCounters,
 }
 
 impl Drop for StreamingExperts {
@@ -250,8 +321,17 @@ impl StreamingExperts {
             prefetch_present: AtomicU64::new(0),
             prefetch_skipped: AtomicU64::new(0),
             prefetch_hit: AtomicU64::new(0),
-            prefetched: Mutex::new(HashSet::new()),
+            reread: AtomicU64::new(0),
+            reread_bytes: AtomicU64::new(0),
+            prefetched: Mutex::new(HashMap::new()),
             certain_prefetch: AtomicBool::new(true),
+            lookahead: AtomicBool::new(false),
+            la_max_demand: AtomicUsize::new(0),
+            depth: cfg.io.depth.max(1),
+            demand: AtomicUsize::new(0),
+            pending: Mutex::new(Pending::default()),
+            predicted: Mutex::new(HashMap::new()),
+            la: LaCounters::default(),
         };
         s.load_resident(cfg.resident_layers)?;
         s.start_slot_filler();
@@ -452,7 +532,95 @@ impl StreamingExperts {
             prefetch_present: self.prefetch_present.load(Ordering::Relaxed),
             prefetch_skipped: self.prefetch_skipped.load(Ordering::Relaxed),
             prefetch_hit: self.prefetch_hit.load(Ordering::Relaxed),
+            reread: self.reread.load(Ordering::Relaxed),
+            reread_bytes: self.reread_bytes.load(Ordering::Relaxed),
+            la_predicted: self.la.predicted.load(Ordering::Relaxed),
+            la_correct: self.la.correct.load(Ordering::Relaxed),
+            la_actual: self.la.actual.load(Ordering::Relaxed),
+            la_issued: self.la.issued.load(Ordering::Relaxed),
+            la_bytes: self.la.bytes.load(Ordering::Relaxed),
+            la_present: self.la.present.load(Ordering::Relaxed),
+            la_skipped: self.la.skipped.load(Ordering::Relaxed),
+            la_dropped: self.la.dropped.load(Ordering::Relaxed),
+            la_hit: self.la.hit.load(Ordering::Relaxed),
+            la_wasted: self.la.wasted.load(Ordering::Relaxed),
+            la_wasted_bytes: self.la.wasted_bytes.load(Ordering::Relaxed),
         }
+    }
+
+    /// Turn router lookahead ([`ExpertSource::lookahead`]) on or off (off by default).
+    /// What is computed is the same either way; only which reads are issued when changes.
+    pub fn set_lookahead(&self, on: bool) {
+        self.lookahead.store(on, Ordering::Relaxed);
+    }
+
+    /// Speculative reads wait until at most `n` demand reads of the layer being computed
+    /// are in flight (0: only once the disk has no demand read left; `usize::MAX`: at once,
+    /// queued behind the demand reads already submitted). The IO depth caps them either way.
+    pub fn set_lookahead_max_demand(&self, n: usize) {
+        self.la_max_demand.store(n, Ordering::Relaxed);
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn predicted(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Vec<usize>>> {
+        self.predicted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Issue pending speculative reads while the disk has room: at most `la_max_demand`
+    /// demand reads in flight, and all reads in flight below the IO depth.
+    fn pump(&self) {
+        let max_demand = self.la_max_demand.load(Ordering::Relaxed);
+        let mut p = self.pending();
+        while !p.units.is_empty() {
+            let demand = self.demand.load(Ordering::Relaxed);
+            if demand > max_demand || demand + self.prefetching().len() >= self.depth {
+                return;
+            }
+            let e = p.units.pop_front().expect("checked non-empty");
+            let layer = p.layer;
+            self.issue(layer, &[e], Ahead::Lookahead);
+        }
+    }
+
+    /// At the start of `layer`'s walk: score the last prediction for it, drop its predicted
+    /// units not issued yet, and count lookahead units read for it that it did not use.
+    fn settle_lookahead(&self, layer: usize, units: &[usize]) {
+        if let Some(pred) = self.predicted().remove(&layer) {
+            let correct = pred.iter().filter(|e| units.contains(e)).count();
+            self.la.correct.fetch_add(correct as u64, Ordering::Relaxed);
+            self.la
+                .actual
+                .fetch_add(units.len() as u64, Ordering::Relaxed);
+        }
+        {
+            let mut p = self.pending();
+            if p.layer == layer && !p.units.is_empty() {
+                self.la
+                    .dropped
+                    .fetch_add(p.units.len() as u64, Ordering::Relaxed);
+                p.units.clear();
+            }
+        }
+        let Some(layout) = self.layers.get(layer).and_then(Option::as_ref) else {
+            return;
+        };
+        let unit_bytes = layout.unit.unit_bytes();
+        let mut wasted = 0u64;
+        // Locks are taken one at a time here (`pump` holds `pending` while it issues).
+        self.prefetched().retain(|k, a| {
+            let stale = *a == Ahead::Lookahead && k.layer as usize == layer;
+            wasted += u64::from(stale);
+            !stale
+        });
+        self.la.wasted.fetch_add(wasted, Ordering::Relaxed);
+        self.la
+            .wasted_bytes
+            .fetch_add(wasted * unit_bytes, Ordering::Relaxed);
     }
 
     /// Turn certain prefetches ([`ExpertSource::prefetch`]) on or off (on by default).
@@ -461,7 +629,7 @@ impl StreamingExperts {
         self.certain_prefetch.store(on, Ordering::Relaxed);
     }
 
-    fn prefetched(&self) -> std::sync::MutexGuard<'_, HashSet<ExpertKey>> {
+    fn prefetched(&self) -> std::sync::MutexGuard<'_, HashMap<ExpertKey, Ahead>> {
         self.prefetched
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -648,6 +816,9 @@ impl ExpertSource for StreamingExperts {
             // reach the next layer.
             self.drain(&mut in_flight);
         }
+        // The layer's demand reads are done: predicted units still waiting may go now.
+        self.demand.store(0, Ordering::Relaxed);
+        self.pump();
         match result {
             Err(Halt::Stream(e)) => Err(e),
             Err(Halt::Stopped) => Err(StreamError::Stopped),
@@ -669,6 +840,51 @@ impl ExpertSource for StreamingExperts {
         if !self.certain_prefetch.load(Ordering::Relaxed) {
             return;
         }
+        self.issue(layer, units, Ahead::Certain);
+    }
+
+    fn lookahead_enabled(&self) -> bool {
+        self.lookahead.load(Ordering::Relaxed)
+    }
+
+    /// Remember the prediction (for the accuracy counters) and queue reads for the
+    /// predicted units that are neither cached nor in flight; they are issued as the disk
+    /// has room (see [`StreamingExperts::set_lookahead_max_demand`]), by the same path and
+    /// budget rule as certain prefetches, and dropped when `layer` starts its walk.
+    fn lookahead(&self, layer: usize, units: &[usize]) {
+        if !self.lookahead_enabled() || self.layers.get(layer).and_then(Option::as_ref).is_none() {
+            return;
+        }
+        self.la
+            .predicted
+            .fetch_add(units.len() as u64, Ordering::Relaxed);
+        self.predicted().insert(layer, units.to_vec());
+        let mut todo = std::collections::VecDeque::with_capacity(units.len());
+        for &e in units {
+            if self.cache.contains(ExpertKey::new(layer as u32, e as u32)) {
+                self.la.present.fetch_add(1, Ordering::Relaxed);
+            } else {
+                todo.push_back(e);
+            }
+        }
+        {
+            let mut p = self.pending();
+            if !p.units.is_empty() {
+                self.la
+                    .dropped
+                    .fetch_add(p.units.len() as u64, Ordering::Relaxed);
+            }
+            *p = Pending { layer, units: todo };
+        }
+        self.pump();
+    }
+}
+
+impl StreamingExperts {
+    /// Read `units` of `layer` ahead of their layer (certain or speculative). Never takes
+    /// the last `top_k` largest slots' worth of budget; evicts only unpinned entries, by
+    /// the policy.
+    fn issue(&self, layer: usize, units: &[usize], why: Ahead) {
         let Some(layout) = self.layers.get(layer).and_then(Option::as_ref) else {
             return;
         };
@@ -686,18 +902,32 @@ impl ExpertSource for StreamingExperts {
             .budget()
             .saturating_sub(reserve)
             .saturating_sub(in_flight);
+        let (present, skipped, issued, bytes_ctr) = match why {
+            Ahead::Certain => (
+                &self.prefetch_present,
+                &self.prefetch_skipped,
+                &self.prefetch_issued,
+                &self.prefetch_bytes,
+            ),
+            Ahead::Lookahead => (
+                &self.la.present,
+                &self.la.skipped,
+                &self.la.issued,
+                &self.la.bytes,
+            ),
+        };
         for &e in units {
             let key = ExpertKey::new(layer as u32, e as u32);
             if self.cache.contains(key) {
-                self.prefetch_present.fetch_add(1, Ordering::Relaxed);
+                present.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             if (layout.capacity as u64) > room {
-                self.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
+                skipped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             let Ok(r) = self.cache.reserve(key, layout.class) else {
-                self.prefetch_skipped.fetch_add(1, Ordering::Relaxed);
+                skipped.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
             room -= layout.capacity as u64;
@@ -719,9 +949,9 @@ impl ExpertSource for StreamingExperts {
                 }
                 continue;
             }
-            self.prefetch_issued.fetch_add(1, Ordering::Relaxed);
-            self.prefetch_bytes.fetch_add(bytes, Ordering::Relaxed);
-            self.prefetched().insert(key);
+            issued.fetch_add(1, Ordering::Relaxed);
+            bytes_ctr.fetch_add(bytes, Ordering::Relaxed);
+            self.prefetched().entry(key).or_insert(why);
         }
     }
 }
@@ -772,32 +1002,58 @@ impl StreamingExperts {
         let mut misses: Vec<usize> = Vec::new();
         let mut hits: Vec<(usize, Pinned<AlignedBuf>)> = Vec::new();
         let mut prefetched = self.prefetched();
-        let mut used = 0;
+        let (mut used, mut la_used) = (0, 0);
+        // Units another read had in flight at lookup (counted pending, not missed): if that
+        // copy is evicted before we pin it, our read of it is counted as a re-read.
+        let mut was_pending = vec![false; units.len()];
         for (i, &e) in units.iter().enumerate() {
             let key = ExpertKey::new(layer as u32, e as u32);
-            let ours = !prefetched.is_empty() && prefetched.remove(&key);
-            match self.cache.lookup(key) {
+            let ours = if prefetched.is_empty() {
+                None
+            } else {
+                prefetched.remove(&key)
+            };
+            let found = match self.cache.lookup(key) {
                 Lookup::Hit(p) => {
-                    used += u64::from(ours);
-                    hits.push((i, p))
+                    hits.push((i, p));
+                    true
                 }
                 Lookup::Pending => {
-                    used += u64::from(ours);
-                    misses.push(i)
+                    was_pending[i] = true;
+                    misses.push(i);
+                    true
                 }
-                Lookup::Miss => misses.push(i),
+                Lookup::Miss => {
+                    misses.push(i);
+                    false
+                }
+            };
+            match ours {
+                Some(Ahead::Certain) if found => used += 1,
+                Some(Ahead::Lookahead) if found => la_used += 1,
+                _ => {}
             }
         }
         drop(prefetched);
+        self.settle_lookahead(layer, units);
         self.prefetch_hit.fetch_add(used, Ordering::Relaxed);
+        self.la.hit.fetch_add(la_used, Ordering::Relaxed);
         let mut first = true;
         while !misses.is_empty() || !hits.is_empty() || !in_flight.is_empty() {
             let mut deferred = Vec::new();
+            // Units others are reading: looked at first next round (pinned before this
+            // layer's other reservations could evict them once landed).
+            let mut waiting = Vec::new();
             let mut blocked_by_others = false;
             for &i in &misses {
                 let key = ExpertKey::new(layer as u32, units[i] as u32);
                 match self.cache.reserve(key, layout.class) {
                     Ok(r) => {
+                        if std::mem::take(&mut was_pending[i]) {
+                            self.reread.fetch_add(1, Ordering::Relaxed);
+                            self.reread_bytes
+                                .fetch_add(layout.unit.unit_bytes(), Ordering::Relaxed);
+                        }
                         let tag = self.tag();
                         in_flight.insert(tag, (i, r.ticket));
                         if let Err(e) = self.io.submit(ReadReq {
@@ -816,7 +1072,7 @@ impl StreamingExperts {
                         Some(p) => hits.push((i, p)),
                         None => {
                             blocked_by_others = true;
-                            deferred.push(i)
+                            waiting.push(i)
                         }
                     },
                     Err(CacheError::BudgetTooSmall { .. })
@@ -839,8 +1095,11 @@ impl StreamingExperts {
                 self.budget_rounds
                     .fetch_add(u64::from(!deferred.is_empty()), Ordering::Relaxed);
             }
+            waiting.append(&mut deferred);
+            let deferred = waiting;
             first = false;
             // Hits first (one batch), while the misses load.
+            self.demand.store(in_flight.len(), Ordering::Relaxed);
             if !hits.is_empty() {
                 if !in_flight.is_empty() {
                     self.overlapped
@@ -851,13 +1110,23 @@ impl StreamingExperts {
             }
             while !in_flight.is_empty() {
                 let landed = self.complete_one(in_flight)?;
+                self.demand.store(in_flight.len(), Ordering::Relaxed);
+                if !blocked_by_others {
+                    // (Not while a unit of ours is landing unpinned from another read.)
+                    self.pump();
+                }
                 if !in_flight.is_empty() {
                     self.overlapped.fetch_add(1, Ordering::Relaxed);
                 }
                 call(f, std::slice::from_ref(&landed))?;
             }
             if blocked_by_others {
+                // Waiting for a read issued elsewhere (a prefetch, another sequence) is
+                // waiting for IO too.
+                let t0 = Instant::now();
                 self.wait_for_others();
+                self.io_wait_ns
+                    .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }
             misses = deferred;
         }

@@ -20,7 +20,9 @@ use crate::blocks::dsv4_attention::{
 };
 use crate::blocks::ffn::{glu, Activation, GluWeights};
 use crate::blocks::hyper::{self, HcShape, HcWeights};
-use crate::blocks::moe::{glu_unit_layer, routed, MoeWeights, Router, ScoreFn, UnitMat};
+use crate::blocks::moe::{
+    glu_unit_layer, link_lookahead, routed, MoeWeights, Router, ScoreFn, UnitMat,
+};
 use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
@@ -460,6 +462,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
                 up: um(&experts[1]),
                 down: um(&experts[2]),
                 act: act(clamp_exp[il]),
+                next: None,
             },
             shared: GluWeights {
                 gate: t.mat(&n("ffn_gate_shexp"), n_ff_sh, e)?,
@@ -470,6 +473,12 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
             experts,
         });
     }
+    link_lookahead(
+        layers
+            .iter_mut()
+            .enumerate()
+            .map(|(il, l)| (il, &mut l.moe, &l.ffn_norm[..])),
+    );
     let mtp_experts = (n_layer..n_layer + n_mtp)
         .filter(|il| t.has_glu_experts(*il))
         .map(stacked)

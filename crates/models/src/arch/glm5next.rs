@@ -26,7 +26,9 @@ use crate::blocks::kda::{kda, KdaShape, KdaState, KdaWeights};
 use crate::blocks::mla_pooled::{
     pooled_attention, PooledIndexer, PooledShape, PooledState, PooledWeights, Selection,
 };
-use crate::blocks::moe::{glu_unit_layer, routed, MoeWeights, Router, ScoreFn, UnitMat};
+use crate::blocks::moe::{
+    glu_unit_layer, link_lookahead, routed, MoeWeights, Router, ScoreFn, UnitMat,
+};
 use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
@@ -392,6 +394,7 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
                     up: um(&experts[1]),
                     down: um(&experts[2]),
                     act: clamp_act(clamp_exp[il]),
+                    next: None,
                 },
                 shared: GluWeights {
                     gate: t.mat(&n("ffn_gate_shexp"), n_ff_sh, e)?,
@@ -411,6 +414,15 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
             act_sh: clamp_act(clamp_sh[il]),
         });
     }
+    link_lookahead(
+        layers
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(il, l)| match &mut l.ffn {
+                Ffn::Moe { moe, .. } => Some((il, moe, &l.ffn_norm[..])),
+                _ => None,
+            }),
+    );
     let mtp_experts = (n_layer..n_block)
         .filter(|il| t.has_glu_experts(*il))
         .map(|il| stacked(il).map(|s| (il, s)))

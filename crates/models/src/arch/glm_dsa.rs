@@ -20,7 +20,9 @@ use crate::blocks::dsa_indexer::{self, IndexerState, IndexerWeights};
 use crate::blocks::dsv4_attention::plain_inv_freq;
 use crate::blocks::ffn::{glu, Activation, GluWeights};
 use crate::blocks::mla::{self, MlaShape, MlaState, MlaWeights};
-use crate::blocks::moe::{glu_unit_layer, routed, MoeWeights, Router, ScoreFn, UnitMat};
+use crate::blocks::moe::{
+    glu_unit_layer, link_lookahead, routed, MoeWeights, Router, ScoreFn, UnitMat,
+};
 use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
@@ -309,6 +311,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
                     up: um(&experts[1]),
                     down: um(&experts[2]),
                     act: Activation::Silu,
+                    next: None,
                 },
                 shared: GluWeights {
                     gate: sh_gate,
@@ -326,6 +329,15 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
             ffn,
         });
     }
+    link_lookahead(
+        layers
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(il, l)| match &mut l.ffn {
+                Ffn::Moe(m) => Some((il, &mut m.moe, &l.ffn_norm[..])),
+                _ => None,
+            }),
+    );
     let mtp_experts = (n_layer..n_block)
         .filter(|il| t.has_glu_experts(*il))
         .map(|il| stacked(il).map(|s| (il, s)))

@@ -8,7 +8,7 @@ use sluice_tier::{StreamableGroups, UnitGroup};
 use super::{Architecture, GqaHparams};
 use crate::blocks::attention::{gqa, AttnShape, GqaWeights};
 use crate::blocks::ffn::Activation;
-use crate::blocks::moe::{glu_unit_layer, routed, MoeWeights, Router, UnitMat};
+use crate::blocks::moe::{glu_unit_layer, link_lookahead, routed, MoeWeights, Router, UnitMat};
 use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::ops::rope_inv_freq;
@@ -86,10 +86,17 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
                 up: um(&up),
                 down: um(&down),
                 act: Activation::Silu,
+                next: None,
             },
             experts: [gate, up, down],
         });
     }
+    link_lookahead(
+        layers
+            .iter_mut()
+            .enumerate()
+            .map(|(il, l)| (il, &mut l.moe, &l.ffn_norm[..])),
+    );
     Ok(Box::new(Qwen3Moe {
         shape,
         rope: rope_inv_freq(shape.head_dim, g.rope_base, g.rope_scale),

@@ -24,7 +24,7 @@ use super::Architecture;
 use crate::blocks::deltanet::{delta_net, DeltaShape, DeltaState, DeltaWeights};
 use crate::blocks::ffn::{glu, Activation, GluWeights};
 use crate::blocks::hyper_lowrank::{hc_post, hc_pre, HcWeights};
-use crate::blocks::moe::{glu_unit_layer, routed, MoeWeights, Router, UnitMat};
+use crate::blocks::moe::{glu_unit_layer, link_lookahead, routed, MoeWeights, Router, UnitMat};
 use crate::blocks::ple::{ple_apply, NgramHash, PleRows, PleState, PleWeights, TierRows};
 use crate::blocks::qsa::{qsa, QsaShape, QsaState, QsaWeights};
 use crate::blocks::{head, Batch, Env};
@@ -445,6 +445,7 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
                 up: um(&up),
                 down: um(&down),
                 act: Activation::Silu,
+                next: None,
             },
             experts: [gate, up, down],
             shared: GluWeights {
@@ -456,6 +457,13 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
             ple,
         });
     }
+    // The MoE input norm is inside the hyper-connection pre-step: no per-channel rescale.
+    link_lookahead(
+        layers
+            .iter_mut()
+            .enumerate()
+            .map(|(il, l)| (il, &mut l.moe, &[][..])),
+    );
     let (token_embd, output) = t.embd_and_output(n_vocab, e)?;
     let cfg = ModelConfig {
         arch: NAME,

@@ -4,7 +4,11 @@
 //! biased sqrt-softplus / sigmoid scores, or a token-id hash table), recording the choice
 //! in the routing trace, and running each expert the chunk needs once for all its tokens
 //! through the [`sluice_tier::ExpertSource`], then summing every token's k weighted outputs
-//! in slot order (so the order experts arrive in never changes a bit).
+//! in slot order (so the order experts arrive in never changes a bit). Router lookahead:
+//! during a single-token step, layer L's MoE input goes through layer L+1's router
+//! ([`NextRouter`], linked at load by [`link_lookahead`]) and the predicted units are
+//! handed to [`sluice_tier::ExpertSource::lookahead`] once layer L's own reads are issued;
+//! the prediction only moves bytes, it never feeds a computation.
 
 use std::borrow::Cow;
 
@@ -163,6 +167,87 @@ pub struct MoeWeights {
     pub up: UnitMat,
     pub down: UnitMat,
     pub act: Activation,
+    /// The next MoE layer's router, for lookahead (set by [`link_lookahead`]; `None`:
+    /// the last MoE layer, a hash-routed next layer, or not linked).
+    pub next: Option<Box<NextRouter>>,
+}
+
+/// The router of the MoE layer after this one, applied to this layer's MoE input to guess
+/// which of its units the next layer will pick (router lookahead).
+#[derive(Debug, Clone)]
+pub struct NextRouter {
+    /// The next MoE layer's index.
+    pub layer: usize,
+    pub router_w: Mat,
+    pub router: Router,
+    pub n_expert: usize,
+    pub k: usize,
+    /// `w_next / w_this` per channel of the two layers' MoE input norms: turns this
+    /// layer's normed input into the next norm applied to the same residual (channels
+    /// where this layer's weight is 0 get 0).
+    pub rescale: Option<Vec<f32>>,
+}
+
+/// Link every MoE layer to the next one's router for lookahead. `layers`: per MoE layer
+/// in order, (layer index, its weights, the RMS-norm weights applied to its MoE input).
+/// Hash-routed next layers are left out (their units are certain: `prefetch`).
+pub fn link_lookahead<'a>(
+    layers: impl IntoIterator<Item = (usize, &'a mut MoeWeights, &'a [f32])>,
+) {
+    let mut layers: Vec<(usize, &'a mut MoeWeights, &'a [f32])> = layers.into_iter().collect();
+    for i in 0..layers.len() {
+        let next = layers.get(i + 1).and_then(|(il, w, norm)| {
+            if matches!(w.router, Router::Hash { .. }) {
+                return None;
+            }
+            Some(NextRouter {
+                layer: *il,
+                router_w: w.router_w.clone(),
+                router: w.router.clone(),
+                n_expert: w.n_expert,
+                k: w.k,
+                rescale: Some(norm.to_vec()),
+            })
+        });
+        let this_norm = layers[i].2;
+        layers[i].1.next = next.map(|mut n| {
+            n.rescale = n.rescale.map(|next_norm| {
+                if next_norm.len() != this_norm.len() || next_norm == this_norm {
+                    return Vec::new();
+                }
+                next_norm
+                    .iter()
+                    .zip(this_norm)
+                    .map(|(&a, &b)| if b == 0.0 { 0.0 } else { a / b })
+                    .collect()
+            });
+            if n.rescale.as_ref().is_some_and(Vec::is_empty) {
+                n.rescale = None;
+            }
+            Box::new(n)
+        });
+    }
+}
+
+/// Tell the expert source which units of the next MoE layer its router would pick for
+/// `h` (this layer's MoE input, one token). Never changes a result; errors only skip it.
+fn predict_next(
+    env: &Env<'_>,
+    batch: &Batch<'_>,
+    next: &NextRouter,
+    h: &[f32],
+) -> Option<Vec<usize>> {
+    let x: Cow<'_, [f32]> = match &next.rescale {
+        Some(r) => Cow::Owned(h.iter().zip(r).map(|(&a, &b)| a * b).collect()),
+        None => Cow::Borrowed(h),
+    };
+    let logits = env.linear(&next.router_w, &x, 1).ok()?;
+    // One token: k distinct units, most likely first (reads are issued in this order).
+    let (chosen, _) = next
+        .router
+        .route(&logits, batch.tokens, next.n_expert, next.k)
+        .ok()?;
+    Some(chosen)
 }
 
 /// Tensor names of a GLU expert unit's matrices, in the order [`routed`] reads them.
@@ -253,6 +338,14 @@ pub fn routed(
     // nested call would allocate its own) and put back at the end.
     let mut scratch = MOE_SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
     let [slot_buf, g_buf, u_buf, d_buf] = &mut scratch;
+    // Router lookahead (decode): the next layer's likely units, handed over once this
+    // layer's own reads are issued (its first batch), so they queue behind them.
+    let mut ahead = match &w.next {
+        Some(next) if t_len == 1 && env.experts.lookahead_enabled() => {
+            predict_next(env, batch, next, h).map(|u| (next.layer, u))
+        }
+        _ => None,
+    };
     // slot_out[(t * k + slot) * E ..]: weighted output of token t's slot-th expert.
     let slot_out = sized(slot_buf, t_len * k * e);
     let mut failed: Option<ModelError> = None;
@@ -353,6 +446,9 @@ pub fn routed(
     let walked = env
         .experts
         .for_each_batch(env.map, il, &needed, &mut |batch| {
+            if let Some((layer, units)) = ahead.take() {
+                env.experts.lookahead(layer, &units);
+            }
             run(batch).map_err(|e| {
                 failed = Some(e);
                 Stop
@@ -407,6 +503,76 @@ mod tests {
         let s = ScoreFn::SqrtSoftplus.apply(&[0.0, 30.0]);
         assert!((s[0] - 2.0f32.ln().sqrt()).abs() < 1e-6);
         assert!((s[1] - 30.0f32.sqrt()).abs() < 1e-5);
+    }
+
+    fn moe(router: Router) -> MoeWeights {
+        let m = |rows, cols| UnitMat {
+            ty: GgmlType::F32,
+            rows,
+            cols,
+        };
+        MoeWeights {
+            router_w: Mat {
+                ty: GgmlType::F32,
+                rows: 4,
+                cols: 2,
+                range: 0..32,
+            },
+            router,
+            n_expert: 4,
+            k: 2,
+            gate: m(3, 2),
+            up: m(3, 2),
+            down: m(2, 3),
+            act: Activation::Silu,
+            next: None,
+        }
+    }
+
+    #[test]
+    fn lookahead_links_each_moe_layer_to_the_next_router() {
+        let hash = Router::Hash {
+            table: vec![0, 1],
+            score: ScoreFn::Softmax,
+            norm: true,
+            scale: 1.0,
+        };
+        let biased = Router::Biased {
+            score: ScoreFn::Sigmoid,
+            bias: vec![0.0, 1.0, 0.0, 0.0],
+            norm: true,
+            scale: 2.5,
+        };
+        let mut ls = [
+            moe(Router::Softmax { norm: true }),
+            moe(biased),
+            moe(hash),
+            moe(Router::Softmax { norm: false }),
+        ];
+        let norms = [
+            vec![2.0, 0.0],
+            vec![1.0, 3.0],
+            vec![1.0, 1.0],
+            vec![1.0, 1.0],
+        ];
+        // Layers 0, 2, 3, 5 are MoE layers (1 and 4 dense).
+        let idx = [0, 2, 3, 5];
+        link_lookahead(
+            ls.iter_mut()
+                .zip(&norms)
+                .zip(idx)
+                .map(|((m, n), il)| (il, m, &n[..])),
+        );
+        let n0 = ls[0].next.as_ref().expect("layer 0 -> layer 2");
+        assert_eq!(n0.layer, 2);
+        assert!(matches!(n0.router, Router::Biased { scale, .. } if scale == 2.5));
+        // w_next / w_this, 0 where this layer's weight is 0.
+        assert_eq!(n0.rescale.as_deref(), Some(&[0.5, 0.0][..]));
+        assert!(ls[1].next.is_none(), "the next layer is hash-routed");
+        let n2 = ls[2].next.as_ref().expect("layer 3 -> layer 5");
+        assert_eq!(n2.layer, 5);
+        assert!(n2.rescale.is_none(), "equal norms need no rescale");
+        assert!(ls[3].next.is_none(), "the last MoE layer has no next");
     }
 
     #[test]

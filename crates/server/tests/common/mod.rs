@@ -50,6 +50,7 @@ pub fn options(path: &Path, stream: bool) -> LoadOptions {
                 high_priority: false,
             },
             hash_prefetch: true,
+            lookahead: true,
             pack: PackChoice::Off,
             preload_profile: None,
         }),
