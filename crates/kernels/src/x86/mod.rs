@@ -105,6 +105,8 @@ macro_rules! q8_like_kernel {
 const MATVEC_PREFETCH_ROWS: usize = 4;
 
 #[cfg(target_arch = "x86_64")]
+mod attn;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
