@@ -23,6 +23,7 @@ pub mod formats;
 pub mod iq;
 mod isa;
 pub mod pool;
+mod prepare;
 pub mod reference;
 pub mod x86;
 
@@ -580,6 +581,15 @@ enum BatchActs {
     PackedQ8K(Vec<x86::PackedQ8K>),
 }
 
+/// One input of [`PreparedBatch::new_many`]: `x` (`[n, cols]`) for weights of type `ty`.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchInput<'a> {
+    pub ty: GgmlType,
+    pub x: &'a [f32],
+    pub n: usize,
+    pub cols: usize,
+}
+
 /// Per-task scratch space of [`PreparedBatch::rows_t_with`].
 pub struct BatchScratch(Option<BatchScratchInner>);
 
@@ -604,66 +614,24 @@ impl PreparedBatch {
         n: usize,
         cols: usize,
     ) -> Result<Self, KernelError> {
-        check_supported(ty)?;
-        shape(
-            "matmul",
-            ty,
-            "x length (n * cols)",
-            n.saturating_mul(cols),
-            x.len(),
-        )?;
-        #[cfg(target_arch = "x86_64")]
-        if let (
-            Backend::Avx512(tok),
-            GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::MXFP4,
-        ) = (be, ty)
-        {
-            if n >= 2 && cols > 0 {
-                let acts = x
-                    .par_chunks(cols)
-                    .map(|xt| x86::PackedQ8::new(ty, &formats::quantize_row_q8_0(xt)))
-                    .collect();
-                return Ok(PreparedBatch {
-                    be,
-                    ty,
-                    cols,
-                    n,
-                    acts: BatchActs::PackedQ8(tok, acts),
-                });
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        if let (Backend::Avx2(_) | Backend::Avx512(_), GgmlType::Q4_K | GgmlType::Q6_K) = (be, ty) {
-            if n >= 2 && cols > 0 {
-                let acts = x
-                    .par_chunks(cols)
-                    .map(|xt| x86::PackedQ8K::new(&formats::quantize_row_q8_k(xt)))
-                    .collect();
-                return Ok(PreparedBatch {
-                    be,
-                    ty,
-                    cols,
-                    n,
-                    acts: BatchActs::PackedQ8K(acts),
-                });
-            }
-        }
-        let acts = if cols == 0 {
-            (0..n)
-                .map(|_| QuantizedActs::new(ty, &[]))
-                .collect::<Result<_, _>>()?
-        } else {
-            x.par_chunks(cols)
-                .map(|xt| QuantizedActs::new(ty, xt))
-                .collect::<Result<_, _>>()?
+        let input = [BatchInput { ty, x, n, cols }];
+        let run = |items: usize, f: &(dyn Fn(usize) + Sync)| {
+            (0..items).into_par_iter().for_each(f);
         };
-        Ok(PreparedBatch {
-            be,
-            ty,
-            cols,
-            n,
-            acts: BatchActs::Generic(acts),
-        })
+        prepare::prepare(be, &input, run)
+            .pop()
+            .expect("one result per input")
+    }
+
+    /// Prepare several inputs in one pass on the compute [`pool`] (tokens of every input
+    /// spread over its threads). Inputs over the same `x` that quantize it the same way
+    /// (e.g. q/k in Q5_0 and v in Q8_0, or gate and up) quantize each token once. One
+    /// result per input, in order; the same values as [`PreparedBatch::new`] on each.
+    pub fn new_many(inputs: &[BatchInput<'_>]) -> Vec<Result<Self, KernelError>> {
+        match Backend::new(isa()) {
+            Ok(be) => prepare::prepare(be, inputs, |items, f| pool::run(items, &|_, i| f(i))),
+            Err(e) => inputs.iter().map(|_| Err(e.clone())).collect(),
+        }
     }
 
     /// Tokens in the batch.

@@ -8,8 +8,8 @@
 use std::sync::Mutex;
 
 use sluice_kernels::{
-    matmul, matvec, matvec_rows, pool, BatchScratch, GgmlType, KernelError, PreparedBatch,
-    QuantizedActs,
+    matmul, matvec, matvec_rows, pool, BatchInput, BatchScratch, GgmlType, KernelError,
+    PreparedBatch, QuantizedActs,
 };
 
 /// Which routed-expert matrix a job's weights are: a backend may cache experts by this
@@ -39,7 +39,8 @@ pub struct LinearJob<'a> {
 pub trait Compute: Send + Sync {
     /// `y[n, rows] = x[n, cols] W^T` for a `[rows, cols]` weight matrix of type `ty`
     /// stored in `w`. Must give the same bits for n = 1 and n > 1 (chunking never changes
-    /// logits).
+    /// logits), and must write every element of `y` (callers may pass buffers holding
+    /// stale values, see `blocks::take_buf`).
     #[allow(clippy::too_many_arguments)]
     fn linear(
         &self,
@@ -247,22 +248,22 @@ thread_local! {
 /// `[rows, n]` buffers, transposed into `y` afterwards. Same bits as `matmul` per job.
 fn grouped_matmul(jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
     let (first, idx) = input_keys(jobs);
-    let slots: Vec<Mutex<Option<Result<PreparedBatch, KernelError>>>> =
-        first.iter().map(|_| Mutex::new(None)).collect();
-    {
-        let jr = &*jobs;
-        pool::run(first.len(), &|_, i| {
-            let j = &jr[first[i]];
-            *lock(&slots[i]) = Some(PreparedBatch::new(j.ty, j.x, j.n, j.cols));
-        });
-    }
-    let batches: Vec<PreparedBatch> = slots
-        .into_iter()
-        .map(|s| {
-            s.into_inner()
-                .unwrap_or_else(|p| p.into_inner())
-                .expect("every input prepared")
+    // One pool pass over the tokens of every distinct input (an input shared by several
+    // weight types of one activation format is quantized once per token).
+    let inputs: Vec<BatchInput<'_>> = first
+        .iter()
+        .map(|&ji| {
+            let j = &jobs[ji];
+            BatchInput {
+                ty: j.ty,
+                x: j.x,
+                n: j.n,
+                cols: j.cols,
+            }
         })
+        .collect();
+    let batches: Vec<PreparedBatch> = PreparedBatch::new_many(&inputs)
+        .into_iter()
         .collect::<Result<_, _>>()?;
     let threads = pool::threads();
     // Weight bytes times tokens: the work of a job.

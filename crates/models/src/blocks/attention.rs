@@ -154,7 +154,9 @@ pub fn gqa(
     kv.append(il, &k, &v);
     let (kc, vc) = kv.layer(il);
     let group = nh / nkv;
-    let mut out = vec![0.0f32; t_len * nh * hdv];
+    super::give_buf(k);
+    super::give_buf(v);
+    let mut out = super::take_zeroed(t_len * nh * hdv);
     // Items: (position, kv head, run of `hpi` query heads of its group); a decode step
     // splits the group so every thread has work. Each head's sums run in a fixed order
     // (sluice_kernels::attn), so neither the split nor the thread count changes a bit.
@@ -205,11 +207,13 @@ pub fn gqa(
         }
     });
     drop(tasks);
-    drop(q);
+    super::give_buf(q);
     if let Some(e) = err.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e.into());
     }
-    env.linear(&w.wo, &out, t_len)
+    let y = env.linear(&w.wo, &out, t_len);
+    super::give_buf(out);
+    y
 }
 
 thread_local! {

@@ -64,7 +64,10 @@ pub fn glu(
             }
         }
     });
-    env.linear(&w.down, &a, t_len)
+    super::give_buf(u);
+    let y = env.linear(&w.down, &a, t_len);
+    super::give_buf(a);
+    y
 }
 
 /// `g[i] = f(g[i], u[i])` for every element.
