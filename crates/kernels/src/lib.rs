@@ -5,7 +5,8 @@
 //! (`SLUICE_ISA=scalar|avx2|avx512` forces a lower tier), and the row-parallel
 //! `matvec` / `matmul` drivers on the current rayon pool, and [`pool`]: a persistent pool
 //! with cheap dispatch for callers that schedule their own row blocks, and [`attn`]: the
-//! f32 loops of softmax attention (scores, weighted value sums) on the same tiers.
+//! f32 loops of softmax attention (scores, weighted value sums) and [`act`]: element-wise
+//! activations, on the same tiers.
 //!
 //! Weight formats: F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K, and Q4_0, Q4_1, Q5_1, IQ4_NL,
 //! MXFP4, Q2_K, Q3_K, Q5_K, IQ4_XS, TQ1_0, TQ2_0. Activations are prepared once per weight
@@ -18,6 +19,7 @@
 //! Q8_K activations (scalar reference + AVX2 kernels, recompiled with AVX-512 enabled for
 //! that tier).
 
+pub mod act;
 pub mod attn;
 pub mod formats;
 pub mod iq;
