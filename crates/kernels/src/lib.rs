@@ -682,20 +682,63 @@ impl PreparedBatch {
         w_rows: &[u8],
         yt: &mut [f32],
     ) -> Result<(), KernelError> {
-        let (ty, n) = (self.ty, self.n);
+        let n = self.n;
         if n == 0 {
             return Ok(());
         }
         let nr = yt.len() / n;
-        shape("matmul", ty, "output length (rows * n)", nr * n, yt.len())?;
+        shape(
+            "matmul",
+            self.ty,
+            "output length (rows * n)",
+            nr * n,
+            yt.len(),
+        )?;
+        self.rows_into(scratch, w_rows, &mut RowMajor { yt, n })
+    }
+
+    /// `out[t][r] = row(r) . x[t]` for the consecutive weight rows `w_rows`: `out` holds
+    /// one slice per token, each as long as the block has rows (e.g. token t's piece of a
+    /// `[n, rows]` output, so no transposition is needed). Same values as
+    /// [`PreparedBatch::rows_t_with`].
+    pub fn rows_tokens_with(
+        &self,
+        scratch: &mut BatchScratch,
+        w_rows: &[u8],
+        out: &mut [&mut [f32]],
+    ) -> Result<(), KernelError> {
+        shape("matmul", self.ty, "output token slices", self.n, out.len())?;
+        let Some(nr) = out.first().map(|o| o.len()) else {
+            return Ok(());
+        };
+        for o in out.iter() {
+            shape("matmul", self.ty, "output slice length (rows)", nr, o.len())?;
+        }
+        self.rows_into(scratch, w_rows, &mut TokenRows { out, rows: nr })
+    }
+
+    fn rows_into(
+        &self,
+        scratch: &mut BatchScratch,
+        w_rows: &[u8],
+        out: &mut impl RowsOut,
+    ) -> Result<(), KernelError> {
+        let (ty, n) = (self.ty, self.n);
+        let nr = out.rows();
         let rb = check_matrix("matmul", ty, w_rows, nr, self.cols)?;
+        if n == 0 || nr == 0 {
+            return Ok(());
+        }
         match &self.acts {
             BatchActs::Generic(acts) => {
                 let acts: Vec<&QuantizedActs> = acts.iter().collect();
-                for (i, yrow) in yt.chunks_mut(n).enumerate() {
+                let mut o = [0.0f32; TILE];
+                for i in 0..nr {
                     let row = &w_rows[i * rb..(i + 1) * rb];
-                    for (a, o) in acts.chunks(TILE).zip(yrow.chunks_mut(TILE)) {
+                    for (c, a) in acts.chunks(TILE).enumerate() {
+                        let o = &mut o[..a.len()];
                         self.be.dot_tile(ty, row, a, o);
+                        out.put(i, c * TILE, o);
                     }
                 }
             }
@@ -707,7 +750,7 @@ impl PreparedBatch {
                 let Some(BatchScratchInner::Q8(s)) = &mut scratch.0 else {
                     unreachable!("scratch made for this batch")
                 };
-                tok.matmul_q8_rows(ty, w_rows, rb, acts, s, yt);
+                tok.matmul_q8_rows(ty, w_rows, rb, acts, s, out);
             }
             #[cfg(target_arch = "x86_64")]
             BatchActs::PackedQ8K(acts) => {
@@ -719,12 +762,55 @@ impl PreparedBatch {
                     unreachable!("scratch made for this batch")
                 };
                 match self.be {
-                    Backend::Avx512(tok) => tok.matmul_k_rows(ty, w_rows, rb, acts, s, yt),
-                    Backend::Avx2(tok) => tok.matmul_k_rows(ty, w_rows, rb, acts, s, yt),
+                    Backend::Avx512(tok) => tok.matmul_k_rows(ty, w_rows, rb, acts, s, out),
+                    Backend::Avx2(tok) => tok.matmul_k_rows(ty, w_rows, rb, acts, s, out),
                     Backend::Scalar => unreachable!("packed only on the x86 tiers"),
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// Where the matmul kernels put `value(row r, token t)` of a block of rows.
+pub(crate) trait RowsOut {
+    /// Rows in the block.
+    fn rows(&self) -> usize;
+    /// `value(r, t0 + i) = vals[i]` for every i.
+    fn put(&mut self, r: usize, t0: usize, vals: &[f32]);
+}
+
+/// `[rows, n]` row-major.
+struct RowMajor<'a> {
+    yt: &'a mut [f32],
+    n: usize,
+}
+
+impl RowsOut for RowMajor<'_> {
+    fn rows(&self) -> usize {
+        self.yt.len() / self.n
+    }
+    #[inline]
+    fn put(&mut self, r: usize, t0: usize, vals: &[f32]) {
+        let at = r * self.n + t0;
+        self.yt[at..at + vals.len()].copy_from_slice(vals);
+    }
+}
+
+/// One slice per token (`out[t][r]`).
+struct TokenRows<'a, 'b> {
+    out: &'a mut [&'b mut [f32]],
+    rows: usize,
+}
+
+impl RowsOut for TokenRows<'_, '_> {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    #[inline]
+    fn put(&mut self, r: usize, t0: usize, vals: &[f32]) {
+        for (o, &v) in self.out[t0..t0 + vals.len()].iter_mut().zip(vals) {
+            o[r] = v;
+        }
     }
 }

@@ -2,7 +2,8 @@
 //! `x` sharing one quantization per token) gives, for every input, the products of
 //! `matvec` on each token bit for bit, at several thread counts, with inputs shared by
 //! several weight types (Q5_0 + Q8_0 + Q4_0, Q4_K + Q6_K, dense), distinct inputs, and a
-//! bad input reported without spoiling the others.
+//! bad input reported without spoiling the others; `rows_t` and the token-major
+//! `rows_tokens_with` write the same values (and nothing outside their pieces).
 
 mod common;
 
@@ -105,6 +106,21 @@ fn new_many_equals_matvec_per_token() {
                     .zip(&want[ji])
                     .all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same, "job {ji} ({:?}) n={n} threads={threads}", jobs[ji].0);
+                // Token-major output pieces (rows 2.. of a wider `[n, rows + 3]` output).
+                let mut y = vec![f32::NAN; n * (rows + 3)];
+                let mut pieces: Vec<&mut [f32]> = y
+                    .chunks_mut(rows + 3)
+                    .map(|r| &mut r[2..2 + rows])
+                    .collect();
+                let mut s = b.scratch();
+                b.rows_tokens_with(&mut s, w, &mut pieces).unwrap();
+                for t in 0..n {
+                    for r in 0..rows {
+                        let v = y[t * (rows + 3) + 2 + r];
+                        assert_eq!(v.to_bits(), want[ji][r * n + t].to_bits(), "job {ji} t={t}");
+                    }
+                    assert!(y[t * (rows + 3)].is_nan() && y[t * (rows + 3) + rows + 2].is_nan());
+                }
             }
         }
     }

@@ -15,7 +15,7 @@ use super::avx2::{decode_q5_0, decode_q8_0, hsum8, ld256, ld256_i8};
 use crate::formats::{
     BlockQ8_0, IQ4_NL_BYTES, MXFP4_BYTES, Q4_0_BYTES, Q5_0_BYTES, Q8_0_BYTES, QK8_0,
 };
-use crate::GgmlType;
+use crate::{GgmlType, RowsOut};
 
 /// One activation block for the tile kernel: quants, the offset correction
 /// `-off * (qs[4l] + .. + qs[4l + 3])` of each i32 lane l, and the f32 scale.
@@ -210,8 +210,8 @@ pub(crate) const TN: usize = 4;
 pub(crate) const TR: usize = 4;
 
 impl super::Avx512 {
-    /// `yt[r * n + t] = W[r] . token t` for the rows in `w` (whole rows of `ty`, `rb` bytes
-    /// each, `yt.len() / n` of them); `scratch` holds at least `TR` decoded rows.
+    /// `W[r] . token t` for the rows in `w` (whole rows of `ty`, `rb` bytes each,
+    /// `out.rows()` of them), put into `out`; `scratch` holds at least `TR` decoded rows.
     pub(crate) fn matmul_q8_rows(
         self,
         ty: GgmlType,
@@ -219,11 +219,11 @@ impl super::Avx512 {
         rb: usize,
         acts: &[PackedQ8],
         scratch: &mut DecodedRows,
-        yt: &mut [f32],
+        out: &mut impl RowsOut,
     ) {
-        let n = acts.len();
-        for (g, yg) in yt.chunks_mut(TR * n).enumerate() {
-            let nr = yg.len() / n;
+        let nrows = out.rows();
+        for g in 0..nrows.div_ceil(TR) {
+            let nr = (nrows - g * TR).min(TR);
             let rows = &w[g * TR * rb..(g * TR + nr) * rb];
             // SAFETY: the token proves the CPU has AVX2/FMA/F16C; slices only.
             unsafe { decode_rows(ty, rows, scratch) };
@@ -238,7 +238,7 @@ impl super::Avx512 {
                         // kernel reads only through the slices it is given.
                         let o = unsafe { tile::<$p, { [$($t),*].len() }>(scratch, rs, [$(&a[$t]),*]) };
                         for (r, orow) in o.iter().flatten().take(nr).enumerate() {
-                            yg[r * n + t0..r * n + t0 + orow.len()].copy_from_slice(orow);
+                            out.put(g * TR + r, t0, orow);
                         }
                     }};
                 }
