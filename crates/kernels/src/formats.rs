@@ -152,9 +152,17 @@ fn abs_max(x: &[f32]) -> f32 {
 /// Quantize `x` (a multiple of 32 long) to Q8_0 the way llama.cpp's x86 `quantize_row_q8_0`
 /// does: `d = amax / 127` stored as f16, `q = round_half_even(x * (127 / amax))`.
 pub fn quantize_row_q8_0(x: &[f32]) -> Vec<BlockQ8_0> {
+    quantize_row_q8_0_inline(x)
+}
+
+/// [`quantize_row_q8_0`] as plain loops, inlined into its callers (the vector tiers compile
+/// it with their features: same operations, same bits).
+#[inline(always)]
+pub(crate) fn quantize_row_q8_0_inline(x: &[f32]) -> Vec<BlockQ8_0> {
     debug_assert_eq!(x.len() % QK8_0, 0);
-    x.chunks_exact(QK8_0)
-        .map(|xb| {
+    let mut out = Vec::with_capacity(x.len() / QK8_0);
+    for xb in x.chunks_exact(QK8_0) {
+        out.push({
             let amax = abs_max(xb);
             let d = amax / 127.0;
             let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
@@ -174,8 +182,9 @@ pub fn quantize_row_q8_0(x: &[f32]) -> Vec<BlockQ8_0> {
                 d: f32_to_f16(d),
                 qs,
             }
-        })
-        .collect()
+        });
+    }
+    out
 }
 
 /// One Q8_1 activation block (paired with Q4_1 / Q5_1 weights, as ggml pairs them): the
@@ -214,44 +223,56 @@ pub fn quantize_row_q8_1(x: &[f32]) -> Vec<BlockQ8_1> {
 /// `quantize_row_q8_K_ref`: the element of largest magnitude `max` (first one wins) gives
 /// `iscale = -127 / max`, `q = min(127, nearest_int(iscale * x))`, `d = 1 / iscale`.
 pub fn quantize_row_q8_k(x: &[f32]) -> Vec<BlockQ8K> {
+    quantize_row_q8_k_inline(x)
+}
+
+/// [`quantize_row_q8_k`] as plain loops, inlined into its callers (the vector tiers compile
+/// it with their features: same operations, same bits).
+#[inline(always)]
+pub(crate) fn quantize_row_q8_k_inline(x: &[f32]) -> Vec<BlockQ8K> {
     debug_assert_eq!(x.len() % QK_K, 0);
-    x.chunks_exact(QK_K)
-        .map(|xb| {
-            // The first element of largest magnitude (NaN never wins a comparison).
-            let amax = abs_max(xb);
-            let max = xb
-                .iter()
-                .copied()
-                .find(|v| v.abs() == amax && amax != 0.0)
-                .unwrap_or(0.0);
-            let mut b = BlockQ8K {
-                d: 0.0,
-                qs: [0; QK_K],
-                bsums: [0; QK_K / 16],
-            };
-            if amax == 0.0 {
-                return b;
-            }
-            let iscale = -127.0 / max;
-            if amax.is_finite() {
-                // |iscale * v| <= 127 (+ rounding): branch-free rounding, vectorizes.
-                for (q, v) in b.qs.iter_mut().zip(xb) {
-                    let r = round_half_even_small(iscale * v) as i32;
-                    *q = r.clamp(-128, 127) as i8;
-                }
-            } else {
-                for (q, v) in b.qs.iter_mut().zip(xb) {
-                    let r = round_half_even(iscale * v) as i32;
-                    *q = r.clamp(-128, 127) as i8;
-                }
-            }
-            for (j, s) in b.bsums.iter_mut().enumerate() {
-                *s = b.qs[16 * j..16 * j + 16].iter().map(|&q| q as i16).sum();
-            }
-            b.d = 1.0 / iscale;
-            b
-        })
-        .collect()
+    let mut out = Vec::with_capacity(x.len() / QK_K);
+    for xb in x.chunks_exact(QK_K) {
+        out.push(q8_k_block(xb));
+    }
+    out
+}
+
+#[inline(always)]
+fn q8_k_block(xb: &[f32]) -> BlockQ8K {
+    // The first element of largest magnitude (NaN never wins a comparison).
+    let amax = abs_max(xb);
+    let max = xb
+        .iter()
+        .copied()
+        .find(|v| v.abs() == amax && amax != 0.0)
+        .unwrap_or(0.0);
+    let mut b = BlockQ8K {
+        d: 0.0,
+        qs: [0; QK_K],
+        bsums: [0; QK_K / 16],
+    };
+    if amax == 0.0 {
+        return b;
+    }
+    let iscale = -127.0 / max;
+    if amax.is_finite() {
+        // |iscale * v| <= 127 (+ rounding): branch-free rounding, vectorizes.
+        for (q, v) in b.qs.iter_mut().zip(xb) {
+            let r = round_half_even_small(iscale * v) as i32;
+            *q = r.clamp(-128, 127) as i8;
+        }
+    } else {
+        for (q, v) in b.qs.iter_mut().zip(xb) {
+            let r = round_half_even(iscale * v) as i32;
+            *q = r.clamp(-128, 127) as i8;
+        }
+    }
+    for (j, s) in b.bsums.iter_mut().enumerate() {
+        *s = b.qs[16 * j..16 * j + 16].iter().map(|&q| q as i16).sum();
+    }
+    b.d = 1.0 / iscale;
+    b
 }
 
 #[cfg(test)]

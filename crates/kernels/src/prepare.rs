@@ -12,8 +12,8 @@
 use std::sync::Mutex;
 
 use crate::{
-    check_supported, formats, shape, Backend, BatchActs, BatchInput, GgmlType, KernelError,
-    PreparedBatch, QuantizedActs,
+    check_supported, shape, Backend, BatchActs, BatchInput, GgmlType, KernelError, PreparedBatch,
+    QuantizedActs,
 };
 
 /// Tokens per work item.
@@ -74,6 +74,7 @@ fn row<'a>(inp: &BatchInput<'a>, t: usize) -> &'a [f32] {
 
 /// Tokens `t0..t1` of `g`: `[member][token]` values.
 fn prepare_tokens(
+    be: Backend,
     g: &Group,
     inputs: &[BatchInput<'_>],
     t0: usize,
@@ -90,7 +91,7 @@ fn prepare_tokens(
         match g.form {
             #[cfg(target_arch = "x86_64")]
             Form::PackedQ8 => {
-                let blocks = formats::quantize_row_q8_0(xt);
+                let blocks = tiers::q8_0(be, xt);
                 for (o, &m) in out.iter_mut().zip(&g.members) {
                     o.push(TokenActs::Q8(crate::x86::PackedQ8::new(
                         inputs[m].ty,
@@ -100,7 +101,7 @@ fn prepare_tokens(
             }
             #[cfg(target_arch = "x86_64")]
             Form::PackedQ8K => {
-                let packed = crate::x86::PackedQ8K::new(&formats::quantize_row_q8_k(xt));
+                let packed = crate::x86::PackedQ8K::new(&tiers::q8_k(be, xt));
                 for o in out.iter_mut() {
                     o.push(TokenActs::Q8K(packed.clone()));
                 }
@@ -176,7 +177,7 @@ pub(crate) fn prepare(
         let (groups, items, slots) = (&groups, &items, &slots);
         run(items.len(), &|i| {
             let (gi, t0, t1) = items[i];
-            let r = prepare_tokens(&groups[gi], inputs, t0, t1);
+            let r = prepare_tokens(be, &groups[gi], inputs, t0, t1);
             *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
         });
     }
@@ -262,4 +263,102 @@ fn batch_acts(be: Backend, form: Form, toks: Vec<TokenActs>) -> BatchActs {
             })
             .collect(),
     )
+}
+
+/// The activation quantizers compiled for the CPU's vector tier (the same loops as
+/// `formats::quantize_row_q8_0` / `quantize_row_q8_k`: same bits).
+#[cfg(target_arch = "x86_64")]
+mod tiers {
+    use crate::formats::{self, BlockQ8K, BlockQ8_0};
+    use crate::Backend;
+
+    #[target_feature(enable = "avx2,f16c")]
+    fn q8_0_avx2(x: &[f32]) -> Vec<BlockQ8_0> {
+        formats::quantize_row_q8_0_inline(x)
+    }
+
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+    fn q8_0_avx512(x: &[f32]) -> Vec<BlockQ8_0> {
+        formats::quantize_row_q8_0_inline(x)
+    }
+
+    #[target_feature(enable = "avx2,f16c")]
+    fn q8_k_avx2(x: &[f32]) -> Vec<BlockQ8K> {
+        formats::quantize_row_q8_k_inline(x)
+    }
+
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+    fn q8_k_avx512(x: &[f32]) -> Vec<BlockQ8K> {
+        formats::quantize_row_q8_k_inline(x)
+    }
+
+    /// `quantize_row_q8_0(x)` on `be`'s tier.
+    pub(super) fn q8_0(be: Backend, x: &[f32]) -> Vec<BlockQ8_0> {
+        match be {
+            // SAFETY: the token proves the CPU has the AVX2 tier (F16C included).
+            Backend::Avx2(_) => unsafe { q8_0_avx2(x) },
+            // SAFETY: the token proves the CPU has the AVX2 tier and AVX-512 F/BW/VL.
+            Backend::Avx512(_) => unsafe { q8_0_avx512(x) },
+            Backend::Scalar => formats::quantize_row_q8_0(x),
+        }
+    }
+
+    /// `quantize_row_q8_k(x)` on `be`'s tier.
+    pub(super) fn q8_k(be: Backend, x: &[f32]) -> Vec<BlockQ8K> {
+        match be {
+            // SAFETY: the token proves the CPU has the AVX2 tier (F16C included).
+            Backend::Avx2(_) => unsafe { q8_k_avx2(x) },
+            // SAFETY: the token proves the CPU has the AVX2 tier and AVX-512 F/BW/VL.
+            Backend::Avx512(_) => unsafe { q8_k_avx512(x) },
+            Backend::Scalar => formats::quantize_row_q8_k(x),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::formats::{quantize_row_q8_0, quantize_row_q8_k};
+    use crate::Isa;
+
+    /// Each tier's quantizers give the scalar ones' bits: random rows of mixed scales,
+    /// zero blocks, ties, huge values, infinities and NaN.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn tier_quantizers_equal_the_scalar_ones() {
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut x: Vec<f32> = (0..256 * 24)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let unit = (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                unit * 2f32.powi((i / 256) as i32 * 3 - 30)
+            })
+            .collect();
+        x[256..512].fill(0.0);
+        for (i, v) in x[512..768].iter_mut().enumerate() {
+            *v = (i % 7) as f32 * 0.5 - 1.5; // halves: rounding ties
+        }
+        x[800] = f32::MAX;
+        x[1100] = f32::INFINITY;
+        x[1400] = f32::NEG_INFINITY;
+        x[1700] = f32::NAN;
+        x[2000] = -3.0e38;
+        let want0 = quantize_row_q8_0(&x);
+        let wantk = quantize_row_q8_k(&x);
+        for isa in Isa::available() {
+            let be = Backend::new(isa).unwrap();
+            let got0 = tiers::q8_0(be, &x);
+            assert_eq!(got0.len(), want0.len());
+            for (a, b) in got0.iter().zip(&want0) {
+                assert_eq!((a.d, a.qs), (b.d, b.qs), "{isa:?} q8_0");
+            }
+            let gotk = tiers::q8_k(be, &x);
+            for (a, b) in gotk.iter().zip(&wantk) {
+                assert_eq!(a.d.to_bits(), b.d.to_bits(), "{isa:?} q8_k d");
+                assert_eq!((a.qs, a.bsums), (b.qs, b.bsums), "{isa:?} q8_k");
+            }
+        }
+    }
 }
