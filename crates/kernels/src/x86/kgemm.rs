@@ -187,8 +187,13 @@ fn tile512<const Q6: bool, const N: usize>(
     ys: [&PackedQ8K; N],
 ) -> [[f32; N]; 2] {
     let nb = w.nb;
-    let rows: [&[KBlock]; 2] = rs.map(|r| &w.blocks[r * nb..][..nb]);
-    let ys: [&[PackedKBlock]; N] = core::array::from_fn(|t| &ys[t].blocks[..nb]);
+    // Plain slicing (no array `map` / `from_fn` closures: those stay calls here).
+    let rows: [&[KBlock]; 2] = [&w.blocks[rs[0] * nb..][..nb], &w.blocks[rs[1] * nb..][..nb]];
+    let mut ysl: [&[PackedKBlock]; N] = [&[]; N];
+    for t in 0..N {
+        ysl[t] = &ys[t].blocks[..nb];
+    }
+    let ys = ysl;
     let idx = if Q6 { &Q6_SC_IDX } else { &Q4_SC_IDX };
     let mut acc = [_mm512_setzero_ps(); N];
     let mut accm = [_mm256_setzero_ps(); N];

@@ -157,20 +157,29 @@ fn tile<const P: usize, const N: usize>(
     ys: [&PackedQ8; N],
 ) -> [[[f32; N]; 2]; P] {
     let nb = w.nb;
-    let rows: [[&[DecodedBlock]; 2]; P] = rs.map(|pr| pr.map(|r| &w.blocks[r * nb..][..nb]));
-    let ys: [&[PackedBlock]; N] = core::array::from_fn(|t| &ys[t].blocks[..nb]);
+    // Plain loops and indexing (no array `map` / `from_fn` closures: those stay calls
+    // here, and a tile is short: one call per 4 rows x 4 tokens).
+    for pr in &rs {
+        for &r in pr {
+            assert!((r + 1) * nb <= w.blocks.len(), "decoded row in range");
+        }
+    }
+    for y in &ys {
+        assert!(y.blocks.len() >= nb, "activation blocks in range");
+    }
     let mut acc = [[_mm512_setzero_ps(); N]; P];
     for i in 0..nb {
         let mut qy = [_mm512_setzero_si512(); N];
         let mut cy = [_mm512_setzero_si512(); N];
         let mut dy = [_mm512_setzero_ps(); N];
         for t in 0..N {
-            qy[t] = _mm512_broadcast_i64x4(ld256_i8(&ys[t][i].qs));
-            cy[t] = _mm512_broadcast_i64x4(ld256_corr(&ys[t][i].corr));
-            dy[t] = _mm512_set1_ps(ys[t][i].d);
+            let yb = &ys[t].blocks[i];
+            qy[t] = _mm512_broadcast_i64x4(ld256_i8(&yb.qs));
+            cy[t] = _mm512_broadcast_i64x4(ld256_corr(&yb.corr));
+            dy[t] = _mm512_set1_ps(yb.d);
         }
         for (p, accp) in acc.iter_mut().enumerate() {
-            let (w0, w1) = (&rows[p][0][i], &rows[p][1][i]);
+            let (w0, w1) = (&w.blocks[rs[p][0] * nb + i], &w.blocks[rs[p][1] * nb + i]);
             let u = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld256(&w0.u)), ld256(&w1.u));
             let dx = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
                 _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(w0.d))),
