@@ -333,7 +333,7 @@ mod tests {
                 s ^= s >> 7;
                 s ^= s << 17;
                 let unit = (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-                unit * 2f32.powi((i / 256) as i32 * 3 - 30)
+                unit * 2f32.powi((i / 256) * 3 - 30)
             })
             .collect();
         x[256..512].fill(0.0);
