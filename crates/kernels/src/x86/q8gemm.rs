@@ -2,7 +2,7 @@
 //!
 //! Owns: [`PackedQ8`] (one token's Q8_0 activations with per-block f32 scales and offset
 //! corrections), the decode of a few weight rows into unsigned bytes once per matmul, and
-//! the 4 rows (two 512-bit row pairs) x 4 tokens tile kernel. Bit-identical to the single-row kernels: for each
+//! the up to 8 rows (four 512-bit row pairs) x 4 tokens tile kernel. Bit-identical to the single-row kernels: for each
 //! (row, token, block) the exact i32 lane partials are the same integers (computed as
 //! `sum (u - off) * qy = sum u * qy - off * sum qy` with the weight quants shifted to
 //! unsigned `u = q + off`), converted to f32, multiplied by `dx * dy` rounded to f32 and
@@ -158,7 +158,7 @@ fn tile<const P: usize, const N: usize>(
 ) -> [[[f32; N]; 2]; P] {
     let nb = w.nb;
     // Plain loops and indexing (no array `map` / `from_fn` closures: those stay calls
-    // here, and a tile is short: one call per 4 rows x 4 tokens).
+    // here, and a tile is short: one call per 8 rows x 4 tokens).
     for pr in &rs {
         for &r in pr {
             assert!((r + 1) * nb <= w.blocks.len(), "decoded row in range");
@@ -216,7 +216,7 @@ fn ld256_corr(p: &[i32; 8]) -> __m256i {
 /// Tokens per tile of the kernel.
 pub(crate) const TN: usize = 4;
 /// Weight rows per tile of the kernel.
-pub(crate) const TR: usize = 4;
+pub(crate) const TR: usize = 8;
 
 impl super::Avx512 {
     /// `W[r] . token t` for the rows in `w` (whole rows of `ty`, `rb` bytes each,
@@ -263,7 +263,9 @@ impl super::Avx512 {
                 }
                 match nr {
                     1 | 2 => by_tokens!(1),
-                    _ => by_tokens!(2),
+                    3 | 4 => by_tokens!(2),
+                    5 | 6 => by_tokens!(3),
+                    _ => by_tokens!(4),
                 }
             }
         }
