@@ -312,6 +312,22 @@ fn quantize_row_q8_k_body(x: &[f32]) -> Vec<BlockQ8K> {
     out
 }
 
+/// [`quantize_row_q8_0`]'s loops for callers compiled with a vector tier's features
+/// (batch preparation): inlined there, the same operations, the same bits.
+#[inline(always)]
+pub(crate) fn quantize_row_q8_0_inline(x: &[f32]) -> Vec<BlockQ8_0> {
+    debug_assert_eq!(x.len() % QK8_0, 0);
+    quantize_row_q8_0_body(x)
+}
+
+/// [`quantize_row_q8_k`]'s loops for callers compiled with a vector tier's features
+/// (batch preparation): inlined there, the same operations, the same bits.
+#[inline(always)]
+pub(crate) fn quantize_row_q8_k_inline(x: &[f32]) -> Vec<BlockQ8K> {
+    debug_assert_eq!(x.len() % QK_K, 0);
+    quantize_row_q8_k_body(x)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,9 @@
 //! spec), AVX2 / AVX-512 fast paths ([`x86`]) chosen once at run time
 //! (`SLUICE_ISA=scalar|avx2|avx512` forces a lower tier), and the row-parallel
 //! `matvec` / `matmul` drivers on the current rayon pool, and [`pool`]: a persistent pool
-//! with cheap dispatch for callers that schedule their own row blocks.
+//! with cheap dispatch for callers that schedule their own row blocks, and [`attn`]: the
+//! f32 loops of softmax attention (scores, weighted value sums) and [`act`]: element-wise
+//! activations, on the same tiers.
 //!
 //! Weight formats: F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K, and Q4_0, Q4_1, Q5_1, IQ4_NL,
 //! MXFP4, Q2_K, Q3_K, Q5_K, IQ4_XS, TQ1_0, TQ2_0. Activations are prepared once per weight
@@ -20,11 +22,14 @@
 //! Linear attention ([`delta_rule`]): the delta-rule state step shared by Gated DeltaNet
 //! and Kimi Delta Attention.
 
+pub mod act;
+pub mod attn;
 pub mod delta_rule;
 pub mod formats;
 pub mod iq;
 mod isa;
 pub mod pool;
+mod prepare;
 pub mod reference;
 pub mod x86;
 
@@ -538,7 +543,7 @@ pub fn matmul_with(
     if rows == 0 || n == 0 {
         return Ok(());
     }
-    let batch = PreparedBatch::with_backend(be, ty, x, n, cols, Par::Rayon)?;
+    let batch = PreparedBatch::with_backend(be, ty, x, n, cols)?;
     // yt is rows x n (row-major): each task owns whole rows of it.
     let mut yt = vec![0.0f32; rows * n];
     let chunk = rows_per_task(rows, rb).next_multiple_of(batch.row_group());
@@ -582,52 +587,13 @@ enum BatchActs {
     PackedQ8K(Vec<x86::PackedQ8K>),
 }
 
-/// Where [`PreparedBatch`] quantizes its tokens.
-#[derive(Clone, Copy)]
-enum Par {
-    /// On the calling thread (inside a pool task: no second parallel mechanism there).
-    Serial,
-    /// On the current rayon pool (`matmul`).
-    Rayon,
-    /// On [`pool`], in chunks of [`PREP_ROWS`] tokens.
-    Pool,
-}
-
-/// Tokens per task when [`Par::Pool`] quantizes a batch.
-const PREP_ROWS: usize = 8;
-
-impl Par {
-    /// `f` of each `cols`-long row of `x`, in row order.
-    fn map_rows<T: Send>(
-        self,
-        x: &[f32],
-        cols: usize,
-        f: impl Fn(&[f32]) -> T + Sync + Send,
-    ) -> Vec<T> {
-        match self {
-            Par::Serial => x.chunks(cols).map(f).collect(),
-            Par::Rayon => x.par_chunks(cols).map(f).collect(),
-            Par::Pool => {
-                let rows: Vec<&[f32]> = x.chunks(cols).collect();
-                let slots: Vec<std::sync::Mutex<Vec<T>>> = rows
-                    .chunks(PREP_ROWS)
-                    .map(|_| std::sync::Mutex::new(Vec::new()))
-                    .collect();
-                pool::run(slots.len(), &|_, c| {
-                    let done: Vec<T> = rows[c * PREP_ROWS..]
-                        .iter()
-                        .take(PREP_ROWS)
-                        .map(|r| f(r))
-                        .collect();
-                    *slots[c].lock().unwrap_or_else(|p| p.into_inner()) = done;
-                });
-                slots
-                    .into_iter()
-                    .flat_map(|s| s.into_inner().unwrap_or_else(|p| p.into_inner()))
-                    .collect()
-            }
-        }
-    }
+/// One input of [`PreparedBatch::new_many`]: `x` (`[n, cols]`) for weights of type `ty`.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchInput<'a> {
+    pub ty: GgmlType,
+    pub x: &'a [f32],
+    pub n: usize,
+    pub cols: usize,
 }
 
 /// Per-task scratch space of [`PreparedBatch::rows_t_with`].
@@ -642,86 +608,36 @@ enum BatchScratchInner {
 type BatchScratchInner = ();
 
 impl PreparedBatch {
-    /// Prepare `x` (`[n, cols]`) for weights of type `ty` on the best ISA tier, on the
-    /// calling thread: callers preparing several inputs at once spread them over their own
-    /// pool (as `sluice-models`' grouped products do on [`pool`]), so no second parallel
-    /// mechanism runs inside their tasks.
+    /// Prepare `x` (`[n, cols]`) for weights of type `ty` on the best ISA tier.
     pub fn new(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Result<Self, KernelError> {
-        Self::with_backend(Backend::new(isa())?, ty, x, n, cols, Par::Serial)
+        Self::with_backend(Backend::new(isa())?, ty, x, n, cols)
     }
 
-    /// [`PreparedBatch::new`] with the tokens quantized in parallel on [`pool`] (for a
-    /// caller outside any pool job with one input to prepare, e.g. a prefill's q/k/v
-    /// group; the same bits).
-    pub fn new_pooled(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Result<Self, KernelError> {
-        Self::with_backend(Backend::new(isa())?, ty, x, n, cols, Par::Pool)
-    }
-
-    /// `par`: where the tokens are quantized (the same bits everywhere).
     fn with_backend(
         be: Backend,
         ty: GgmlType,
         x: &[f32],
         n: usize,
         cols: usize,
-        par: Par,
     ) -> Result<Self, KernelError> {
-        check_supported(ty)?;
-        shape(
-            "matmul",
-            ty,
-            "x length (n * cols)",
-            n.saturating_mul(cols),
-            x.len(),
-        )?;
-        #[cfg(target_arch = "x86_64")]
-        if let (
-            Backend::Avx512(tok),
-            GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::IQ4_NL | GgmlType::MXFP4,
-        ) = (be, ty)
-        {
-            if n >= 2 && cols > 0 {
-                let pack = |xt: &[f32]| x86::PackedQ8::new(ty, &formats::quantize_row_q8_0(xt));
-                let acts = par.map_rows(x, cols, pack);
-                return Ok(PreparedBatch {
-                    be,
-                    ty,
-                    cols,
-                    n,
-                    acts: BatchActs::PackedQ8(tok, acts),
-                });
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        if let (Backend::Avx2(_) | Backend::Avx512(_), GgmlType::Q4_K | GgmlType::Q6_K) = (be, ty) {
-            if n >= 2 && cols > 0 {
-                let pack = |xt: &[f32]| x86::PackedQ8K::new(&formats::quantize_row_q8_k(xt));
-                let acts = par.map_rows(x, cols, pack);
-                return Ok(PreparedBatch {
-                    be,
-                    ty,
-                    cols,
-                    n,
-                    acts: BatchActs::PackedQ8K(acts),
-                });
-            }
-        }
-        let acts = if cols == 0 {
-            (0..n)
-                .map(|_| QuantizedActs::new(ty, &[]))
-                .collect::<Result<_, _>>()?
-        } else {
-            par.map_rows(x, cols, |xt| QuantizedActs::new(ty, xt))
-                .into_iter()
-                .collect::<Result<_, _>>()?
+        let input = [BatchInput { ty, x, n, cols }];
+        let run = |items: usize, f: &(dyn Fn(usize) + Sync)| {
+            (0..items).into_par_iter().for_each(f);
         };
-        Ok(PreparedBatch {
-            be,
-            ty,
-            cols,
-            n,
-            acts: BatchActs::Generic(acts),
-        })
+        prepare::prepare(be, &input, run)
+            .pop()
+            .expect("one result per input")
+    }
+
+    /// Prepare several inputs in one pass on the compute [`pool`] (tokens of every input
+    /// spread over its threads). Inputs over the same `x` that quantize it the same way
+    /// (e.g. q/k in Q5_0 and v in Q8_0, or gate and up) quantize each token once. One
+    /// result per input, in order; the same values as [`PreparedBatch::new`] on each.
+    pub fn new_many(inputs: &[BatchInput<'_>]) -> Vec<Result<Self, KernelError>> {
+        match Backend::new(isa()) {
+            Ok(be) => prepare::prepare(be, inputs, |items, f| pool::run(items, &|_, i| f(i))),
+            Err(e) => inputs.iter().map(|_| Err(e.clone())).collect(),
+        }
     }
 
     /// Tokens in the batch.
@@ -770,23 +686,71 @@ impl PreparedBatch {
         w_rows: &[u8],
         yt: &mut [f32],
     ) -> Result<(), KernelError> {
-        let (ty, n) = (self.ty, self.n);
+        let n = self.n;
         if n == 0 {
             return Ok(());
         }
         let nr = yt.len() / n;
-        shape("matmul", ty, "output length (rows * n)", nr * n, yt.len())?;
+        shape(
+            "matmul",
+            self.ty,
+            "output length (rows * n)",
+            nr * n,
+            yt.len(),
+        )?;
+        self.rows_into(scratch, w_rows, &mut RowMajor { yt, n })
+    }
+
+    /// `out[t][r] = row(r) . x[t]` for the consecutive weight rows `w_rows`: `out` holds
+    /// one slice per token, each as long as the block has rows (e.g. token t's piece of a
+    /// `[n, rows]` output, so no transposition is needed). Same values as
+    /// [`PreparedBatch::rows_t_with`].
+    pub fn rows_tokens_with(
+        &self,
+        scratch: &mut BatchScratch,
+        w_rows: &[u8],
+        out: &mut [&mut [f32]],
+    ) -> Result<(), KernelError> {
+        shape("matmul", self.ty, "output token slices", self.n, out.len())?;
+        let Some(nr) = out.first().map(|o| o.len()) else {
+            return Ok(());
+        };
+        for o in out.iter() {
+            shape("matmul", self.ty, "output slice length (rows)", nr, o.len())?;
+        }
+        self.rows_into(scratch, w_rows, &mut TokenRows { out, rows: nr })
+    }
+
+    fn rows_into(
+        &self,
+        scratch: &mut BatchScratch,
+        w_rows: &[u8],
+        out: &mut impl RowsOut,
+    ) -> Result<(), KernelError> {
+        let (ty, n) = (self.ty, self.n);
+        let nr = out.rows();
         let rb = check_matrix("matmul", ty, w_rows, nr, self.cols)?;
+        if n == 0 || nr == 0 {
+            return Ok(());
+        }
+        // One token: the single-token row kernels (two rows interleaved, weights
+        // prefetched; the same bits as the one-row dot below).
+        if let (BatchActs::Generic(acts), 1) = (&self.acts, n) {
+            if let Some(y) = out.single_token() {
+                self.be.rows(ty, w_rows, rb, &acts[0], y);
+                return Ok(());
+            }
+        }
         match &self.acts {
-            // One token: the single-token row kernels (two rows interleaved, weights
-            // prefetched; the same bits as the one-row dot below).
-            BatchActs::Generic(acts) if n == 1 => self.be.rows(ty, w_rows, rb, &acts[0], yt),
             BatchActs::Generic(acts) => {
                 let acts: Vec<&QuantizedActs> = acts.iter().collect();
-                for (i, yrow) in yt.chunks_mut(n).enumerate() {
+                let mut o = [0.0f32; TILE];
+                for i in 0..nr {
                     let row = &w_rows[i * rb..(i + 1) * rb];
-                    for (a, o) in acts.chunks(TILE).zip(yrow.chunks_mut(TILE)) {
+                    for (c, a) in acts.chunks(TILE).enumerate() {
+                        let o = &mut o[..a.len()];
                         self.be.dot_tile(ty, row, a, o);
+                        out.put(i, c * TILE, o);
                     }
                 }
             }
@@ -798,7 +762,7 @@ impl PreparedBatch {
                 let Some(BatchScratchInner::Q8(s)) = &mut scratch.0 else {
                     unreachable!("scratch made for this batch")
                 };
-                tok.matmul_q8_rows(ty, w_rows, rb, acts, s, yt);
+                tok.matmul_q8_rows(ty, w_rows, rb, acts, s, out);
             }
             #[cfg(target_arch = "x86_64")]
             BatchActs::PackedQ8K(acts) => {
@@ -810,12 +774,66 @@ impl PreparedBatch {
                     unreachable!("scratch made for this batch")
                 };
                 match self.be {
-                    Backend::Avx512(tok) => tok.matmul_k_rows(ty, w_rows, rb, acts, s, yt),
-                    Backend::Avx2(tok) => tok.matmul_k_rows(ty, w_rows, rb, acts, s, yt),
+                    Backend::Avx512(tok) => tok.matmul_k_rows(ty, w_rows, rb, acts, s, out),
+                    Backend::Avx2(tok) => tok.matmul_k_rows(ty, w_rows, rb, acts, s, out),
                     Backend::Scalar => unreachable!("packed only on the x86 tiers"),
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// Where the matmul kernels put `value(row r, token t)` of a block of rows.
+pub(crate) trait RowsOut {
+    /// Rows in the block.
+    fn rows(&self) -> usize;
+    /// `value(r, t0 + i) = vals[i]` for every i.
+    fn put(&mut self, r: usize, t0: usize, vals: &[f32]);
+    /// With one token: its output over the block's rows, contiguous.
+    fn single_token(&mut self) -> Option<&mut [f32]>;
+}
+
+/// `[rows, n]` row-major.
+struct RowMajor<'a> {
+    yt: &'a mut [f32],
+    n: usize,
+}
+
+impl RowsOut for RowMajor<'_> {
+    fn rows(&self) -> usize {
+        self.yt.len() / self.n
+    }
+    #[inline]
+    fn put(&mut self, r: usize, t0: usize, vals: &[f32]) {
+        let at = r * self.n + t0;
+        self.yt[at..at + vals.len()].copy_from_slice(vals);
+    }
+    fn single_token(&mut self) -> Option<&mut [f32]> {
+        (self.n == 1).then_some(&mut *self.yt)
+    }
+}
+
+/// One slice per token (`out[t][r]`).
+struct TokenRows<'a, 'b> {
+    out: &'a mut [&'b mut [f32]],
+    rows: usize,
+}
+
+impl RowsOut for TokenRows<'_, '_> {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    #[inline]
+    fn put(&mut self, r: usize, t0: usize, vals: &[f32]) {
+        for (o, &v) in self.out[t0..t0 + vals.len()].iter_mut().zip(vals) {
+            o[r] = v;
+        }
+    }
+    fn single_token(&mut self) -> Option<&mut [f32]> {
+        match &mut *self.out {
+            [only] => Some(&mut **only),
+            _ => None,
+        }
     }
 }

@@ -8,8 +8,8 @@
 use std::sync::Mutex;
 
 use sluice_kernels::{
-    matmul, matvec, matvec_rows, pool, BatchScratch, GgmlType, KernelError, PreparedBatch,
-    QuantizedActs,
+    matmul, matvec, matvec_rows, pool, BatchInput, BatchScratch, GgmlType, KernelError,
+    PreparedBatch, QuantizedActs,
 };
 
 /// Which routed-expert matrix a job's weights are: a backend may cache experts by this
@@ -39,7 +39,8 @@ pub struct LinearJob<'a> {
 pub trait Compute: Send + Sync {
     /// `y[n, rows] = x[n, cols] W^T` for a `[rows, cols]` weight matrix of type `ty`
     /// stored in `w`. Must give the same bits for n = 1 and n > 1 (chunking never changes
-    /// logits).
+    /// logits), and must write every element of `y` (callers may pass buffers holding
+    /// stale values, see `blocks::take_buf`).
     #[allow(clippy::too_many_arguments)]
     fn linear(
         &self,
@@ -234,72 +235,66 @@ fn grouped_matvec(jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
     err.result()
 }
 
-/// Tokens per task of the `[rows, n]` -> `[n, rows]` copy in [`grouped_matmul`].
-const TRANSPOSE_TOKENS: usize = 8;
-
-thread_local! {
-    /// [`grouped_matmul`]'s per-job `[rows, n]` buffers, kept between calls.
-    static YT_SCRATCH: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 /// Several-token jobs in one parallel pass: each input prepared once per weight type
-/// ([`PreparedBatch`]), tasks over (job, row block) write disjoint rows of per-job
-/// `[rows, n]` buffers, transposed into `y` afterwards. Same bits as `matmul` per job.
+/// ([`PreparedBatch`]), tasks over (job, row block) write their rows of every token's
+/// output row in place. Same bits as `matmul` per job.
 fn grouped_matmul(jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
     let (first, idx) = input_keys(jobs);
-    // One input (e.g. q/k/v): its tokens quantized in parallel on the pool; several
-    // (experts' gathered inputs): one input per pool task, each on its task's thread.
-    let slots: Vec<Mutex<Option<Result<PreparedBatch, KernelError>>>> =
-        first.iter().map(|_| Mutex::new(None)).collect();
-    if let [only] = first[..] {
-        let j = &jobs[only];
-        *lock(&slots[0]) = Some(PreparedBatch::new_pooled(j.ty, j.x, j.n, j.cols));
-    } else {
-        let jr = &*jobs;
-        pool::run(first.len(), &|_, i| {
-            let j = &jr[first[i]];
-            *lock(&slots[i]) = Some(PreparedBatch::new(j.ty, j.x, j.n, j.cols));
-        });
-    }
-    let batches: Vec<PreparedBatch> = slots
-        .into_iter()
-        .map(|s| {
-            s.into_inner()
-                .unwrap_or_else(|p| p.into_inner())
-                .expect("every input prepared")
+    // One pool pass over the tokens of every distinct input (an input shared by several
+    // weight types of one activation format is quantized once per token).
+    let inputs: Vec<BatchInput<'_>> = first
+        .iter()
+        .map(|&ji| {
+            let j = &jobs[ji];
+            BatchInput {
+                ty: j.ty,
+                x: j.x,
+                n: j.n,
+                cols: j.cols,
+            }
         })
+        .collect();
+    let batches: Vec<PreparedBatch> = PreparedBatch::new_many(&inputs)
+        .into_iter()
         .collect::<Result<_, _>>()?;
     let threads = pool::threads();
     // Weight bytes times tokens: the work of a job.
     let total: usize = jobs.iter().map(|j| j.w.len() * j.n).sum();
-    // `[rows, n]` buffers reused across calls on this thread (no page faults per layer);
-    // the kernels overwrite every value, so stale contents never leak into results.
-    let mut yts: Vec<Vec<f32>> = YT_SCRATCH.with(|c| std::mem::take(&mut *c.borrow_mut()));
-    yts.resize_with(jobs.len(), Vec::new);
-    for (yt, j) in yts.iter_mut().zip(jobs.iter()) {
-        yt.resize(j.rows * j.n, 0.0);
-    }
     // (weights, row bytes, tokens, batch index)
     let meta: Vec<_> = jobs
         .iter()
         .zip(&idx)
         .map(|(j, &bi)| (j.w, j.w.len() / j.rows, j.n, bi))
         .collect();
-    let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
-    for (ji, yt) in yts.iter_mut().enumerate() {
+    // Tasks over (job, row block); each gets token t's piece `y[t][r0..r0 + nr]` of every
+    // token row, so the kernels write the `[n, rows]` output directly (no transposition).
+    // (job, first row, rows, one slice per token)
+    type Task<'y> = (usize, usize, usize, Vec<&'y mut [f32]>);
+    let mut tasks: Vec<Task<'_>> = Vec::new();
+    for (ji, j) in jobs.iter_mut().enumerate() {
         let (_, rb, n, bi) = meta[ji];
         // Whole row groups of the register-blocked kernels.
         let group = batches[bi].row_group();
         let per = rows_per_task(rb * n, total, threads).next_multiple_of(group);
-        for (c, ys) in yt.chunks_mut(per * n).enumerate() {
-            tasks.push((ji, c * per, ys));
+        let first = tasks.len();
+        for r0 in (0..j.rows).step_by(per) {
+            let nr = per.min(j.rows - r0);
+            tasks.push((ji, r0, nr, Vec::with_capacity(n)));
+        }
+        for yrow in j.y.chunks_mut(j.rows) {
+            let mut rest = yrow;
+            for t in &mut tasks[first..] {
+                let (piece, tail) = std::mem::take(&mut rest).split_at_mut(t.2);
+                t.3.push(piece);
+                rest = tail;
+            }
         }
     }
     // Largest tasks first (experts get different token counts), so the last tasks
     // handed out are small and threads finish together.
     // (cost: weight bytes times tokens = output values times row bytes)
-    tasks.sort_by_key(|(ji, _, ys)| std::cmp::Reverse(ys.len() * meta[*ji].1));
-    let tasks: Vec<Mutex<(usize, usize, &mut [f32])>> = tasks.into_iter().map(Mutex::new).collect();
+    tasks.sort_by_key(|(ji, _, nr, _)| std::cmp::Reverse(nr * meta[*ji].2 * meta[*ji].1));
+    let tasks: Vec<Mutex<Task<'_>>> = tasks.into_iter().map(Mutex::new).collect();
     // Per-thread scratch, one per prepared input.
     let scratch: Vec<Mutex<Vec<Option<BatchScratch>>>> = (0..threads)
         .map(|_| Mutex::new((0..batches.len()).map(|_| None).collect()))
@@ -307,41 +302,15 @@ fn grouped_matmul(jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
     let err = FirstError::new();
     pool::run(tasks.len(), &|worker, i| {
         let mut t = lock(&tasks[i]);
-        let (ji, r0, ref mut ys) = *t;
-        let (w, rb, n, bi) = meta[ji];
-        let nr = ys.len() / n;
+        let (ji, r0, nr, ref mut out) = *t;
+        let (w, rb, _, bi) = meta[ji];
         let b = &batches[bi];
         let mut sc = lock(&scratch[worker]);
         let s = sc[bi].get_or_insert_with(|| b.scratch());
-        err.set(b.rows_t_with(s, &w[r0 * rb..(r0 + nr) * rb], ys));
+        err.set(b.rows_tokens_with(s, &w[r0 * rb..(r0 + nr) * rb], out));
     });
     drop(tasks);
-    err.result()?;
-    // `[rows, n]` -> `[n, rows]` in (job, token block) tasks: each task writes whole
-    // output rows, reading a few consecutive values of every input row (a pure copy, so
-    // the split never changes a bit).
-    let mut copies: Vec<Mutex<(usize, usize, &mut [f32])>> = Vec::new();
-    for (ji, j) in jobs.iter_mut().enumerate() {
-        let rows = j.rows;
-        for (c, ys) in j.y.chunks_mut(TRANSPOSE_TOKENS * rows).enumerate() {
-            copies.push(Mutex::new((ji, c * TRANSPOSE_TOKENS, ys)));
-        }
-    }
-    pool::run(copies.len(), &|_, i| {
-        let mut t = lock(&copies[i]);
-        let (ji, t0, ref mut ys) = *t;
-        let n = meta[ji].2;
-        let rows = yts[ji].len() / n;
-        let tb = ys.len() / rows;
-        for (r, src) in yts[ji].chunks_exact(n).enumerate() {
-            for (dt, &v) in src[t0..t0 + tb].iter().enumerate() {
-                ys[dt * rows + r] = v;
-            }
-        }
-    });
-    drop(copies);
-    YT_SCRATCH.with(|c| *c.borrow_mut() = yts);
-    Ok(())
+    err.result()
 }
 
 #[cfg(test)]

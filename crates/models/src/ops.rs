@@ -87,40 +87,7 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
-/// GELU, tanh approximation (what Gemma's `gelu_pytorch_tanh` and ggml's `gelu` compute).
-///
-/// Evaluated as `x / (1 + exp(-2u))` with `u = sqrt(2/pi) (x + 0.044715 x^3)`, which equals
-/// `0.5 x (1 + tanh(u))`, using [`exp_approx`] (plain f32 arithmetic: it vectorizes and
-/// never calls libm). Agrees with the exact value (computed in f64) within
-/// `1e-6 * (1 + |u|)` relative plus 1e-30 absolute, see the test.
-#[inline]
-pub fn gelu_tanh(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    let u = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
-    x / (1.0 + exp_approx(-2.0 * u))
-}
-
-/// `e^x` in plain f32 arithmetic (range reduction by ln 2, degree-6 Taylor polynomial on
-/// |r| <= ln2/2, scale by 2^n through the exponent bits): within 3 ulp of the exact value
-/// for x in [-87, 88]; inputs are clamped to that range (so +inf -> e^88, -inf -> e^-87,
-/// NaN stays NaN through the polynomial). Deterministic: same bits on every call.
-#[inline(always)]
-pub fn exp_approx(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_145_75; // ln 2 rounded to 17 bits: n * LN2_HI is exact
-    const LN2_LO: f32 = 1.428_606_8e-6; // ln 2 - LN2_HI
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: round to nearest integer
-    let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E + MAGIC) - MAGIC;
-    let r = (x - n * LN2_HI) - n * LN2_LO;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    // 2^n for n in -126..=127 through the exponent field.
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
-    p * scale
-}
+pub use sluice_kernels::act::{exp_approx, gelu_tanh};
 
 /// SiLU: x * sigmoid(x).
 pub fn silu(x: f32) -> f32 {

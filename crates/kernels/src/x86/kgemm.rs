@@ -18,7 +18,7 @@ use super::avx2::{sub, K4_SHUF, K6_SHUF};
 use super::avx512::{ld512_i8, Q4_SC_IDX, Q6_SC_IDX};
 use super::q8gemm::st256;
 use crate::formats::{BlockQ8K, Q4_K_BYTES, Q6_K_BYTES, QK_K};
-use crate::GgmlType;
+use crate::{GgmlType, RowsOut};
 
 /// One activation block for the tile kernels.
 #[derive(Clone, Copy, Debug)]
@@ -187,8 +187,13 @@ fn tile512<const Q6: bool, const N: usize>(
     ys: [&PackedQ8K; N],
 ) -> [[f32; N]; 2] {
     let nb = w.nb;
-    let rows: [&[KBlock]; 2] = rs.map(|r| &w.blocks[r * nb..][..nb]);
-    let ys: [&[PackedKBlock]; N] = core::array::from_fn(|t| &ys[t].blocks[..nb]);
+    // Plain slicing (no array `map` / `from_fn` closures: those stay calls here).
+    let rows: [&[KBlock]; 2] = [&w.blocks[rs[0] * nb..][..nb], &w.blocks[rs[1] * nb..][..nb]];
+    let mut ysl: [&[PackedKBlock]; N] = [&[]; N];
+    for t in 0..N {
+        ysl[t] = &ys[t].blocks[..nb];
+    }
+    let ys = ysl;
     let idx = if Q6 { &Q6_SC_IDX } else { &Q4_SC_IDX };
     let mut acc = [_mm512_setzero_ps(); N];
     let mut accm = [_mm256_setzero_ps(); N];
@@ -344,8 +349,8 @@ pub(crate) const KTN: usize = 4;
 /// Weight rows decoded at a time (tiles take 2 of them).
 pub(crate) const KTR: usize = 4;
 
-/// `yt[r * n + t] = W[r] . token t` for the rows in `w` (whole rows of `ty`, Q4_K or Q6_K,
-/// `rb` bytes each, `yt.len() / n` of them); `scratch` holds at least `KTR` decoded rows.
+/// `W[r] . token t` for the rows in `w` (whole rows of `ty`, Q4_K or Q6_K, `rb` bytes each,
+/// `out.rows()` of them), put into `out`; `scratch` holds at least `KTR` decoded rows.
 /// `wide`: the AVX-512 tiles (up to 4 rows), else the AVX2 ones (up to 2 rows).
 ///
 /// # Safety
@@ -357,13 +362,13 @@ unsafe fn matmul_k_rows(
     rb: usize,
     acts: &[PackedQ8K],
     scratch: &mut DecodedK,
-    yt: &mut [f32],
+    out: &mut impl RowsOut,
 ) {
-    let n = acts.len();
     let q6 = ty == GgmlType::Q6_K;
     let rmax = 2;
-    for (g, yg) in yt.chunks_mut(KTR * n).enumerate() {
-        let nr = yg.len() / n;
+    let nrows = out.rows();
+    for g in 0..nrows.div_ceil(KTR) {
+        let nr = (nrows - g * KTR).min(KTR);
         let rows = &w[g * KTR * rb..(g * KTR + nr) * rb];
         // SAFETY: the caller guarantees AVX2/FMA/F16C; slices only.
         unsafe { decode_rows(ty, rows, scratch) };
@@ -382,8 +387,7 @@ unsafe fn matmul_k_rows(
                             tile512::<$q, { [$($t),*].len() }>(scratch, rs, [$(&a[$t]),*])
                         };
                         for (r, orow) in o.iter().take(rr).enumerate() {
-                            let at = (r0 + r) * n + t0;
-                            yg[at..at + orow.len()].copy_from_slice(orow);
+                            out.put(g * KTR + r0 + r, t0, orow);
                         }
                     }};
                     ($tile:ident, $q:literal, $r:literal, $($t:literal),*) => {{
@@ -393,8 +397,7 @@ unsafe fn matmul_k_rows(
                             $tile::<$q, $r, { [$($t),*].len() }>(scratch, r0, [$(&a[$t]),*])
                         };
                         for (r, orow) in o.iter().enumerate() {
-                            let at = (r0 + r) * n + t0;
-                            yg[at..at + orow.len()].copy_from_slice(orow);
+                            out.put(g * KTR + r0 + r, t0, orow);
                         }
                     }};
                 }
@@ -431,10 +434,10 @@ impl super::Avx2 {
         rb: usize,
         acts: &[PackedQ8K],
         scratch: &mut DecodedK,
-        yt: &mut [f32],
+        out: &mut impl RowsOut,
     ) {
         // SAFETY: the token proves the AVX2 tier.
-        unsafe { matmul_k_rows(false, ty, w, rb, acts, scratch, yt) }
+        unsafe { matmul_k_rows(false, ty, w, rb, acts, scratch, out) }
     }
 }
 
@@ -447,9 +450,9 @@ impl super::Avx512 {
         rb: usize,
         acts: &[PackedQ8K],
         scratch: &mut DecodedK,
-        yt: &mut [f32],
+        out: &mut impl RowsOut,
     ) {
         // SAFETY: the token proves the AVX-512 tier (and AVX2 with it).
-        unsafe { matmul_k_rows(true, ty, w, rb, acts, scratch, yt) }
+        unsafe { matmul_k_rows(true, ty, w, rb, acts, scratch, out) }
     }
 }

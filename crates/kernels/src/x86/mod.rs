@@ -129,6 +129,8 @@ fn prefetch_block(w: &[u8], off: usize, len: usize) {
 }
 
 #[cfg(target_arch = "x86_64")]
+mod attn;
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;

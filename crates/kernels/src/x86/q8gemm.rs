@@ -2,7 +2,7 @@
 //!
 //! Owns: [`PackedQ8`] (one token's Q8_0 activations with per-block f32 scales and offset
 //! corrections), the decode of a few weight rows into unsigned bytes once per matmul, and
-//! the 4 rows (two 512-bit row pairs) x 4 tokens tile kernel. Bit-identical to the single-row kernels: for each
+//! the up to 8 rows (four 512-bit row pairs) x 4 tokens tile kernel. Bit-identical to the single-row kernels: for each
 //! (row, token, block) the exact i32 lane partials are the same integers (computed as
 //! `sum (u - off) * qy = sum u * qy - off * sum qy` with the weight quants shifted to
 //! unsigned `u = q + off`), converted to f32, multiplied by `dx * dy` rounded to f32 and
@@ -15,7 +15,7 @@ use super::avx2::{decode_q5_0, decode_q8_0, hsum8, ld256, ld256_i8};
 use crate::formats::{
     BlockQ8_0, IQ4_NL_BYTES, MXFP4_BYTES, Q4_0_BYTES, Q5_0_BYTES, Q8_0_BYTES, QK8_0,
 };
-use crate::GgmlType;
+use crate::{GgmlType, RowsOut};
 
 /// One activation block for the tile kernel: quants, the offset correction
 /// `-off * (qs[4l] + .. + qs[4l + 3])` of each i32 lane l, and the f32 scale.
@@ -157,20 +157,29 @@ fn tile<const P: usize, const N: usize>(
     ys: [&PackedQ8; N],
 ) -> [[[f32; N]; 2]; P] {
     let nb = w.nb;
-    let rows: [[&[DecodedBlock]; 2]; P] = rs.map(|pr| pr.map(|r| &w.blocks[r * nb..][..nb]));
-    let ys: [&[PackedBlock]; N] = core::array::from_fn(|t| &ys[t].blocks[..nb]);
+    // Plain loops and indexing (no array `map` / `from_fn` closures: those stay calls
+    // here, and a tile is short: one call per 8 rows x 4 tokens).
+    for pr in &rs {
+        for &r in pr {
+            assert!((r + 1) * nb <= w.blocks.len(), "decoded row in range");
+        }
+    }
+    for y in &ys {
+        assert!(y.blocks.len() >= nb, "activation blocks in range");
+    }
     let mut acc = [[_mm512_setzero_ps(); N]; P];
     for i in 0..nb {
         let mut qy = [_mm512_setzero_si512(); N];
         let mut cy = [_mm512_setzero_si512(); N];
         let mut dy = [_mm512_setzero_ps(); N];
         for t in 0..N {
-            qy[t] = _mm512_broadcast_i64x4(ld256_i8(&ys[t][i].qs));
-            cy[t] = _mm512_broadcast_i64x4(ld256_corr(&ys[t][i].corr));
-            dy[t] = _mm512_set1_ps(ys[t][i].d);
+            let yb = &ys[t].blocks[i];
+            qy[t] = _mm512_broadcast_i64x4(ld256_i8(&yb.qs));
+            cy[t] = _mm512_broadcast_i64x4(ld256_corr(&yb.corr));
+            dy[t] = _mm512_set1_ps(yb.d);
         }
         for (p, accp) in acc.iter_mut().enumerate() {
-            let (w0, w1) = (&rows[p][0][i], &rows[p][1][i]);
+            let (w0, w1) = (&w.blocks[rs[p][0] * nb + i], &w.blocks[rs[p][1] * nb + i]);
             let u = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld256(&w0.u)), ld256(&w1.u));
             let dx = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
                 _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(w0.d))),
@@ -207,11 +216,11 @@ fn ld256_corr(p: &[i32; 8]) -> __m256i {
 /// Tokens per tile of the kernel.
 pub(crate) const TN: usize = 4;
 /// Weight rows per tile of the kernel.
-pub(crate) const TR: usize = 4;
+pub(crate) const TR: usize = 8;
 
 impl super::Avx512 {
-    /// `yt[r * n + t] = W[r] . token t` for the rows in `w` (whole rows of `ty`, `rb` bytes
-    /// each, `yt.len() / n` of them); `scratch` holds at least `TR` decoded rows.
+    /// `W[r] . token t` for the rows in `w` (whole rows of `ty`, `rb` bytes each,
+    /// `out.rows()` of them), put into `out`; `scratch` holds at least `TR` decoded rows.
     pub(crate) fn matmul_q8_rows(
         self,
         ty: GgmlType,
@@ -219,11 +228,11 @@ impl super::Avx512 {
         rb: usize,
         acts: &[PackedQ8],
         scratch: &mut DecodedRows,
-        yt: &mut [f32],
+        out: &mut impl RowsOut,
     ) {
-        let n = acts.len();
-        for (g, yg) in yt.chunks_mut(TR * n).enumerate() {
-            let nr = yg.len() / n;
+        let nrows = out.rows();
+        for g in 0..nrows.div_ceil(TR) {
+            let nr = (nrows - g * TR).min(TR);
             let rows = &w[g * TR * rb..(g * TR + nr) * rb];
             // SAFETY: the token proves the CPU has AVX2/FMA/F16C; slices only.
             unsafe { decode_rows(ty, rows, scratch) };
@@ -238,7 +247,7 @@ impl super::Avx512 {
                         // kernel reads only through the slices it is given.
                         let o = unsafe { tile::<$p, { [$($t),*].len() }>(scratch, rs, [$(&a[$t]),*]) };
                         for (r, orow) in o.iter().flatten().take(nr).enumerate() {
-                            yg[r * n + t0..r * n + t0 + orow.len()].copy_from_slice(orow);
+                            out.put(g * TR + r, t0, orow);
                         }
                     }};
                 }
@@ -254,7 +263,9 @@ impl super::Avx512 {
                 }
                 match nr {
                     1 | 2 => by_tokens!(1),
-                    _ => by_tokens!(2),
+                    3 | 4 => by_tokens!(2),
+                    5 | 6 => by_tokens!(3),
+                    _ => by_tokens!(4),
                 }
             }
         }

@@ -9,7 +9,9 @@ use sluice_tier::StreamableGroups;
 use super::{Architecture, GqaHparams};
 use crate::blocks::attention::{gqa, AttnShape, GqaWeights};
 use crate::blocks::ffn::{glu, Activation, GluWeights};
-use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
+use crate::blocks::{
+    add_into, check_finite, give_buf, head, rms_norm_rows, take_buf, Batch, Env, Stage,
+};
 use crate::config::{Hparams, ModelConfig};
 use crate::ops::rope_inv_freq;
 use crate::state::SeqState;
@@ -132,7 +134,8 @@ impl Architecture for Gemma3 {
             } else {
                 (&self.rope_global, None)
             };
-            let mut h = x.clone();
+            let mut h = take_buf(x.len());
+            h.copy_from_slice(&x);
             rms_norm_rows(&mut h, &l.attn_norm, eps);
             let mut o = gqa(
                 env,
@@ -147,12 +150,15 @@ impl Architecture for Gemma3 {
             )?;
             rms_norm_rows(&mut o, &l.post_attn_norm, eps);
             add_into(&mut x, &o);
+            give_buf(o);
 
-            let mut h = x.clone();
+            h.copy_from_slice(&x);
             rms_norm_rows(&mut h, &l.ffn_norm, eps);
             let mut f = glu(env, &l.ffn, Activation::GeluTanh, &h, batch.len())?;
+            give_buf(h);
             rms_norm_rows(&mut f, &l.post_ffn_norm, eps);
             add_into(&mut x, &f);
+            give_buf(f);
             check_finite(&x, e, &batch.positions, Stage::Layer(il))?;
         }
         let logits = head::logits(env, &x, rows, &self.output_norm, eps, &self.output)?;

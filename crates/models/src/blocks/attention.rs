@@ -4,7 +4,10 @@
 //! position), appending K/V, and softmax(q K^T * scale) V with an optional sliding window.
 //! The output projection is applied by the caller's block (`wo`).
 
+use std::rc::Rc;
 use std::sync::Mutex;
+
+use sluice_kernels::attn::{self, Span};
 
 use super::{Batch, Env};
 use crate::kv::KvCache;
@@ -108,82 +111,151 @@ pub fn gqa(
     let v = qkv.pop().expect("three outputs");
     let mut k = qkv.pop().expect("three outputs");
     let mut q = qkv.pop().expect("three outputs");
-    // Per token: q/k head norms and RoPE (cos/sin once per position and pass), tokens
-    // spread over the compute pool in prefill.
-    let norm_rope = |x: &mut [f32], heads: usize, norm: &Option<Vec<f32>>| {
-        crate::threads::for_each_chunk(x, heads * hd, 4, |t, xt| {
-            let mut cs = Vec::with_capacity(inv_freq.len());
-            rope_cos_sin(batch.positions[t], inv_freq, &mut cs);
-            for head in xt.chunks_mut(hd) {
-                if let Some(w) = norm {
-                    rms_norm_inplace(head, w, rms_eps);
-                }
-                rope_neox_cs(head, &cs);
+    // Per token: q/k head norms and RoPE (cos/sin once per position and table, shared by
+    // every layer with that table), q and k of a token in one task, tokens spread over the
+    // compute pool in prefill.
+    let cs_table = rope_table(&batch.positions, inv_freq);
+    let cs: &[(f32, f32)] = &cs_table;
+    let nf = inv_freq.len();
+    let per_tok = t_len.div_ceil(sluice_kernels::pool::threads() * 4).max(4);
+    let rows: Vec<Mutex<(&mut [f32], &mut [f32])>> = q
+        .chunks_mut(per_tok * nh * hd)
+        .zip(k.chunks_mut(per_tok * nkv * hd))
+        .map(Mutex::new)
+        .collect();
+    let norm_rope = |x: &mut [f32], cs: &[(f32, f32)], norm: &Option<Vec<f32>>| {
+        for head in x.chunks_mut(hd) {
+            if let Some(w) = norm {
+                rms_norm_inplace(head, w, rms_eps);
             }
-        })
+            rope_neox_cs(head, cs);
+        }
     };
-    norm_rope(&mut q, nh, &w.q_norm);
-    norm_rope(&mut k, nkv, &w.k_norm);
+    let run_rows = |c: usize| {
+        let mut r = super::lock(&rows[c]);
+        let (qs, ks) = &mut *r;
+        for (i, (qt, kt)) in qs
+            .chunks_mut(nh * hd)
+            .zip(ks.chunks_mut(nkv * hd))
+            .enumerate()
+        {
+            let t = c * per_tok + i;
+            let cs = &cs[t * nf..(t + 1) * nf];
+            norm_rope(qt, cs, &w.q_norm);
+            norm_rope(kt, cs, &w.k_norm);
+        }
+    };
+    if rows.len() == 1 {
+        run_rows(0);
+    } else {
+        sluice_kernels::pool::run(rows.len(), &|_, c| run_rows(c));
+    }
+    drop(rows);
     kv.append(il, &k, &v);
     let (kc, vc) = kv.layer(il);
     let group = nh / nkv;
-    let mut out = vec![0.0f32; t_len * nh * hdv];
-    // (position, head) items in tasks of a few heads (one pool pass); each item's sums
-    // run in a fixed order, so the thread count never changes a bit.
-    let per = (t_len * nh)
-        .div_ceil(sluice_kernels::pool::threads() * 4)
-        .clamp(1, 16);
-    let tasks: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per * hdv).map(Mutex::new).collect();
+    super::give_buf(k);
+    super::give_buf(v);
+    let mut out = super::take_zeroed(t_len * nh * hdv);
+    // Items: (position, kv head, run of `hpi` query heads of its group); a decode step
+    // splits the group so every thread has work. Each head's sums run in a fixed order
+    // (sluice_kernels::attn), so neither the split nor the thread count changes a bit.
+    let threads = sluice_kernels::pool::threads();
+    let mut hpi = group.max(1);
+    while t_len * nkv * (group / hpi) < 2 * threads && hpi.is_multiple_of(2) {
+        hpi /= 2;
+    }
+    let hg = group / hpi.max(1);
+    let items = t_len * nkv * hg;
+    let per = items.div_ceil(threads * 8).clamp(1, 16);
+    let tasks: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per * hpi * hdv).map(Mutex::new).collect();
+    let err: Mutex<Option<sluice_kernels::KernelError>> = Mutex::new(None);
     sluice_kernels::pool::run(tasks.len(), &|_, c| {
-        let mut o = tasks[c].lock().unwrap_or_else(|p| p.into_inner());
+        let mut o = super::lock(&tasks[c]);
         let mut scores: Vec<f32> = Vec::new();
-        for (ii, o) in o.chunks_mut(hdv).enumerate() {
+        for (ii, o) in o.chunks_mut(hpi * hdv).enumerate() {
             let i = c * per + ii;
-            let (t, head) = (i / nh, i % nh);
-            let g = head / group;
+            let (t, g, hc) = (i / (nkv * hg), (i / hg) % nkv, i % hg);
+            let head = g * group + hc * hpi;
             let pos = batch.positions[t];
             let lo = match window {
                 None => 0,
                 Some(win) => (pos + 1).saturating_sub(win),
             };
-            let qh = &q[(t * nh + head) * hd..(t * nh + head + 1) * hd];
+            let n = pos + 1 - lo;
+            if n == 0 {
+                continue; // an empty window attends to nothing: zeros
+            }
+            let qh = &q[(t * nh + head) * hd..(t * nh + head + hpi) * hd];
             scores.clear();
-            scores.extend((lo..=pos).map(|j| {
-                let kh = &kc[(j * nkv + g) * hd..(j * nkv + g + 1) * hd];
-                dot(qh, kh) * scale
-            }));
-            softmax(&mut scores);
-            for (j, &p) in (lo..=pos).zip(&scores) {
-                let vh = &vc[(j * nkv + g) * hdv..(j * nkv + g + 1) * hdv];
-                for (a, &b) in o.iter_mut().zip(vh) {
-                    *a += p * b;
-                }
+            scores.resize(hpi * n, 0.0);
+            let span = |dim: usize| Span {
+                heads: hpi,
+                n,
+                stride: nkv * dim,
+            };
+            let r = attn::scores(qh, &kc[(lo * nkv + g) * hd..], span(hd), scale, &mut scores)
+                .and_then(|()| {
+                    for row in scores.chunks_mut(n) {
+                        softmax(row);
+                    }
+                    attn::weighted_sum(&scores, &vc[(lo * nkv + g) * hdv..], span(hdv), o)
+                });
+            if let Err(e) = r {
+                super::lock(&err).get_or_insert(e);
             }
         }
     });
     drop(tasks);
-    drop(q);
-    env.linear(&w.wo, &out, t_len)
+    super::give_buf(q);
+    if let Some(e) = err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e.into());
+    }
+    let y = env.linear(&w.wo, &out, t_len);
+    super::give_buf(out);
+    y
 }
 
-/// Plain f32 dot product, sequential (fixed order).
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent accumulators let the compiler vectorise without reassociating
-    // across runs: the order is fixed by the code, not by the thread count.
-    // chunks_exact keeps the bounds checks out of the loop so it becomes vector code.
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0.0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ar, br) = (ac.remainder(), bc.remainder());
-    for (ca, cb) in ac.zip(bc) {
-        for l in 0..8 {
-            acc[l] += ca[l] * cb[l];
+thread_local! {
+    /// [`rope_table`]'s last tables: (inverse frequencies, positions, cos/sin rows).
+    static ROPE_TABLES: std::cell::RefCell<Vec<RopeTable>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+type RopeTable = (Vec<f32>, Vec<usize>, Rc<Vec<(f32, f32)>>);
+
+/// `[T][inv_freq.len()]` cos/sin of every position of the batch ([`rope_cos_sin`] per
+/// position), kept for the next calls with the same frequencies and positions: the layers
+/// of one forward pass that share a RoPE table compute it once. Same values as computing
+/// it each time (the key is the full input, not an identity).
+fn rope_table(positions: &[usize], inv_freq: &[f32]) -> Rc<Vec<(f32, f32)>> {
+    /// Tables kept (Gemma 3 has two per pass: global and sliding-window layers).
+    const KEEP: usize = 4;
+    ROPE_TABLES.with(|c| {
+        let mut c = c.borrow_mut();
+        if let Some(e) = c
+            .iter()
+            .find(|(f, p, _)| f.as_slice() == inv_freq && p.as_slice() == positions)
+        {
+            return e.2.clone();
         }
-    }
-    let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + (acc[2] + acc[6]) + (acc[3] + acc[7]);
-    for (x, y) in ar.iter().zip(br) {
-        s += x * y;
-    }
-    s
+        let mut tab = Vec::with_capacity(positions.len() * inv_freq.len());
+        let mut cs = Vec::with_capacity(inv_freq.len());
+        for &p in positions {
+            rope_cos_sin(p, inv_freq, &mut cs);
+            tab.extend_from_slice(&cs);
+        }
+        let tab = Rc::new(tab);
+        if c.len() >= KEEP {
+            c.remove(0);
+        }
+        c.push((inv_freq.to_vec(), positions.to_vec(), tab.clone()));
+        tab
+    })
+}
+
+/// Plain f32 dot product in a fixed order (see [`sluice_kernels::attn::dot`]): the
+/// thread count never changes a bit.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    attn::dot(a, b)
 }

@@ -54,9 +54,11 @@ pub struct Env<'a> {
 }
 
 impl Env<'_> {
-    /// `y = W x` for `n` rows of `x` (`[n, m.cols]` -> `[n, m.rows]`).
+    /// `y = W x` for `n` rows of `x` (`[n, m.cols]` -> `[n, m.rows]`). The result is a
+    /// [`take_buf`] buffer (every value written by the product); hand it back with
+    /// [`give_buf`] when done to spare the next call a fresh allocation.
     pub fn linear(&self, m: &Mat, x: &[f32], n: usize) -> Result<Vec<f32>, ModelError> {
-        let mut y = vec![0.0f32; n * m.rows];
+        let mut y = take_buf(n * m.rows);
         self.compute
             .linear(m.ty, m.bytes(self.map), m.rows, m.cols, x, n, &mut y)?;
         Ok(y)
@@ -73,7 +75,7 @@ impl Env<'_> {
         x: &[f32],
         n: usize,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let mut ys: Vec<Vec<f32>> = ms.iter().map(|m| vec![0.0f32; n * m.rows]).collect();
+        let mut ys: Vec<Vec<f32>> = ms.iter().map(|m| take_buf(n * m.rows)).collect();
         let mut jobs: Vec<crate::compute::LinearJob<'_>> = ms
             .iter()
             .zip(ys.iter_mut())
@@ -92,6 +94,63 @@ impl Env<'_> {
         drop(jobs);
         Ok(ys)
     }
+}
+
+thread_local! {
+    /// This thread's spare activation buffers ([`take_buf`] / [`give_buf`]).
+    static SPARE: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Most spare buffers a thread keeps.
+const SPARE_BUFFERS: usize = 16;
+/// Most bytes a thread's spare buffers hold together.
+const SPARE_BYTES: usize = 64 << 20;
+
+/// A buffer of exactly `len` f32s whose contents are unspecified (finite or not, values
+/// of an earlier use on this thread): for results the caller overwrites entirely. Taken
+/// from this thread's spares when one is large enough, so the activations of one layer
+/// reuse memory the previous layer already touched (no page faults, no zeroing; large
+/// fresh allocations are mapped and faulted in page by page).
+pub fn take_buf(len: usize) -> Vec<f32> {
+    let spare = SPARE.with(|s| {
+        let mut s = s.borrow_mut();
+        let fit = s
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.capacity() >= len)
+            .min_by_key(|(_, v)| v.capacity())
+            .map(|(i, _)| i);
+        fit.map(|i| s.swap_remove(i))
+    });
+    let mut v = spare.unwrap_or_default();
+    if v.len() >= len {
+        v.truncate(len);
+    } else {
+        v.resize(len, 0.0);
+    }
+    v
+}
+
+/// [`take_buf`] set to zeros.
+pub fn take_zeroed(len: usize) -> Vec<f32> {
+    let mut v = take_buf(len);
+    v.fill(0.0);
+    v
+}
+
+/// Hand a buffer back for [`take_buf`] on this thread (kept while this thread holds
+/// fewer than [`SPARE_BUFFERS`] spares of at most [`SPARE_BYTES`] in all).
+pub fn give_buf(v: Vec<f32>) {
+    if v.capacity() == 0 {
+        return;
+    }
+    SPARE.with(|s| {
+        let mut s = s.borrow_mut();
+        let held: usize = s.iter().map(|b| b.capacity() * 4).sum();
+        if s.len() < SPARE_BUFFERS && held + v.capacity() * 4 <= SPARE_BYTES {
+            s.push(v);
+        }
+    });
 }
 
 /// The tokens of one forward call and where they sit in the sequence.
