@@ -9,7 +9,9 @@
 //! prefill-shaped matmul (128 tokens, Gemma 3 270M's 640x2048 FFN down projection, 1
 //! thread) on the AVX2 and AVX-512 tiers, in weight bytes x tokens per second; `out/`: the
 //! tied Gemma 3 output matrix (262144x640 Q8_0) matvec, 1 and 2 threads, next to
-//! `memory_read`.
+//! `memory_read`; `expert/`: every weight format at the DeepSeek V4 expert shape (4096x2048)
+//! and the Qwen3 one (2048x768), 1 and 2 threads, on the tier `isa()` picks (filter with
+//! `-- 'expert/|memory_read'`; `tools/bench-table.py` turns the output into a table).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use sluice_kernels::{matmul_with, matvec_with, GgmlType, Isa};
@@ -177,6 +179,52 @@ fn bench_matvec(c: &mut Criterion) {
             .warm_up_time(Duration::from_millis(300))
             .measurement_time(Duration::from_millis(1200));
         for (rows, cols) in SHAPES {
+            let w = weights(ty, rows, cols);
+            let x: Vec<f32> = (0..cols)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+                .collect();
+            let mut y = vec![0.0f32; rows];
+            g.throughput(Throughput::Bytes(w.len() as u64));
+            for (nt, p) in &pools {
+                g.bench_function(
+                    BenchmarkId::new(format!("{rows}x{cols}"), format!("{nt}t")),
+                    |b| {
+                        b.iter(|| {
+                            p.install(|| {
+                                matvec_with(
+                                    isa,
+                                    ty,
+                                    black_box(&w),
+                                    rows,
+                                    cols,
+                                    black_box(&x),
+                                    &mut y,
+                                )
+                            })
+                            .unwrap();
+                        })
+                    },
+                );
+            }
+        }
+        g.finish();
+    }
+}
+
+/// Every weight format at the expert shapes, 1 and 2 threads, on the chosen tier.
+fn bench_experts(c: &mut Criterion) {
+    let pools = [(1usize, pool(1)), (2usize, pool(2))];
+    let isa = sluice_kernels::isa();
+    let all = TYPES
+        .into_iter()
+        .chain(KQ_TYPES)
+        .chain(sluice_kernels::iq::IQ_TYPES);
+    for ty in all {
+        let mut g = c.benchmark_group(format!("expert/{ty}"));
+        g.sample_size(10)
+            .warm_up_time(Duration::from_millis(300))
+            .measurement_time(Duration::from_millis(1200));
+        for (rows, cols) in IQ_SHAPES {
             let w = weights(ty, rows, cols);
             let x: Vec<f32> = (0..cols)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
@@ -418,6 +466,6 @@ fn bench_output(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default();
-    targets = bench_memory, bench_matvec, bench_tiers, bench_kquants, bench_iq, bench_matmul, bench_output
+    targets = bench_memory, bench_experts, bench_matvec, bench_tiers, bench_kquants, bench_iq, bench_matmul, bench_output
 }
 criterion_main!(benches);
