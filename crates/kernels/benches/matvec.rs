@@ -171,14 +171,25 @@ fn pool(n: usize) -> rayon::ThreadPool {
 }
 
 fn bench_matvec(c: &mut Criterion) {
+    matvec_threads_groups(c, "matvec", TYPES, &SHAPES);
+}
+
+/// One group `PREFIX/<TYPE>` per format: matvec at each shape on 1 and 2 threads, on the
+/// tier `isa()` picks, in weight bytes per second.
+fn matvec_threads_groups(
+    c: &mut Criterion,
+    prefix: &str,
+    types: impl IntoIterator<Item = GgmlType>,
+    shapes: &[(usize, usize)],
+) {
     let pools = [(1usize, pool(1)), (2usize, pool(2))];
     let isa = sluice_kernels::isa();
-    for ty in TYPES {
-        let mut g = c.benchmark_group(format!("matvec/{ty}"));
+    for ty in types {
+        let mut g = c.benchmark_group(format!("{prefix}/{ty}"));
         g.sample_size(10)
             .warm_up_time(Duration::from_millis(300))
             .measurement_time(Duration::from_millis(1200));
-        for (rows, cols) in SHAPES {
+        for &(rows, cols) in shapes {
             let w = weights(ty, rows, cols);
             let x: Vec<f32> = (0..cols)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
@@ -213,48 +224,11 @@ fn bench_matvec(c: &mut Criterion) {
 
 /// Every weight format at the expert shapes, 1 and 2 threads, on the chosen tier.
 fn bench_experts(c: &mut Criterion) {
-    let pools = [(1usize, pool(1)), (2usize, pool(2))];
-    let isa = sluice_kernels::isa();
     let all = TYPES
         .into_iter()
         .chain(KQ_TYPES)
         .chain(sluice_kernels::iq::IQ_TYPES);
-    for ty in all {
-        let mut g = c.benchmark_group(format!("expert/{ty}"));
-        g.sample_size(10)
-            .warm_up_time(Duration::from_millis(300))
-            .measurement_time(Duration::from_millis(1200));
-        for (rows, cols) in IQ_SHAPES {
-            let w = weights(ty, rows, cols);
-            let x: Vec<f32> = (0..cols)
-                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
-                .collect();
-            let mut y = vec![0.0f32; rows];
-            g.throughput(Throughput::Bytes(w.len() as u64));
-            for (nt, p) in &pools {
-                g.bench_function(
-                    BenchmarkId::new(format!("{rows}x{cols}"), format!("{nt}t")),
-                    |b| {
-                        b.iter(|| {
-                            p.install(|| {
-                                matvec_with(
-                                    isa,
-                                    ty,
-                                    black_box(&w),
-                                    rows,
-                                    cols,
-                                    black_box(&x),
-                                    &mut y,
-                                )
-                            })
-                            .unwrap();
-                        })
-                    },
-                );
-            }
-        }
-        g.finish();
-    }
+    matvec_threads_groups(c, "expert", all, &IQ_SHAPES);
 }
 
 /// Every available tier, 1 thread, 4096x4096: how much each tier buys.
