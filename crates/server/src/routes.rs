@@ -609,6 +609,9 @@ impl Sse {
     }
 }
 
+/// Longest silence on an SSE stream before a keep-alive comment is sent.
+const SSE_KEEP_ALIVE: Duration = Duration::from_secs(5);
+
 /// The SSE response for a running job.
 fn sse_response(run: Running, sse: Sse) -> Response {
     struct St {
@@ -635,7 +638,14 @@ fn sse_response(run: Running, sse: Sse) -> Response {
             }
         }
         loop {
-            match st.run.rx.recv().await {
+            let next = match tokio::time::timeout(SSE_KEEP_ALIVE, st.run.rx.recv()).await {
+                Ok(next) => next,
+                // Nothing to send for a while (the job waits in the queue, or a token is
+                // slow): an SSE comment, which clients skip. Writing it is also how a
+                // client that went away is noticed while nothing else is written.
+                Err(_) => return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), st)),
+            };
+            match next {
                 Some(Event::Started { .. }) => continue,
                 Some(Event::Text(t, lp)) => {
                     let s = st.sse.text(&t, lp);

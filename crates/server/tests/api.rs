@@ -473,12 +473,21 @@ async fn prefix_reuse_across_turns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnect_cancels_generation() {
+    struct OpenOnDrop(std::sync::Arc<sluice_server::scheduler::Gate>);
+    impl Drop for OpenOnDrop {
+        fn drop(&mut self) {
+            self.0.open();
+        }
+    }
     let g = gate();
     let mut cfg = config();
     cfg.parallel = 1;
     cfg.max_tokens = 200;
     cfg.gate = Some(g.clone());
     let mut s = start(cfg, fixture(), false).await;
+    // Declared after `s`, so dropped before it: a failed assertion opens the gate instead
+    // of leaving the server's worker blocked there while the server shuts down (a hang).
+    let _open_on_exit = OpenOnDrop(g.clone());
     g.close();
     let body = json!({"prompt": "a b c", "max_tokens": 200, "temperature": 0, "stream": true});
     // Its own client, so that dropping the response closes its own connection.
