@@ -7,9 +7,9 @@
 //! ids of manifest.json). sluice never produced these numbers.
 
 mod common;
-use common::same_bits;
+use common::{argmax, rewrite_with, same_bits};
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use sluice_engine::eval::read_npy_f32;
 use sluice_engine::tier::{PolicyKind, StreamConfig, StreamingExperts};
@@ -17,47 +17,20 @@ use sluice_engine::{Logits, Model};
 use sluice_io::{Backend, IoConfig};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/deepseek4")
-        .join(name)
+    common::fixture_in("deepseek4", name)
 }
 
 fn manifest() -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture("manifest.json")).unwrap()).unwrap()
+    common::manifest_in("deepseek4")
 }
 
 fn tokens() -> Vec<u32> {
-    manifest()["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    common::ids(&manifest()["ids"])
 }
 
 /// Every position's logits: prefill in chunks of `batch`, with `threads` threads.
 fn run(m: &Model, batch: usize, threads: usize, kv_f32: bool) -> Vec<f32> {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .unwrap();
-    let toks = tokens();
-    let mut st = m.new_state(512, kv_f32);
-    let mut out = Vec::new();
-    for c in toks.chunks(batch) {
-        out.extend(pool.install(|| m.forward(&mut st, c, Logits::All)).unwrap());
-    }
-    out
-}
-
-fn argmax(row: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best
+    common::logits_all(m, &tokens(), 512, kv_f32, batch, 0, threads)
 }
 
 /// With an f32 KV cache sluice computes what transformers computes in float32; only the
@@ -595,18 +568,6 @@ fn bad_metadata_is_refused() {
         assert_eq!(err.lines().count(), 1, "{err}");
         std::fs::remove_dir_all(&dir).ok();
     }
-}
-
-/// The file `bytes` with metadata `key` set to `value`, written to `out`.
-fn rewrite_with(bytes: &[u8], path: &Path, key: &str, value: sluice_gguf::MetaValue, out: &Path) {
-    let mut file = sluice_gguf::GgufFile::parse(bytes, path).unwrap();
-    for (k, v) in file.metadata.iter_mut() {
-        if k == key {
-            *v = value.clone();
-        }
-    }
-    let dst = std::fs::File::create(out).unwrap();
-    sluice_gguf::GgufWriter::rewrite(&file, &mut std::io::Cursor::new(bytes), dst, out).unwrap();
 }
 
 /// A file that carries an MTP block (`nextn_predict_layers` 1, `blk.N.nextn.*` after the main

@@ -12,9 +12,9 @@
 //! every reduction run in one fixed order whatever the chunking).
 
 mod common;
-use common::same_bits;
+use common::{rel_err, rewrite_with, same_bits};
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use sluice_engine::eval::read_npy_f32;
 use sluice_engine::tier::PolicyKind;
@@ -23,54 +23,17 @@ use sluice_engine::{Logits, Model};
 use sluice_io::{Backend, IoConfig};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/glm5next")
-        .join(name)
+    common::fixture_in("glm5next", name)
 }
 
 fn prompt(name: &str) -> Vec<u32> {
-    let text = std::fs::read_to_string(fixture("manifest.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["prompts"][name]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    common::ids(&common::manifest_in("glm5next")["prompts"][name])
 }
 
 /// Every position's logits: prefill in chunks of `batch`, the last `decode` tokens one
-/// at a time.
+/// at a time (latents and indexer keys in f32, as transformers keeps them).
 fn run(m: &Model, toks: &[u32], batch: usize, decode: usize, threads: usize) -> Vec<f32> {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .unwrap();
-    let (pre, rest) = toks.split_at(toks.len() - decode);
-    // transformers keeps the latents and indexer keys in float32.
-    let mut st = m.new_state(512, true);
-    let mut out = Vec::new();
-    for c in pre.chunks(batch) {
-        out.extend(pool.install(|| m.forward(&mut st, c, Logits::All)).unwrap());
-    }
-    for &t in rest {
-        out.extend(
-            pool.install(|| m.forward(&mut st, &[t], Logits::All))
-                .unwrap(),
-        );
-    }
-    out
-}
-
-/// max |a - b| / max |b|
-fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let max_ref = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let max_diff = a
-        .iter()
-        .zip(b)
-        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
-    max_diff / max_ref
+    common::logits_all(m, toks, 512, true, batch, decode, threads)
 }
 
 fn check(gguf: &str, model: &str) {
@@ -186,18 +149,6 @@ fn streaming_experts_at_minimum_budget_is_bit_identical() {
             );
         }
     }
-}
-
-/// The file `bytes` with metadata `key` set to `value`, written to `out`.
-fn rewrite_with(bytes: &[u8], path: &Path, key: &str, value: sluice_gguf::MetaValue, out: &Path) {
-    let mut file = sluice_gguf::GgufFile::parse(bytes, path).unwrap();
-    for (k, v) in file.metadata.iter_mut() {
-        if k == key {
-            *v = value.clone();
-        }
-    }
-    let dst = std::fs::File::create(out).unwrap();
-    sluice_gguf::GgufWriter::rewrite(&file, &mut std::io::Cursor::new(bytes), dst, out).unwrap();
 }
 
 /// Inconsistent hyper-parameters are refused at load with a one-line error naming the key

@@ -10,7 +10,7 @@
 //! and c have "shared" layers that reuse an earlier layer's selection.
 
 mod common;
-use common::same_bits;
+use common::{argmax, same_bits};
 
 use std::path::{Path, PathBuf};
 
@@ -20,47 +20,20 @@ use sluice_engine::{Logits, Model};
 use sluice_io::{Backend, IoConfig};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/glm_dsa")
-        .join(name)
+    common::fixture_in("glm_dsa", name)
 }
 
 fn manifest() -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(fixture("manifest.json")).unwrap()).unwrap()
+    common::manifest_in("glm_dsa")
 }
 
 fn tokens() -> Vec<u32> {
-    manifest()["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    common::ids(&manifest()["ids"])
 }
 
 /// Every position's logits: prefill in chunks of `batch`, with `threads` threads.
 fn run(m: &Model, batch: usize, threads: usize, kv_f32: bool) -> Vec<f32> {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .unwrap();
-    let toks = tokens();
-    let mut st = m.new_state(256, kv_f32);
-    let mut out = Vec::new();
-    for c in toks.chunks(batch) {
-        out.extend(pool.install(|| m.forward(&mut st, c, Logits::All)).unwrap());
-    }
-    out
-}
-
-fn argmax(row: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best
+    common::logits_all(m, &tokens(), 256, kv_f32, batch, 0, threads)
 }
 
 /// With an f32 latent cache sluice computes what transformers computes in float32, except

@@ -101,3 +101,104 @@ pub fn check_lookahead(
     }
     issued
 }
+
+/// Path of a file in `tests/fixtures/<dir>` (the per-architecture oracle fixtures).
+#[allow(dead_code)]
+pub fn fixture_in(dir: &str, name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(dir)
+        .join(name)
+}
+
+/// `tests/fixtures/<dir>/manifest.json`, parsed.
+#[allow(dead_code)]
+pub fn manifest_in(dir: &str) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture_in(dir, "manifest.json")).unwrap())
+        .unwrap()
+}
+
+/// Token ids stored as a JSON array.
+#[allow(dead_code)]
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Every position's logits of `toks` on a fresh sequence of `ctx` positions: prefill in
+/// chunks of `batch`, then the last `decode` tokens one at a time, on `threads` threads.
+#[allow(dead_code)]
+pub fn logits_all(
+    m: &sluice_engine::Model,
+    toks: &[u32],
+    ctx: usize,
+    kv_f32: bool,
+    batch: usize,
+    decode: usize,
+    threads: usize,
+) -> Vec<f32> {
+    use sluice_engine::Logits;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let (pre, rest) = toks.split_at(toks.len() - decode);
+    let mut st = m.new_state(ctx, kv_f32);
+    let mut out = Vec::new();
+    for c in pre.chunks(batch) {
+        out.extend(pool.install(|| m.forward(&mut st, c, Logits::All)).unwrap());
+    }
+    for &t in rest {
+        out.extend(
+            pool.install(|| m.forward(&mut st, &[t], Logits::All))
+                .unwrap(),
+        );
+    }
+    out
+}
+
+/// Index of the largest value (the first one on a tie).
+#[allow(dead_code)]
+pub fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// max |a - b| / max |b|
+#[allow(dead_code)]
+pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let max_ref = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let max_diff = a
+        .iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+    max_diff / max_ref
+}
+
+/// Copy the GGUF `bytes` (read from `path`) to `out` with metadata `key` set to `value`.
+#[allow(dead_code)]
+pub fn rewrite_with(
+    bytes: &[u8],
+    path: &Path,
+    key: &str,
+    value: sluice_gguf::MetaValue,
+    out: &Path,
+) {
+    let mut file = sluice_gguf::GgufFile::parse(bytes, path).unwrap();
+    for (k, v) in file.metadata.iter_mut() {
+        if k == key {
+            *v = value.clone();
+        }
+    }
+    let dst = std::fs::File::create(out).unwrap();
+    sluice_gguf::GgufWriter::rewrite(&file, &mut std::io::Cursor::new(bytes), dst, out).unwrap();
+}
