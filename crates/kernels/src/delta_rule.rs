@@ -83,39 +83,29 @@ pub fn delta_rule_step_with(
     step_body(s, dv, k, q, v, row_decay, beta, kv, out)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn step_avx512(
-    s: &mut [f32],
-    dv: usize,
-    k: &[f32],
-    q: &[f32],
-    v: &[f32],
-    row_decay: &[f32],
-    beta: f32,
-    kv: &mut [f32],
-    out: &mut [f32],
-) {
-    step_body(s, dv, k, q, v, row_decay, beta, kv, out)
+/// The body compiled with a tier's features (wider vectors, the same operations).
+macro_rules! tier_copy {
+    ($name:ident, $features:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $name(
+            s: &mut [f32],
+            dv: usize,
+            k: &[f32],
+            q: &[f32],
+            v: &[f32],
+            row_decay: &[f32],
+            beta: f32,
+            kv: &mut [f32],
+            out: &mut [f32],
+        ) {
+            step_body(s, dv, k, q, v, row_decay, beta, kv, out)
+        }
+    };
 }
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn step_avx2(
-    s: &mut [f32],
-    dv: usize,
-    k: &[f32],
-    q: &[f32],
-    v: &[f32],
-    row_decay: &[f32],
-    beta: f32,
-    kv: &mut [f32],
-    out: &mut [f32],
-) {
-    step_body(s, dv, k, q, v, row_decay, beta, kv, out)
-}
+tier_copy!(step_avx512, "avx512f");
+tier_copy!(step_avx2, "avx2");
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
