@@ -353,10 +353,17 @@ fn bench_iq(c: &mut Criterion) {
     }
 }
 
-/// Prefill-shaped matmul: 128 tokens through a 640x2048 matrix, 1 thread, each x86 tier.
+/// Prefill-shaped matmuls, 1 thread, each x86 tier: 128 tokens through a 640x2048 matrix (a
+/// dense layer), and 8 tokens through a 768x2048 one (a 30B-A3B expert in a 128-token
+/// prefill: 128 x 8 / 128 tokens per expert on average).
 fn bench_matmul(c: &mut Criterion) {
+    for (rows, cols, n) in [(640usize, 2048usize, 128usize), (768, 2048, 8)] {
+        bench_matmul_shape(c, rows, cols, n);
+    }
+}
+
+fn bench_matmul_shape(c: &mut Criterion, rows: usize, cols: usize, n: usize) {
     let p = pool(1);
-    let (rows, cols, n) = (640usize, 2048usize, 128usize);
     for ty in [
         GgmlType::Q4_K,
         GgmlType::Q6_K,

@@ -114,14 +114,14 @@ fn decode_rows(ty: GgmlType, rows: &[u8], dst: &mut DecodedK) {
             o.d = tab[u16::from_le_bytes([b[0], b[1]]) as usize];
             o.dmin = tab[u16::from_le_bytes([b[2], b[3]]) as usize];
             let u = q4k_scales_mins(sub::<12, u8>(b, 4));
-            let bytes: [u8; 16] = core::array::from_fn(|k| (u[k / 4] >> (8 * (k % 4))) as u8);
-            for k in 0..8 {
-                o.sc32[k] = bytes[k] as i32;
-                o.sc32[8 + k] = 0;
-                o.sc16[k] = bytes[k] as i16;
-                o.sc16[8 + k] = bytes[k] as i16;
-                o.mins[k] = bytes[8 + k] as i16;
-            }
+            // Bytes 0..8 of `u` (little-endian) are the scales, 8..16 the mins.
+            let v = _mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32);
+            let sc16 = _mm_cvtepu8_epi16(v);
+            st_i32x8(&mut o.sc32, 0, _mm256_cvtepu8_epi32(v));
+            st_i32x8(&mut o.sc32, 8, _mm256_setzero_si256());
+            st_i16x8(&mut o.sc16, 0, sc16);
+            st_i16x8(&mut o.sc16, 8, sc16);
+            st_i16x8(&mut o.mins, 0, _mm_cvtepu8_epi16(_mm_srli_si128::<8>(v)));
             for j in 0..4 {
                 let q4 = ld256(sub::<32, u8>(b, 16 + 32 * j));
                 let (lo, hi) = o.u[64 * j..64 * j + 64].split_at_mut(32);
@@ -137,11 +137,20 @@ fn decode_rows(ty: GgmlType, rows: &[u8], dst: &mut DecodedK) {
         for (b, o) in blocks.iter().zip(dst.blocks.iter_mut()) {
             o.d = tab[u16::from_le_bytes([b[208], b[209]]) as usize];
             o.dmin = 0.0;
-            for k in 0..16 {
-                let s = b[192 + k] as i8;
-                o.sc16[k] = s as i16;
-                o.sc32[k] = (s as i32) & 0xFFFF;
-            }
+            // The 16 signed scales: as i16, and as i32 lanes whose high i16 is zero.
+            let sc8 = ld128_u8(sub::<16, u8>(b, 192));
+            let low16 = _mm256_set1_epi32(0xFFFF);
+            st_i16x16(&mut o.sc16, _mm256_cvtepi8_epi16(sc8));
+            st_i32x8(
+                &mut o.sc32,
+                0,
+                _mm256_and_si256(_mm256_cvtepi8_epi32(sc8), low16),
+            );
+            st_i32x8(
+                &mut o.sc32,
+                8,
+                _mm256_and_si256(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc8)), low16),
+            );
             o.mins = [0; 8];
             for h in 0..2 {
                 let q = q6k_half(b, h);
@@ -152,6 +161,39 @@ fn decode_rows(ty: GgmlType, rows: &[u8], dst: &mut DecodedK) {
             }
         }
     }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn ld128_u8(p: &[u8; 16]) -> __m128i {
+    // SAFETY: `p` is 16 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm_loadu_si128(p.as_ptr().cast()) }
+}
+
+/// Store 8 i32 lanes at `dst[at..at + 8]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn st_i32x8(dst: &mut [i32; 16], at: usize, v: __m256i) {
+    let d: &mut [i32; 8] = (&mut dst[at..at + 8]).try_into().expect("8 lanes");
+    // SAFETY: `d` is 32 writable bytes; storeu has no alignment requirement.
+    unsafe { _mm256_storeu_si256(d.as_mut_ptr().cast(), v) }
+}
+
+/// Store 8 i16 lanes at `dst[at..at + 8]`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn st_i16x8<const L: usize>(dst: &mut [i16; L], at: usize, v: __m128i) {
+    let d: &mut [i16; 8] = (&mut dst[at..at + 8]).try_into().expect("8 lanes");
+    // SAFETY: `d` is 16 writable bytes; storeu has no alignment requirement.
+    unsafe { _mm_storeu_si128(d.as_mut_ptr().cast(), v) }
+}
+
+/// Store 16 i16 lanes into `dst`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn st_i16x16(dst: &mut [i16; 16], v: __m256i) {
+    // SAFETY: `dst` is 32 writable bytes; storeu has no alignment requirement.
+    unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), v) }
 }
 
 #[inline]
@@ -372,6 +414,13 @@ unsafe fn matmul_k_rows(
         let rows = &w[g * KTR * rb..(g * KTR + nr) * rb];
         // SAFETY: the caller guarantees AVX2/FMA/F16C; slices only.
         unsafe { decode_rows(ty, rows, scratch) };
+        // The next rows' bytes come from DRAM (an expert's matrix is read once per
+        // matmul): start loading them now, while this group's tiles compute.
+        let next = &w[((g + 1) * KTR * rb).min(w.len())..((g + 2) * KTR * rb).min(w.len())];
+        for line in next.chunks(64) {
+            // SAFETY: prefetch is a hint and never faults; the pointer is in bounds.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast()) };
+        }
         let scratch = &*scratch;
         let mut r0 = 0;
         while r0 < nr {
