@@ -105,6 +105,15 @@ fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     sluice_engine::tier::parse_size_bytes(s, None).map_err(|e| e.to_string())
 }
 
+/// `--io-inflight`: a byte size, "0" for no cap.
+fn parse_inflight(s: &str) -> std::result::Result<usize, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    let b = parse_bytes(s)?;
+    usize::try_from(b).map_err(|_| format!("{s}: too large"))
+}
+
 impl PleArgs {
     pub fn options(&self) -> PleOptions {
         PleOptions {
@@ -173,6 +182,13 @@ pub struct StreamArgs {
     /// Reads in flight for io_uring.
     #[arg(long = "io-depth", value_name = "N", default_value_t = io_default().depth)]
     pub io_depth: usize,
+    /// Bytes in flight for io_uring (K/M/G suffixes, powers of 1024; 0 = only --io-depth
+    /// caps it). A small cap makes the disk finish one expert's reads before the next one's,
+    /// so computing on the first landed expert overlaps the later reads. Logits are the
+    /// same either way.
+    #[arg(long = "io-inflight", value_name = "SIZE", value_parser = parse_inflight,
+          default_value_t = io_default().inflight_bytes)]
+    pub io_inflight: usize,
     /// Reader threads for the pread and mmap backends.
     #[arg(long = "io-threads", value_name = "N", default_value_t = io_default().threads)]
     pub io_threads: usize,
@@ -262,6 +278,7 @@ impl ModelArgs {
                     backend: s.io,
                     direct: s.direct_io == OnOff::On,
                     depth: s.io_depth.max(1),
+                    inflight_bytes: s.io_inflight,
                     threads: s.io_threads.max(1),
                     high_priority: !s.no_io_priority,
                 },

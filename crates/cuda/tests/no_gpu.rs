@@ -185,6 +185,7 @@ fn hook_covers_streamed_experts(slots_first: bool) {
             backend: Backend::Pread,
             direct: false,
             depth: 4,
+            inflight_bytes: 0,
             threads: 2,
             high_priority: false,
         },

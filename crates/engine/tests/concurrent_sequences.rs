@@ -56,6 +56,7 @@ fn streamed(name: &str, backend: Backend, budget_factor: u64) -> (Model, Arc<Str
             backend,
             direct: true,
             depth: 4,
+            inflight_bytes: 0,
             threads: 2,
             high_priority: false,
         },

@@ -181,6 +181,7 @@ fn streaming_equals_resident() {
                     backend,
                     direct,
                     depth: 8,
+                    inflight_bytes: 0,
                     threads: 2,
                     high_priority: false,
                 },

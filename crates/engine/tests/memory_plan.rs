@@ -50,6 +50,7 @@ fn opts(resident_layers: usize, threads: usize, io_threads: usize) -> LoadOption
                 backend: Backend::Pread,
                 direct: false,
                 depth: 4,
+                inflight_bytes: 0,
                 threads: io_threads,
                 high_priority: false,
             },

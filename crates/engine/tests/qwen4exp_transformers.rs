@@ -109,6 +109,7 @@ fn streaming_experts_at_minimum_budget_is_bit_identical() {
                     backend,
                     direct: false,
                     depth: 4,
+                    inflight_bytes: 0,
                     threads: 2,
                     high_priority: false,
                 },

@@ -83,7 +83,8 @@ impl std::fmt::Display for Backend {
     }
 }
 
-/// Engine configuration. `Default`: uring, O_DIRECT on, depth 32, 4..8 threads, high priority.
+/// Engine configuration. `Default`: uring, O_DIRECT on, depth 32, 8 MiB in flight, 4..8
+/// threads, high priority.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IoConfig {
     pub backend: Backend,
@@ -91,6 +92,12 @@ pub struct IoConfig {
     pub direct: bool,
     /// io_uring: reads in flight at once (ring size).
     pub depth: usize,
+    /// io_uring: bytes in flight at once, 0 = no cap (only `depth`). A small cap makes the
+    /// disk serve requests in the order they were submitted (each unit's reads finish
+    /// before the next unit's start) instead of all together at the end, so the caller
+    /// can compute on the first landed unit while later ones load. At least one read is
+    /// always in flight, however large.
+    pub inflight_bytes: usize,
     /// pread/mmap: number of reader threads.
     pub threads: usize,
     /// Best-effort ioprio best-effort class level 0 on the IO threads.
@@ -107,6 +114,9 @@ impl Default for IoConfig {
             backend: Backend::Uring,
             direct: true,
             depth: 32,
+            // Measured on the 30B-A3B Q8_0 synthetic at a 10% budget (issue 12): 8 MiB
+            // lowered the share of decode waiting for IO from ~41% to ~35%.
+            inflight_bytes: 8 << 20,
             threads,
             high_priority: true,
         }

@@ -96,6 +96,8 @@ impl UringEngine {
             file: file.clone(),
             direct: o.direct,
             depth,
+            max_bytes: cfg.inflight_bytes,
+            bytes_in_flight: 0,
             ioprio: if cfg.high_priority { 2 << 13 } else { 0 },
             counters: counters.clone(),
             done_tx: completions.sender(),
@@ -237,6 +239,8 @@ struct Op {
     done: usize,
     /// Where the read in flight started (span-relative).
     pos: usize,
+    /// Bytes the read in flight asked for.
+    len: usize,
     start: Instant,
 }
 
@@ -248,6 +252,10 @@ struct RingThread {
     file: Arc<File>,
     direct: bool,
     depth: usize,
+    /// Cap on `bytes_in_flight` (0: none); see `IoConfig::inflight_bytes`.
+    max_bytes: usize,
+    /// Bytes of the reads in the kernel.
+    bytes_in_flight: usize,
     ioprio: u16,
     counters: Arc<Counters>,
     done_tx: Sender<ReadDone>,
@@ -275,10 +283,17 @@ impl RingThread {
                 wake_armed = true;
             }
             while self.in_flight < self.depth {
-                match self.pending.pop_front() {
-                    Some(op) => self.push_op(op),
-                    None => break,
+                let Some(&op) = self.pending.front() else {
+                    break;
+                };
+                if self.max_bytes > 0
+                    && self.in_flight > 0
+                    && self.bytes_in_flight + self.op_len(op) > self.max_bytes
+                {
+                    break;
                 }
+                self.pending.pop_front();
+                self.push_op(op);
             }
             if !wake_armed && self.in_flight == 0 && self.pending.is_empty() {
                 // Shut down: nothing in the kernel points into our buffers any more.
@@ -354,6 +369,7 @@ impl RingThread {
                 seg,
                 done: 0,
                 pos: 0,
+                len: 0,
                 start: Instant::now(),
             };
             let o = match self.free_ops.pop() {
@@ -394,6 +410,18 @@ impl RingThread {
         }
     }
 
+    /// Bytes op `o`'s next read asks for (0 for a finished op).
+    fn op_len(&self, o: usize) -> usize {
+        let Some(op) = self.ops[o].as_ref() else {
+            return 0;
+        };
+        let l = self.reqs[op.req]
+            .as_ref()
+            .expect("op of a live request")
+            .layout[op.seg];
+        (l.span - op.pos).min(MAX_CHUNK)
+    }
+
     /// First submission (starts the task clock) or resubmission of op `o`.
     fn push_op(&mut self, o: usize) {
         let Some(op) = self.ops[o].as_mut() else {
@@ -406,6 +434,7 @@ impl RingThread {
         }
         let pos = op.pos;
         let len = (l.span - pos).min(MAX_CHUNK);
+        op.len = len;
         // SAFETY: buf_pos + pos < buf_pos + span <= capacity (checked at admit).
         let ptr = unsafe { req.base.add(l.buf_pos + pos) };
         let e = opcode::Read::new(types::Fd(self.file.as_raw_fd()), ptr, len as u32)
@@ -415,6 +444,7 @@ impl RingThread {
             .user_data(o as u64);
         self.push_sqe(&e);
         self.in_flight += 1;
+        self.bytes_in_flight += len;
     }
 
     fn on_complete(&mut self, o: usize, res: i32) {
@@ -422,6 +452,7 @@ impl RingThread {
         let Some(op) = self.ops[o].as_mut() else {
             return;
         };
+        self.bytes_in_flight -= op.len;
         let req = self.reqs[op.req].as_ref().expect("op of a live request");
         let seg = req.segments[op.seg];
         let l = req.layout[op.seg];

@@ -169,6 +169,7 @@ pub fn open_ple(
                     backend: Backend::Mmap,
                     direct: false,
                     depth: 1,
+                    inflight_bytes: 0,
                     threads: 1,
                     high_priority: false,
                 };
@@ -190,6 +191,7 @@ pub fn open_ple(
                 backend: Backend::Uring,
                 direct: true,
                 depth: opts.inflight.max(1),
+                inflight_bytes: 0,
                 threads: 2,
                 high_priority: false,
             };

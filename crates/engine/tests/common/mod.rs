@@ -62,6 +62,7 @@ pub fn check_lookahead(
                 backend,
                 direct: true,
                 depth: 8,
+                inflight_bytes: 0,
                 threads: 2,
                 high_priority: false,
             },

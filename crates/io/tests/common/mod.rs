@@ -70,6 +70,7 @@ pub fn cfg(backend: Backend, direct: bool) -> IoConfig {
         backend,
         direct,
         depth: 16,
+        inflight_bytes: 0,
         threads: 4,
         high_priority: true,
     }

@@ -46,6 +46,7 @@ pub fn options(path: &Path, stream: bool) -> LoadOptions {
                 backend: sluice_io::Backend::Pread,
                 direct: false,
                 depth: 4,
+                inflight_bytes: 0,
                 threads: 2,
                 high_priority: false,
             },
