@@ -13,7 +13,8 @@
 # BYTES (cgroup v2 `memory.max`, else v1 `memory.limit_in_bytes`; needs root). The page cache a
 # tool fills counts against the limit, so llama.cpp, which has no byte budget of its own, gets
 # the same RAM as sluice's --expert-cache plus resident weights: the "same memory" comparison on
-# a machine whose RAM would otherwise hold the whole file. Pick BYTES >= sluice's peak RSS
+# a machine whose RAM would otherwise hold the whole file (the page cache is dropped once at
+# the start: pages cached earlier stay charged elsewhere). Pick BYTES >= sluice's peak RSS
 # (`--stats` prints it) or the kernel kills sluice; the summary prints both tools' peak use.
 #
 # Builds the pinned llama.cpp (llama-cpp-python 0.3.36's vendored copy, tuned to this CPU's
@@ -48,16 +49,28 @@ if [ -n "$memlimit" ]; then
     || { echo "error: -M $memlimit: not a size (e.g. 9G)" >&2; exit 2; }
   for root in /sys/fs/cgroup /sys/fs/cgroup/unified; do
     if [ -f "$root/cgroup.controllers" ] && grep -qw memory "$root/cgroup.controllers"; then
-      cg="$root/sluice-sbs-$$"; mkdir -p "$cg" && echo "$bytes" > "$cg/memory.max" && echo 0 > "$cg/memory.swap.max" 2>/dev/null || true
+      echo +memory > "$root/cgroup.subtree_control" 2>/dev/null || true
+      cg="$root/sluice-sbs-$$"; mkdir -p "$cg"
+      echo "$bytes" > "$cg/memory.max" 2>/dev/null || true
+      echo 0 > "$cg/memory.swap.max" 2>/dev/null || true
+      if [ "$(cat "$cg/memory.max" 2>/dev/null)" != "$bytes" ]; then
+        rmdir "$cg" 2>/dev/null || true
+        echo "error: -M: cannot set memory.max under $root (memory controller not delegated?)" >&2; exit 1
+      fi
       cgpeak="$cg/memory.peak"; break
     fi
   done
   if [ -z "$cg" ] && [ -d /sys/fs/cgroup/memory ]; then
-    cg="/sys/fs/cgroup/memory/sluice-sbs-$$"; mkdir -p "$cg" && echo "$bytes" > "$cg/memory.limit_in_bytes"
+    cg="/sys/fs/cgroup/memory/sluice-sbs-$$"; mkdir -p "$cg" && echo "$bytes" > "$cg/memory.limit_in_bytes" \
+      || { echo "error: -M: cannot set $cg/memory.limit_in_bytes (needs root)" >&2; exit 1; }
     cgpeak="$cg/memory.max_usage_in_bytes"
   fi
   [ -n "$cg" ] && [ -d "$cg" ] || { echo "error: -M needs a writable memory cgroup (v1 or v2) and root" >&2; exit 1; }
   echo "memory limit: $bytes bytes (cgroup $cg)" >&2
+  # Page cache is charged to the cgroup that first read it: pages of MODEL cached before
+  # (by `synth`, an earlier run) would be free for llama.cpp. Start from an empty cache.
+  sync
+  echo 3 > /proc/sys/vm/drop_caches || { echo "error: -M needs root (cannot write /proc/sys/vm/drop_caches)" >&2; exit 1; }
 fi
 # Runs "$@" inside the -M cgroup (or plainly without -M); prints the cgroup's peak use after.
 limited() {
