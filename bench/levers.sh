@@ -7,7 +7,8 @@
 # cache (drop_caches before each run: needs root) for these configurations, alternating them
 # ROUNDS times so drift on the shared disk hits each equally:
 #
-#   base       --cache-policy lru --no-pack --no-lookahead      (the first round's engine)
+#   base       --cache-policy lru --no-pack --no-lookahead --io-inflight 0
+#   +inflight  io_uring's in-flight byte cap at its default (8 MiB)
 #   +next      the next-use eviction policy (the default)
 #   +pack      the packed sidecar MODEL.gguf.slpack (one read per expert); written with
 #              `sluice pack` first if missing (as large as the experts: keep it outside
@@ -15,7 +16,8 @@
 #   +lookahead router lookahead (off by default)
 #   +profile   --preload-profile from a routing trace of a different text (`sluice run`
 #              on a fixed prompt, `cache-sim --write-profile`): warm start
-#   all        next + pack + lookahead + profile
+#   default    what a plain run uses: next + the cap (no sidecar, no lookahead, no profile)
+#   all        next + cap + pack + lookahead + profile
 #
 # Prints per configuration the median tok/s, hit rate, expert bytes read per token, read
 # GB/s delivered, disk busy and the share of decode time compute waited for IO (from
@@ -39,15 +41,18 @@ $sluice run -m "$model" -t "$threads" --expert-cache "$budget" --temp 0 -n 64 \
   -p "A profile is recorded from a text that the benchmark never sees: the quick brown fox jumps over the lazy dog." \
   --record-routing "$out/trace.slrt" > /dev/null 2>&1
 $sluice cache-sim "$out/trace.slrt" --budget "$budget" --policy next --write-profile "$out/profile" >&2
+off="--io-inflight 0"
 declare -A flags=(
-  [base]="--cache-policy lru --no-pack --no-lookahead"
-  [+next]="--cache-policy next --no-pack --no-lookahead"
-  [+pack]="--cache-policy lru --pack $pack --no-lookahead"
-  [+lookahead]="--cache-policy lru --no-pack --lookahead"
-  [+profile]="--cache-policy lru --no-pack --no-lookahead --preload-profile $out/profile"
+  [base]="--cache-policy lru --no-pack --no-lookahead $off"
+  [+inflight]="--cache-policy lru --no-pack --no-lookahead"
+  [+next]="--cache-policy next --no-pack --no-lookahead $off"
+  [+pack]="--cache-policy lru --pack $pack --no-lookahead $off"
+  [+lookahead]="--cache-policy lru --no-pack --lookahead $off"
+  [+profile]="--cache-policy lru --no-pack --no-lookahead --preload-profile $out/profile $off"
+  [default]="--cache-policy next --no-pack --no-lookahead"
   [all]="--cache-policy next --pack $pack --lookahead --preload-profile $out/profile"
 )
-order=(base +next +pack +lookahead +profile all)
+order=(base +inflight +next +pack +lookahead +profile default all)
 for r in $(seq 1 "$rounds"); do
   for c in "${order[@]}"; do
     echo "round $r/$rounds: $c" >&2
