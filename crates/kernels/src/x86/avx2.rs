@@ -119,6 +119,19 @@ pub(super) fn q4k_scales_mins(s: &[u8; 12]) -> [u32; 4] {
     ]
 }
 
+/// A Q4_K / Q5_K block's header (`b` is the block, from byte 0): `d`, `dmin`, and its 12
+/// packed bytes of 6-bit scales and mins unpacked into one vector, the 8 scales in bytes
+/// 0..8 and the 8 mins in bytes 8..16.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn k4_block_head(b: &[u8], tab: &[f32; 65536]) -> (f32, f32, __m128i) {
+    let d = tab[u16::from_le_bytes([b[0], b[1]]) as usize];
+    let dmin = tab[u16::from_le_bytes([b[2], b[3]]) as usize];
+    let u = q4k_scales_mins(sub::<12, u8>(b, 4));
+    let sm = _mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32);
+    (d, dmin, sm)
+}
+
 /// Q4_K row . N Q8_K rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q4k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32; N] {
@@ -128,15 +141,8 @@ pub(super) fn dot_q4k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
     let mut accm = [_mm_setzero_ps(); N];
     let (blocks, _) = row.as_chunks::<Q4_K_BYTES>();
     for (i, b) in blocks.iter().enumerate() {
-        let d = tab[u16::from_le_bytes([b[0], b[1]]) as usize];
-        let dmin = tab[u16::from_le_bytes([b[2], b[3]]) as usize];
-        let u = q4k_scales_mins(sub::<12, u8>(b, 4));
-        let ms = _mm256_cvtepu8_epi16(_mm_set_epi32(
-            u[3] as i32,
-            u[2] as i32,
-            u[1] as i32,
-            u[0] as i32,
-        ));
+        let (d, dmin, sm) = k4_block_head(b, tab);
+        let ms = _mm256_cvtepu8_epi16(sm);
         let mins = _mm256_extracti128_si256::<1>(ms);
         let sc = _mm256_castsi256_si128(ms);
         let scales = _mm256_set_m128i(sc, sc);
@@ -414,15 +420,8 @@ pub(super) fn rows_q4k(w: &[u8], rb: usize, ys: &[BlockQ8K], out: &mut [f32]) {
             let mut scales = [_mm256_setzero_si256(); 2];
             let mut dd = [0.0f32; 2];
             for (k, b) in [x0, x1].into_iter().enumerate() {
-                let d = tab[u16::from_le_bytes([b[0], b[1]]) as usize];
-                let dmin = tab[u16::from_le_bytes([b[2], b[3]]) as usize];
-                let u = q4k_scales_mins(sub::<12, u8>(b, 4));
-                let ms = _mm256_cvtepu8_epi16(_mm_set_epi32(
-                    u[3] as i32,
-                    u[2] as i32,
-                    u[1] as i32,
-                    u[0] as i32,
-                ));
+                let (d, dmin, sm) = k4_block_head(b, tab);
+                let ms = _mm256_cvtepu8_epi16(sm);
                 let mins = _mm256_extracti128_si256::<1>(ms);
                 let sc = _mm256_castsi256_si128(ms);
                 scales[k] = _mm256_set_m128i(sc, sc);

@@ -15,7 +15,7 @@
 use core::arch::x86_64::*;
 
 use super::avx2::{decode_q5_0, decode_q8_0, hsum4, hsum8, ld256_i8};
-use super::avx2::{ld128, ld256, ld256_i16, q4k_scales_mins, q6k_half, sub};
+use super::avx2::{k4_block_head, ld128, ld256, ld256_i16, q6k_half, sub};
 use crate::formats::{BlockQ8K, Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES};
 
 crate::q8_like_kernel!(
@@ -85,15 +85,8 @@ pub(super) fn dot_q4k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
     let mut accm = [_mm_setzero_ps(); N];
     let (blocks, _) = row.as_chunks::<Q4_K_BYTES>();
     for (i, b) in blocks.iter().enumerate() {
-        let d = tab[u16::from_le_bytes([b[0], b[1]]) as usize];
-        let dmin = tab[u16::from_le_bytes([b[2], b[3]]) as usize];
-        let u = q4k_scales_mins(sub::<12, u8>(b, 4));
-        let mins = _mm256_extracti128_si256::<1>(_mm256_cvtepu8_epi16(_mm_set_epi32(
-            u[3] as i32,
-            u[2] as i32,
-            u[1] as i32,
-            u[0] as i32,
-        )));
+        let (d, dmin, sm) = k4_block_head(b, tab);
+        let mins = _mm256_extracti128_si256::<1>(_mm256_cvtepu8_epi16(sm));
         for t in 0..N {
             let yb = &ys[t][i];
             let bs = ld256_i16(&yb.bsums);
@@ -105,7 +98,7 @@ pub(super) fn dot_q4k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
             accm[t] = _mm_fmadd_ps(_mm_set1_ps(-yb.d * dmin), _mm_cvtepi32_ps(prod), accm[t]);
         }
         // The 8 sub-block scales (0..=63) as i32 lanes 0..7.
-        let sc32 = _mm512_cvtepu8_epi32(_mm_set_epi32(0, 0, u[1] as i32, u[0] as i32));
+        let sc32 = _mm512_cvtepu8_epi32(_mm_move_epi64(sm));
         let mut sumi = [_mm512_setzero_si512(); N];
         for (j, &ix) in idx.iter().enumerate() {
             let scale = _mm512_permutexvar_epi32(ix, sc32);
@@ -163,18 +156,11 @@ pub(super) fn rows_q4k(w: &[u8], rb: usize, ys: &[BlockQ8K], out: &mut [f32]) {
             let mut sumi = [_mm512_setzero_si512(); 2];
             let mut dd = [0.0f32; 2];
             for (k, b) in [x0, x1].into_iter().enumerate() {
-                let d = tab[u16::from_le_bytes([b[0], b[1]]) as usize];
-                let dmin = tab[u16::from_le_bytes([b[2], b[3]]) as usize];
-                let u = q4k_scales_mins(sub::<12, u8>(b, 4));
-                let mins = _mm256_extracti128_si256::<1>(_mm256_cvtepu8_epi16(_mm_set_epi32(
-                    u[3] as i32,
-                    u[2] as i32,
-                    u[1] as i32,
-                    u[0] as i32,
-                )));
+                let (d, dmin, sm) = k4_block_head(b, tab);
+                let mins = _mm256_extracti128_si256::<1>(_mm256_cvtepu8_epi16(sm));
                 let prod = _mm_madd_epi16(mins, q8s);
                 accm[k] = _mm_fmadd_ps(_mm_set1_ps(-yb.d * dmin), _mm_cvtepi32_ps(prod), accm[k]);
-                let sc32 = _mm512_cvtepu8_epi32(_mm_set_epi32(0, 0, u[1] as i32, u[0] as i32));
+                let sc32 = _mm512_cvtepu8_epi32(_mm_move_epi64(sm));
                 for (j, &ix) in idx.iter().enumerate() {
                     let scale = _mm512_permutexvar_epi32(ix, sc32);
                     let q4 = ld256(sub::<32, u8>(b, 16 + 32 * j));

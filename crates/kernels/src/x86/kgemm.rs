@@ -13,7 +13,7 @@
 
 use core::arch::x86_64::*;
 
-use super::avx2::{hsum4, hsum8, ld256, ld256_i16, ld256_i8, q4k_scales_mins, q6k_half};
+use super::avx2::{hsum4, hsum8, k4_block_head, ld256, ld256_i16, ld256_i8, q6k_half};
 use super::avx2::{sub, K4_SHUF, K6_SHUF};
 use super::avx512::{ld512_i8, Q4_SC_IDX, Q6_SC_IDX};
 use super::q8gemm::st256;
@@ -111,11 +111,8 @@ fn decode_rows(ty: GgmlType, rows: &[u8], dst: &mut DecodedK) {
         let m4 = _mm256_set1_epi8(0x0F);
         let (blocks, _) = rows.as_chunks::<Q4_K_BYTES>();
         for (b, o) in blocks.iter().zip(dst.blocks.iter_mut()) {
-            o.d = tab[u16::from_le_bytes([b[0], b[1]]) as usize];
-            o.dmin = tab[u16::from_le_bytes([b[2], b[3]]) as usize];
-            let u = q4k_scales_mins(sub::<12, u8>(b, 4));
-            // Bytes 0..8 of `u` (little-endian) are the scales, 8..16 the mins.
-            let v = _mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32);
+            let (d, dmin, v) = k4_block_head(b, tab);
+            (o.d, o.dmin) = (d, dmin);
             let sc16 = _mm_cvtepu8_epi16(v);
             st_i32x8(&mut o.sc32, 0, _mm256_cvtepu8_epi32(v));
             st_i32x8(&mut o.sc32, 8, _mm256_setzero_si256());

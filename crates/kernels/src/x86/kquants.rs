@@ -15,7 +15,7 @@
 
 use core::arch::x86_64::*;
 
-use super::avx2::{hsum4, hsum8, ld128, ld256, ld256_i16, ld256_i8, q4k_scales_mins, sub};
+use super::avx2::{hsum4, hsum8, k4_block_head, ld128, ld256, ld256_i16, ld256_i8, sub};
 use super::avx2::{K4_SHUF, K6_SHUF};
 use crate::formats::*;
 
@@ -342,15 +342,8 @@ pub(super) fn dot_q5k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
     let mut accm = [_mm_setzero_ps(); N];
     let (blocks, _) = row.as_chunks::<Q5_K_BYTES>();
     for (i, b) in blocks.iter().enumerate() {
-        let d = tab[u16::from_le_bytes([b[0], b[1]]) as usize];
-        let dmin = tab[u16::from_le_bytes([b[2], b[3]]) as usize];
-        let u = q4k_scales_mins(sub::<12, u8>(b, 4));
-        let ms = _mm256_cvtepu8_epi16(_mm_set_epi32(
-            u[3] as i32,
-            u[2] as i32,
-            u[1] as i32,
-            u[0] as i32,
-        ));
+        let (d, dmin, sm) = k4_block_head(b, tab);
+        let ms = _mm256_cvtepu8_epi16(sm);
         let mins = _mm256_extracti128_si256::<1>(ms);
         let sc = _mm256_castsi256_si128(ms);
         let scales = _mm256_set_m128i(sc, sc);
