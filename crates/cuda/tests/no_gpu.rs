@@ -205,7 +205,7 @@ fn hook_covers_streamed_experts(slots_first: bool) {
         outside: AtomicU64::new(0),
     });
     m.set_expert_source(Box::new(s.clone()));
-    m.set_compute(Box::new(ArcCompute(check.clone())));
+    m.set_compute(Box::new(check.clone()));
     let got = all_logits(&m, &toks);
     assert!(
         got.iter()
@@ -236,28 +236,4 @@ fn hook_covers_streamed_experts(slots_first: bool) {
         ranges.live.lock().unwrap().is_empty(),
         "ranges left after the tier was dropped"
     );
-}
-
-/// `Box<dyn Compute>` over a shared checker.
-struct ArcCompute(Arc<Checking>);
-
-impl Compute for ArcCompute {
-    fn linear(
-        &self,
-        ty: GgmlType,
-        w: &[u8],
-        rows: usize,
-        cols: usize,
-        x: &[f32],
-        n: usize,
-        y: &mut [f32],
-    ) -> Result<(), KernelError> {
-        self.0.linear(ty, w, rows, cols, x, n, y)
-    }
-    fn linear_group(&self, jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
-        self.0.linear_group(jobs)
-    }
-    fn name(&self) -> &'static str {
-        "checking"
-    }
 }

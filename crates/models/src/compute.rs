@@ -67,6 +67,31 @@ pub trait Compute: Send + Sync {
     fn name(&self) -> &'static str;
 }
 
+/// A backend shared through an `Arc` (e.g. one a caller also inspects after the run) is a
+/// backend: every call goes to the shared one.
+impl<C: Compute + ?Sized> Compute for std::sync::Arc<C> {
+    fn linear(
+        &self,
+        ty: GgmlType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+    ) -> Result<(), KernelError> {
+        (**self).linear(ty, w, rows, cols, x, n, y)
+    }
+
+    fn linear_group(&self, jobs: &mut [LinearJob<'_>]) -> Result<(), KernelError> {
+        (**self).linear_group(jobs)
+    }
+
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+}
+
 /// The CPU backend: every product runs on the persistent compute pool
 /// ([`sluice_kernels::pool`], as many threads as the current rayon pool has).
 #[derive(Debug, Default, Clone, Copy)]
