@@ -424,6 +424,7 @@ impl RingThread {
 
     /// First submission (starts the task clock) or resubmission of op `o`.
     fn push_op(&mut self, o: usize) {
+        let len = self.op_len(o);
         let Some(op) = self.ops[o].as_mut() else {
             return;
         };
@@ -433,7 +434,6 @@ impl RingThread {
             op.start = self.counters.task_start();
         }
         let pos = op.pos;
-        let len = (l.span - pos).min(MAX_CHUNK);
         op.len = len;
         // SAFETY: buf_pos + pos < buf_pos + span <= capacity (checked at admit).
         let ptr = unsafe { req.base.add(l.buf_pos + pos) };
