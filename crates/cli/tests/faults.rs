@@ -9,16 +9,8 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::{exited, finish, sluice, sluice_limited, spawn, tmp_dir};
+use common::{exited, finish, fixture, sluice, sluice_limited, spawn, tmp_dir};
 use sluice_gguf::{GgufFile, GgufWriter, MetaValue, TensorSpec};
-
-fn fixture(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/qwen3moe")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()

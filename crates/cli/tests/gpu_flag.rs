@@ -4,16 +4,8 @@
 
 mod common;
 
-use common::{sluice, tmp_dir};
+use common::{fixture, sluice, tmp_dir};
 use std::path::Path;
-
-fn fixture(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/qwen3moe")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
 
 fn has_nvidia_node() -> bool {
     Path::new("/dev/nvidia0").exists()

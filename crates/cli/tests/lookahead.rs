@@ -4,16 +4,7 @@
 
 mod common;
 
-use common::{sluice, tmp_dir};
-use std::path::Path;
-
-fn fixture(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/qwen3moe")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
+use common::{fixture, sluice, tmp_dir};
 
 #[test]
 fn lookahead_flags_switch_predictions() {

@@ -6,19 +6,10 @@
 
 mod common;
 
-use common::{sluice, tmp_dir};
-use std::path::Path;
+use common::{fixture, sluice, tmp_dir};
 use std::process::Output;
 
 use sluice_gguf::{GgmlType, GgufWriter, MetaValue, TensorSpec};
-
-fn fixture(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/qwen3moe")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
 
 /// Fails with one line on stderr that contains every `needles` item.
 fn fails_with(out: &Output, needles: &[&str]) {

@@ -15,6 +15,15 @@ pub const WATCHDOG_SECS: u64 = 300;
 /// far below what an unbounded read would reach.
 pub const VM_LIMIT_KIB: u64 = 4 << 20;
 
+/// Path of a tiny qwen3moe fixture (`tests/fixtures/qwen3moe/NAME`).
+pub fn fixture(name: &str) -> String {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/qwen3moe")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// A fresh scratch directory for one test (per test binary, by process id).
 pub fn tmp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("sluice-cli-{name}-{}", std::process::id()));
