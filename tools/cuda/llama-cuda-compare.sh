@@ -13,7 +13,8 @@
 #                 -DGGML_CUDA=ON for sm_90 on all cores (background log in $OUT/build.log),
 #                 writes the synthetic Qwen3-30B-A3B Q4_K meanwhile, then alternates
 #                 `llama-bench -ngl 99` and `sluice bench --gpu` (pp256 / tg32, 2 reps) on it
-#                 and on GEMMA if given. Everything goes to ${OUT:-.}/compare.log as it happens.
+#                 and on GEMMA if given (SKIP_Q3=1: GEMMA only). Everything goes to
+#                 ${OUT:-.}/compare.log as it happens.
 set -u
 if [ "${1:-}" = "--prepare" ]; then
     dest=${2:?usage: llama-cuda-compare.sh --prepare DIR}
@@ -52,12 +53,14 @@ log "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc); gpu: 
 ) > "$OUT/build.log" 2>&1 &
 build=$!
 q3=/tmp/q3-q4k.gguf
+if [ -n "${SKIP_Q3:-}" ]; then q3=""; else
 [ -f "$q3" ] || "$dir/sluice" synth --preset qwen3-30b-a3b --quant Q4_K -o "$q3" 2>&1 | tail -1 | tee -a "$LOG"
+fi
 log "waiting for the llama.cpp CUDA build"
 wait $build
 log "build rc $? ($(tail -1 "$OUT/build.log"))"
 lb="$src/build/bin/llama-bench"
-for m in "$q3" $gemma; do
+for m in $q3 $gemma; do
     for round in 1 2; do
         if [ -x "$lb" ]; then
             log "round $round llama.cpp CUDA -ngl 99: $m"
