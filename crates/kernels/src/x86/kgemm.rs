@@ -72,6 +72,10 @@ struct KBlock {
     mins: [i16; 8],
     d: f32,
     dmin: f32,
+    /// The AVX2 tile's scale vector of each 32-element group (Q4_K: that group's scale in
+    /// all 16 lanes; Q6_K: the first 16 elements' scale in the low 8 lanes, the next 16's in
+    /// the high 8), filled only for the AVX2 tier: loaded instead of shuffled in the tile.
+    scg: [[i16; 16]; 8],
 }
 
 const ZERO_BLOCK: KBlock = KBlock {
@@ -81,6 +85,7 @@ const ZERO_BLOCK: KBlock = KBlock {
     mins: [0; 8],
     d: 0.0,
     dmin: 0.0,
+    scg: [[0; 16]; 8],
 };
 
 /// A few weight rows decoded for the tile kernels, `[row][block]`.
@@ -103,9 +108,10 @@ impl DecodedK {
     }
 }
 
-/// Decode `rows` (whole rows of `ty`, Q4_K or Q6_K) into `dst` rows 0.. .
+/// Decode `rows` (whole rows of `ty`, Q4_K or Q6_K) into `dst` rows 0.. ; `AVX2_SCALES`:
+/// also the AVX2 tile's per-group scale vectors ([`KBlock::scg`]).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn decode_rows(ty: GgmlType, rows: &[u8], dst: &mut DecodedK) {
+fn decode_rows<const AVX2_SCALES: bool>(ty: GgmlType, rows: &[u8], dst: &mut DecodedK) {
     let tab = crate::formats::f16_table();
     if ty == GgmlType::Q4_K {
         let m4 = _mm256_set1_epi8(0x0F);
@@ -119,6 +125,12 @@ fn decode_rows(ty: GgmlType, rows: &[u8], dst: &mut DecodedK) {
             st_i16x8(&mut o.sc16, 0, sc16);
             st_i16x8(&mut o.sc16, 8, sc16);
             st_i16x8(&mut o.mins, 0, _mm_cvtepu8_epi16(_mm_srli_si128::<8>(v)));
+            if AVX2_SCALES {
+                let sc = _mm256_set_m128i(sc16, sc16);
+                for (g, dst) in o.scg.iter_mut().enumerate() {
+                    st_i16x16(dst, _mm256_shuffle_epi8(sc, ld256(&K4_SHUF[g])));
+                }
+            }
             for j in 0..4 {
                 let q4 = ld256(sub::<32, u8>(b, 16 + 32 * j));
                 let (lo, hi) = o.u[64 * j..64 * j + 64].split_at_mut(32);
@@ -149,6 +161,19 @@ fn decode_rows(ty: GgmlType, rows: &[u8], dst: &mut DecodedK) {
                 _mm256_and_si256(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc8)), low16),
             );
             o.mins = [0; 8];
+            if AVX2_SCALES {
+                let sc = _mm256_cvtepi8_epi16(sc8);
+                let lanes = [
+                    _mm256_permute2x128_si256::<0x00>(sc, sc),
+                    _mm256_permute2x128_si256::<0x11>(sc, sc),
+                ];
+                for (g, dst) in o.scg.iter_mut().enumerate() {
+                    st_i16x16(
+                        dst,
+                        _mm256_shuffle_epi8(lanes[g / 4], ld256(&K6_SHUF[g % 4])),
+                    );
+                }
+            }
             for h in 0..2 {
                 let q = q6k_half(b, h);
                 for (k, qk) in q.iter().enumerate() {
@@ -328,7 +353,9 @@ fn tile512<const Q6: bool, const N: usize>(
 
 /// `acc += madd(maddubs(u, q), scale)`: [`vnni_scaled_step`] for the AVX2 tier, in asm
 /// for the same reason (with the intrinsics LLVM reassociates the adds across the unrolled
-/// groups and spills; the AVX2 tier has only 16 registers). Exact integers either way.
+/// groups and spills; the AVX2 tier has only 16 registers). The scale vectors come ready
+/// from `decode_rows` (`KBlock::scg`), so no shuffle competes for registers in the loop.
+/// Exact integers either way.
 macro_rules! maddubs_scaled_step {
     ($acc:expr, $u:expr, $q:expr, $scale:expr) => {
         // SAFETY: register-only AVX2 instructions (no memory, no stack); the enclosing
@@ -364,34 +391,17 @@ fn tile256<const Q6: bool, const R: usize, const N: usize>(
     let mut accm = [[_mm_setzero_ps(); N]; R];
     for i in 0..nb {
         let mut sumi = [[_mm256_setzero_si256(); N]; R];
-        // Eight 32-element groups; group g's scale: Q4_K one per group (`sc16[g]`), Q6_K
-        // one per 16 elements (`sc16[2g]` low lane, `sc16[2g + 1]` high lane).
+        // Eight 32-element groups; group g's scale vector was laid out by `decode_rows`
+        // (Q4_K one scale per group, Q6_K one per 16 elements).
         for g in 0..8 {
             let q8: [__m256i; N] =
                 core::array::from_fn(|t| ld256_i8(sub::<32, i8>(&ys[t][i].qs, 32 * g)));
             for (r, sr) in sumi.iter_mut().enumerate() {
                 let kb = &rows[r][i];
                 let u = ld256(sub::<32, u8>(&kb.u, 32 * g));
-                let sc = ld256_i16(&kb.sc16);
-                let scale = if Q6 {
-                    let sch = if g < 4 {
-                        _mm256_permute2x128_si256::<0x00>(sc, sc)
-                    } else {
-                        _mm256_permute2x128_si256::<0x11>(sc, sc)
-                    };
-                    _mm256_shuffle_epi8(sch, ld256(&K6_SHUF[g % 4]))
-                } else {
-                    _mm256_shuffle_epi8(sc, ld256(&K4_SHUF[g]))
-                };
+                let scale = ld256_i16(&kb.scg[g]);
                 for t in 0..N {
-                    if Q6 {
-                        // Q6_K's per-group scale shuffle needs the registers the asm's
-                        // temporary takes: the intrinsics measured faster here.
-                        let p = _mm256_madd_epi16(scale, _mm256_maddubs_epi16(u, q8[t]));
-                        sr[t] = _mm256_add_epi32(sr[t], p);
-                    } else {
-                        maddubs_scaled_step!(sr[t], u, q8[t], scale);
-                    }
+                    maddubs_scaled_step!(sr[t], u, q8[t], scale);
                 }
             }
         }
@@ -467,7 +477,13 @@ unsafe fn matmul_k_rows(
         let nr = (nrows - g * KTR).min(KTR);
         let rows = &w[g * KTR * rb..(g * KTR + nr) * rb];
         // SAFETY: the caller guarantees AVX2/FMA/F16C; slices only.
-        unsafe { decode_rows(ty, rows, scratch) };
+        unsafe {
+            if wide {
+                decode_rows::<false>(ty, rows, scratch)
+            } else {
+                decode_rows::<true>(ty, rows, scratch)
+            }
+        };
         // The next rows' bytes come from DRAM (an expert's matrix is read once per
         // matmul): start loading them now, while this group's tiles compute.
         let next = &w[((g + 1) * KTR * rb).min(w.len())..((g + 2) * KTR * rb).min(w.len())];
