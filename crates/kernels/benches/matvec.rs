@@ -369,6 +369,9 @@ fn bench_matmul_shape(c: &mut Criterion, rows: usize, cols: usize, n: usize) {
         GgmlType::Q6_K,
         GgmlType::Q5_0,
         GgmlType::Q8_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q5_K,
     ] {
         let mut g = c.benchmark_group(format!("matmul/{ty}"));
         g.sample_size(10)
