@@ -75,27 +75,33 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
 
-    /// The register-blocked K-quant tiles (rows x tokens, AVX2: 2 x 4, AVX-512: 4 x 4, every
-    /// partial tile) give each (row, token) the bits of the single-row matvec kernel on the
-    /// same tier (the AVX2 tier forced on AVX-512 machines); with unit block scales, small
-    /// sub-block scales and integer activations (exact sums) also the scalar reference's bits.
+    /// The register-blocked K-quant tiles (Q4_K, Q5_K, Q6_K; rows x tokens, AVX2: 2 x 4,
+    /// AVX-512: 4 x 4, every partial tile) give each (row, token) the bits of the single-row
+    /// matvec kernel on the same tier (the AVX2 tier forced on AVX-512 machines); with unit
+    /// block scales, small sub-block scales and integer activations (exact sums) also the
+    /// scalar reference's bits.
     #[test]
     fn k_quant_tiles_equal_matvec(
-        q6 in any::<bool>(),
+        which in 0usize..3,
         nb in 1usize..=5,
         rows in 1usize..=13,
         n in 2usize..=11,
         exact in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        let ty = if q6 { GgmlType::Q6_K } else { GgmlType::Q4_K };
+        let ty = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K][which];
+        let q6 = ty == GgmlType::Q6_K;
         let cols = 256 * nb;
         let mut rng = SplitMix(seed);
         let mut w: Vec<u8> = (0..rows).flat_map(|_| random_row(ty, cols, &mut rng, exact)).collect();
         if exact {
             // Small sub-block scales (and mins): every partial sum stays below 2^24, so any
             // summation order gives the exact value.
-            let (bs, sc) = if q6 { (210, 192..208) } else { (144, 4..16) };
+            let (bs, sc) = match ty {
+                GgmlType::Q6_K => (210, 192..208),
+                GgmlType::Q5_K => (176, 4..16),
+                _ => (144, 4..16),
+            };
             for b in w.chunks_exact_mut(bs) {
                 for v in &mut b[sc.clone()] {
                     *v = if q6 { (rng.int(-2, 2) as i8) as u8 } else { rng.int(0, 3) as u8 };

@@ -1,10 +1,12 @@
-//! Register-blocked matmul for Q4_K / Q6_K weights (Q8_K activations), AVX2 and AVX-512.
+//! Register-blocked matmul for Q4_K / Q5_K / Q6_K weights (Q8_K activations), AVX2 and
+//! AVX-512.
 //!
 //! Owns: [`PackedQ8K`] (one token's Q8_K activations with the pair sums of their block sums
 //! precomputed), the decode of a few weight rows once per matmul into unsigned quants in
 //! element order plus their scales ([`DecodedK`]), and the 2 rows x 4 tokens tile kernels
-//! of both tiers. Bit-identical to the single-row kernels of the same tier (`avx2::dot_q4k`
-//! / `dot_q6k`, `avx512::dot_q4k` / `dot_q6k`, which are equal to each other): for each
+//! of both tiers. Q5_K decodes to quants 0..=31 and runs Q4_K's tiles. Bit-identical to the
+//! single-row kernels of the same tier (`avx2::dot_q4k` / `dot_q6k`, `avx512::dot_q4k` /
+//! `dot_q6k`, which are equal to each other; `kquants::dot_q5k`, Q4_K's scheme): for each
 //! (row, token, block) the i32 lanes are the same exact integers (integer sums are exact,
 //! so their order does not matter), then converted to f32, multiplied by the same f32
 //! products (`dy * d`, `-dy * dmin`) and FMA'd into that pair's accumulators in block
@@ -17,7 +19,7 @@ use super::avx2::{hsum4, hsum8, k4_block_head, ld256, ld256_i16, ld256_i8, q6k_h
 use super::avx2::{sub, K4_SHUF, K6_SHUF};
 use super::avx512::{ld512_i8, Q4_SC_IDX, Q6_SC_IDX};
 use super::q8gemm::st256;
-use crate::formats::{BlockQ8K, Q4_K_BYTES, Q6_K_BYTES, QK_K};
+use crate::formats::{BlockQ8K, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
 use crate::{GgmlType, RowsOut};
 
 /// One activation block for the tile kernels.
@@ -108,28 +110,82 @@ impl DecodedK {
     }
 }
 
-/// Decode `rows` (whole rows of `ty`, Q4_K or Q6_K) into `dst` rows 0.. ; `AVX2_SCALES`:
+/// A Q4_K / Q5_K block's header (d, dmin, scales and mins) into `o`; returns the 8 scales
+/// and 8 mins as bytes (low / high 64 bits).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn k4_head_into(b: &[u8], tab: &[f32; 65536], o: &mut KBlock) -> __m128i {
+    let (d, dmin, v) = k4_block_head(b, tab);
+    (o.d, o.dmin) = (d, dmin);
+    let sc16 = _mm_cvtepu8_epi16(v);
+    st_i32x8(&mut o.sc32, 0, _mm256_cvtepu8_epi32(v));
+    st_i32x8(&mut o.sc32, 8, _mm256_setzero_si256());
+    st_i16x8(&mut o.sc16, 0, sc16);
+    st_i16x8(&mut o.sc16, 8, sc16);
+    st_i16x8(&mut o.mins, 0, _mm_cvtepu8_epi16(_mm_srli_si128::<8>(v)));
+    v
+}
+
+/// The AVX2 tile's per-group scale vectors of a Q4_K / Q5_K block (`v` from
+/// [`k4_head_into`]): group g's scale in all 16 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn k4_group_scales(v: __m128i, o: &mut KBlock) {
+    let sc16 = _mm_cvtepu8_epi16(v);
+    let sc = _mm256_set_m128i(sc16, sc16);
+    for (g, dst) in o.scg.iter_mut().enumerate() {
+        st_i16x16(dst, _mm256_shuffle_epi8(sc, ld256(&K4_SHUF[g])));
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn srl16(v: __m256i, n: i32) -> __m256i {
+    _mm256_srl_epi16(v, _mm_cvtsi32_si128(n))
+}
+
+/// Decode `rows` (whole rows of `ty`, Q4_K, Q5_K or Q6_K) into `dst` rows 0.. ; `AVX2_SCALES`:
 /// also the AVX2 tile's per-group scale vectors ([`KBlock::scg`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 fn decode_rows<const AVX2_SCALES: bool>(ty: GgmlType, rows: &[u8], dst: &mut DecodedK) {
     let tab = crate::formats::f16_table();
-    if ty == GgmlType::Q4_K {
+    if ty == GgmlType::Q5_K {
+        // Q4_K's header and scales; quants 0..=31: the low nibble plus bit `2j` / `2j + 1`
+        // of `qh` for the two 32-element halves of group pair j (as `kquants::dot_q5k`).
+        let m4 = _mm256_set1_epi8(0x0F);
+        let one = _mm256_set1_epi8(1);
+        let (blocks, _) = rows.as_chunks::<Q5_K_BYTES>();
+        for (b, o) in blocks.iter().zip(dst.blocks.iter_mut()) {
+            let v = k4_head_into(b, tab, o);
+            if AVX2_SCALES {
+                k4_group_scales(v, o);
+            }
+            let qh = ld256(sub::<32, u8>(b, 16));
+            for j in 0..4 {
+                let q4 = ld256(sub::<32, u8>(b, 48 + 32 * j));
+                let hl = _mm256_and_si256(srl16(qh, 2 * j as i32), one);
+                let hh = _mm256_and_si256(srl16(qh, 2 * j as i32 + 1), one);
+                let (lo, hi) = o.u[64 * j..64 * j + 64].split_at_mut(32);
+                st256(
+                    lo.try_into().expect("32"),
+                    _mm256_or_si256(_mm256_and_si256(q4, m4), _mm256_slli_epi16::<4>(hl)),
+                );
+                st256(
+                    hi.try_into().expect("32"),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4),
+                        _mm256_slli_epi16::<4>(hh),
+                    ),
+                );
+            }
+        }
+    } else if ty == GgmlType::Q4_K {
         let m4 = _mm256_set1_epi8(0x0F);
         let (blocks, _) = rows.as_chunks::<Q4_K_BYTES>();
         for (b, o) in blocks.iter().zip(dst.blocks.iter_mut()) {
-            let (d, dmin, v) = k4_block_head(b, tab);
-            (o.d, o.dmin) = (d, dmin);
-            let sc16 = _mm_cvtepu8_epi16(v);
-            st_i32x8(&mut o.sc32, 0, _mm256_cvtepu8_epi32(v));
-            st_i32x8(&mut o.sc32, 8, _mm256_setzero_si256());
-            st_i16x8(&mut o.sc16, 0, sc16);
-            st_i16x8(&mut o.sc16, 8, sc16);
-            st_i16x8(&mut o.mins, 0, _mm_cvtepu8_epi16(_mm_srli_si128::<8>(v)));
+            let v = k4_head_into(b, tab, o);
             if AVX2_SCALES {
-                let sc = _mm256_set_m128i(sc16, sc16);
-                for (g, dst) in o.scg.iter_mut().enumerate() {
-                    st_i16x16(dst, _mm256_shuffle_epi8(sc, ld256(&K4_SHUF[g])));
-                }
+                k4_group_scales(v, o);
             }
             for j in 0..4 {
                 let q4 = ld256(sub::<32, u8>(b, 16 + 32 * j));
@@ -455,7 +511,7 @@ pub(crate) const KTN: usize = 4;
 /// Weight rows decoded at a time (tiles take 2 of them).
 pub(crate) const KTR: usize = 4;
 
-/// `W[r] . token t` for the rows in `w` (whole rows of `ty`, Q4_K or Q6_K, `rb` bytes each,
+/// `W[r] . token t` for the rows in `w` (whole rows of `ty`, Q4_K, Q5_K or Q6_K, `rb` bytes each,
 /// `out.rows()` of them), put into `out`; `scratch` holds at least `KTR` decoded rows.
 /// `wide`: the AVX-512 tiles (up to 4 rows), else the AVX2 ones (up to 2 rows).
 ///
@@ -545,7 +601,7 @@ unsafe fn matmul_k_rows(
 }
 
 impl super::Avx2 {
-    /// Q4_K / Q6_K rows x tokens on the AVX2 tier (see [`matmul_k_rows`]).
+    /// Q4_K / Q5_K / Q6_K rows x tokens on the AVX2 tier (see [`matmul_k_rows`]).
     pub(crate) fn matmul_k_rows(
         self,
         ty: GgmlType,
@@ -561,7 +617,7 @@ impl super::Avx2 {
 }
 
 impl super::Avx512 {
-    /// Q4_K / Q6_K rows x tokens on the AVX-512 tier (see [`matmul_k_rows`]).
+    /// Q4_K / Q5_K / Q6_K rows x tokens on the AVX-512 tier (see [`matmul_k_rows`]).
     pub(crate) fn matmul_k_rows(
         self,
         ty: GgmlType,
