@@ -1,12 +1,13 @@
-//! Register-blocked matmul for Q4_K / Q5_K / Q6_K weights (Q8_K activations), AVX2 and
-//! AVX-512.
+//! Register-blocked matmul for Q3_K / Q4_K / Q5_K / Q6_K weights (Q8_K activations), AVX2
+//! and AVX-512.
 //!
 //! Owns: [`PackedQ8K`] (one token's Q8_K activations with the pair sums of their block sums
 //! precomputed), the decode of a few weight rows once per matmul into unsigned quants in
 //! element order plus their scales ([`DecodedK`]), and the 2 rows x 4 tokens tile kernels
-//! of both tiers. Q5_K decodes to quants 0..=31 and runs Q4_K's tiles. Bit-identical to the
+//! of both tiers. Q5_K decodes to quants 0..=31 and runs Q4_K's tiles; Q3_K decodes to
+//! `q + 4` (0..=7) and runs Q6_K's with the offset 4 instead of 32. Bit-identical to the
 //! single-row kernels of the same tier (`avx2::dot_q4k` / `dot_q6k`, `avx512::dot_q4k` /
-//! `dot_q6k`, which are equal to each other; `kquants::dot_q5k`, Q4_K's scheme): for each
+//! `dot_q6k`, which are equal to each other; `kquants::dot_q5k` / `dot_q3k`, the Q4_K / Q6_K schemes): for each
 //! (row, token, block) the i32 lanes are the same exact integers (integer sums are exact,
 //! so their order does not matter), then converted to f32, multiplied by the same f32
 //! products (`dy * d`, `-dy * dmin`) and FMA'd into that pair's accumulators in block
@@ -18,8 +19,11 @@ use core::arch::x86_64::*;
 use super::avx2::{hsum4, hsum8, k4_block_head, ld256, ld256_i16, ld256_i8, q6k_half};
 use super::avx2::{sub, K4_SHUF, K6_SHUF};
 use super::avx512::{ld512_i8, Q4_SC_IDX, Q6_SC_IDX};
+use super::kquants::srl16;
 use super::q8gemm::st256;
-use crate::formats::{BlockQ8K, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
+use crate::formats::{
+    q3k_scales_biased, BlockQ8K, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K,
+};
 use crate::{GgmlType, RowsOut};
 
 /// One activation block for the tile kernels.
@@ -138,13 +142,43 @@ fn k4_group_scales(v: __m128i, o: &mut KBlock) {
     }
 }
 
+/// A Q6_K / Q3_K block's 16 signed scales (`sc8`, one byte each) into `o`: as i16, as i32
+/// lanes whose high i16 is zero (for `vpdpwssd`), and (`AVX2_SCALES`) the AVX2 tile's
+/// per-group vectors (the first 16 elements' scale in the low lane, the next 16's in the
+/// high lane). No mins.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn srl16(v: __m256i, n: i32) -> __m256i {
-    _mm256_srl_epi16(v, _mm_cvtsi32_si128(n))
+fn signed16_scales<const AVX2_SCALES: bool>(sc8: __m128i, o: &mut KBlock) {
+    o.dmin = 0.0;
+    o.mins = [0; 8];
+    let low16 = _mm256_set1_epi32(0xFFFF);
+    st_i16x16(&mut o.sc16, _mm256_cvtepi8_epi16(sc8));
+    st_i32x8(
+        &mut o.sc32,
+        0,
+        _mm256_and_si256(_mm256_cvtepi8_epi32(sc8), low16),
+    );
+    st_i32x8(
+        &mut o.sc32,
+        8,
+        _mm256_and_si256(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc8)), low16),
+    );
+    if AVX2_SCALES {
+        let sc = _mm256_cvtepi8_epi16(sc8);
+        let lanes = [
+            _mm256_permute2x128_si256::<0x00>(sc, sc),
+            _mm256_permute2x128_si256::<0x11>(sc, sc),
+        ];
+        for (g, dst) in o.scg.iter_mut().enumerate() {
+            st_i16x16(
+                dst,
+                _mm256_shuffle_epi8(lanes[g / 4], ld256(&K6_SHUF[g % 4])),
+            );
+        }
+    }
 }
 
-/// Decode `rows` (whole rows of `ty`, Q4_K, Q5_K or Q6_K) into `dst` rows 0.. ; `AVX2_SCALES`:
+/// Decode `rows` (whole rows of `ty`, Q3_K, Q4_K, Q5_K or Q6_K) into `dst` rows 0.. ; `AVX2_SCALES`:
 /// also the AVX2 tile's per-group scale vectors ([`KBlock::scg`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 fn decode_rows<const AVX2_SCALES: bool>(ty: GgmlType, rows: &[u8], dst: &mut DecodedK) {
@@ -197,39 +231,39 @@ fn decode_rows<const AVX2_SCALES: bool>(ty: GgmlType, rows: &[u8], dst: &mut Dec
                 );
             }
         }
+    } else if ty == GgmlType::Q3_K {
+        // 16 signed scales (biased 6-bit values - 32) and unsigned quants `q + 4` (0..=7),
+        // as `kquants::dot_q3k`; the tile subtracts `4 * sum sc * bsum` (shift 2).
+        let m3 = _mm256_set1_epi8(3);
+        let one = _mm256_set1_epi8(1);
+        let (blocks, _) = rows.as_chunks::<Q3_K_BYTES>();
+        for (b, o) in blocks.iter().zip(dst.blocks.iter_mut()) {
+            o.d = tab[u16::from_le_bytes([b[108], b[109]]) as usize];
+            let u = q3k_scales_biased(sub::<12, u8>(b, 96));
+            let sc8 = _mm_sub_epi8(
+                _mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32),
+                _mm_set1_epi8(32),
+            );
+            signed16_scales::<AVX2_SCALES>(sc8, o);
+            let hm = ld256(sub::<32, u8>(b, 0));
+            for h in 0..2 {
+                let q = ld256(sub::<32, u8>(b, 32 + 32 * h));
+                for k in 0..4 {
+                    let lo = _mm256_and_si256(srl16(q, 2 * k as i32), m3);
+                    let hb = _mm256_and_si256(srl16(hm, (4 * h + k) as i32), one);
+                    let off = 128 * h + 32 * k;
+                    st256(
+                        (&mut o.u[off..off + 32]).try_into().expect("32"),
+                        _mm256_or_si256(lo, _mm256_slli_epi16::<2>(hb)),
+                    );
+                }
+            }
+        }
     } else {
         let (blocks, _) = rows.as_chunks::<Q6_K_BYTES>();
         for (b, o) in blocks.iter().zip(dst.blocks.iter_mut()) {
             o.d = tab[u16::from_le_bytes([b[208], b[209]]) as usize];
-            o.dmin = 0.0;
-            // The 16 signed scales: as i16, and as i32 lanes whose high i16 is zero.
-            let sc8 = ld128_u8(sub::<16, u8>(b, 192));
-            let low16 = _mm256_set1_epi32(0xFFFF);
-            st_i16x16(&mut o.sc16, _mm256_cvtepi8_epi16(sc8));
-            st_i32x8(
-                &mut o.sc32,
-                0,
-                _mm256_and_si256(_mm256_cvtepi8_epi32(sc8), low16),
-            );
-            st_i32x8(
-                &mut o.sc32,
-                8,
-                _mm256_and_si256(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc8)), low16),
-            );
-            o.mins = [0; 8];
-            if AVX2_SCALES {
-                let sc = _mm256_cvtepi8_epi16(sc8);
-                let lanes = [
-                    _mm256_permute2x128_si256::<0x00>(sc, sc),
-                    _mm256_permute2x128_si256::<0x11>(sc, sc),
-                ];
-                for (g, dst) in o.scg.iter_mut().enumerate() {
-                    st_i16x16(
-                        dst,
-                        _mm256_shuffle_epi8(lanes[g / 4], ld256(&K6_SHUF[g % 4])),
-                    );
-                }
-            }
+            signed16_scales::<AVX2_SCALES>(ld128_u8(sub::<16, u8>(b, 192)), o);
             for h in 0..2 {
                 let q = q6k_half(b, h);
                 for (k, qk) in q.iter().enumerate() {
@@ -323,13 +357,13 @@ macro_rules! vnni_scaled_step {
     };
 }
 
-/// AVX-512 tile: `out[k][t] = row rs[k] . token t` for a pair of rows (Q4_K when `Q6` is
-/// false, else Q6_K; `rs[1] == rs[0]` when one row is left). The two rows' 8-lane float
+/// AVX-512 tile: `out[k][t] = row rs[k] . token t` for a pair of rows (Q4_K / Q5_K when `SH`
+/// is 0, else Q6_K (`SH` 5) or Q3_K (`SH` 2); `rs[1] == rs[0]` when one row is left). The two rows' 8-lane float
 /// steps share 512-bit registers (row 0 in the low half, row 1 in the high half): the
 /// lanes get the same values as the single-row kernels' (same i32, same f32 products,
 /// one FMA per lane per block).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn tile512<const Q6: bool, const N: usize>(
+fn tile512<const SH: u32, const N: usize>(
     w: &DecodedK,
     rs: [usize; 2],
     ys: [&PackedQ8K; N],
@@ -342,7 +376,7 @@ fn tile512<const Q6: bool, const N: usize>(
         ysl[t] = &ys[t].blocks[..nb];
     }
     let ys = ysl;
-    let idx = if Q6 { &Q6_SC_IDX } else { &Q4_SC_IDX };
+    let idx = if SH != 0 { &Q6_SC_IDX } else { &Q4_SC_IDX };
     let mut acc = [_mm512_setzero_ps(); N];
     let mut accm = [_mm256_setzero_ps(); N];
     for i in 0..nb {
@@ -378,10 +412,10 @@ fn tile512<const Q6: bool, const N: usize>(
             let lo = _mm512_shuffle_i64x2::<0x44>(sumi[0][t], sumi[1][t]);
             let hi = _mm512_shuffle_i64x2::<0xEE>(sumi[0][t], sumi[1][t]);
             let mut s = _mm512_add_epi32(lo, hi);
-            if Q6 {
+            if SH != 0 {
                 let bs = _mm512_broadcast_i64x4(ld256_i16(&yb.bsums));
                 let c = _mm512_madd_epi16(sc16v, bs);
-                s = _mm512_sub_epi32(s, _mm512_slli_epi32::<5>(c));
+                s = _mm512_sub_epi32(s, _mm512_slli_epi32::<SH>(c));
             } else {
                 let q8s = _mm256_broadcastsi128_si256(ld128_i16(&yb.q8s));
                 let prod = _mm256_madd_epi16(minsv, q8s);
@@ -396,7 +430,7 @@ fn tile512<const Q6: bool, const N: usize>(
     for t in 0..N {
         let a0 = _mm512_castps512_ps256(acc[t]);
         let a1 = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[t])));
-        if Q6 {
+        if SH != 0 {
             out[0][t] = hsum8(a0);
             out[1][t] = hsum8(a1);
         } else {
@@ -435,7 +469,7 @@ macro_rules! maddubs_scaled_step {
 
 /// AVX2 tile: as [`tile512`] with `vpmaddubsw` + `vpmaddwd` (the AVX2 kernels' steps).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn tile256<const Q6: bool, const R: usize, const N: usize>(
+fn tile256<const SH: i32, const R: usize, const N: usize>(
     w: &DecodedK,
     r0: usize,
     ys: [&PackedQ8K; N],
@@ -466,9 +500,9 @@ fn tile256<const Q6: bool, const R: usize, const N: usize>(
             for t in 0..N {
                 let yb = &ys[t][i];
                 let mut s = sumi[r][t];
-                if Q6 {
+                if SH != 0 {
                     let c = _mm256_madd_epi16(ld256_i16(&kb.sc16), ld256_i16(&yb.bsums));
-                    s = _mm256_sub_epi32(s, _mm256_slli_epi32::<5>(c));
+                    s = _mm256_sub_epi32(s, _mm256_slli_epi32::<SH>(c));
                 } else {
                     let prod = _mm_madd_epi16(ld128_i16(&kb.mins), ld128_i16(&yb.q8s));
                     accm[r][t] = _mm_fmadd_ps(
@@ -482,7 +516,7 @@ fn tile256<const Q6: bool, const R: usize, const N: usize>(
             }
         }
     }
-    finish(acc, accm, Q6)
+    finish(acc, accm, SH != 0)
 }
 
 /// The kernels' final sums: `hsum8(acc)` (+ `hsum4(accm)` for Q4_K).
@@ -511,7 +545,7 @@ pub(crate) const KTN: usize = 4;
 /// Weight rows decoded at a time (tiles take 2 of them).
 pub(crate) const KTR: usize = 4;
 
-/// `W[r] . token t` for the rows in `w` (whole rows of `ty`, Q4_K, Q5_K or Q6_K, `rb` bytes each,
+/// `W[r] . token t` for the rows in `w` (whole rows of `ty`, Q3_K, Q4_K, Q5_K or Q6_K, `rb` bytes each,
 /// `out.rows()` of them), put into `out`; `scratch` holds at least `KTR` decoded rows.
 /// `wide`: the AVX-512 tiles (up to 4 rows), else the AVX2 ones (up to 2 rows).
 ///
@@ -526,7 +560,14 @@ unsafe fn matmul_k_rows(
     scratch: &mut DecodedK,
     out: &mut impl RowsOut,
 ) {
-    let q6 = ty == GgmlType::Q6_K;
+    // The tiles' kind: 0 = Q4_K / Q5_K (one scale and min per 32 elements); otherwise one
+    // signed scale per 16 elements and the unsigned quants' offset `2^SH` taken back
+    // through the block sums (Q6_K: 32, Q3_K: 4).
+    let sh: u32 = match ty {
+        GgmlType::Q6_K => 5,
+        GgmlType::Q3_K => 2,
+        _ => 0,
+    };
     let rmax = 2;
     let nrows = out.rows();
     for g in 0..nrows.div_ceil(KTR) {
@@ -586,13 +627,16 @@ unsafe fn matmul_k_rows(
                         }
                     };
                 }
-                match (wide, q6, rr) {
-                    (true, false, _) => by_tokens!(tile512, false, 2),
-                    (true, true, _) => by_tokens!(tile512, true, 2),
-                    (false, false, 1) => by_tokens!(tile256, false, 1),
-                    (false, false, _) => by_tokens!(tile256, false, 2),
-                    (false, true, 1) => by_tokens!(tile256, true, 1),
-                    (false, true, _) => by_tokens!(tile256, true, 2),
+                match (wide, sh, rr) {
+                    (true, 5, _) => by_tokens!(tile512, 5, 2),
+                    (true, 2, _) => by_tokens!(tile512, 2, 2),
+                    (true, _, _) => by_tokens!(tile512, 0, 2),
+                    (false, 5, 1) => by_tokens!(tile256, 5, 1),
+                    (false, 5, _) => by_tokens!(tile256, 5, 2),
+                    (false, 2, 1) => by_tokens!(tile256, 2, 1),
+                    (false, 2, _) => by_tokens!(tile256, 2, 2),
+                    (false, _, 1) => by_tokens!(tile256, 0, 1),
+                    (false, _, _) => by_tokens!(tile256, 0, 2),
                 }
             }
             r0 += rr;
@@ -601,7 +645,7 @@ unsafe fn matmul_k_rows(
 }
 
 impl super::Avx2 {
-    /// Q4_K / Q5_K / Q6_K rows x tokens on the AVX2 tier (see [`matmul_k_rows`]).
+    /// Q3_K / Q4_K / Q5_K / Q6_K rows x tokens on the AVX2 tier (see [`matmul_k_rows`]).
     pub(crate) fn matmul_k_rows(
         self,
         ty: GgmlType,
@@ -617,7 +661,7 @@ impl super::Avx2 {
 }
 
 impl super::Avx512 {
-    /// Q4_K / Q5_K / Q6_K rows x tokens on the AVX-512 tier (see [`matmul_k_rows`]).
+    /// Q3_K / Q4_K / Q5_K / Q6_K rows x tokens on the AVX-512 tier (see [`matmul_k_rows`]).
     pub(crate) fn matmul_k_rows(
         self,
         ty: GgmlType,

@@ -213,7 +213,7 @@ q8_min_kernel!(
 /// `v >> n` on 16-bit lanes (n a loop index the compiler folds).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn srl16(v: __m256i, n: i32) -> __m256i {
+pub(super) fn srl16(v: __m256i, n: i32) -> __m256i {
     _mm256_srl_epi16(v, _mm_cvtsi32_si128(n))
 }
 
