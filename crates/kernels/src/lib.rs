@@ -566,7 +566,7 @@ pub fn matmul_with(
 
 /// Activations of `n` tokens prepared once for one weight type, in the form the fastest
 /// available kernel wants (the AVX-512 register-blocked Q8 kernels take packed Q8_0
-/// blocks, the AVX2 / AVX-512 register-blocked Q4_K / Q5_K / Q6_K kernels packed Q8_K blocks;
+/// blocks, the AVX2 / AVX-512 register-blocked Q2_K-Q6_K kernels packed Q8_K blocks;
 /// every other path takes [`QuantizedActs`]). Lets a caller schedule row blocks of
 /// several matrices in one parallel pass ([`PreparedBatch::rows_t`]); every path gives
 /// the same bits as [`matvec`] on each token.
@@ -582,7 +582,7 @@ enum BatchActs {
     Generic(Vec<QuantizedActs>),
     #[cfg(target_arch = "x86_64")]
     PackedQ8(x86::Avx512, Vec<x86::PackedQ8>),
-    /// Q4_K / Q5_K / Q6_K on the AVX2 or AVX-512 tier (the backend holds the token).
+    /// Q2_K-Q6_K on the AVX2 or AVX-512 tier (the backend holds the token).
     #[cfg(target_arch = "x86_64")]
     PackedQ8K(Vec<x86::PackedQ8K>),
 }

@@ -38,7 +38,9 @@ fn form(be: Backend, ty: GgmlType, n: usize, cols: usize) -> Form {
             if let (Backend::Avx512(_), Q5_0 | Q8_0 | Q4_0 | IQ4_NL | MXFP4) = (be, ty) {
                 return Form::PackedQ8;
             }
-            if let (Backend::Avx2(_) | Backend::Avx512(_), Q3_K | Q4_K | Q5_K | Q6_K) = (be, ty) {
+            if let (Backend::Avx2(_) | Backend::Avx512(_), Q2_K | Q3_K | Q4_K | Q5_K | Q6_K) =
+                (be, ty)
+            {
                 return Form::PackedQ8K;
             }
         }

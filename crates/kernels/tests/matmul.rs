@@ -75,21 +75,27 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
 
-    /// The register-blocked K-quant tiles (Q3_K, Q4_K, Q5_K, Q6_K; rows x tokens, AVX2: 2 x 4,
+    /// The register-blocked K-quant tiles (Q2_K-Q6_K; rows x tokens, AVX2: 2 x 4,
     /// AVX-512: 4 x 4, every partial tile) give each (row, token) the bits of the single-row
     /// matvec kernel on the same tier (the AVX2 tier forced on AVX-512 machines); with unit
     /// block scales, small sub-block scales and integer activations (exact sums) also the
     /// scalar reference's bits.
     #[test]
     fn k_quant_tiles_equal_matvec(
-        which in 0usize..4,
+        which in 0usize..5,
         nb in 1usize..=5,
         rows in 1usize..=13,
         n in 2usize..=11,
         exact in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        let ty = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q3_K][which];
+        let ty = [
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+            GgmlType::Q3_K,
+            GgmlType::Q2_K,
+        ][which];
         let q6 = ty == GgmlType::Q6_K;
         let cols = 256 * nb;
         let mut rng = SplitMix(seed);
@@ -102,9 +108,17 @@ proptest! {
                 GgmlType::Q5_K => (176, 4..16),
                 // Q3_K: low nibbles of the 16 biased scales; their high 2 bits are set below.
                 GgmlType::Q3_K => (110, 96..104),
+                // Q2_K: scale (low nibble) and min (high nibble) of each 16 elements.
+                GgmlType::Q2_K => (84, 0..16),
                 _ => (144, 4..16),
             };
             for b in w.chunks_exact_mut(bs) {
+                if ty == GgmlType::Q2_K {
+                    for v in &mut b[sc.clone()] {
+                        *v = (rng.int(0, 3) | (rng.int(0, 3) << 4)) as u8;
+                    }
+                    continue;
+                }
                 if ty == GgmlType::Q3_K {
                     // High bits 0b10 for every scale: biased 32 + nibble, i.e. 0..=3 after - 32.
                     b[104..108].fill(0xAA);

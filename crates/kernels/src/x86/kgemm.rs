@@ -1,13 +1,14 @@
-//! Register-blocked matmul for Q3_K / Q4_K / Q5_K / Q6_K weights (Q8_K activations), AVX2
-//! and AVX-512.
+//! Register-blocked matmul for Q2_K / Q3_K / Q4_K / Q5_K / Q6_K weights (Q8_K activations),
+//! AVX2 and AVX-512.
 //!
 //! Owns: [`PackedQ8K`] (one token's Q8_K activations with the pair sums of their block sums
 //! precomputed), the decode of a few weight rows once per matmul into unsigned quants in
 //! element order plus their scales ([`DecodedK`]), and the 2 rows x 4 tokens tile kernels
 //! of both tiers. Q5_K decodes to quants 0..=31 and runs Q4_K's tiles; Q3_K decodes to
-//! `q + 4` (0..=7) and runs Q6_K's with the offset 4 instead of 32. Bit-identical to the
+//! `q + 4` (0..=7) and runs Q6_K's with the offset 4 instead of 32; Q2_K runs Q6_K's
+//! 16-element scales without an offset plus its own 16 mins. Bit-identical to the
 //! single-row kernels of the same tier (`avx2::dot_q4k` / `dot_q6k`, `avx512::dot_q4k` /
-//! `dot_q6k`, which are equal to each other; `kquants::dot_q5k` / `dot_q3k`, the Q4_K / Q6_K schemes): for each
+//! `dot_q6k`, which are equal to each other; `kquants::dot_q5k` / `dot_q3k` / `dot_q2k`, the Q4_K / Q6_K schemes): for each
 //! (row, token, block) the i32 lanes are the same exact integers (integer sums are exact,
 //! so their order does not matter), then converted to f32, multiplied by the same f32
 //! products (`dy * d`, `-dy * dmin`) and FMA'd into that pair's accumulators in block
@@ -22,7 +23,7 @@ use super::avx512::{ld512_i8, Q4_SC_IDX, Q6_SC_IDX};
 use super::kquants::srl16;
 use super::q8gemm::st256;
 use crate::formats::{
-    q3k_scales_biased, BlockQ8K, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K,
+    q3k_scales_biased, BlockQ8K, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K,
 };
 use crate::{GgmlType, RowsOut};
 
@@ -76,6 +77,8 @@ struct KBlock {
     sc16: [i16; 16],
     /// Q4_K mins as i16.
     mins: [i16; 8],
+    /// Q2_K's 16 mins (one per 16 elements) as i16.
+    mins16: [i16; 16],
     d: f32,
     dmin: f32,
     /// The AVX2 tile's scale vector of each 32-element group (Q4_K: that group's scale in
@@ -89,6 +92,7 @@ const ZERO_BLOCK: KBlock = KBlock {
     sc32: [0; 16],
     sc16: [0; 16],
     mins: [0; 8],
+    mins16: [0; 16],
     d: 0.0,
     dmin: 0.0,
     scg: [[0; 16]; 8],
@@ -142,7 +146,7 @@ fn k4_group_scales(v: __m128i, o: &mut KBlock) {
     }
 }
 
-/// A Q6_K / Q3_K block's 16 signed scales (`sc8`, one byte each) into `o`: as i16, as i32
+/// A Q6_K / Q3_K / Q2_K block's 16 scales (`sc8`, one byte each) into `o`: as i16, as i32
 /// lanes whose high i16 is zero (for `vpdpwssd`), and (`AVX2_SCALES`) the AVX2 tile's
 /// per-group vectors (the first 16 elements' scale in the low lane, the next 16's in the
 /// high lane). No mins.
@@ -178,7 +182,7 @@ fn signed16_scales<const AVX2_SCALES: bool>(sc8: __m128i, o: &mut KBlock) {
     }
 }
 
-/// Decode `rows` (whole rows of `ty`, Q3_K, Q4_K, Q5_K or Q6_K) into `dst` rows 0.. ; `AVX2_SCALES`:
+/// Decode `rows` (whole rows of `ty`, Q2_K to Q6_K) into `dst` rows 0.. ; `AVX2_SCALES`:
 /// also the AVX2 tile's per-group scale vectors ([`KBlock::scg`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 fn decode_rows<const AVX2_SCALES: bool>(ty: GgmlType, rows: &[u8], dst: &mut DecodedK) {
@@ -229,6 +233,30 @@ fn decode_rows<const AVX2_SCALES: bool>(ty: GgmlType, rows: &[u8], dst: &mut Dec
                     hi.try_into().expect("32"),
                     _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4),
                 );
+            }
+        }
+    } else if ty == GgmlType::Q2_K {
+        // 16 unsigned scales (low nibbles) and mins (high nibbles), one per 16 elements;
+        // quants 0..=3, as `kquants::dot_q2k`.
+        let m3 = _mm256_set1_epi8(3);
+        let m4 = _mm_set1_epi8(0x0F);
+        let (blocks, _) = rows.as_chunks::<Q2_K_BYTES>();
+        for (b, o) in blocks.iter().zip(dst.blocks.iter_mut()) {
+            let sc8 = ld128_u8(sub::<16, u8>(b, 0));
+            signed16_scales::<AVX2_SCALES>(_mm_and_si128(sc8, m4), o);
+            o.d = tab[u16::from_le_bytes([b[80], b[81]]) as usize];
+            o.dmin = tab[u16::from_le_bytes([b[82], b[83]]) as usize];
+            let mins = _mm_and_si128(_mm_srli_epi16::<4>(sc8), m4);
+            st_i16x16(&mut o.mins16, _mm256_cvtepu8_epi16(mins));
+            for h in 0..2 {
+                let q = ld256(sub::<32, u8>(b, 16 + 32 * h));
+                for k in 0..4 {
+                    let off = 128 * h + 32 * k;
+                    st256(
+                        (&mut o.u[off..off + 32]).try_into().expect("32"),
+                        _mm256_and_si256(srl16(q, 2 * k as i32), m3),
+                    );
+                }
             }
         }
     } else if ty == GgmlType::Q3_K {
@@ -357,9 +385,9 @@ macro_rules! vnni_scaled_step {
     };
 }
 
-/// AVX-512 tile: `out[k][t] = row rs[k] . token t` for a pair of rows (Q4_K / Q5_K when `SH`
-/// is 0, else Q6_K (`SH` 5) or Q3_K (`SH` 2); `rs[1] == rs[0]` when one row is left). The two rows' 8-lane float
-/// steps share 512-bit registers (row 0 in the low half, row 1 in the high half): the
+/// AVX-512 tile: `out[k][t] = row rs[k] . token t` for a pair of rows (`SH`, the kind: 0 =
+/// Q4_K / Q5_K, 1 = Q2_K, 5 = Q6_K, 2 = Q3_K; `rs[1] == rs[0]` when one row is left). The
+/// two rows' 8-lane float steps share 512-bit registers (row 0 in the low half, row 1 in the high half): the
 /// lanes get the same values as the single-row kernels' (same i32, same f32 products,
 /// one FMA per lane per block).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -379,6 +407,8 @@ fn tile512<const SH: u32, const N: usize>(
     let idx = if SH != 0 { &Q6_SC_IDX } else { &Q4_SC_IDX };
     let mut acc = [_mm512_setzero_ps(); N];
     let mut accm = [_mm256_setzero_ps(); N];
+    // Q2_K's mins term, 8 lanes per row.
+    let mut accm2 = [_mm512_setzero_ps(); N];
     for i in 0..nb {
         let kb = [&rows[0][i], &rows[1][i]];
         let mut sumi = [[_mm512_setzero_si512(); N]; 2];
@@ -412,7 +442,20 @@ fn tile512<const SH: u32, const N: usize>(
             let lo = _mm512_shuffle_i64x2::<0x44>(sumi[0][t], sumi[1][t]);
             let hi = _mm512_shuffle_i64x2::<0xEE>(sumi[0][t], sumi[1][t]);
             let mut s = _mm512_add_epi32(lo, hi);
-            if SH != 0 {
+            if SH == 1 {
+                let m16v = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(ld256_i16(&kb[0].mins16)),
+                    ld256_i16(&kb[1].mins16),
+                );
+                let bs = _mm512_broadcast_i64x4(ld256_i16(&yb.bsums));
+                let prod = _mm512_madd_epi16(m16v, bs);
+                let dminv2 = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                    _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(kb[0].dmin))),
+                    _mm256_castps_pd(_mm256_set1_ps(kb[1].dmin)),
+                ));
+                let mm = _mm512_mul_ps(_mm512_set1_ps(-yb.d), dminv2);
+                accm2[t] = _mm512_fmadd_ps(mm, _mm512_cvtepi32_ps(prod), accm2[t]);
+            } else if SH != 0 {
                 let bs = _mm512_broadcast_i64x4(ld256_i16(&yb.bsums));
                 let c = _mm512_madd_epi16(sc16v, bs);
                 s = _mm512_sub_epi32(s, _mm512_slli_epi32::<SH>(c));
@@ -430,7 +473,12 @@ fn tile512<const SH: u32, const N: usize>(
     for t in 0..N {
         let a0 = _mm512_castps512_ps256(acc[t]);
         let a1 = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[t])));
-        if SH != 0 {
+        if SH == 1 {
+            let m0 = _mm512_castps512_ps256(accm2[t]);
+            let m1 = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(accm2[t])));
+            out[0][t] = hsum8(a0) + hsum8(m0);
+            out[1][t] = hsum8(a1) + hsum8(m1);
+        } else if SH != 0 {
             out[0][t] = hsum8(a0);
             out[1][t] = hsum8(a1);
         } else {
@@ -479,6 +527,8 @@ fn tile256<const SH: i32, const R: usize, const N: usize>(
     let ys: [&[PackedKBlock]; N] = core::array::from_fn(|t| &ys[t].blocks[..nb]);
     let mut acc = [[_mm256_setzero_ps(); N]; R];
     let mut accm = [[_mm_setzero_ps(); N]; R];
+    // Q2_K's mins term (8 lanes).
+    let mut accm2 = [[_mm256_setzero_ps(); N]; R];
     for i in 0..nb {
         let mut sumi = [[_mm256_setzero_si256(); N]; R];
         // Eight 32-element groups; group g's scale vector was laid out by `decode_rows`
@@ -500,7 +550,14 @@ fn tile256<const SH: i32, const R: usize, const N: usize>(
             for t in 0..N {
                 let yb = &ys[t][i];
                 let mut s = sumi[r][t];
-                if SH != 0 {
+                if SH == 1 {
+                    let prod = _mm256_madd_epi16(ld256_i16(&kb.mins16), ld256_i16(&yb.bsums));
+                    accm2[r][t] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(-yb.d * kb.dmin),
+                        _mm256_cvtepi32_ps(prod),
+                        accm2[r][t],
+                    );
+                } else if SH != 0 {
                     let c = _mm256_madd_epi16(ld256_i16(&kb.sc16), ld256_i16(&yb.bsums));
                     s = _mm256_sub_epi32(s, _mm256_slli_epi32::<SH>(c));
                 } else {
@@ -516,24 +573,13 @@ fn tile256<const SH: i32, const R: usize, const N: usize>(
             }
         }
     }
-    finish(acc, accm, SH != 0)
-}
-
-/// The kernels' final sums: `hsum8(acc)` (+ `hsum4(accm)` for Q4_K).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn finish<const R: usize, const N: usize>(
-    acc: [[__m256; N]; R],
-    accm: [[__m128; N]; R],
-    q6: bool,
-) -> [[f32; N]; R] {
     let mut out = [[0.0f32; N]; R];
     for r in 0..R {
         for t in 0..N {
-            out[r][t] = if q6 {
-                hsum8(acc[r][t])
-            } else {
-                hsum8(acc[r][t]) + hsum4(accm[r][t])
+            out[r][t] = match SH {
+                1 => hsum8(acc[r][t]) + hsum8(accm2[r][t]),
+                0 => hsum8(acc[r][t]) + hsum4(accm[r][t]),
+                _ => hsum8(acc[r][t]),
             };
         }
     }
@@ -545,7 +591,7 @@ pub(crate) const KTN: usize = 4;
 /// Weight rows decoded at a time (tiles take 2 of them).
 pub(crate) const KTR: usize = 4;
 
-/// `W[r] . token t` for the rows in `w` (whole rows of `ty`, Q3_K, Q4_K, Q5_K or Q6_K, `rb` bytes each,
+/// `W[r] . token t` for the rows in `w` (whole rows of `ty`, Q2_K to Q6_K, `rb` bytes each,
 /// `out.rows()` of them), put into `out`; `scratch` holds at least `KTR` decoded rows.
 /// `wide`: the AVX-512 tiles (up to 4 rows), else the AVX2 ones (up to 2 rows).
 ///
@@ -560,12 +606,14 @@ unsafe fn matmul_k_rows(
     scratch: &mut DecodedK,
     out: &mut impl RowsOut,
 ) {
-    // The tiles' kind: 0 = Q4_K / Q5_K (one scale and min per 32 elements); otherwise one
-    // signed scale per 16 elements and the unsigned quants' offset `2^SH` taken back
-    // through the block sums (Q6_K: 32, Q3_K: 4).
+    // The tiles' kind `SH`: 0 = Q4_K / Q5_K (one scale and min per 32 elements); 1 = Q2_K
+    // (one unsigned scale and min per 16 elements); otherwise one signed scale per 16
+    // elements and the unsigned quants' offset `2^SH` taken back through the block sums
+    // (Q6_K: 32, Q3_K: 4).
     let sh: u32 = match ty {
         GgmlType::Q6_K => 5,
         GgmlType::Q3_K => 2,
+        GgmlType::Q2_K => 1,
         _ => 0,
     };
     let rmax = 2;
@@ -630,11 +678,14 @@ unsafe fn matmul_k_rows(
                 match (wide, sh, rr) {
                     (true, 5, _) => by_tokens!(tile512, 5, 2),
                     (true, 2, _) => by_tokens!(tile512, 2, 2),
+                    (true, 1, _) => by_tokens!(tile512, 1, 2),
                     (true, _, _) => by_tokens!(tile512, 0, 2),
                     (false, 5, 1) => by_tokens!(tile256, 5, 1),
                     (false, 5, _) => by_tokens!(tile256, 5, 2),
                     (false, 2, 1) => by_tokens!(tile256, 2, 1),
                     (false, 2, _) => by_tokens!(tile256, 2, 2),
+                    (false, 1, 1) => by_tokens!(tile256, 1, 1),
+                    (false, 1, _) => by_tokens!(tile256, 1, 2),
                     (false, _, 1) => by_tokens!(tile256, 0, 1),
                     (false, _, _) => by_tokens!(tile256, 0, 2),
                 }
@@ -645,7 +696,7 @@ unsafe fn matmul_k_rows(
 }
 
 impl super::Avx2 {
-    /// Q3_K / Q4_K / Q5_K / Q6_K rows x tokens on the AVX2 tier (see [`matmul_k_rows`]).
+    /// Q2_K to Q6_K rows x tokens on the AVX2 tier (see [`matmul_k_rows`]).
     pub(crate) fn matmul_k_rows(
         self,
         ty: GgmlType,
@@ -661,7 +712,7 @@ impl super::Avx2 {
 }
 
 impl super::Avx512 {
-    /// Q3_K / Q4_K / Q5_K / Q6_K rows x tokens on the AVX-512 tier (see [`matmul_k_rows`]).
+    /// Q2_K to Q6_K rows x tokens on the AVX-512 tier (see [`matmul_k_rows`]).
     pub(crate) fn matmul_k_rows(
         self,
         ty: GgmlType,
