@@ -20,11 +20,9 @@ use core::arch::x86_64::*;
 use super::avx2::{hsum4, hsum8, k4_block_head, ld256, ld256_i16, ld256_i8, q6k_half};
 use super::avx2::{sub, K4_SHUF, K6_SHUF};
 use super::avx512::{ld512_i8, Q4_SC_IDX, Q6_SC_IDX};
-use super::kquants::srl16;
+use super::kquants::{q3k_group, q3k_signed_scales, q5k_pair, srl16};
 use super::q8gemm::st256;
-use crate::formats::{
-    q3k_scales_biased, BlockQ8K, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K,
-};
+use crate::formats::{BlockQ8K, Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K};
 use crate::{GgmlType, RowsOut};
 
 /// One activation block for the tile kernels.
@@ -188,10 +186,7 @@ fn signed16_scales<const AVX2_SCALES: bool>(sc8: __m128i, o: &mut KBlock) {
 fn decode_rows<const AVX2_SCALES: bool>(ty: GgmlType, rows: &[u8], dst: &mut DecodedK) {
     let tab = crate::formats::f16_table();
     if ty == GgmlType::Q5_K {
-        // Q4_K's header and scales; quants 0..=31: the low nibble plus bit `2j` / `2j + 1`
-        // of `qh` for the two 32-element halves of group pair j (as `kquants::dot_q5k`).
-        let m4 = _mm256_set1_epi8(0x0F);
-        let one = _mm256_set1_epi8(1);
+        // Q4_K's header and scales; quants 0..=31 (as `kquants::dot_q5k`).
         let (blocks, _) = rows.as_chunks::<Q5_K_BYTES>();
         for (b, o) in blocks.iter().zip(dst.blocks.iter_mut()) {
             let v = k4_head_into(b, tab, o);
@@ -200,21 +195,10 @@ fn decode_rows<const AVX2_SCALES: bool>(ty: GgmlType, rows: &[u8], dst: &mut Dec
             }
             let qh = ld256(sub::<32, u8>(b, 16));
             for j in 0..4 {
-                let q4 = ld256(sub::<32, u8>(b, 48 + 32 * j));
-                let hl = _mm256_and_si256(srl16(qh, 2 * j as i32), one);
-                let hh = _mm256_and_si256(srl16(qh, 2 * j as i32 + 1), one);
+                let [ql, qhi] = q5k_pair(b, qh, j);
                 let (lo, hi) = o.u[64 * j..64 * j + 64].split_at_mut(32);
-                st256(
-                    lo.try_into().expect("32"),
-                    _mm256_or_si256(_mm256_and_si256(q4, m4), _mm256_slli_epi16::<4>(hl)),
-                );
-                st256(
-                    hi.try_into().expect("32"),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4),
-                        _mm256_slli_epi16::<4>(hh),
-                    ),
-                );
+                st256(lo.try_into().expect("32"), ql);
+                st256(hi.try_into().expect("32"), qhi);
             }
         }
     } else if ty == GgmlType::Q4_K {
@@ -260,29 +244,20 @@ fn decode_rows<const AVX2_SCALES: bool>(ty: GgmlType, rows: &[u8], dst: &mut Dec
             }
         }
     } else if ty == GgmlType::Q3_K {
-        // 16 signed scales (biased 6-bit values - 32) and unsigned quants `q + 4` (0..=7),
-        // as `kquants::dot_q3k`; the tile subtracts `4 * sum sc * bsum` (shift 2).
-        let m3 = _mm256_set1_epi8(3);
-        let one = _mm256_set1_epi8(1);
+        // 16 signed scales and unsigned quants `q + 4` (0..=7), as `kquants::dot_q3k`; the
+        // tile subtracts `4 * sum sc * bsum` (shift 2).
         let (blocks, _) = rows.as_chunks::<Q3_K_BYTES>();
         for (b, o) in blocks.iter().zip(dst.blocks.iter_mut()) {
             o.d = tab[u16::from_le_bytes([b[108], b[109]]) as usize];
-            let u = q3k_scales_biased(sub::<12, u8>(b, 96));
-            let sc8 = _mm_sub_epi8(
-                _mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32),
-                _mm_set1_epi8(32),
-            );
-            signed16_scales::<AVX2_SCALES>(sc8, o);
+            signed16_scales::<AVX2_SCALES>(q3k_signed_scales(b), o);
             let hm = ld256(sub::<32, u8>(b, 0));
             for h in 0..2 {
                 let q = ld256(sub::<32, u8>(b, 32 + 32 * h));
                 for k in 0..4 {
-                    let lo = _mm256_and_si256(srl16(q, 2 * k as i32), m3);
-                    let hb = _mm256_and_si256(srl16(hm, (4 * h + k) as i32), one);
                     let off = 128 * h + 32 * k;
                     st256(
                         (&mut o.u[off..off + 32]).try_into().expect("32"),
-                        _mm256_or_si256(lo, _mm256_slli_epi16::<2>(hb)),
+                        q3k_group(q, hm, h, k),
                     );
                 }
             }
@@ -385,13 +360,24 @@ macro_rules! vnni_scaled_step {
     };
 }
 
-/// AVX-512 tile: `out[k][t] = row rs[k] . token t` for a pair of rows (`SH`, the kind: 0 =
-/// Q4_K / Q5_K, 1 = Q2_K, 5 = Q6_K, 2 = Q3_K; `rs[1] == rs[0]` when one row is left). The
-/// two rows' 8-lane float steps share 512-bit registers (row 0 in the low half, row 1 in the high half): the
+/// The tiles' kinds (their `K` parameter). Q4_K / Q5_K: one scale and one min per 32
+/// elements.
+const K_Q4: u32 = 0;
+/// Q2_K: one unsigned scale and one min per 16 elements.
+const K_Q2: u32 = 1;
+/// Q3_K: one signed scale per 16 elements, quants stored `+ 4`: the offset `1 << K_Q3`
+/// comes back off through the block sums.
+const K_Q3: u32 = 2;
+/// Q6_K: as Q3_K with quants stored `+ 32` (`1 << K_Q6`).
+const K_Q6: u32 = 5;
+
+/// AVX-512 tile: `out[k][t] = row rs[k] . token t` for a pair of rows of kind `K` (`rs[1]
+/// == rs[0]` when one row is left). The two rows' 8-lane float steps share 512-bit
+/// registers (row 0 in the low half, row 1 in the high half): the
 /// lanes get the same values as the single-row kernels' (same i32, same f32 products,
 /// one FMA per lane per block).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn tile512<const SH: u32, const N: usize>(
+fn tile512<const K: u32, const N: usize>(
     w: &DecodedK,
     rs: [usize; 2],
     ys: [&PackedQ8K; N],
@@ -404,7 +390,7 @@ fn tile512<const SH: u32, const N: usize>(
         ysl[t] = &ys[t].blocks[..nb];
     }
     let ys = ysl;
-    let idx = if SH != 0 { &Q6_SC_IDX } else { &Q4_SC_IDX };
+    let idx = if K == K_Q4 { &Q4_SC_IDX } else { &Q6_SC_IDX };
     let mut acc = [_mm512_setzero_ps(); N];
     let mut accm = [_mm256_setzero_ps(); N];
     // Q2_K's mins term, 8 lanes per row.
@@ -436,29 +422,30 @@ fn tile512<const SH: u32, const N: usize>(
             _mm512_castsi256_si512(ld256_i16(&kb[0].sc16)),
             ld256_i16(&kb[1].sc16),
         );
+        // Q2_K: the two rows' 16 mins and [dmin0; 8] ++ [dmin1; 8].
+        let m16v = _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(ld256_i16(&kb[0].mins16)),
+            ld256_i16(&kb[1].mins16),
+        );
+        let dminv2 = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+            _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(kb[0].dmin))),
+            _mm256_castps_pd(_mm256_set1_ps(kb[1].dmin)),
+        ));
         for t in 0..N {
             let yb = &ys[t][i];
             // The two rows' `fold`s: low 256 bits + high 256 bits of each.
             let lo = _mm512_shuffle_i64x2::<0x44>(sumi[0][t], sumi[1][t]);
             let hi = _mm512_shuffle_i64x2::<0xEE>(sumi[0][t], sumi[1][t]);
             let mut s = _mm512_add_epi32(lo, hi);
-            if SH == 1 {
-                let m16v = _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(ld256_i16(&kb[0].mins16)),
-                    ld256_i16(&kb[1].mins16),
-                );
+            if K == K_Q2 {
                 let bs = _mm512_broadcast_i64x4(ld256_i16(&yb.bsums));
                 let prod = _mm512_madd_epi16(m16v, bs);
-                let dminv2 = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                    _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(kb[0].dmin))),
-                    _mm256_castps_pd(_mm256_set1_ps(kb[1].dmin)),
-                ));
                 let mm = _mm512_mul_ps(_mm512_set1_ps(-yb.d), dminv2);
                 accm2[t] = _mm512_fmadd_ps(mm, _mm512_cvtepi32_ps(prod), accm2[t]);
-            } else if SH != 0 {
+            } else if K != K_Q4 {
                 let bs = _mm512_broadcast_i64x4(ld256_i16(&yb.bsums));
                 let c = _mm512_madd_epi16(sc16v, bs);
-                s = _mm512_sub_epi32(s, _mm512_slli_epi32::<SH>(c));
+                s = _mm512_sub_epi32(s, _mm512_slli_epi32::<K>(c));
             } else {
                 let q8s = _mm256_broadcastsi128_si256(ld128_i16(&yb.q8s));
                 let prod = _mm256_madd_epi16(minsv, q8s);
@@ -473,12 +460,12 @@ fn tile512<const SH: u32, const N: usize>(
     for t in 0..N {
         let a0 = _mm512_castps512_ps256(acc[t]);
         let a1 = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[t])));
-        if SH == 1 {
+        if K == K_Q2 {
             let m0 = _mm512_castps512_ps256(accm2[t]);
             let m1 = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(accm2[t])));
             out[0][t] = hsum8(a0) + hsum8(m0);
             out[1][t] = hsum8(a1) + hsum8(m1);
-        } else if SH != 0 {
+        } else if K != K_Q4 {
             out[0][t] = hsum8(a0);
             out[1][t] = hsum8(a1);
         } else {
@@ -517,7 +504,7 @@ macro_rules! maddubs_scaled_step {
 
 /// AVX2 tile: as [`tile512`] with `vpmaddubsw` + `vpmaddwd` (the AVX2 kernels' steps).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn tile256<const SH: i32, const R: usize, const N: usize>(
+fn tile256<const K: u32, const R: usize, const N: usize>(
     w: &DecodedK,
     r0: usize,
     ys: [&PackedQ8K; N],
@@ -550,16 +537,16 @@ fn tile256<const SH: i32, const R: usize, const N: usize>(
             for t in 0..N {
                 let yb = &ys[t][i];
                 let mut s = sumi[r][t];
-                if SH == 1 {
+                if K == K_Q2 {
                     let prod = _mm256_madd_epi16(ld256_i16(&kb.mins16), ld256_i16(&yb.bsums));
                     accm2[r][t] = _mm256_fmadd_ps(
                         _mm256_set1_ps(-yb.d * kb.dmin),
                         _mm256_cvtepi32_ps(prod),
                         accm2[r][t],
                     );
-                } else if SH != 0 {
+                } else if K != K_Q4 {
                     let c = _mm256_madd_epi16(ld256_i16(&kb.sc16), ld256_i16(&yb.bsums));
-                    s = _mm256_sub_epi32(s, _mm256_slli_epi32::<SH>(c));
+                    s = _mm256_sub_epi32(s, _mm256_sll_epi32(c, _mm_cvtsi32_si128(K as i32)));
                 } else {
                     let prod = _mm_madd_epi16(ld128_i16(&kb.mins), ld128_i16(&yb.q8s));
                     accm[r][t] = _mm_fmadd_ps(
@@ -576,9 +563,9 @@ fn tile256<const SH: i32, const R: usize, const N: usize>(
     let mut out = [[0.0f32; N]; R];
     for r in 0..R {
         for t in 0..N {
-            out[r][t] = match SH {
-                1 => hsum8(acc[r][t]) + hsum8(accm2[r][t]),
-                0 => hsum8(acc[r][t]) + hsum4(accm[r][t]),
+            out[r][t] = match K {
+                K_Q2 => hsum8(acc[r][t]) + hsum8(accm2[r][t]),
+                K_Q4 => hsum8(acc[r][t]) + hsum4(accm[r][t]),
                 _ => hsum8(acc[r][t]),
             };
         }
@@ -606,15 +593,11 @@ unsafe fn matmul_k_rows(
     scratch: &mut DecodedK,
     out: &mut impl RowsOut,
 ) {
-    // The tiles' kind `SH`: 0 = Q4_K / Q5_K (one scale and min per 32 elements); 1 = Q2_K
-    // (one unsigned scale and min per 16 elements); otherwise one signed scale per 16
-    // elements and the unsigned quants' offset `2^SH` taken back through the block sums
-    // (Q6_K: 32, Q3_K: 4).
-    let sh: u32 = match ty {
-        GgmlType::Q6_K => 5,
-        GgmlType::Q3_K => 2,
-        GgmlType::Q2_K => 1,
-        _ => 0,
+    let kind = match ty {
+        GgmlType::Q6_K => K_Q6,
+        GgmlType::Q3_K => K_Q3,
+        GgmlType::Q2_K => K_Q2,
+        _ => K_Q4,
     };
     let rmax = 2;
     let nrows = out.rows();
@@ -643,7 +626,7 @@ unsafe fn matmul_k_rows(
             for (tc, a) in acts.chunks(KTN).enumerate() {
                 let t0 = tc * KTN;
                 macro_rules! run {
-                    (tile512, $q:literal, $r:literal, $($t:literal),*) => {{
+                    (tile512, $q:ident, $r:literal, $($t:literal),*) => {{
                         let rs = [r0, if rr == 2 { r0 + 1 } else { r0 }];
                         // SAFETY: the caller guarantees the tile's features; the tile reads
                         // only through the slices it is given.
@@ -654,7 +637,7 @@ unsafe fn matmul_k_rows(
                             out.put(g * KTR + r0 + r, t0, orow);
                         }
                     }};
-                    ($tile:ident, $q:literal, $r:literal, $($t:literal),*) => {{
+                    ($tile:ident, $q:ident, $r:literal, $($t:literal),*) => {{
                         // SAFETY: the caller guarantees the tile's features; the tile reads
                         // only through the slices it is given.
                         let o = unsafe {
@@ -666,7 +649,7 @@ unsafe fn matmul_k_rows(
                     }};
                 }
                 macro_rules! by_tokens {
-                    ($tile:ident, $q:literal, $r:literal) => {
+                    ($tile:ident, $q:ident, $r:literal) => {
                         match a.len() {
                             1 => run!($tile, $q, $r, 0),
                             2 => run!($tile, $q, $r, 0, 1),
@@ -675,19 +658,19 @@ unsafe fn matmul_k_rows(
                         }
                     };
                 }
-                match (wide, sh, rr) {
-                    (true, 5, _) => by_tokens!(tile512, 5, 2),
-                    (true, 2, _) => by_tokens!(tile512, 2, 2),
-                    (true, 1, _) => by_tokens!(tile512, 1, 2),
-                    (true, _, _) => by_tokens!(tile512, 0, 2),
-                    (false, 5, 1) => by_tokens!(tile256, 5, 1),
-                    (false, 5, _) => by_tokens!(tile256, 5, 2),
-                    (false, 2, 1) => by_tokens!(tile256, 2, 1),
-                    (false, 2, _) => by_tokens!(tile256, 2, 2),
-                    (false, 1, 1) => by_tokens!(tile256, 1, 1),
-                    (false, 1, _) => by_tokens!(tile256, 1, 2),
-                    (false, _, 1) => by_tokens!(tile256, 0, 1),
-                    (false, _, _) => by_tokens!(tile256, 0, 2),
+                match (wide, kind, rr) {
+                    (true, K_Q6, _) => by_tokens!(tile512, K_Q6, 2),
+                    (true, K_Q3, _) => by_tokens!(tile512, K_Q3, 2),
+                    (true, K_Q2, _) => by_tokens!(tile512, K_Q2, 2),
+                    (true, _, _) => by_tokens!(tile512, K_Q4, 2),
+                    (false, K_Q6, 1) => by_tokens!(tile256, K_Q6, 1),
+                    (false, K_Q6, _) => by_tokens!(tile256, K_Q6, 2),
+                    (false, K_Q3, 1) => by_tokens!(tile256, K_Q3, 1),
+                    (false, K_Q3, _) => by_tokens!(tile256, K_Q3, 2),
+                    (false, K_Q2, 1) => by_tokens!(tile256, K_Q2, 1),
+                    (false, K_Q2, _) => by_tokens!(tile256, K_Q2, 2),
+                    (false, _, 1) => by_tokens!(tile256, K_Q4, 1),
+                    (false, _, _) => by_tokens!(tile256, K_Q4, 2),
                 }
             }
             r0 += rr;

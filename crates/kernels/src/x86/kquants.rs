@@ -280,20 +280,55 @@ pub(super) fn dot_q2k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
     out
 }
 
+/// A Q3_K block's 16 scales as signed bytes (-32..=31): the packed 6-bit values of bytes
+/// 96..108, minus their bias 32.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q3k_signed_scales(b: &[u8]) -> __m128i {
+    let u = q3k_scales_biased(sub::<12, u8>(b, 96));
+    let sc8 = _mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32);
+    _mm_sub_epi8(sc8, _mm_set1_epi8(32))
+}
+
+/// Q3_K's 32 unsigned quants `q + 4` (0..=7) of elements `128 h + 32 k ..`: bits `2k` of
+/// `q` (bytes `32 + 32 h ..` of the block) and bit `4h + k` of `hm` (bytes 0..32).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q3k_group(q: __m256i, hm: __m256i, h: usize, k: usize) -> __m256i {
+    let lo = _mm256_and_si256(srl16(q, 2 * k as i32), _mm256_set1_epi8(3));
+    let hb = _mm256_and_si256(srl16(hm, (4 * h + k) as i32), _mm256_set1_epi8(1));
+    _mm256_or_si256(lo, _mm256_slli_epi16::<2>(hb))
+}
+
+/// Q5_K's quants (0..=31) of elements `64 j .. 64 j + 64` as two 32-element halves: the
+/// nibbles of bytes `48 + 32 j ..` plus bits `2j` / `2j + 1` of `qh` (bytes 16..48).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn q5k_pair(b: &[u8], qh: __m256i, j: usize) -> [__m256i; 2] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let one = _mm256_set1_epi8(1);
+    let q4 = ld256(sub::<32, u8>(b, 48 + 32 * j));
+    let hl = _mm256_and_si256(srl16(qh, 2 * j as i32), one);
+    let hh = _mm256_and_si256(srl16(qh, 2 * j as i32 + 1), one);
+    [
+        _mm256_or_si256(_mm256_and_si256(q4, m4), _mm256_slli_epi16::<4>(hl)),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4),
+            _mm256_slli_epi16::<4>(hh),
+        ),
+    ]
+}
+
 /// Q3_K row . N Q8_K rows. Uses the unsigned quants `q + 4` (0..=7) and folds the -4 in
 /// through the bsums: `sum sc (q+4) y - 4 sum_j sc_j bsum_j` (all exact i32).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q3k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32; N] {
     let tab = f16_table();
-    let m3 = _mm256_set1_epi8(3);
-    let one = _mm256_set1_epi8(1);
     let mut acc = [_mm256_setzero_ps(); N];
     let (blocks, _) = row.as_chunks::<Q3_K_BYTES>();
     for (i, b) in blocks.iter().enumerate() {
         let d = tab[u16::from_le_bytes([b[108], b[109]]) as usize];
-        let u = q3k_scales_biased(sub::<12, u8>(b, 96));
-        let sc8 = _mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32);
-        let sc16 = _mm256_cvtepi8_epi16(_mm_sub_epi8(sc8, _mm_set1_epi8(32)));
+        let sc16 = _mm256_cvtepi8_epi16(q3k_signed_scales(b));
         let mut sumi = [_mm256_setzero_si256(); N];
         for t in 0..N {
             let corr = _mm256_madd_epi16(sc16, ld256_i16(&ys[t][i].bsums));
@@ -308,9 +343,7 @@ pub(super) fn dot_q3k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
             };
             let q = ld256(sub::<32, u8>(b, 32 + 32 * h));
             for s in 0..4 {
-                let lo = _mm256_and_si256(srl16(q, 2 * s as i32), m3);
-                let hb = _mm256_and_si256(srl16(hm, (4 * h + s) as i32), one);
-                let qs = _mm256_or_si256(lo, _mm256_slli_epi16::<2>(hb));
+                let qs = q3k_group(q, hm, h, s);
                 let scale = _mm256_shuffle_epi8(sch, ld256(&K6_SHUF[s]));
                 for t in 0..N {
                     let q8 = ld256_i8(sub::<32, i8>(&ys[t][i].qs, 128 * h + 32 * s));
@@ -336,8 +369,6 @@ pub(super) fn dot_q3k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dot_q5k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32; N] {
     let tab = f16_table();
-    let m4 = _mm256_set1_epi8(0x0F);
-    let one = _mm256_set1_epi8(1);
     let mut acc = [_mm256_setzero_ps(); N];
     let mut accm = [_mm_setzero_ps(); N];
     let (blocks, _) = row.as_chunks::<Q5_K_BYTES>();
@@ -362,14 +393,7 @@ pub(super) fn dot_q5k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
         for j in 0..4 {
             let scale_l = _mm256_shuffle_epi8(scales, ld256(&K4_SHUF[2 * j]));
             let scale_h = _mm256_shuffle_epi8(scales, ld256(&K4_SHUF[2 * j + 1]));
-            let q4 = ld256(sub::<32, u8>(b, 48 + 32 * j));
-            let hl = _mm256_and_si256(srl16(qh, 2 * j as i32), one);
-            let hh = _mm256_and_si256(srl16(qh, 2 * j as i32 + 1), one);
-            let ql = _mm256_or_si256(_mm256_and_si256(q4, m4), _mm256_slli_epi16::<4>(hl));
-            let qhi = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4),
-                _mm256_slli_epi16::<4>(hh),
-            );
+            let [ql, qhi] = q5k_pair(b, qh, j);
             for t in 0..N {
                 let qs = &ys[t][i].qs;
                 let q8l = ld256_i8(sub::<32, i8>(qs, 64 * j));
