@@ -24,6 +24,12 @@ fn random_segment(r: &mut Rng, file_len: usize) -> Segment {
     Segment { offset, len }
 }
 
+/// One request's segments: 1 to 3 random ones within the test file.
+fn random_segments(r: &mut Rng) -> Vec<Segment> {
+    let n = 1 + r.below(3) as usize;
+    (0..n).map(|_| random_segment(r, FILE_LEN)).collect()
+}
+
 fn req(tag: u64, segments: Vec<Segment>) -> ReadReq {
     let buf = AlignedBuf::new(required_capacity(&segments));
     ReadReq { tag, segments, buf }
@@ -74,10 +80,7 @@ fn random_reads(backend: Backend, direct: bool) {
     let mut completed = 0;
     let total = 120u64;
     for tag in 0..total {
-        let n_seg = 1 + r.below(3) as usize;
-        let segs: Vec<Segment> = (0..n_seg)
-            .map(|_| random_segment(&mut r, FILE_LEN))
-            .collect();
+        let segs = random_segments(&mut r);
         want_bytes += segs.iter().map(|s| s.len as u64).sum::<u64>();
         want_tasks += segs.len() as u64;
         n_req += 1;
@@ -355,10 +358,7 @@ fn uring_inflight_cap() {
             let mut r = Rng(7 + cap as u64);
             let mut outstanding: HashMap<u64, Vec<Segment>> = HashMap::new();
             for tag in 0..40 {
-                let n_seg = 1 + r.below(3) as usize;
-                let segs: Vec<Segment> = (0..n_seg)
-                    .map(|_| random_segment(&mut r, FILE_LEN))
-                    .collect();
+                let segs = random_segments(&mut r);
                 outstanding.insert(tag, segs.clone());
                 e.submit(req(tag, segs)).expect("submit");
             }
