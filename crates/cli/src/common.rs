@@ -346,10 +346,9 @@ fn use_gpu(
     match sluice_cuda::Cuda::new(l.model.map.bytes()) {
         Ok(c) => {
             eprintln!(
-                "gpu: {} (CUDA; kernels compiled in {:.2} s); weight products on the GPU, the rest on {} CPU threads",
+                "gpu: {} (CUDA; kernels compiled in {:.2} s)",
                 c.device(),
                 t0.elapsed().as_secs_f64(),
-                l.threads
             );
             if let Some(b) = expert_cache {
                 if let Err(e) = c.set_expert_cache(b) {
@@ -363,12 +362,62 @@ fn use_gpu(
             }
             pin_slots(&c, l);
             l.model.set_compute(Box::new(c.clone()));
+            whole_forward(&c, l, expert_cache.is_some());
             Ok(Some(c))
         }
         Err(e) => {
             eprintln!("--gpu: {e}; running on the CPU");
             Ok(None)
         }
+    }
+}
+
+/// Run the whole forward pass on the GPU when the architecture describes itself as a plan
+/// and its weights fit (routed experts resident whole in VRAM, or through the VRAM expert
+/// cache when one is set or experts stream from the SSD); otherwise only the weight
+/// products run there. `SLUICE_CUDA_FORWARD=0` keeps the products-only path (for A/B).
+/// One line either way.
+fn whole_forward(c: &sluice_cuda::Cuda, l: &mut sluice_engine::load::Loaded, vram_cache: bool) {
+    use sluice_cuda::forward::{ExpertPlacement, GpuDecoder};
+    let products_only = |why: &str| {
+        eprintln!(
+            "gpu: weight products on the GPU, the rest on {} CPU threads ({why})",
+            l.threads
+        )
+    };
+    if std::env::var("SLUICE_CUDA_FORWARD").is_ok_and(|v| v == "0") {
+        products_only("SLUICE_CUDA_FORWARD=0");
+        return;
+    }
+    let Some(plan) = l.model.plan() else {
+        products_only(&format!(
+            "the whole-forward path does not cover {} yet",
+            l.model.cfg.arch
+        ));
+        return;
+    };
+    let placement = if vram_cache || l.streaming.is_some() {
+        ExpertPlacement::Cached
+    } else {
+        ExpertPlacement::Resident
+    };
+    let t0 = std::time::Instant::now();
+    match GpuDecoder::new(c, plan, l.model.map.bytes(), placement) {
+        Ok(dec) => {
+            eprintln!(
+                "gpu: whole forward pass on the GPU: {} of weights uploaded in {:.2} s{}",
+                human(dec.weight_bytes),
+                t0.elapsed().as_secs_f64(),
+                match (placement, l.model.cfg.n_expert > 0) {
+                    (_, false) => "",
+                    (ExpertPlacement::Resident, true) => ", routed experts resident in VRAM",
+                    (ExpertPlacement::Cached, true) =>
+                        ", routed experts through the VRAM expert cache",
+                }
+            );
+            l.model.set_device_forward(Box::new(dec));
+        }
+        Err(e) => products_only(&e),
     }
 }
 
@@ -556,6 +605,13 @@ impl Loaded {
     pub fn print_stats(&self, wall_secs: f64) {
         if let Some(g) = &self.gpu {
             let s = g.stats();
+            if s.forward_calls > 0 {
+                eprintln!(
+                    "gpu: {} forward passes on the GPU taking {:.2} s",
+                    s.forward_calls,
+                    s.forward_ns as f64 * 1e-9
+                );
+            }
             eprintln!(
                 "gpu: {} products on the GPU in {} calls taking {:.2} s, {} on the CPU | resident weights {} in {} matrices | copied per use {} | activations {}",
                 s.gpu_jobs,

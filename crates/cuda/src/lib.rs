@@ -31,7 +31,11 @@
 //! of `sluice_kernels::reference`) and keep activations in f32, so results differ from the
 //! CPU path (Q8-quantized activations) by rounding. Other weight types and shapes the
 //! kernels do not take (columns not a multiple of 32) run on the CPU backend.
-//! Everything else of a forward pass (attention, norms, routing) stays on the CPU.
+//! With only this backend, everything else of a forward pass (attention, norms, routing)
+//! stays on the CPU; [`forward::GpuDecoder`] runs the whole pass on the GPU instead for
+//! architectures that describe themselves as a `sluice_models::plan::DecoderPlan`.
+
+pub mod forward;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -46,7 +50,7 @@ use sluice_models::compute::{Compute, Cpu, LinearJob, UnitKey};
 use sluice_tier::SlotMemory;
 
 /// The kernels' CUDA C source.
-pub const KERNEL_SOURCE: &str = include_str!("kernels.cu");
+pub const KERNEL_SOURCE: &str = concat!(include_str!("kernels.cu"), include_str!("forward.cu"));
 
 /// Tokens per group of the matvec kernel (its `MV_MAX_N`).
 pub const MATVEC_MAX_N: usize = 8;
@@ -116,6 +120,9 @@ pub struct CudaStats {
     /// kernels, waiting for the results).
     pub calls: u64,
     pub busy_ns: u64,
+    /// Whole forward passes run by [`forward::GpuDecoder`] and their wall time.
+    pub forward_calls: u64,
+    pub forward_ns: u64,
     /// The VRAM expert cache (`set_expert_cache`): budget (0 = off), bytes held now and at
     /// most, hits, misses, evictions, bytes uploaded on misses and the time the uploads took.
     pub expert_budget: u64,
@@ -227,6 +234,8 @@ struct Device {
     host: Mutex<HostPins>,
     /// (matvec, matmul) per entry of `FORMATS`.
     funcs: Vec<(CudaFunction, CudaFunction)>,
+    /// Every kernel of the source (the whole-forward ones are loaded from it by name).
+    module: Arc<cudarc::driver::CudaModule>,
     device: String,
     /// `SLUICE_CUDA_TILED=1`: the tiled kernel for more than MATVEC_MAX_N tokens (faster
     /// prefill, but a token's bits then depend on the batch it came in).
@@ -439,6 +448,7 @@ impl Device {
             copy,
             host: Mutex::new(HostPins::default()),
             funcs,
+            module,
             device: format!("{device} (sm_{major}{minor})"),
             tiled: std::env::var("SLUICE_CUDA_TILED").is_ok_and(|v| v == "1"),
             stable,

@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
+use sluice_cuda::forward::{ExpertPlacement, GpuDecoder};
 use sluice_cuda::Cuda;
 use sluice_engine::eval::read_npy_f32;
 use sluice_engine::models::compute::Compute;
@@ -68,6 +69,10 @@ enum Backend {
     Gpu,
     /// The GPU with a VRAM expert cache of 1/N of the routed-expert bytes.
     GpuExpertCache(u64),
+    /// The whole forward pass on the GPU (`GpuDecoder`), experts resident in VRAM.
+    Forward,
+    /// The whole forward pass with a VRAM expert cache of 1/N of the routed-expert bytes.
+    ForwardCache(u64),
     Reference,
 }
 
@@ -113,6 +118,23 @@ fn logits(
                     .unwrap();
             }
             m.set_compute(Box::new(c.clone()));
+            Some(c)
+        }
+        Backend::Forward | Backend::ForwardCache(_) => {
+            let c = Cuda::new(m.map.bytes())
+                .unwrap_or_else(|e| panic!("this test needs a CUDA device: {e}"));
+            let placement = match backend {
+                Backend::ForwardCache(div) => {
+                    c.set_expert_cache(m.groups.experts.total_bytes() / div)
+                        .unwrap();
+                    ExpertPlacement::Cached
+                }
+                _ => ExpertPlacement::Resident,
+            };
+            let plan = m.plan().expect("a plan for this architecture");
+            let dec = GpuDecoder::new(&c, plan, m.map.bytes(), placement)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            m.set_device_forward(Box::new(dec));
             Some(c)
         }
     };
@@ -325,5 +347,159 @@ fn gemma_on_gpu_matches_reference() {
     assert_eq!(
         agree, clear,
         "GPU top-1 differs from the reference where the margin is clear"
+    );
+}
+
+/// The whole forward pass on the GPU, F32 weights: within the CPU's bound of transformers
+/// (max |diff| / max |ref| < 1e-4, f32 KV cache as the fixtures' reference keeps it), the
+/// same bits for a prompt in chunks of 64, 5 and 1 tokens.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn whole_forward_f32_matches_transformers() {
+    let toks = qwen3moe_tokens();
+    for (model, npy) in [
+        ("a-f32.gguf", "a.logits.npy"),
+        ("b-f32.gguf", "b.logits.npy"),
+    ] {
+        let (want, _) = read_npy_f32(&qwen3moe(npy)).unwrap();
+        let (got, _, g) = logits(&qwen3moe(model), &toks, 64, Backend::Forward);
+        let err = max_abs_diff(&got, &want) / max_abs(&want);
+        let s = g.unwrap().stats();
+        eprintln!("{model}, whole forward on the GPU: max |gpu - transformers| / max |ref| = {err:e}; {s:?}");
+        assert!(
+            s.forward_calls > 0,
+            "{model}: no forward pass ran on the GPU"
+        );
+        assert_eq!(
+            s.gpu_jobs, 0,
+            "{model}: products went through the per-product path"
+        );
+        assert!(err < 1e-4, "{model}: relative error {err} >= 1e-4");
+        for batch in [5, 1] {
+            let (other, _, _) = logits(&qwen3moe(model), &toks, batch, Backend::Forward);
+            assert!(
+                got.iter()
+                    .zip(&other)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{model}: whole-forward logits differ between batch 64 and batch {batch}"
+            );
+        }
+    }
+}
+
+/// The whole forward pass, Q8_0 weights: within 0.07 of transformers on the dequantized
+/// weights (the CPU's bound), top-1 equal at every position.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn whole_forward_q8_0_matches_transformers() {
+    let toks = qwen3moe_tokens();
+    for (model, npy) in [
+        ("a-q8_0.gguf", "a-q8_0.dequant.logits.npy"),
+        ("b-q8_0.gguf", "b-q8_0.dequant.logits.npy"),
+    ] {
+        let (want, _) = read_npy_f32(&qwen3moe(npy)).unwrap();
+        let (got, n_vocab, _) = logits(&qwen3moe(model), &toks, 64, Backend::Forward);
+        let d = max_abs_diff(&got, &want);
+        eprintln!("{model}, whole forward: max |gpu - reference| = {d}");
+        assert!(d <= 0.07, "{model}: max |gpu - reference| = {d} > 0.07");
+        for (p, (g, w)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
+            assert_eq!(
+                argmax(g),
+                argmax(w),
+                "{model}: top-1 differs at position {p}"
+            );
+        }
+    }
+}
+
+/// The whole forward pass with routed experts in a VRAM cache far below their size
+/// (evictions in every layer) gives the bits of the experts resident in VRAM, in any
+/// chunking; the cache never holds more than its budget.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn whole_forward_expert_cache_budgets_give_identical_logits() {
+    let toks = qwen3moe_tokens();
+    let path = qwen3moe("a-q8_0.gguf");
+    let (plain, _, _) = logits(&path, &toks, 64, Backend::Forward);
+    for div in [2, 5] {
+        for batch in [64, 1] {
+            let (got, _, g) = logits(&path, &toks, batch, Backend::ForwardCache(div));
+            let s = g.unwrap().stats();
+            eprintln!("whole forward, expert cache 1/{div}, batch {batch}: {s:?}");
+            assert!(
+                s.expert_evictions > 0,
+                "1/{div}: no eviction; the test needs some"
+            );
+            assert!(
+                s.expert_peak <= s.expert_budget,
+                "1/{div}: peak over the budget"
+            );
+            assert!(
+                got.iter()
+                    .zip(&plain)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "whole forward, expert cache 1/{div}, batch {batch}: logits differ"
+            );
+        }
+    }
+}
+
+/// Gemma 3 270M, the whole forward pass on the GPU (sliding-window and global layers,
+/// sandwich norms, GeGLU, f16 KV cache): within 2e-3 of the reference forward's max
+/// |logit| (RefCompute products, f32 KV), top-1 equal where the reference's margin > 0.01,
+/// and the same bits for chunks of 64 and 7 tokens.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gemma_whole_forward_matches_reference() {
+    let path = match std::env::var_os("SLUICE_GEMMA") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(std::env::var("HOME").unwrap_or_default())
+            .join(".cache/sluice/models/gemma-3-270m-q4_k_m.gguf"),
+    };
+    if !path.exists() {
+        assert!(
+            std::env::var_os("SLUICE_REQUIRE_MODELS").is_none(),
+            "{} does not exist (tools/get-gemma.sh)",
+            path.display()
+        );
+        eprintln!("note: {} not found; skipping Gemma", path.display());
+        return;
+    }
+    let greedy = json(fixtures().join("gemma3/llama_greedy.json"));
+    let r = &greedy["results"][0];
+    let mut toks = ids(&r["prompt_ids"]);
+    toks.extend(ids(&r["generated_ids"]));
+    let n_vocab = Model::load(&path).unwrap().cfg.n_vocab;
+    toks.retain(|&t| (t as usize) < n_vocab);
+    let (gpu, n_vocab, g) = logits(&path, &toks, 64, Backend::Forward);
+    let (oracle, _, _) = logits(&path, &toks, 64, Backend::Reference);
+    let s = g.unwrap().stats();
+    assert!(
+        s.forward_calls > 0 && s.gpu_jobs == 0,
+        "not the whole-forward path: {s:?}"
+    );
+    let (mut worst, mut clear, mut agree) = (0.0f32, 0, 0);
+    for (a, o) in gpu.chunks(n_vocab).zip(oracle.chunks(n_vocab)) {
+        worst = worst.max(max_abs_diff(a, o) / max_abs(o));
+        if top2_margin(o) > 0.01 {
+            clear += 1;
+            agree += usize::from(argmax(a) == argmax(o));
+        }
+    }
+    eprintln!(
+        "gemma whole forward ({} positions): worst max |gpu - reference| / max |reference| {worst:e}; top-1 equal {agree}/{clear}",
+        toks.len()
+    );
+    assert!(worst < 2e-3, "gemma whole forward: {worst} >= 2e-3");
+    assert_eq!(
+        agree, clear,
+        "gemma whole forward: top-1 differs where the margin is clear"
+    );
+    let (seven, _, _) = logits(&path, &toks, 7, Backend::Forward);
+    assert!(
+        gpu.iter()
+            .zip(&seven)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "gemma whole forward: logits differ between chunks of 64 and 7"
     );
 }

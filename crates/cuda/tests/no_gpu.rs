@@ -57,10 +57,26 @@ fn kernels_compile_with_nvrtc() {
     for arch in ["compute_80", "compute_90"] {
         let ptx = compile_kernels(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
         for f in ["f32", "f16", "bf16", "q8_0", "q5_0", "q4_k", "q6_k"] {
-            for k in ["mv", "mm"] {
+            for k in ["mv", "mm", "mvg", "embed"] {
                 let name = format!(".entry {k}_{f}(");
                 assert!(ptx.contains(&name), "{arch}: PTX lacks {name}");
             }
+        }
+        for k in [
+            "rms_norm_rows",
+            "residual_norm",
+            "qk_norm_rope",
+            "kv_store_f16",
+            "kv_store_f32",
+            "attention_f16",
+            "attention_f32",
+            "topk_softmax",
+            "moe_chunks",
+            "glu_act",
+            "moe_combine",
+        ] {
+            let name = format!(".entry {k}(");
+            assert!(ptx.contains(&name), "{arch}: PTX lacks {name}");
         }
     }
 }

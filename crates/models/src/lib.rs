@@ -4,7 +4,8 @@
 //! its `general.architecture`) and evaluating tokens with it: [`blocks`] (attention, GLU,
 //! MoE with routers, embedding/head), [`arch`] (qwen3moe, gemma3), [`kv`] and [`state`]
 //! (what a sequence carries, snapshots), [`compute`] (the interface blocks reach kernels
-//! through), [`expert`] (the resident expert source). Streaming experts is `sluice-tier`'s.
+//! through), [`expert`] (the resident expert source), [`plan`] (a plain decoder as data for
+//! device backends that run the whole forward pass). Streaming experts is `sluice-tier`'s.
 
 pub mod arch;
 pub mod blocks;
@@ -14,6 +15,7 @@ pub mod expert;
 pub mod kv;
 pub mod model;
 pub mod ops;
+pub mod plan;
 pub mod state;
 pub mod threads;
 pub mod weights;

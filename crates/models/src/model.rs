@@ -17,6 +17,7 @@ use crate::blocks::{lock, Batch, Env};
 use crate::compute::{Compute, Cpu};
 use crate::config::ModelConfig;
 use crate::expert::ResidentExperts;
+use crate::plan::{DecoderPlan, DeviceForward};
 use crate::state::SeqState;
 use crate::ModelError;
 
@@ -41,6 +42,8 @@ pub struct Model {
     arch: Box<dyn Architecture>,
     experts: Box<dyn ExpertSource>,
     compute: Box<dyn Compute>,
+    /// A backend running the whole forward pass on its device (`--gpu`), when set.
+    device: Option<Box<dyn DeviceForward>>,
     /// `--record-routing`: every token's chosen experts, per MoE layer.
     routing: Option<Mutex<RoutingRecorder>>,
 }
@@ -72,6 +75,7 @@ impl Model {
         Ok(Model {
             experts: Box::new(ResidentExperts::new(groups.experts.clone())),
             compute: Box::new(Cpu),
+            device: None,
             gguf,
             cfg,
             map,
@@ -99,6 +103,23 @@ impl Model {
     /// Replace the compute backend.
     pub fn set_compute(&mut self, compute: Box<dyn Compute>) {
         self.compute = compute;
+    }
+
+    /// The architecture's forward pass as data, for a device backend (None when the
+    /// architecture does not fit a [`DecoderPlan`]).
+    pub fn plan(&self) -> Option<DecoderPlan> {
+        self.arch.plan()
+    }
+
+    /// Run every forward pass through `device` (built from [`Model::plan`]) instead of the
+    /// CPU blocks; the expert source, routing trace and token checks stay as they are.
+    pub fn set_device_forward(&mut self, device: Box<dyn DeviceForward>) {
+        self.device = Some(device);
+    }
+
+    /// The device backend's name, when one runs the forward pass.
+    pub fn device_forward(&self) -> Option<&'static str> {
+        self.device.as_ref().map(|d| d.name())
     }
 
     /// Record every token's routing to `path` (a trace for `sluice cache-sim`).
@@ -197,19 +218,20 @@ impl Model {
             experts: self.experts.as_ref(),
             routing,
         };
-        let logits = self
-            .arch
-            .forward(&env, &batch, state, &rows)
-            .map_err(|e| match e {
-                ModelError::NonFinite {
-                    position, stage, ..
-                } => ModelError::NonFinite {
-                    path: self.gguf.path.clone(),
-                    position,
-                    stage,
-                },
-                e => e,
-            })?;
+        let logits = match &self.device {
+            Some(d) => d.forward(&env, &batch, state, &rows),
+            None => self.arch.forward(&env, &batch, state, &rows),
+        }
+        .map_err(|e| match e {
+            ModelError::NonFinite {
+                position, stage, ..
+            } => ModelError::NonFinite {
+                path: self.gguf.path.clone(),
+                position,
+                stage,
+            },
+            e => e,
+        })?;
         state.kv.advance(t_len);
         if let Some(rec) = routing {
             lock(rec).end_batch().map_err(StreamError::from)?;

@@ -39,12 +39,17 @@ pub struct SeqState {
     pub kv: KvCache,
     /// Architecture-specific state (None for plain transformer architectures).
     pub extra: Option<Box<dyn ExtraState>>,
+    /// A device backend's copy of the sequence (e.g. its KV cache in VRAM), made by
+    /// [`crate::plan::DeviceForward`] on first use. Indexed by position like the KV
+    /// cache, so truncation needs nothing from it.
+    pub device: Option<Box<dyn ExtraState>>,
 }
 
 /// A copy of a [`SeqState`] at a token boundary.
 pub struct Snapshot {
     kv: KvCache,
     extra: Option<Box<dyn ExtraState>>,
+    device: Option<Box<dyn ExtraState>>,
 }
 
 impl Snapshot {
@@ -60,7 +65,11 @@ impl Snapshot {
 
 impl SeqState {
     pub fn new(kv: KvCache) -> SeqState {
-        SeqState { kv, extra: None }
+        SeqState {
+            kv,
+            extra: None,
+            device: None,
+        }
     }
 
     /// Positions evaluated so far.
@@ -83,6 +92,9 @@ impl SeqState {
         if let Some(e) = &mut self.extra {
             e.clear();
         }
+        if let Some(e) = &mut self.device {
+            e.clear();
+        }
     }
 
     /// Copy the state as it is now (at a token boundary).
@@ -90,6 +102,7 @@ impl SeqState {
         Snapshot {
             kv: self.kv.clone(),
             extra: self.extra.as_ref().map(|e| e.clone_box()),
+            device: self.device.as_ref().map(|e| e.clone_box()),
         }
     }
 
@@ -97,6 +110,7 @@ impl SeqState {
     pub fn restore(&mut self, snap: &Snapshot) {
         self.kv = snap.kv.clone();
         self.extra = snap.extra.as_ref().map(|e| e.clone_box());
+        self.device = snap.device.as_ref().map(|e| e.clone_box());
     }
 
     /// Drop positions from `len` on, when the state allows it (plain KV rows do; recurrent

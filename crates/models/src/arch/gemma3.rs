@@ -14,6 +14,7 @@ use crate::blocks::{
 };
 use crate::config::{Hparams, ModelConfig};
 use crate::ops::rope_inv_freq;
+use crate::plan::{DecoderPlan, PlanFfn, PlanLayer};
 use crate::state::SeqState;
 use crate::weights::{Mat, Tensors};
 use crate::ModelError;
@@ -113,6 +114,45 @@ impl Architecture for Gemma3 {
 
     fn new_state(&self, n_ctx: usize) -> SeqState {
         SeqState::new(self.shape.kv_cache(self.cfg.n_layer, n_ctx))
+    }
+
+    fn plan(&self) -> Option<DecoderPlan> {
+        let layers = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(il, l)| {
+                let swa = self.is_swa_layer(il);
+                PlanLayer {
+                    attn_norm: l.attn_norm.clone(),
+                    attn: l.attn.clone(),
+                    inv_freq: if swa {
+                        self.rope_swa.clone()
+                    } else {
+                        self.rope_global.clone()
+                    },
+                    window: swa.then_some(self.sliding_window),
+                    post_attn_norm: Some(l.post_attn_norm.clone()),
+                    ffn_norm: l.ffn_norm.clone(),
+                    ffn: PlanFfn::Dense {
+                        w: l.ffn.clone(),
+                        act: Activation::GeluTanh,
+                    },
+                    post_ffn_norm: Some(l.post_ffn_norm.clone()),
+                }
+            })
+            .collect();
+        Some(DecoderPlan {
+            arch: NAME,
+            n_embd: self.cfg.n_embd,
+            n_vocab: self.cfg.n_vocab,
+            shape: self.shape,
+            embd: self.token_embd.clone(),
+            embd_scale: (self.cfg.n_embd as f32).sqrt(),
+            output_norm: self.output_norm.clone(),
+            output: self.output.clone(),
+            layers,
+        })
     }
 
     fn forward(

@@ -60,6 +60,13 @@ pub trait Architecture: Send + Sync {
     fn certain_units(&self, _tokens: &[u32]) -> Vec<(usize, Vec<usize>)> {
         Vec::new()
     }
+
+    /// The whole forward pass as data (weights, norms, RoPE tables), for a device backend
+    /// that runs it without the CPU blocks; None (the default) when the architecture does
+    /// not fit [`crate::plan::DecoderPlan`]'s shape.
+    fn plan(&self) -> Option<crate::plan::DecoderPlan> {
+        None
+    }
 }
 
 /// Builds an architecture from a parsed header and the mapped file.

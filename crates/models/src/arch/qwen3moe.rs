@@ -12,6 +12,7 @@ use crate::blocks::moe::{glu_unit_layer, link_lookahead, routed, MoeWeights, Rou
 use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::ops::rope_inv_freq;
+use crate::plan::{DecoderPlan, PlanFfn, PlanLayer};
 use crate::state::SeqState;
 use crate::weights::{Mat, Stacked, Tensors};
 use crate::ModelError;
@@ -129,6 +130,46 @@ impl Architecture for Qwen3Moe {
 
     fn new_state(&self, n_ctx: usize) -> SeqState {
         SeqState::new(self.shape.kv_cache(self.cfg.n_layer, n_ctx))
+    }
+
+    fn plan(&self) -> Option<DecoderPlan> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                let Router::Softmax { norm } = l.moe.router else {
+                    return None;
+                };
+                Some(PlanLayer {
+                    attn_norm: l.attn_norm.clone(),
+                    attn: l.attn.clone(),
+                    inv_freq: self.rope.clone(),
+                    window: None,
+                    post_attn_norm: None,
+                    ffn_norm: l.ffn_norm.clone(),
+                    ffn: PlanFfn::Moe {
+                        router_w: l.moe.router_w.clone(),
+                        norm,
+                        n_expert: l.moe.n_expert,
+                        k: l.moe.k,
+                        experts: l.experts.clone(),
+                        act: l.moe.act,
+                    },
+                    post_ffn_norm: None,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(DecoderPlan {
+            arch: NAME,
+            n_embd: self.cfg.n_embd,
+            n_vocab: self.cfg.n_vocab,
+            shape: self.shape,
+            embd: self.token_embd.clone(),
+            embd_scale: 1.0,
+            output_norm: self.output_norm.clone(),
+            output: self.output.clone(),
+            layers,
+        })
     }
 
     fn forward(

@@ -590,7 +590,7 @@ impl Architecture for Qwen4Exp {
         state: &mut SeqState,
         rows: &[usize],
     ) -> Result<Vec<f32>, ModelError> {
-        let SeqState { kv, extra } = state;
+        let SeqState { kv, extra, .. } = state;
         let st = crate::state::extra_as::<Q4State>(extra, "qwen4exp")?;
         let (s, e, eps) = (self.n_stream, self.cfg.n_embd, self.rms_eps);
         let t_len = batch.len();

@@ -1,0 +1,441 @@
+// Whole-forward kernels (forward.rs): a plain decoder's layers with activations, KV cache
+// and routing on the device. Appended to kernels.cu (deq8, h2f, MV_MAX_N come from there).
+//
+// Owns: the grouped matvec over chunk tables (`mvg_*`: dense matrices and routed experts
+// alike), embedding rows, RMS norms fused with the residual add, q/k norm + NEOX RoPE, the
+// f16 KV cache store, attention (online softmax, 4 warps per query head), the softmax
+// top-k router, grouping (token, slot) pairs by expert on the device (`moe_chunks`), the
+// GLU activation and the weighted sum of a token's experts.
+//
+// Every (token, slot) row of a product is computed by one warp with the same arithmetic
+// whatever chunk it lands in, so chunking a prompt or the order experts were grouped in
+// never changes a bit; only the weights' addresses differ between resident experts and
+// a VRAM expert cache, so cache budgets never change a bit either.
+
+typedef unsigned long long u64;
+
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// Up to MV_MAX_N rows (tokens, or (token, slot) pairs) that use the same weight matrix
+// (`unit`: an index into the launch's pointer table). 40 bytes; forward.rs writes the
+// same layout.
+struct Chunk {
+    int unit;
+    int count;
+    int rows[MV_MAX_N];
+};
+
+// Y[rows[i] * out_rows + r] = sum_c W[r, c] * X[(rows[i] / x_div) * cols + c] for every
+// chunk (blockIdx.y; the grid may hold more blocks than chunks: *n_chunks says how many).
+template <int TY>
+__device__ __forceinline__ void mv_chunks(const u64* __restrict__ wtab,
+                                          const Chunk* __restrict__ chunks,
+                                          const int* __restrict__ n_chunks,
+                                          const float* __restrict__ X, int x_div,
+                                          float* __restrict__ Y, int out_rows, int cols,
+                                          long long row_bytes) {
+    if ((int)blockIdx.y >= *n_chunks) return;
+    const Chunk c = chunks[blockIdx.y];
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (warp >= out_rows) return;
+    const u8* row = (const u8*)wtab[c.unit] + (size_t)warp * (size_t)row_bytes;
+    const int n = c.count;
+    const int parts = cols >> 3;
+    float acc[MV_MAX_N];
+#pragma unroll
+    for (int t = 0; t < MV_MAX_N; t++) acc[t] = 0.0f;
+    for (int p = lane; p < parts; p += 32) {
+        float w[8];
+        deq8<TY>(row, p, w);
+#pragma unroll
+        for (int t = 0; t < MV_MAX_N; t++) {
+            if (t < n) {
+                const float4* x =
+                    (const float4*)(X + (size_t)(c.rows[t] / x_div) * cols + 8 * p);
+                const float4 a = x[0];
+                const float4 b = x[1];
+                acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x +
+                          w[5] * b.y + w[6] * b.z + w[7] * b.w;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MV_MAX_N; t++) {
+        if (t < n) {
+            float v = acc[t];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) Y[(size_t)c.rows[t] * out_rows + warp] = v;
+        }
+    }
+}
+
+// Embedding rows: x[t] = dequantized row tokens[t] of W, times scale.
+template <int TY>
+__device__ __forceinline__ void embed_rows(const u8* __restrict__ W, long long row_bytes,
+                                           const int* __restrict__ tokens,
+                                           float* __restrict__ x, int cols, float scale) {
+    const int t = blockIdx.x;
+    const u8* row = W + (size_t)tokens[t] * (size_t)row_bytes;
+    for (int p = threadIdx.x; p < (cols >> 3); p += blockDim.x) {
+        float w[8];
+        deq8<TY>(row, p, w);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            x[(size_t)t * cols + 8 * p + i] = (scale != 1.0f) ? w[i] * scale : w[i];
+        }
+    }
+}
+
+#define FWD_KERNELS(name, TY)                                                                 \
+    extern "C" __global__ void __launch_bounds__(128)                                        \
+        mvg_##name(const u64* wtab, const Chunk* chunks, const int* n_chunks, const float* X, \
+                   int x_div, float* Y, int out_rows, int cols, long long row_bytes) {       \
+        mv_chunks<TY>(wtab, chunks, n_chunks, X, x_div, Y, out_rows, cols, row_bytes);       \
+    }                                                                                         \
+    extern "C" __global__ void embed_##name(const u8* W, long long row_bytes,                \
+                                            const int* tokens, float* x, int cols,           \
+                                            float scale) {                                   \
+        embed_rows<TY>(W, row_bytes, tokens, x, cols, scale);                                \
+    }
+
+FWD_KERNELS(f32, T_F32)
+FWD_KERNELS(f16, T_F16)
+FWD_KERNELS(bf16, T_BF16)
+FWD_KERNELS(q8_0, T_Q8_0)
+FWD_KERNELS(q5_0, T_Q5_0)
+FWD_KERNELS(q4_k, T_Q4_K)
+FWD_KERNELS(q6_k, T_Q6_K)
+
+// Sum of v over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float part[32];
+    __syncthreads();  // part[] may still be read by an earlier call
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    const int nw = blockDim.x >> 5;
+    float s = 0.0f;
+    for (int i = 0; i < nw; i++) s += part[i];
+    return s;
+}
+
+// out[i] = x[src] * rsqrt(mean(x[src]^2) + eps) * w for row i (src = rows ? rows[i] : i);
+// one block per row.
+extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* out,
+                                         const int* rows, int cols, float eps) {
+    const int r = blockIdx.x;
+    const float* xr = x + (size_t)(rows ? rows[r] : r) * cols;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss);
+    const float s = rsqrtf(ss / (float)cols + eps);
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[(size_t)r * cols + i] = xr[i] * s * w[i];
+}
+
+// Residual step of one row (one block per row): x += (post ? rms_norm(o) * post : o),
+// then h = rms_norm(x) * next when next is given (the next half-block's input norm).
+extern "C" __global__ void residual_norm(float* x, const float* o, const float* post,
+                                         const float* next, float* h, int cols, float eps) {
+    const size_t base = (size_t)blockIdx.x * cols;
+    float so = 1.0f;
+    if (post) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += o[base + i] * o[base + i];
+        ss = block_sum(ss);
+        so = rsqrtf(ss / (float)cols + eps);
+    }
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float add = post ? o[base + i] * so * post[i] : o[base + i];
+        const float v = x[base + i] + add;
+        x[base + i] = v;
+        ss += v * v;
+    }
+    if (!next) return;
+    ss = block_sum(ss);
+    const float s = rsqrtf(ss / (float)cols + eps);
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) h[base + i] = x[base + i] * s * next[i];
+}
+
+// Per (token, head) (grid n x (nh + nkv)): optional RMS norm over the head (qn / kn), then
+// the NEOX rotation by pos * inv_freq (element i pairs with i + hd/2).
+extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* qn, const float* kn,
+                                        const int* pos, const float* inv_freq, int nh, int nkv,
+                                        int hd, float eps) {
+    const int t = blockIdx.x;
+    const int h = blockIdx.y;
+    float* x;
+    const float* nw;
+    if (h < nh) {
+        x = q + ((size_t)t * nh + h) * hd;
+        nw = qn;
+    } else {
+        x = k + ((size_t)t * nkv + (h - nh)) * hd;
+        nw = kn;
+    }
+    float s = 1.0f;
+    if (nw) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += x[i] * x[i];
+        ss = block_sum(ss);
+        s = rsqrtf(ss / (float)hd + eps);
+    }
+    const int half = hd >> 1;
+    const float p = (float)pos[t];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float a = x[i], b = x[i + half];
+        if (nw) {
+            a = a * s * nw[i];
+            b = b * s * nw[i + half];
+        }
+        double sn, cs;
+        sincos((double)(p * inv_freq[i]), &sn, &cs);
+        const float c = (float)cs, sf = (float)sn;
+        x[i] = a * c - b * sf;
+        x[i + half] = a * sf + b * c;
+    }
+}
+
+// KV cache elements: f16 (llama.cpp's default cache) or f32 (`--kv-f32`).
+__device__ __forceinline__ float kv_load(const u16* p, size_t i) { return h2f(p[i]); }
+__device__ __forceinline__ float kv_load(const float* p, size_t i) { return p[i]; }
+__device__ __forceinline__ void kv_put(u16* p, size_t i, float v) { p[i] = f2h(v); }
+__device__ __forceinline__ void kv_put(float* p, size_t i, float v) { p[i] = v; }
+
+// Keys and values of n tokens (grid n) into the cache rows pos0 ... pos0 + n - 1.
+template <typename KT>
+__device__ __forceinline__ void kv_store_rows(const float* k, const float* v, KT* kc, KT* vc,
+                                              int pos0, int kdim, int vdim) {
+    const int t = blockIdx.x;
+    for (int i = threadIdx.x; i < kdim; i += blockDim.x)
+        kv_put(kc, (size_t)(pos0 + t) * kdim + i, k[(size_t)t * kdim + i]);
+    for (int i = threadIdx.x; i < vdim; i += blockDim.x)
+        kv_put(vc, (size_t)(pos0 + t) * vdim + i, v[(size_t)t * vdim + i]);
+}
+
+#define ATT_WARPS 4
+#define ATT_MAX_D 256
+
+// Query head h of token t (grid n x nh, 128 threads): softmax over keys lo..=pos of
+// (q . k) * scale, times V; K/V rows [pos][nkv * hd]. Each warp walks every ATT_WARPS-th
+// key with a running max and sum; the warps' states are merged at the end. Lane l holds
+// elements l, l + 32, ... of the head (hd, hdv multiples of 32, <= 256).
+template <typename KT>
+__device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* vc, float* out,
+                                       const int* pos, int nh, int nkv, int hd, int hdv,
+                                       float scale, int window) {
+    const int t = blockIdx.x;
+    const int h = blockIdx.y;
+    const int g = h / (nh / nkv);
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int p = pos[t];
+    const int lo = (window > 0 && p + 1 > window) ? p + 1 - window : 0;
+    const int nq = hd >> 5, nv = hdv >> 5;
+    float qv[ATT_MAX_D / 32], acc[ATT_MAX_D / 32];
+    const float* qh = q + ((size_t)t * nh + h) * hd;
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_D / 32; i++) {
+        qv[i] = (i < nq) ? qh[lane + 32 * i] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = NEG_INF, s = 0.0f;
+    const size_t kstride = (size_t)nkv * hd, vstride = (size_t)nkv * hdv;
+    for (int j = lo + warp; j <= p; j += ATT_WARPS) {
+        const KT* kr = kc + (size_t)j * kstride + (size_t)g * hd;
+        float d = 0.0f;
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_D / 32; i++)
+            if (i < nq) d += qv[i] * kv_load(kr, lane + 32 * i);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        d *= scale;
+        const float mn = fmaxf(m, d);
+        const float corr = __expf(m - mn);
+        const float pj = __expf(d - mn);
+        s = s * corr + pj;
+        const KT* vr = vc + (size_t)j * vstride + (size_t)g * hdv;
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_D / 32; i++)
+            if (i < nv) acc[i] = acc[i] * corr + pj * kv_load(vr, lane + 32 * i);
+        m = mn;
+    }
+    __shared__ float sm[ATT_WARPS], ssum[ATT_WARPS];
+    __shared__ float sacc[ATT_WARPS][ATT_MAX_D];
+    if (lane == 0) {
+        sm[warp] = m;
+        ssum[warp] = s;
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_D / 32; i++)
+        if (i < nv) sacc[warp][lane + 32 * i] = acc[i];
+    __syncthreads();
+    float M = NEG_INF;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
+    float S = 0.0f;
+    float f[ATT_WARPS];
+    for (int w = 0; w < ATT_WARPS; w++) {
+        f[w] = (sm[w] == NEG_INF) ? 0.0f : __expf(sm[w] - M);
+        S += ssum[w] * f[w];
+    }
+    const float inv = (S > 0.0f) ? 1.0f / S : 0.0f;
+    float* oh = out + ((size_t)t * nh + h) * hdv;
+    for (int i = threadIdx.x; i < hdv; i += blockDim.x) {
+        float v = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++) v += sacc[w][i] * f[w];
+        oh[i] = v * inv;
+    }
+}
+
+#define KV_KERNELS(name, KT)                                                                  \
+    extern "C" __global__ void kv_store_##name(const float* k, const float* v, KT* kc,        \
+                                               KT* vc, int pos0, int kdim, int vdim) {        \
+        kv_store_rows<KT>(k, v, kc, vc, pos0, kdim, vdim);                                    \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128)                                        \
+        attention_##name(const float* q, const KT* kc, const KT* vc, float* out,              \
+                         const int* pos, int nh, int nkv, int hd, int hdv, float scale,       \
+                         int window) {                                                        \
+        attend<KT>(q, kc, vc, out, pos, nh, nkv, hd, hdv, scale, window);                     \
+    }
+
+KV_KERNELS(f16, u16)
+KV_KERNELS(f32, float)
+
+#define ROUTER_MAX 1024
+
+// One warp per token (blockIdx.x): softmax over n_expert router logits, the k largest
+// probabilities (ties to the lower index) into ids / wts, renormalised to sum 1 if norm.
+extern "C" __global__ void topk_softmax(const float* logits, int n_expert, int k, int norm,
+                                        int* ids, float* wts) {
+    const int t = blockIdx.x;
+    const int lane = threadIdx.x;
+    const float* l = logits + (size_t)t * n_expert;
+    float pr[ROUTER_MAX / 32];
+    float mx = NEG_INF;
+#pragma unroll
+    for (int i = 0; i < ROUTER_MAX / 32; i++) {
+        const int e = lane + 32 * i;
+        pr[i] = (e < n_expert) ? l[e] : NEG_INF;
+        mx = fmaxf(mx, pr[i]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ROUTER_MAX / 32; i++) {
+        pr[i] = (lane + 32 * i < n_expert) ? expf(pr[i] - mx) : 0.0f;
+        sum += pr[i];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float inv = 1.0f / sum;
+#pragma unroll
+    for (int i = 0; i < ROUTER_MAX / 32; i++)
+        pr[i] = (lane + 32 * i < n_expert) ? pr[i] * inv : -1.0f;
+    float chosen_sum = 0.0f;
+    for (int s = 0; s < k; s++) {
+        float bv = -1.0f;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < ROUTER_MAX / 32; i++) {
+            if (pr[i] > bv) {
+                bv = pr[i];
+                bi = lane + 32 * i;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == (bi & 31)) {
+#pragma unroll
+            for (int i = 0; i < ROUTER_MAX / 32; i++)
+                if (lane + 32 * i == bi) pr[i] = -2.0f;
+        }
+        if (lane == 0) {
+            ids[t * k + s] = bi;
+            wts[t * k + s] = bv;
+        }
+        chosen_sum += bv;
+    }
+    if (norm && lane == 0) {
+        for (int s = 0; s < k; s++) wts[t * k + s] = wts[t * k + s] / chosen_sum;
+    }
+}
+
+// Group the n_pairs (token, slot) pairs by the expert ids[] names into chunks of up to
+// MV_MAX_N pairs, in pair order within an expert, experts in id order. One block of 1024
+// threads; chunks[] must hold n_pairs / MV_MAX_N + min(n_expert, n_pairs) entries.
+extern "C" __global__ void __launch_bounds__(1024)
+    moe_chunks(const int* ids, int n_pairs, int n_expert, Chunk* chunks, int* n_chunks) {
+    __shared__ int first[ROUTER_MAX + 1];
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+        int c = 0;
+        for (int i = 0; i < n_pairs; i++) c += (ids[i] == e);
+        first[e + 1] = (c + MV_MAX_N - 1) / MV_MAX_N;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        first[0] = 0;
+        for (int e = 0; e < n_expert; e++) first[e + 1] += first[e];
+        *n_chunks = first[n_expert];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+        int ci = first[e], fill = 0;
+        for (int i = 0; i < n_pairs; i++) {
+            if (ids[i] != e) continue;
+            if (fill == 0) chunks[ci].unit = e;
+            chunks[ci].rows[fill++] = i;
+            if (fill == MV_MAX_N) {
+                chunks[ci].count = fill;
+                ci++;
+                fill = 0;
+            }
+        }
+        if (fill > 0) chunks[ci].count = fill;
+    }
+}
+
+// g[i] = act(g[i]) * u[i]: act 0 = SiLU, 1 = GELU (tanh form, as sluice_kernels::act).
+extern "C" __global__ void glu_act(float* g, const float* u, long long n, int act) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float x = g[i];
+    float a;
+    if (act == 0) {
+        a = x / (1.0f + expf(-x));
+    } else {
+        const float uu = 0.7978846f * (x + 0.044715f * x * x * x);
+        a = x / (1.0f + expf(-2.0f * uu));
+    }
+    g[i] = a * u[i];
+}
+
+// o[t] = sum over slots, in slot order, of wts[t k + s] * d[t k + s] (grid n tokens).
+extern "C" __global__ void moe_combine(const float* d, const float* wts, float* o, int k,
+                                       int cols) {
+    const int t = blockIdx.x;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        float v = 0.0f;
+        for (int s = 0; s < k; s++) v += d[((size_t)t * k + s) * cols + i] * wts[t * k + s];
+        o[(size_t)t * cols + i] = v;
+    }
+}

@@ -1,0 +1,1292 @@
+//! The whole forward pass of a plain decoder on the GPU.
+//!
+//! Owns: [`GpuDecoder`], a `sluice_models::plan::DeviceForward` over a
+//! [`DecoderPlan`] (qwen3moe, gemma3): every resident weight uploaded once at start; per
+//! forward call one upload of the batch's header (tokens, positions, chunk tables), then
+//! only kernel launches on one stream (`forward.cu`: embedding, norms, q/k norm + RoPE, an
+//! f16 KV cache in VRAM per sequence ([`GpuKv`], in `SeqState::device`), attention, the
+//! softmax top-k router, experts grouped by the device itself, GLU, the weighted combine,
+//! the output head) and one download of the logits.
+//!
+//! Routed experts either live in VRAM whole (the stacked tensors uploaded at start; the
+//! router's choice never leaves the device) or, when they do not fit or stream from the
+//! SSD, in a VRAM unit cache with a hard byte budget (`--gpu-expert-cache`, least recently
+//! used evicted, never a unit the layer uses) over the expert source (the RAM tier over the
+//! SSD): then each MoE layer downloads its chosen ids, uploads its misses from the source's
+//! views and rewrites its rows of the pointer table before its expert kernels run. The
+//! kernels see weights only through that table, so where an expert lives never changes a
+//! bit; each (token, slot) row is computed by one warp with the same arithmetic whatever
+//! chunk it is in, so prompt chunking never does either.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use sluice_models::blocks::ffn::Activation;
+use sluice_models::blocks::{head, Batch, Env};
+use sluice_models::plan::{DecoderPlan, DeviceForward, PlanFfn};
+use sluice_models::state::{ExtraState, SeqState};
+use sluice_models::weights::{Mat, Stacked};
+use sluice_models::ModelError;
+use sluice_tier::Stop;
+
+use crate::{grow, Cuda, Device, FORMATS, MATVEC_MAX_N};
+
+/// Bytes of one `Chunk` of `forward.cu`.
+const CHUNK_BYTES: usize = 8 + 4 * MATVEC_MAX_N;
+/// Widest head and most experts the kernels take (`ATT_MAX_D`, `ROUTER_MAX`).
+const MAX_HEAD_DIM: usize = 256;
+const MAX_EXPERTS: usize = 1024;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn err(what: &str, e: impl std::fmt::Display) -> ModelError {
+    ModelError::Compute(format!("cuda: {what}: {e}"))
+}
+
+/// A weight matrix in VRAM: its pointer-table entry (or the first of `n_expert` entries for
+/// a routed part), format and shape.
+#[derive(Debug, Clone, Copy)]
+struct DMat {
+    tab: u64,
+    fi: usize,
+    rows: usize,
+    cols: usize,
+    row_bytes: i64,
+}
+
+enum DFfn {
+    Dense {
+        gate: DMat,
+        up: DMat,
+        down: DMat,
+        act: i32,
+    },
+    Moe {
+        router: DMat,
+        norm: bool,
+        n_expert: usize,
+        k: usize,
+        /// Gate, up, down; `tab` is the first of `n_expert` entries.
+        parts: [DMat; 3],
+        /// Index of the first of this layer's entries in the pointer table.
+        tab_index: usize,
+        act: i32,
+    },
+}
+
+struct DLayer {
+    attn_norm: u64,
+    wq: DMat,
+    wk: DMat,
+    wv: DMat,
+    wo: DMat,
+    q_norm: u64,
+    k_norm: u64,
+    inv_freq: u64,
+    window: i32,
+    post_attn: u64,
+    ffn_norm: u64,
+    ffn: DFfn,
+    post_ffn: u64,
+}
+
+/// Kernels of `forward.cu` (per format where they dequantize).
+struct Funcs {
+    mvg: Vec<CudaFunction>,
+    embed: Vec<CudaFunction>,
+    rms_norm_rows: CudaFunction,
+    residual_norm: CudaFunction,
+    qk_norm_rope: CudaFunction,
+    /// (f16 cache, f32 cache)
+    kv_store: [CudaFunction; 2],
+    attention: [CudaFunction; 2],
+    topk_softmax: CudaFunction,
+    moe_chunks: CudaFunction,
+    glu_act: CudaFunction,
+    moe_combine: CudaFunction,
+}
+
+/// Routed experts kept in VRAM by (layer, unit) when they are not resident whole.
+struct UnitCache {
+    budget: u64,
+    held: u64,
+    tick: u64,
+    map: HashMap<(usize, usize), (CudaSlice<u8>, u64)>,
+    /// Host copy of the pointer table (rewritten per layer for the units it uses).
+    tab: Vec<u64>,
+}
+
+/// Per-call device buffers, grown as needed (one call at a time: the mutex).
+#[derive(Default)]
+struct Scratch {
+    x: Option<CudaSlice<f32>>,
+    h: Option<CudaSlice<f32>>,
+    q: Option<CudaSlice<f32>>,
+    k: Option<CudaSlice<f32>>,
+    v: Option<CudaSlice<f32>>,
+    att: Option<CudaSlice<f32>>,
+    o: Option<CudaSlice<f32>>,
+    rl: Option<CudaSlice<f32>>,
+    wts: Option<CudaSlice<f32>>,
+    g: Option<CudaSlice<f32>>,
+    u: Option<CudaSlice<f32>>,
+    dd: Option<CudaSlice<f32>>,
+    hsel: Option<CudaSlice<f32>>,
+    logits: Option<CudaSlice<f32>>,
+    ids: Option<CudaSlice<i32>>,
+    chunks: Option<CudaSlice<u8>>,
+    nchunks: Option<CudaSlice<i32>>,
+    hdr: Option<CudaSlice<u8>>,
+}
+
+/// The device address of `b` after growing it to `len` elements.
+fn addr<T: cudarc::driver::DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    b: &mut Option<CudaSlice<T>>,
+    len: usize,
+) -> Result<u64, ModelError> {
+    grow(stream, b, len).map_err(|e| ModelError::Compute(e.to_string()))?;
+    Ok(b.as_ref().expect("grown").device_ptr(stream).0)
+}
+
+/// One sequence's KV cache in VRAM: per layer `[n_ctx][n_head_kv * head_dim]` keys and
+/// values, f16 (llama.cpp's default cache; the CPU path rounds to f16 the same way) or f32
+/// as the sequence's host cache says (`--kv-f32`).
+pub struct GpuKv {
+    k: Vec<CudaSlice<u8>>,
+    v: Vec<CudaSlice<u8>>,
+    n_ctx: usize,
+    f32: bool,
+    stream: Arc<CudaStream>,
+    /// False when a copy failed (the next forward call reports it).
+    ok: bool,
+}
+
+impl ExtraState for GpuKv {
+    fn clone_box(&self) -> Box<dyn ExtraState> {
+        let copy = |src: &[CudaSlice<u8>]| -> Option<Vec<CudaSlice<u8>>> {
+            src.iter().map(|s| self.stream.clone_dtod(s).ok()).collect()
+        };
+        let (k, v) = (copy(&self.k), copy(&self.v));
+        let synced = self.stream.synchronize().is_ok();
+        let ok = self.ok && synced && k.is_some() && v.is_some();
+        Box::new(GpuKv {
+            k: k.unwrap_or_default(),
+            v: v.unwrap_or_default(),
+            n_ctx: self.n_ctx,
+            f32: self.f32,
+            stream: self.stream.clone(),
+            ok,
+        })
+    }
+
+    fn clear(&mut self) {
+        // Rows are indexed by position and written before they are read.
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// A plain decoder's forward pass on one GPU (see the module header).
+pub struct GpuDecoder {
+    d: Arc<Device>,
+    plan: DecoderPlan,
+    f: Funcs,
+    layers: Vec<DLayer>,
+    embd: DMat,
+    embd_ptr: u64,
+    output_norm: u64,
+    output: DMat,
+    /// Pointer table: one entry per dense matrix, `n_expert` per routed part (written
+    /// again per layer for cached experts).
+    ptrs: Mutex<CudaSlice<u64>>,
+    /// Experts not resident whole: the VRAM unit cache.
+    units: Option<Mutex<UnitCache>>,
+    /// Largest FFN width (dense) and routed-expert width.
+    ff_dense: usize,
+    ff_moe: usize,
+    k_max: usize,
+    n_expert_max: usize,
+    scratch: Mutex<Scratch>,
+    /// Device memory the weights took (statistics).
+    pub weight_bytes: u64,
+    _owned: Vec<CudaSlice<u8>>,
+    _norms: Vec<CudaSlice<f32>>,
+}
+
+/// Where routed experts live on the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertPlacement {
+    /// The stacked expert tensors uploaded whole at start.
+    Resident,
+    /// A VRAM unit cache of the backend's `--gpu-expert-cache` budget over the expert
+    /// source.
+    Cached,
+}
+
+fn act_id(a: Activation) -> Option<i32> {
+    match a {
+        Activation::Silu => Some(0),
+        Activation::GeluTanh => Some(1),
+        Activation::SiluClamped { .. } => None,
+    }
+}
+
+fn format_index(ty: sluice_kernels::GgmlType, cols: usize) -> Option<usize> {
+    let fi = FORMATS.iter().position(|f| f.0 == ty)?;
+    (cols.is_multiple_of(32) && ty.row_bytes(cols as u64).is_some()).then_some(fi)
+}
+
+impl GpuDecoder {
+    /// Whether `plan` can run on the GPU: every matrix in a format the kernels take, heads
+    /// and routers within the kernels' limits. The reason when not.
+    pub fn check(plan: &DecoderPlan) -> Result<(), String> {
+        let sh = &plan.shape;
+        if sh.head_dim > MAX_HEAD_DIM
+            || sh.head_dim_v > MAX_HEAD_DIM
+            || !sh.head_dim.is_multiple_of(32)
+            || !sh.head_dim_v.is_multiple_of(32)
+        {
+            return Err(format!(
+                "head sizes {} / {} (the attention kernel takes multiples of 32 up to {MAX_HEAD_DIM})",
+                sh.head_dim, sh.head_dim_v
+            ));
+        }
+        if sh.n_head_kv == 0 || !sh.n_head.is_multiple_of(sh.n_head_kv) {
+            return Err(format!(
+                "{} query heads over {} KV heads",
+                sh.n_head, sh.n_head_kv
+            ));
+        }
+        let mat = |m: &Mat, what: &str| -> Result<(), String> {
+            format_index(m.ty, m.cols).map(|_| ()).ok_or_else(|| {
+                format!(
+                    "{what}: {:?} with {} columns has no GPU kernel",
+                    m.ty, m.cols
+                )
+            })
+        };
+        mat(&plan.embd, "token embedding")?;
+        mat(&plan.output, "output")?;
+        for (il, l) in plan.layers.iter().enumerate() {
+            for (m, n) in [
+                (&l.attn.wq, "q"),
+                (&l.attn.wk, "k"),
+                (&l.attn.wv, "v"),
+                (&l.attn.wo, "o"),
+            ] {
+                mat(m, &format!("layer {il} attention {n}"))?;
+            }
+            match &l.ffn {
+                PlanFfn::Dense { w, act } => {
+                    act_id(*act).ok_or_else(|| format!("layer {il}: activation {act:?}"))?;
+                    for (m, n) in [(&w.gate, "gate"), (&w.up, "up"), (&w.down, "down")] {
+                        mat(m, &format!("layer {il} ffn {n}"))?;
+                    }
+                }
+                PlanFfn::Moe {
+                    router_w,
+                    n_expert,
+                    k,
+                    experts,
+                    act,
+                    ..
+                } => {
+                    act_id(*act).ok_or_else(|| format!("layer {il}: activation {act:?}"))?;
+                    mat(router_w, &format!("layer {il} router"))?;
+                    if *n_expert > MAX_EXPERTS || *k == 0 || k > n_expert {
+                        return Err(format!("layer {il}: top-{k} of {n_expert} experts"));
+                    }
+                    for s in experts {
+                        format_index(s.ty, s.cols).ok_or_else(|| {
+                            format!(
+                                "layer {il} experts: {:?} with {} columns has no GPU kernel",
+                                s.ty, s.cols
+                            )
+                        })?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Upload `plan`'s weights (ranges of `map`) and build the decoder. `experts`: where
+    /// routed experts live ([`ExpertPlacement::Cached`] needs the backend's VRAM expert
+    /// cache budget, [`Cuda::set_expert_cache`]). Errors name what does not fit or has no
+    /// kernel.
+    pub fn new(
+        cuda: &Cuda,
+        plan: DecoderPlan,
+        map: &[u8],
+        experts: ExpertPlacement,
+    ) -> Result<GpuDecoder, String> {
+        Self::check(&plan)?;
+        let d = cuda.d.clone();
+        let stream = d.stream.clone();
+        let load = |n: &str| {
+            d.module
+                .load_function(n)
+                .map_err(|e| format!("kernel {n}: {e}"))
+        };
+        let mut mvg = Vec::new();
+        let mut embed = Vec::new();
+        for (_, s) in FORMATS {
+            mvg.push(load(&format!("mvg_{s}"))?);
+            embed.push(load(&format!("embed_{s}"))?);
+        }
+        let f = Funcs {
+            mvg,
+            embed,
+            rms_norm_rows: load("rms_norm_rows")?,
+            residual_norm: load("residual_norm")?,
+            qk_norm_rope: load("qk_norm_rope")?,
+            kv_store: [load("kv_store_f16")?, load("kv_store_f32")?],
+            attention: [load("attention_f16")?, load("attention_f32")?],
+            topk_softmax: load("topk_softmax")?,
+            moe_chunks: load("moe_chunks")?,
+            glu_act: load("glu_act")?,
+            moe_combine: load("moe_combine")?,
+        };
+        // What the weights need, against what the backend may hold.
+        let dense: u64 = {
+            let mut b = plan.embd.range.len() + plan.output.range.len();
+            for l in &plan.layers {
+                b += [&l.attn.wq, &l.attn.wk, &l.attn.wv, &l.attn.wo]
+                    .iter()
+                    .map(|m| m.range.len())
+                    .sum::<usize>();
+                match &l.ffn {
+                    PlanFfn::Dense { w, .. } => {
+                        b += w.gate.range.len() + w.up.range.len() + w.down.range.len()
+                    }
+                    PlanFfn::Moe { router_w, .. } => b += router_w.range.len(),
+                }
+            }
+            b as u64
+        };
+        let routed: u64 = plan
+            .layers
+            .iter()
+            .map(|l| match &l.ffn {
+                PlanFfn::Moe { experts, .. } => {
+                    experts.iter().map(|s| s.range.len() as u64).sum::<u64>()
+                }
+                PlanFfn::Dense { .. } => 0,
+            })
+            .sum();
+        let (budget, held, expert_budget) = {
+            let g = d.lock();
+            (g.budget, g.stats.resident_bytes, g.stats.expert_budget)
+        };
+        let need = dense
+            + if experts == ExpertPlacement::Resident {
+                routed
+            } else {
+                0
+            };
+        if held + need > budget {
+            return Err(format!(
+                "the weights need {:.2} GiB of VRAM ({:.2} GiB routed experts{}), {:.2} GiB is left for weights; set --gpu-expert-cache to stream the experts",
+                need as f64 / (1u64 << 30) as f64,
+                routed as f64 / (1u64 << 30) as f64,
+                if experts == ExpertPlacement::Resident { " included" } else { " not included" },
+                budget.saturating_sub(held) as f64 / (1u64 << 30) as f64
+            ));
+        }
+        if experts == ExpertPlacement::Cached && routed > 0 && expert_budget == 0 {
+            return Err(
+                "experts outside VRAM need a VRAM expert cache (--gpu-expert-cache SIZE)".into(),
+            );
+        }
+        let mut up = Uploader {
+            stream: stream.clone(),
+            map,
+            owned: Vec::new(),
+            norms: Vec::new(),
+            tab: Vec::new(),
+            uploaded: 0,
+        };
+        let embd = up.mat(&plan.embd)?;
+        let embd_ptr = up.tab[embd.tab as usize];
+        let output = up.mat(&plan.output)?;
+        let output_norm = up.norm(&plan.output_norm)?;
+        let (mut ff_dense, mut ff_moe, mut k_max, mut n_expert_max) = (0, 0, 0, 0);
+        let mut layers = Vec::with_capacity(plan.layers.len());
+        for l in &plan.layers {
+            let ffn = match &l.ffn {
+                PlanFfn::Dense { w, act } => {
+                    ff_dense = ff_dense.max(w.gate.rows);
+                    DFfn::Dense {
+                        gate: up.mat(&w.gate)?,
+                        up: up.mat(&w.up)?,
+                        down: up.mat(&w.down)?,
+                        act: act_id(*act).expect("checked"),
+                    }
+                }
+                PlanFfn::Moe {
+                    router_w,
+                    norm: nm,
+                    n_expert,
+                    k,
+                    experts: st,
+                    act,
+                } => {
+                    ff_moe = ff_moe.max(st[0].rows);
+                    k_max = k_max.max(*k);
+                    n_expert_max = n_expert_max.max(*n_expert);
+                    let router = up.mat(router_w)?;
+                    let tab_index = up.tab.len();
+                    let mut parts = Vec::with_capacity(3);
+                    for (pi, s) in st.iter().enumerate() {
+                        let base = match experts {
+                            ExpertPlacement::Resident => Some(up.bytes(&map[s.range.clone()])?),
+                            ExpertPlacement::Cached => None,
+                        };
+                        for e in 0..*n_expert {
+                            up.tab.push(
+                                base.map_or(0, |b| b + (e * s.slice_bytes() + s.sub.start) as u64),
+                            );
+                        }
+                        parts.push(DMat {
+                            tab: (tab_index + pi * n_expert) as u64,
+                            fi: format_index(s.ty, s.cols).expect("checked"),
+                            rows: s.rows,
+                            cols: s.cols,
+                            row_bytes: s.ty.row_bytes(s.cols as u64).expect("checked") as i64,
+                        });
+                    }
+                    DFfn::Moe {
+                        router,
+                        norm: *nm,
+                        n_expert: *n_expert,
+                        k: *k,
+                        parts: [parts[0], parts[1], parts[2]],
+                        tab_index,
+                        act: act_id(*act).expect("checked"),
+                    }
+                }
+            };
+            layers.push(DLayer {
+                attn_norm: up.norm(&l.attn_norm)?,
+                wq: up.mat(&l.attn.wq)?,
+                wk: up.mat(&l.attn.wk)?,
+                wv: up.mat(&l.attn.wv)?,
+                wo: up.mat(&l.attn.wo)?,
+                q_norm: up.opt_norm(&l.attn.q_norm)?,
+                k_norm: up.opt_norm(&l.attn.k_norm)?,
+                inv_freq: up.norm(&l.inv_freq)?,
+                window: l.window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
+                post_attn: up.opt_norm(&l.post_attn_norm)?,
+                ffn_norm: up.norm(&l.ffn_norm)?,
+                ffn,
+                post_ffn: up.opt_norm(&l.post_ffn_norm)?,
+            });
+        }
+        let Uploader {
+            owned,
+            norms,
+            tab,
+            uploaded,
+            ..
+        } = up;
+        let ptrs = stream
+            .clone_htod(&tab[..])
+            .map_err(|e| format!("uploading the pointer table: {e}"))?;
+        let base = ptrs.device_ptr(&stream).0;
+        // Table indices -> device addresses of the entries.
+        let fix = |m: &mut DMat| m.tab = base + 8 * m.tab;
+        let (mut embd, mut output) = (embd, output);
+        fix(&mut embd);
+        fix(&mut output);
+        for l in layers.iter_mut() {
+            for m in [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo] {
+                fix(m);
+            }
+            match &mut l.ffn {
+                DFfn::Dense { gate, up, down, .. } => {
+                    fix(gate);
+                    fix(up);
+                    fix(down);
+                }
+                DFfn::Moe { router, parts, .. } => {
+                    fix(router);
+                    parts.iter_mut().for_each(fix);
+                }
+            }
+        }
+        stream
+            .synchronize()
+            .map_err(|e| format!("uploading the weights: {e}"))?;
+        {
+            let mut g = d.lock();
+            g.stats.resident_bytes += uploaded;
+            g.stats.resident_mats += owned.len() as u64;
+        }
+        let units = (experts == ExpertPlacement::Cached).then(|| {
+            Mutex::new(UnitCache {
+                budget: expert_budget,
+                held: 0,
+                tick: 0,
+                map: HashMap::new(),
+                tab: tab.clone(),
+            })
+        });
+        Ok(GpuDecoder {
+            d,
+            plan,
+            f,
+            layers,
+            embd,
+            embd_ptr,
+            output_norm,
+            output,
+            ptrs: Mutex::new(ptrs),
+            units,
+            ff_dense,
+            ff_moe,
+            k_max,
+            n_expert_max,
+            scratch: Mutex::new(Scratch::default()),
+            weight_bytes: uploaded,
+            _owned: owned,
+            _norms: norms,
+        })
+    }
+
+    /// Make the units `needed` of MoE layer `il` present in the VRAM unit cache (misses read
+    /// through the expert source) and point the layer's table entries at them.
+    #[allow(clippy::too_many_arguments)]
+    fn ensure_units(
+        &self,
+        env: &Env<'_>,
+        il: usize,
+        needed: &[usize],
+        stacked: &[Stacked; 3],
+        n_expert: usize,
+        tab_index: usize,
+    ) -> Result<(), ModelError> {
+        let stream = &self.d.stream;
+        let mut uc = lock(self.units.as_ref().expect("cached placement"));
+        let sizes: Vec<usize> = stacked.iter().map(|s| s.expert_bytes()).collect();
+        let unit_bytes: usize = sizes.iter().sum();
+        let mut misses = Vec::new();
+        let (mut hits, mut evictions) = (0u64, 0u64);
+        for &u in needed {
+            uc.tick += 1;
+            let tick = uc.tick;
+            match uc.map.get_mut(&(il, u)) {
+                Some(e) => {
+                    e.1 = tick;
+                    hits += 1;
+                }
+                None => misses.push(u),
+            }
+        }
+        if unit_bytes as u64 * needed.len() as u64 > uc.budget {
+            return Err(ModelError::Compute(format!(
+                "cuda: layer {il} uses {} experts of {} bytes, more than the VRAM expert cache's {} bytes (raise --gpu-expert-cache)",
+                needed.len(),
+                unit_bytes,
+                uc.budget
+            )));
+        }
+        let t0 = std::time::Instant::now();
+        let (mut uploaded, mut pinned) = (0u64, 0u64);
+        let mut failed: Option<ModelError> = None;
+        if !misses.is_empty() {
+            let walked = env
+                .experts
+                .for_each_batch(env.map, il, &misses, &mut |batch| {
+                    for &(i, view) in batch {
+                        let u = misses[i];
+                        while uc.held + unit_bytes as u64 > uc.budget {
+                            let victim = uc
+                                .map
+                                .iter()
+                                .filter(|(k, _)| !(k.0 == il && needed.contains(&k.1)))
+                                .min_by_key(|(_, v)| v.1)
+                                .map(|(k, _)| *k);
+                            let Some(k) = victim else { break };
+                            let (old, _) = uc.map.remove(&k).expect("found");
+                            uc.held -= old.len() as u64;
+                            evictions += 1;
+                        }
+                        // SAFETY: every byte of the buffer is written by the copies below before
+                        // a kernel reads it (same stream, in order).
+                        let mut slot = match unsafe { stream.alloc::<u8>(unit_bytes) } {
+                            Ok(s) => s,
+                            Err(e) => {
+                                failed = Some(err("expert slot", e));
+                                return Err(Stop);
+                            }
+                        };
+                        let mut off = 0;
+                        for (pi, &len) in sizes.iter().enumerate() {
+                            let src = view.part(pi);
+                            if src.len() != len {
+                                failed = Some(ModelError::Compute(format!(
+                                    "cuda: layer {il} unit {u} part {pi}: {} bytes, expected {len}",
+                                    src.len()
+                                )));
+                                return Err(Stop);
+                            }
+                            if self.d.host().covers(src.as_ptr() as usize, len) {
+                                pinned += len as u64;
+                            }
+                            if let Err(e) =
+                                stream.memcpy_htod(src, &mut slot.slice_mut(off..off + len))
+                            {
+                                failed = Some(err("expert upload", e));
+                                return Err(Stop);
+                            }
+                            off += len;
+                        }
+                        uploaded += unit_bytes as u64;
+                        uc.held += unit_bytes as u64;
+                        let tick = uc.tick;
+                        uc.map.insert((il, u), (slot, tick));
+                    }
+                    // The views are released when this returns: their copies must be done.
+                    if let Err(e) = stream.synchronize() {
+                        failed = Some(err("expert upload", e));
+                        return Err(Stop);
+                    }
+                    Ok(())
+                });
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            walked?;
+        }
+        // This layer's rows of the pointer table.
+        let mut offs = [0usize; 3];
+        for pi in 1..3 {
+            offs[pi] = offs[pi - 1] + sizes[pi - 1];
+        }
+        for &u in needed {
+            let a = uc.map[&(il, u)].0.device_ptr(stream).0;
+            for (pi, off) in offs.iter().enumerate() {
+                uc.tab[tab_index + pi * n_expert + u] = a + *off as u64;
+            }
+        }
+        let (lo, hi) = (tab_index, tab_index + 3 * n_expert);
+        let mut ptrs = lock(&self.ptrs);
+        stream
+            .memcpy_htod(&uc.tab[lo..hi], &mut ptrs.slice_mut(lo..hi))
+            .map_err(|e| err("pointer table", e))?;
+        drop(ptrs);
+        let peak = uc.held;
+        drop(uc);
+        let mut g = self.d.lock();
+        let s = &mut g.stats;
+        s.expert_hits += hits;
+        s.expert_misses += misses.len() as u64;
+        s.expert_evictions += evictions;
+        s.expert_upload_bytes += uploaded;
+        s.upload_bytes += uploaded;
+        s.upload_pinned_bytes += pinned;
+        s.expert_bytes = peak;
+        s.expert_peak = s.expert_peak.max(peak);
+        if uploaded > 0 {
+            s.upload_ns += t0.elapsed().as_nanos() as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Uploads weights at start and keeps their device buffers and the host pointer table.
+struct Uploader<'m> {
+    stream: Arc<CudaStream>,
+    map: &'m [u8],
+    owned: Vec<CudaSlice<u8>>,
+    norms: Vec<CudaSlice<f32>>,
+    tab: Vec<u64>,
+    uploaded: u64,
+}
+
+impl Uploader<'_> {
+    /// Upload `bytes`; their device address.
+    fn bytes(&mut self, bytes: &[u8]) -> Result<u64, String> {
+        let s = self
+            .stream
+            .clone_htod(bytes)
+            .map_err(|e| format!("uploading {} bytes of weights: {e}", bytes.len()))?;
+        let a = s.device_ptr(&self.stream).0;
+        self.owned.push(s);
+        self.uploaded += bytes.len() as u64;
+        Ok(a)
+    }
+
+    /// Upload a matrix and give it a pointer-table entry (its `tab` is the entry's index
+    /// until the table is on the device).
+    fn mat(&mut self, m: &Mat) -> Result<DMat, String> {
+        let a = self.bytes(m.bytes(self.map))?;
+        self.tab.push(a);
+        Ok(DMat {
+            tab: (self.tab.len() - 1) as u64,
+            fi: format_index(m.ty, m.cols).expect("checked"),
+            rows: m.rows,
+            cols: m.cols,
+            row_bytes: m.ty.row_bytes(m.cols as u64).expect("checked") as i64,
+        })
+    }
+
+    fn norm(&mut self, v: &[f32]) -> Result<u64, String> {
+        let s = self
+            .stream
+            .clone_htod(v)
+            .map_err(|e| format!("uploading a norm: {e}"))?;
+        let a = s.device_ptr(&self.stream).0;
+        self.norms.push(s);
+        Ok(a)
+    }
+
+    /// A norm's address, 0 (a null pointer for the kernels) when there is none.
+    fn opt_norm(&mut self, v: &Option<Vec<f32>>) -> Result<u64, String> {
+        match v {
+            Some(v) => self.norm(v),
+            None => Ok(0),
+        }
+    }
+}
+
+/// One kernel parameter.
+#[derive(Clone, Copy)]
+enum A {
+    /// A device address (or 0 for a null pointer).
+    P(u64),
+    I(i32),
+    F(f32),
+    L(i64),
+}
+
+fn i32_of(v: usize, what: &str) -> Result<i32, ModelError> {
+    i32::try_from(v).map_err(|_| ModelError::Compute(format!("cuda: {what} {v} is too large")))
+}
+
+/// Byte layout of a call's header: tokens, positions, the two chunk counts, the logits'
+/// row map, the dense chunks (every token in order) and the logits' row chunks.
+struct Header {
+    bytes: Vec<u8>,
+    tokens: usize,
+    pos: usize,
+    counts: usize,
+    rowmap: usize,
+    dense: usize,
+    row_chunks: usize,
+}
+
+fn chunk_bytes(out: &mut Vec<u8>, n: usize) {
+    for c in 0..n.div_ceil(MATVEC_MAX_N) {
+        let count = (n - c * MATVEC_MAX_N).min(MATVEC_MAX_N);
+        out.extend_from_slice(&0i32.to_le_bytes());
+        out.extend_from_slice(&(count as i32).to_le_bytes());
+        for t in 0..MATVEC_MAX_N {
+            let r = if t < count { c * MATVEC_MAX_N + t } else { 0 };
+            out.extend_from_slice(&(r as i32).to_le_bytes());
+        }
+    }
+}
+
+impl Header {
+    fn new(batch: &Batch<'_>, rows: &[usize]) -> Header {
+        let n = batch.len();
+        let mut b: Vec<u8> = Vec::new();
+        let tokens = b.len();
+        for &t in batch.tokens {
+            b.extend_from_slice(&(t as i32).to_le_bytes());
+        }
+        let pos = b.len();
+        for &p in &batch.positions {
+            b.extend_from_slice(&(p as i32).to_le_bytes());
+        }
+        let counts = b.len();
+        b.extend_from_slice(&(n.div_ceil(MATVEC_MAX_N) as i32).to_le_bytes());
+        b.extend_from_slice(&(rows.len().div_ceil(MATVEC_MAX_N) as i32).to_le_bytes());
+        let rowmap = b.len();
+        for &r in rows {
+            b.extend_from_slice(&(r as i32).to_le_bytes());
+        }
+        b.resize(b.len().next_multiple_of(16), 0);
+        let dense = b.len();
+        chunk_bytes(&mut b, n);
+        let row_chunks = b.len();
+        chunk_bytes(&mut b, rows.len());
+        Header {
+            bytes: b,
+            tokens,
+            pos,
+            counts,
+            rowmap,
+            dense,
+            row_chunks,
+        }
+    }
+}
+
+impl GpuDecoder {
+    fn launch(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[A],
+    ) -> Result<(), ModelError> {
+        let mut b = self.d.stream.launch_builder(f);
+        for a in args {
+            match a {
+                A::P(v) => b.arg(v),
+                A::I(v) => b.arg(v),
+                A::F(v) => b.arg(v),
+                A::L(v) => b.arg(v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every caller passes the parameters of the named `forward.cu` kernel in
+        // its order and types (device addresses as 64-bit values, int, float, long long);
+        // each address points into a live buffer of this decoder (weights, pointer table,
+        // scratch grown for this call, the sequence's KV cache) sized for the grid, whose
+        // blocks past the data return. Buffers outlive the launch: the call synchronizes
+        // (the logits download) before any of them can be dropped or regrown.
+        unsafe { b.launch(cfg) }.map_err(|e| err("launch", e))?;
+        Ok(())
+    }
+
+    /// `y[rows_of_chunks] = W x` through the chunk table at `chunks` (`grid_y` blocks in y,
+    /// the count at `nchunks`).
+    #[allow(clippy::too_many_arguments)]
+    fn mv(
+        &self,
+        m: &DMat,
+        chunks: u64,
+        nchunks: u64,
+        grid_y: usize,
+        x: u64,
+        x_div: usize,
+        y: u64,
+    ) -> Result<(), ModelError> {
+        if grid_y == 0 {
+            return Ok(());
+        }
+        let gy = u32::try_from(grid_y)
+            .ok()
+            .filter(|&g| g <= 65_535)
+            .ok_or_else(|| ModelError::Compute(format!("cuda: {grid_y} chunks in one launch")))?;
+        self.launch(
+            &self.f.mvg[m.fi],
+            (m.rows.div_ceil(4) as u32, gy, 1),
+            128,
+            &[
+                A::P(m.tab),
+                A::P(chunks),
+                A::P(nchunks),
+                A::P(x),
+                A::I(x_div as i32),
+                A::P(y),
+                A::I(i32_of(m.rows, "rows")?),
+                A::I(i32_of(m.cols, "columns")?),
+                A::L(m.row_bytes),
+            ],
+        )
+    }
+
+    /// The sequence's KV cache in VRAM, made on its first call.
+    fn kv<'s>(&self, state: &'s mut SeqState, pos0: usize) -> Result<&'s mut GpuKv, ModelError> {
+        let want_f32 = !state.kv.f16();
+        let usable = state
+            .device
+            .as_mut()
+            .and_then(|x| x.as_any_mut().downcast_mut::<GpuKv>())
+            .is_some_and(|kv| kv.ok && kv.k.len() == self.layers.len() && kv.f32 == want_f32);
+        if !usable {
+            if pos0 > 0 {
+                return Err(ModelError::Compute(
+                    "cuda: this sequence has no KV cache on the GPU (it was started or restored without it)".into(),
+                ));
+            }
+            let sh = &self.plan.shape;
+            let n_ctx = state.n_ctx();
+            let stream = &self.d.stream;
+            let esize = if want_f32 { 4 } else { 2 };
+            let alloc = |dim: usize| -> Result<Vec<CudaSlice<u8>>, ModelError> {
+                (0..self.layers.len())
+                    .map(|_| {
+                        // SAFETY: attention reads only rows 0..=pos, each written by
+                        // kv_store earlier in the same stream.
+                        unsafe { stream.alloc::<u8>((n_ctx * dim * esize).max(1)) }
+                            .map_err(|e| err("KV cache", e))
+                    })
+                    .collect()
+            };
+            let k = alloc(sh.n_head_kv * sh.head_dim)?;
+            let v = alloc(sh.n_head_kv * sh.head_dim_v)?;
+            state.device = Some(Box::new(GpuKv {
+                k,
+                v,
+                n_ctx,
+                f32: want_f32,
+                stream: stream.clone(),
+                ok: true,
+            }));
+        }
+        Ok(state
+            .device
+            .as_mut()
+            .and_then(|x| x.as_any_mut().downcast_mut::<GpuKv>())
+            .expect("made above"))
+    }
+}
+
+impl DeviceForward for GpuDecoder {
+    fn forward(
+        &self,
+        env: &Env<'_>,
+        batch: &Batch<'_>,
+        state: &mut SeqState,
+        rows: &[usize],
+    ) -> Result<Vec<f32>, ModelError> {
+        let t0 = std::time::Instant::now();
+        let n = batch.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let p = &self.plan;
+        let sh = p.shape;
+        let (e, nv) = (p.n_embd, p.n_vocab);
+        let (nh, nkv, hd, hdv) = (sh.n_head, sh.n_head_kv, sh.head_dim, sh.head_dim_v);
+        let (kdim, vdim) = (nkv * hd, nkv * hdv);
+        let pos0 = batch.positions[0];
+        if pos0 + n > state.n_ctx() {
+            return Err(ModelError::ContextFull {
+                needed: pos0 + n,
+                n_ctx: state.n_ctx(),
+            });
+        }
+        let kv = self.kv(state, pos0)?;
+        let kvt = usize::from(kv.f32);
+        let kv_ptrs: Vec<(u64, u64)> =
+            kv.k.iter()
+                .zip(&kv.v)
+                .map(|(k, v)| (k.device_ptr(&kv.stream).0, v.device_ptr(&kv.stream).0))
+                .collect();
+        let stream = self.d.stream.clone();
+        let mut sc = lock(&self.scratch);
+        let sc = &mut *sc;
+        let hdr = Header::new(batch, rows);
+        let hb = addr(&stream, &mut sc.hdr, hdr.bytes.len())?;
+        stream
+            .memcpy_htod(
+                &hdr.bytes[..],
+                &mut sc
+                    .hdr
+                    .as_mut()
+                    .expect("grown")
+                    .slice_mut(0..hdr.bytes.len()),
+            )
+            .map_err(|e| err("header", e))?;
+        let (tokens, pos) = (hb + hdr.tokens as u64, hb + hdr.pos as u64);
+        let (n_dense, n_rowc) = (hb + hdr.counts as u64, hb + hdr.counts as u64 + 4);
+        let (rowmap, dense, row_chunks) = (
+            hb + hdr.rowmap as u64,
+            hb + hdr.dense as u64,
+            hb + hdr.row_chunks as u64,
+        );
+        let nd = n.div_ceil(MATVEC_MAX_N);
+        let pairs = n * self.k_max;
+        let moe_chunks_max = pairs / MATVEC_MAX_N + self.n_expert_max.min(pairs);
+        let x = addr(&stream, &mut sc.x, n * e)?;
+        let h = addr(&stream, &mut sc.h, n * e)?;
+        let q = addr(&stream, &mut sc.q, n * nh * hd)?;
+        let k = addr(&stream, &mut sc.k, n * kdim)?;
+        let v = addr(&stream, &mut sc.v, n * vdim)?;
+        let att = addr(&stream, &mut sc.att, n * nh * hdv)?;
+        let o = addr(&stream, &mut sc.o, n * e)?;
+        let ffw = (n * self.ff_dense).max(pairs * self.ff_moe);
+        let g = addr(&stream, &mut sc.g, ffw)?;
+        let u = addr(&stream, &mut sc.u, ffw)?;
+        let rl = addr(&stream, &mut sc.rl, n * self.n_expert_max)?;
+        let ids = addr(&stream, &mut sc.ids, pairs)?;
+        let wts = addr(&stream, &mut sc.wts, pairs)?;
+        let dd = addr(&stream, &mut sc.dd, pairs * e)?;
+        let chunks = addr(&stream, &mut sc.chunks, moe_chunks_max * CHUNK_BYTES)?;
+        let nchunks = addr(&stream, &mut sc.nchunks, 1)?;
+        let eps = sh.rms_eps;
+        let ei = i32_of(e, "n_embd")?;
+        let rows_n = |n: usize| (n as u32, 1u32, 1u32);
+
+        self.launch(
+            &self.f.embed[self.embd.fi],
+            rows_n(n),
+            128,
+            &[
+                A::P(self.embd_ptr),
+                A::L(self.embd.row_bytes),
+                A::P(tokens),
+                A::P(x),
+                A::I(ei),
+                A::F(p.embd_scale),
+            ],
+        )?;
+        if let Some(l0) = self.layers.first() {
+            self.launch(
+                &self.f.rms_norm_rows,
+                rows_n(n),
+                256,
+                &[
+                    A::P(x),
+                    A::P(l0.attn_norm),
+                    A::P(h),
+                    A::P(0),
+                    A::I(ei),
+                    A::F(eps),
+                ],
+            )?;
+        }
+        let mut host_ids: Vec<i32> = Vec::new();
+        for (il, l) in self.layers.iter().enumerate() {
+            // Attention.
+            self.mv(&l.wq, dense, n_dense, nd, h, 1, q)?;
+            self.mv(&l.wk, dense, n_dense, nd, h, 1, k)?;
+            self.mv(&l.wv, dense, n_dense, nd, h, 1, v)?;
+            self.launch(
+                &self.f.qk_norm_rope,
+                (n as u32, (nh + nkv) as u32, 1),
+                128,
+                &[
+                    A::P(q),
+                    A::P(k),
+                    A::P(l.q_norm),
+                    A::P(l.k_norm),
+                    A::P(pos),
+                    A::P(l.inv_freq),
+                    A::I(nh as i32),
+                    A::I(nkv as i32),
+                    A::I(hd as i32),
+                    A::F(eps),
+                ],
+            )?;
+            let (kc, vc) = kv_ptrs[il];
+            self.launch(
+                &self.f.kv_store[kvt],
+                rows_n(n),
+                256,
+                &[
+                    A::P(k),
+                    A::P(v),
+                    A::P(kc),
+                    A::P(vc),
+                    A::I(i32_of(pos0, "position")?),
+                    A::I(kdim as i32),
+                    A::I(vdim as i32),
+                ],
+            )?;
+            self.launch(
+                &self.f.attention[kvt],
+                (n as u32, nh as u32, 1),
+                128,
+                &[
+                    A::P(q),
+                    A::P(kc),
+                    A::P(vc),
+                    A::P(att),
+                    A::P(pos),
+                    A::I(nh as i32),
+                    A::I(nkv as i32),
+                    A::I(hd as i32),
+                    A::I(hdv as i32),
+                    A::F(sh.scale),
+                    A::I(l.window),
+                ],
+            )?;
+            self.mv(&l.wo, dense, n_dense, nd, att, 1, o)?;
+            self.launch(
+                &self.f.residual_norm,
+                rows_n(n),
+                256,
+                &[
+                    A::P(x),
+                    A::P(o),
+                    A::P(l.post_attn),
+                    A::P(l.ffn_norm),
+                    A::P(h),
+                    A::I(ei),
+                    A::F(eps),
+                ],
+            )?;
+            // Feed-forward.
+            match &l.ffn {
+                DFfn::Dense {
+                    gate,
+                    up,
+                    down,
+                    act,
+                } => {
+                    self.mv(gate, dense, n_dense, nd, h, 1, g)?;
+                    self.mv(up, dense, n_dense, nd, h, 1, u)?;
+                    let len = n * gate.rows;
+                    self.launch(
+                        &self.f.glu_act,
+                        (len.div_ceil(256) as u32, 1, 1),
+                        256,
+                        &[A::P(g), A::P(u), A::L(len as i64), A::I(*act)],
+                    )?;
+                    self.mv(down, dense, n_dense, nd, g, 1, o)?;
+                }
+                DFfn::Moe {
+                    router,
+                    norm,
+                    n_expert,
+                    k: top,
+                    parts,
+                    tab_index,
+                    act,
+                } => {
+                    let (ne, kk) = (*n_expert, *top);
+                    self.mv(router, dense, n_dense, nd, h, 1, rl)?;
+                    self.launch(
+                        &self.f.topk_softmax,
+                        rows_n(n),
+                        32,
+                        &[
+                            A::P(rl),
+                            A::I(ne as i32),
+                            A::I(kk as i32),
+                            A::I(*norm as i32),
+                            A::P(ids),
+                            A::P(wts),
+                        ],
+                    )?;
+                    let np = n * kk;
+                    if self.units.is_some() || env.routing.is_some() {
+                        host_ids.resize(np, 0);
+                        stream
+                            .memcpy_dtoh(
+                                &sc.ids.as_ref().expect("grown").slice(0..np),
+                                &mut host_ids[..],
+                            )
+                            .map_err(|e| err("expert ids", e))?;
+                        stream.synchronize().map_err(|e| err("expert ids", e))?;
+                        if let Some(rec) = env.routing {
+                            let v: Vec<u32> = host_ids.iter().map(|&i| i as u32).collect();
+                            lock(rec)
+                                .record_layer(il as u32, &v)
+                                .map_err(sluice_tier::StreamError::from)?;
+                        }
+                        if self.units.is_some() {
+                            let mut needed: Vec<usize> =
+                                host_ids.iter().map(|&i| i as usize).collect();
+                            needed.sort_unstable();
+                            needed.dedup();
+                            let PlanFfn::Moe { experts, .. } = &p.layers[il].ffn else {
+                                unreachable!("the plan's layer kinds match")
+                            };
+                            self.ensure_units(env, il, &needed, experts, ne, *tab_index)?;
+                        }
+                    }
+                    self.launch(
+                        &self.f.moe_chunks,
+                        (1, 1, 1),
+                        1024,
+                        &[
+                            A::P(ids),
+                            A::I(np as i32),
+                            A::I(ne as i32),
+                            A::P(chunks),
+                            A::P(nchunks),
+                        ],
+                    )?;
+                    let gy = np / MATVEC_MAX_N + ne.min(np);
+                    self.mv(&parts[0], chunks, nchunks, gy, h, kk, g)?;
+                    self.mv(&parts[1], chunks, nchunks, gy, h, kk, u)?;
+                    let len = np * parts[0].rows;
+                    self.launch(
+                        &self.f.glu_act,
+                        (len.div_ceil(256) as u32, 1, 1),
+                        256,
+                        &[A::P(g), A::P(u), A::L(len as i64), A::I(*act)],
+                    )?;
+                    self.mv(&parts[2], chunks, nchunks, gy, g, 1, dd)?;
+                    self.launch(
+                        &self.f.moe_combine,
+                        rows_n(n),
+                        256,
+                        &[A::P(dd), A::P(wts), A::P(o), A::I(kk as i32), A::I(ei)],
+                    )?;
+                }
+            }
+            let next = self.layers.get(il + 1).map_or(0, |nl| nl.attn_norm);
+            self.launch(
+                &self.f.residual_norm,
+                rows_n(n),
+                256,
+                &[
+                    A::P(x),
+                    A::P(o),
+                    A::P(l.post_ffn),
+                    A::P(next),
+                    A::P(h),
+                    A::I(ei),
+                    A::F(eps),
+                ],
+            )?;
+        }
+        let nr = rows.len();
+        let mut logits = Vec::new();
+        if nr > 0 {
+            let hsel = addr(&stream, &mut sc.hsel, nr * e)?;
+            let lg = addr(&stream, &mut sc.logits, nr * nv)?;
+            self.launch(
+                &self.f.rms_norm_rows,
+                rows_n(nr),
+                256,
+                &[
+                    A::P(x),
+                    A::P(self.output_norm),
+                    A::P(hsel),
+                    A::P(rowmap),
+                    A::I(ei),
+                    A::F(eps),
+                ],
+            )?;
+            self.mv(
+                &self.output,
+                row_chunks,
+                n_rowc,
+                nr.div_ceil(MATVEC_MAX_N),
+                hsel,
+                1,
+                lg,
+            )?;
+            logits.resize(nr * nv, 0.0f32);
+            stream
+                .memcpy_dtoh(
+                    &sc.logits.as_ref().expect("grown").slice(0..nr * nv),
+                    &mut logits[..],
+                )
+                .map_err(|e| err("logits", e))?;
+        }
+        stream.synchronize().map_err(|e| err("forward", e))?;
+        {
+            let mut g = self.d.lock();
+            g.stats.forward_calls += 1;
+            g.stats.forward_ns += t0.elapsed().as_nanos() as u64;
+        }
+        head::check_logits(&logits, rows, batch)?;
+        Ok(logits)
+    }
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+}

@@ -1,0 +1,90 @@
+//! The decoder plans device backends run (`Architecture::plan`) describe their models:
+//! the plan evaluated with the CPU blocks (`PlanOnCpu`) gives the architecture's own
+//! forward pass bit for bit, for qwen3moe (tiny transformers fixtures) and the real Gemma
+//! 3 270M (`SLUICE_GEMMA`; skipped with a note if unset). A plan that dropped a norm, used
+//! the wrong RoPE table or window, or the wrong router normalisation would change bits.
+
+use std::path::{Path, PathBuf};
+
+use sluice_engine::models::plan::PlanOnCpu;
+use sluice_engine::{Logits, Model};
+
+fn fixture(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(rel)
+}
+
+/// Every position's logits for `toks` in chunks of `batch`, through the plan or not.
+fn logits(path: &Path, toks: &[u32], batch: usize, through_plan: bool) -> Vec<f32> {
+    let mut m = Model::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    if through_plan {
+        let plan = m
+            .plan()
+            .unwrap_or_else(|| panic!("{}: no decoder plan", path.display()));
+        m.set_device_forward(Box::new(PlanOnCpu(plan)));
+        assert_eq!(m.device_forward(), Some("plan-on-cpu"));
+    }
+    let mut st = m.new_state(toks.len() + 4, false);
+    let mut out = Vec::new();
+    for c in toks.chunks(batch) {
+        out.extend(m.forward(&mut st, c, Logits::All).unwrap());
+    }
+    out
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+#[test]
+fn qwen3moe_plan_gives_the_architectures_bits() {
+    let text = std::fs::read_to_string(fixture("qwen3moe/tokens.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let toks: Vec<u32> = v["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    for name in ["a-q8_0.gguf", "b-f32.gguf"] {
+        let path = fixture(&format!("qwen3moe/{name}"));
+        for batch in [64, 3] {
+            let arch = logits(&path, &toks, batch, false);
+            let plan = logits(&path, &toks, batch, true);
+            assert!(!arch.is_empty());
+            assert!(
+                same_bits(&arch, &plan),
+                "{name}, batch {batch}: the plan's logits differ from the architecture's"
+            );
+        }
+    }
+}
+
+#[test]
+fn gemma_plan_gives_the_architectures_bits() {
+    let Some(path) = std::env::var_os("SLUICE_GEMMA").map(PathBuf::from) else {
+        assert!(
+            std::env::var_os("SLUICE_REQUIRE_MODELS").is_none(),
+            "SLUICE_GEMMA is not set (run tools/get-gemma.sh)"
+        );
+        eprintln!("note: SLUICE_GEMMA not set; skipping the Gemma plan test");
+        return;
+    };
+    // Long enough for the sliding window (512) to matter.
+    let toks: Vec<u32> = (0..600u32).map(|i| 2 + (i * 7919) % 4000).collect();
+    let arch = logits(&path, &toks, 256, false);
+    let plan = logits(&path, &toks, 256, true);
+    assert!(
+        same_bits(&arch, &plan),
+        "gemma: the plan's logits differ from the architecture's"
+    );
+}
+
+/// Architectures outside the plan's shape (here DeepSeek V4) have none: a device backend
+/// then runs only their weight products.
+#[test]
+fn architectures_outside_the_plan_have_none() {
+    let m = Model::load(&fixture("deepseek4/a-f32.gguf")).unwrap();
+    assert!(m.plan().is_none(), "deepseek4 should have no decoder plan");
+}
