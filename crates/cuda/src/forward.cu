@@ -230,7 +230,7 @@ __device__ __forceinline__ void kv_store_rows(const float* k, const float* v, KT
 // Query head h of token t (grid n x nh, 128 threads): softmax over keys lo..=pos of
 // (q . k) * scale, times V; K/V rows [pos][nkv * hd]. Each warp walks every ATT_WARPS-th
 // key with a running max and sum; the warps' states are merged at the end. Lane l holds
-// elements l, l + 32, ... of the head (hd, hdv multiples of 32, <= 256).
+// elements l, l + 32, ... of the head (hd, hdv <= 256).
 template <typename KT>
 __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* vc, float* out,
                                        const int* pos, int nh, int nkv, int hd, int hdv,
@@ -242,12 +242,11 @@ __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* v
     const int warp = threadIdx.x >> 5;
     const int p = pos[t];
     const int lo = (window > 0 && p + 1 > window) ? p + 1 - window : 0;
-    const int nq = hd >> 5, nv = hdv >> 5;
     float qv[ATT_MAX_D / 32], acc[ATT_MAX_D / 32];
     const float* qh = q + ((size_t)t * nh + h) * hd;
 #pragma unroll
     for (int i = 0; i < ATT_MAX_D / 32; i++) {
-        qv[i] = (i < nq) ? qh[lane + 32 * i] : 0.0f;
+        qv[i] = (lane + 32 * i < hd) ? qh[lane + 32 * i] : 0.0f;
         acc[i] = 0.0f;
     }
     float m = NEG_INF, s = 0.0f;
@@ -257,7 +256,7 @@ __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* v
         float d = 0.0f;
 #pragma unroll
         for (int i = 0; i < ATT_MAX_D / 32; i++)
-            if (i < nq) d += qv[i] * kv_load(kr, lane + 32 * i);
+            if (lane + 32 * i < hd) d += qv[i] * kv_load(kr, lane + 32 * i);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
         d *= scale;
@@ -268,7 +267,7 @@ __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* v
         const KT* vr = vc + (size_t)j * vstride + (size_t)g * hdv;
 #pragma unroll
         for (int i = 0; i < ATT_MAX_D / 32; i++)
-            if (i < nv) acc[i] = acc[i] * corr + pj * kv_load(vr, lane + 32 * i);
+            if (lane + 32 * i < hdv) acc[i] = acc[i] * corr + pj * kv_load(vr, lane + 32 * i);
         m = mn;
     }
     __shared__ float sm[ATT_WARPS], ssum[ATT_WARPS];
@@ -279,7 +278,7 @@ __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* v
     }
 #pragma unroll
     for (int i = 0; i < ATT_MAX_D / 32; i++)
-        if (i < nv) sacc[warp][lane + 32 * i] = acc[i];
+        if (lane + 32 * i < hdv) sacc[warp][lane + 32 * i] = acc[i];
     __syncthreads();
     float M = NEG_INF;
     for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);

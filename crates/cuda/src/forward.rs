@@ -116,6 +116,10 @@ struct UnitCache {
     held: u64,
     tick: u64,
     map: HashMap<(usize, usize), (CudaSlice<u8>, u64)>,
+    /// Units of the layer in progress that did not fit the budget next to the layer's
+    /// other units (a prefill chunk may use more experts than the cache holds): copied for
+    /// this layer only, freed at the next layer (counted as copied per use).
+    transient: Vec<(usize, CudaSlice<u8>)>,
     /// Host copy of the pointer table (rewritten per layer for the units it uses).
     tab: Vec<u64>,
 }
@@ -250,11 +254,11 @@ impl GpuDecoder {
         let sh = &plan.shape;
         if sh.head_dim > MAX_HEAD_DIM
             || sh.head_dim_v > MAX_HEAD_DIM
-            || !sh.head_dim.is_multiple_of(32)
-            || !sh.head_dim_v.is_multiple_of(32)
+            || !sh.head_dim.is_multiple_of(2)
+            || sh.head_dim_v == 0
         {
             return Err(format!(
-                "head sizes {} / {} (the attention kernel takes multiples of 32 up to {MAX_HEAD_DIM})",
+                "head sizes {} / {} (the attention kernel takes even sizes up to {MAX_HEAD_DIM})",
                 sh.head_dim, sh.head_dim_v
             ));
         }
@@ -535,6 +539,7 @@ impl GpuDecoder {
                 held: 0,
                 tick: 0,
                 map: HashMap::new(),
+                transient: Vec::new(),
                 tab: tab.clone(),
             })
         });
@@ -589,14 +594,12 @@ impl GpuDecoder {
                 None => misses.push(u),
             }
         }
-        if unit_bytes as u64 * needed.len() as u64 > uc.budget {
-            return Err(ModelError::Compute(format!(
-                "cuda: layer {il} uses {} experts of {} bytes, more than the VRAM expert cache's {} bytes (raise --gpu-expert-cache)",
-                needed.len(),
-                unit_bytes,
-                uc.budget
-            )));
-        }
+        // The previous layer's kernels are done (its ids were downloaded after them).
+        uc.transient.clear();
+        // How many of this layer's units the cache can hold at once; the hits are in it.
+        let capacity = (uc.budget / unit_bytes.max(1) as u64) as usize;
+        let mut in_cache = hits as usize;
+        let mut transient_bytes = 0u64;
         let t0 = std::time::Instant::now();
         let (mut uploaded, mut pinned) = (0u64, 0u64);
         let mut failed: Option<ModelError> = None;
@@ -606,7 +609,8 @@ impl GpuDecoder {
                 .for_each_batch(env.map, il, &misses, &mut |batch| {
                     for &(i, view) in batch {
                         let u = misses[i];
-                        while uc.held + unit_bytes as u64 > uc.budget {
+                        let keep = in_cache < capacity;
+                        while keep && uc.held + unit_bytes as u64 > uc.budget {
                             let victim = uc
                                 .map
                                 .iter()
@@ -649,9 +653,15 @@ impl GpuDecoder {
                             off += len;
                         }
                         uploaded += unit_bytes as u64;
-                        uc.held += unit_bytes as u64;
-                        let tick = uc.tick;
-                        uc.map.insert((il, u), (slot, tick));
+                        if keep {
+                            in_cache += 1;
+                            uc.held += unit_bytes as u64;
+                            let tick = uc.tick;
+                            uc.map.insert((il, u), (slot, tick));
+                        } else {
+                            transient_bytes += unit_bytes as u64;
+                            uc.transient.push((u, slot));
+                        }
                     }
                     // The views are released when this returns: their copies must be done.
                     if let Err(e) = stream.synchronize() {
@@ -671,7 +681,17 @@ impl GpuDecoder {
             offs[pi] = offs[pi - 1] + sizes[pi - 1];
         }
         for &u in needed {
-            let a = uc.map[&(il, u)].0.device_ptr(stream).0;
+            let slot = match uc.map.get(&(il, u)) {
+                Some(e) => &e.0,
+                None => {
+                    &uc.transient
+                        .iter()
+                        .find(|t| t.0 == u)
+                        .expect("uploaded above")
+                        .1
+                }
+            };
+            let a = slot.device_ptr(stream).0;
             for (pi, off) in offs.iter().enumerate() {
                 uc.tab[tab_index + pi * n_expert + u] = a + *off as u64;
             }
@@ -689,7 +709,8 @@ impl GpuDecoder {
         s.expert_hits += hits;
         s.expert_misses += misses.len() as u64;
         s.expert_evictions += evictions;
-        s.expert_upload_bytes += uploaded;
+        s.expert_upload_bytes += uploaded - transient_bytes;
+        s.transient_bytes += transient_bytes;
         s.upload_bytes += uploaded;
         s.upload_pinned_bytes += pinned;
         s.expert_bytes = peak;
