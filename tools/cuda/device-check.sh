@@ -56,7 +56,10 @@ fi
 if want bench; then
     run timeout 200 ./sluice bench -m $M -p 256 -n 32 -r 2 --csv "$OUT/bench.csv"
     run timeout 200 ./sluice bench -m $M -p 256 -n 32 -r 2 --gpu --stats --csv "$OUT/bench.csv"
-    SLUICE_CUDA_TILED=1 run timeout 200 ./sluice bench -m $M -p 256 -n 0 -r 2 --gpu --stats --csv "$OUT/bench.csv"
+    # The products-only path (what architectures without a decoder plan run), for A/B.
+    SLUICE_CUDA_FORWARD=0 run timeout 200 ./sluice bench -m $M -p 256 -n 32 -r 2 --gpu --stats --csv "$OUT/bench.csv"
+    SLUICE_CUDA_GRAPHS=0 run timeout 200 ./sluice bench -m $M -p 0 -n 32 -r 2 --gpu --csv "$OUT/bench.csv"
+    SLUICE_CUDA_FORWARD=0 SLUICE_CUDA_TILED=1 run timeout 200 ./sluice bench -m $M -p 256 -n 0 -r 2 --gpu --stats --csv "$OUT/bench.csv"
 fi
 if want stream; then
     # Experts streamed through an 8 GiB RAM cache: the GPU gets each expert's bytes per use.

@@ -1,5 +1,5 @@
 // Whole-forward kernels (forward.rs): a plain decoder's layers with activations, KV cache
-// and routing on the device. Appended to kernels.cu (deq8, h2f, MV_MAX_N come from there).
+// and routing on the device. Appended to kernels.cu (deq8, h2f come from there).
 //
 // Owns: the grouped matvec over chunk tables (`mvg_*`: dense matrices and routed experts
 // alike), embedding rows, RMS norms fused with the residual add, q/k norm + NEOX RoPE, the
@@ -14,6 +14,10 @@
 
 typedef unsigned long long u64;
 
+// Rows (tokens, or (token, slot) pairs) one warp takes per weight row in `mvg_*`: each
+// dequantized weight group is used MVG_N times.
+#define MVG_N 8
+
 #define NEG_INF __int_as_float(0xff800000)
 
 __device__ __forceinline__ u16 f2h(float f) {
@@ -22,13 +26,13 @@ __device__ __forceinline__ u16 f2h(float f) {
     return h;
 }
 
-// Up to MV_MAX_N rows (tokens, or (token, slot) pairs) that use the same weight matrix
+// Up to MVG_N rows (tokens, or (token, slot) pairs) that use the same weight matrix
 // (`unit`: an index into the launch's pointer table). 40 bytes; forward.rs writes the
 // same layout.
 struct Chunk {
     int unit;
     int count;
-    int rows[MV_MAX_N];
+    int rows[MVG_N];
 };
 
 // Y[rows[i] * out_rows + r] = sum_c W[r, c] * X[(rows[i] / x_div) * cols + c] for every
@@ -48,14 +52,14 @@ __device__ __forceinline__ void mv_chunks(const u64* __restrict__ wtab,
     const u8* row = (const u8*)wtab[c.unit] + (size_t)warp * (size_t)row_bytes;
     const int n = c.count;
     const int parts = cols >> 3;
-    float acc[MV_MAX_N];
+    float acc[MVG_N];
 #pragma unroll
-    for (int t = 0; t < MV_MAX_N; t++) acc[t] = 0.0f;
+    for (int t = 0; t < MVG_N; t++) acc[t] = 0.0f;
     for (int p = lane; p < parts; p += 32) {
         float w[8];
         deq8<TY>(row, p, w);
 #pragma unroll
-        for (int t = 0; t < MV_MAX_N; t++) {
+        for (int t = 0; t < MVG_N; t++) {
             if (t < n) {
                 const float4* x =
                     (const float4*)(X + (size_t)(c.rows[t] / x_div) * cols + 8 * p);
@@ -67,7 +71,7 @@ __device__ __forceinline__ void mv_chunks(const u64* __restrict__ wtab,
         }
     }
 #pragma unroll
-    for (int t = 0; t < MV_MAX_N; t++) {
+    for (int t = 0; t < MVG_N; t++) {
         if (t < n) {
             float v = acc[t];
 #pragma unroll
@@ -213,96 +217,135 @@ __device__ __forceinline__ float kv_load(const float* p, size_t i) { return p[i]
 __device__ __forceinline__ void kv_put(u16* p, size_t i, float v) { p[i] = f2h(v); }
 __device__ __forceinline__ void kv_put(float* p, size_t i, float v) { p[i] = v; }
 
-// Keys and values of n tokens (grid n) into the cache rows pos0 ... pos0 + n - 1.
+// Keys and values of n tokens (grid n) into the cache rows pos[t] (read on the device, so
+// a captured decode step replays for every position).
 template <typename KT>
 __device__ __forceinline__ void kv_store_rows(const float* k, const float* v, KT* kc, KT* vc,
-                                              int pos0, int kdim, int vdim) {
+                                              const int* pos, int kdim, int vdim) {
     const int t = blockIdx.x;
+    const size_t p = (size_t)pos[t];
     for (int i = threadIdx.x; i < kdim; i += blockDim.x)
-        kv_put(kc, (size_t)(pos0 + t) * kdim + i, k[(size_t)t * kdim + i]);
+        kv_put(kc, p * kdim + i, k[(size_t)t * kdim + i]);
     for (int i = threadIdx.x; i < vdim; i += blockDim.x)
-        kv_put(vc, (size_t)(pos0 + t) * vdim + i, v[(size_t)t * vdim + i]);
+        kv_put(vc, p * vdim + i, v[(size_t)t * vdim + i]);
 }
 
-#define ATT_WARPS 4
+#define ATT_THREADS 256
+#define ATT_TILE 1024
 #define ATT_MAX_D 256
 
-// Query head h of token t (grid n x nh, 128 threads): softmax over keys lo..=pos of
-// (q . k) * scale, times V; K/V rows [pos][nkv * hd]. Each warp walks every ATT_WARPS-th
-// key with a running max and sum; the warps' states are merged at the end. Lane l holds
-// elements l, l + 32, ... of the head (hd, hdv <= 256).
+// Query head h of token t (grid n x nh, ATT_THREADS threads): softmax over keys lo..=pos of
+// (q . k) * scale, times V; K/V rows [pos][nkv * hd]. Keys go in tiles of ATT_TILE: every
+// thread scores its own keys (a whole dot product each, four partial sums, so many rows are
+// in flight at once), the tile's maximum and sum are block reductions, then each output
+// element is accumulated over the tile's keys by KG key groups (keys j with j % KG == group,
+// KG = ATT_THREADS / 128 when hdv <= 128, else 1) whose partial sums are added in group
+// order. A running maximum and sum carry over between tiles. Nothing depends on how many
+// tokens the launch has, so a token's bits do not depend on the chunk it came in.
 template <typename KT>
 __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* vc, float* out,
                                        const int* pos, int nh, int nkv, int hd, int hdv,
                                        float scale, int window) {
+    __shared__ float qs[ATT_MAX_D];
+    __shared__ float sc[ATT_TILE];
+    __shared__ float red[32];
+    __shared__ float part[ATT_THREADS];
     const int t = blockIdx.x;
     const int h = blockIdx.y;
     const int g = h / (nh / nkv);
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
+    const int tid = threadIdx.x;
     const int p = pos[t];
     const int lo = (window > 0 && p + 1 > window) ? p + 1 - window : 0;
-    float qv[ATT_MAX_D / 32], acc[ATT_MAX_D / 32];
     const float* qh = q + ((size_t)t * nh + h) * hd;
-#pragma unroll
-    for (int i = 0; i < ATT_MAX_D / 32; i++) {
-        qv[i] = (lane + 32 * i < hd) ? qh[lane + 32 * i] : 0.0f;
-        acc[i] = 0.0f;
-    }
-    float m = NEG_INF, s = 0.0f;
+    for (int i = tid; i < hd; i += ATT_THREADS) qs[i] = qh[i];
     const size_t kstride = (size_t)nkv * hd, vstride = (size_t)nkv * hdv;
-    for (int j = lo + warp; j <= p; j += ATT_WARPS) {
-        const KT* kr = kc + (size_t)j * kstride + (size_t)g * hd;
-        float d = 0.0f;
-#pragma unroll
-        for (int i = 0; i < ATT_MAX_D / 32; i++)
-            if (lane + 32 * i < hd) d += qv[i] * kv_load(kr, lane + 32 * i);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-        d *= scale;
-        const float mn = fmaxf(m, d);
-        const float corr = __expf(m - mn);
-        const float pj = __expf(d - mn);
-        s = s * corr + pj;
-        const KT* vr = vc + (size_t)j * vstride + (size_t)g * hdv;
-#pragma unroll
-        for (int i = 0; i < ATT_MAX_D / 32; i++)
-            if (lane + 32 * i < hdv) acc[i] = acc[i] * corr + pj * kv_load(vr, lane + 32 * i);
-        m = mn;
-    }
-    __shared__ float sm[ATT_WARPS], ssum[ATT_WARPS];
-    __shared__ float sacc[ATT_WARPS][ATT_MAX_D];
-    if (lane == 0) {
-        sm[warp] = m;
-        ssum[warp] = s;
-    }
-#pragma unroll
-    for (int i = 0; i < ATT_MAX_D / 32; i++)
-        if (lane + 32 * i < hdv) sacc[warp][lane + 32 * i] = acc[i];
+    const KT* kbase = kc + (size_t)g * hd;
+    const KT* vbase = vc + (size_t)g * hdv;
+    // Output element(s) and key group of this thread.
+    const int kg = (hdv <= 128) ? ATT_THREADS / 128 : 1;
+    const int grp = (kg > 1) ? tid / 128 : 0;
+    const int d0 = (kg > 1) ? tid % 128 : tid;
+    float acc = 0.0f;
+    float m = NEG_INF, l = 0.0f;
     __syncthreads();
-    float M = NEG_INF;
-    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
-    float S = 0.0f;
-    float f[ATT_WARPS];
-    for (int w = 0; w < ATT_WARPS; w++) {
-        f[w] = (sm[w] == NEG_INF) ? 0.0f : __expf(sm[w] - M);
-        S += ssum[w] * f[w];
-    }
-    const float inv = (S > 0.0f) ? 1.0f / S : 0.0f;
-    float* oh = out + ((size_t)t * nh + h) * hdv;
-    for (int i = threadIdx.x; i < hdv; i += blockDim.x) {
+    for (int j0 = lo; j0 <= p; j0 += ATT_TILE) {
+        const int tn = min(ATT_TILE, p + 1 - j0);
+        float tmax = NEG_INF;
+        for (int j = tid; j < tn; j += ATT_THREADS) {
+            const KT* kr = kbase + (size_t)(j0 + j) * kstride;
+            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+            int i = 0;
+            for (; i + 3 < hd; i += 4) {
+                s0 += qs[i] * kv_load(kr, i);
+                s1 += qs[i + 1] * kv_load(kr, i + 1);
+                s2 += qs[i + 2] * kv_load(kr, i + 2);
+                s3 += qs[i + 3] * kv_load(kr, i + 3);
+            }
+            for (; i < hd; i++) s0 += qs[i] * kv_load(kr, i);
+            const float d = ((s0 + s1) + (s2 + s3)) * scale;
+            sc[j] = d;
+            tmax = fmaxf(tmax, d);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+        if ((tid & 31) == 0) red[tid >> 5] = tmax;
+        __syncthreads();
+        float bm = NEG_INF;
+        for (int w = 0; w < ATT_THREADS / 32; w++) bm = fmaxf(bm, red[w]);
+        const float mn = fmaxf(m, bm);
+        float ts = 0.0f;
+        for (int j = tid; j < tn; j += ATT_THREADS) {
+            const float e = __expf(sc[j] - mn);
+            sc[j] = e;
+            ts += e;
+        }
+        __syncthreads();  // red[] reads above are done; sc[] is complete
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ts += __shfl_xor_sync(0xffffffffu, ts, o);
+        if ((tid & 31) == 0) red[tid >> 5] = ts;
+        __syncthreads();
+        float bs = 0.0f;
+        for (int w = 0; w < ATT_THREADS / 32; w++) bs += red[w];
+        const float corr = (m == NEG_INF) ? 0.0f : __expf(m - mn);
+        l = l * corr + bs;
+        m = mn;
         float v = 0.0f;
-        for (int w = 0; w < ATT_WARPS; w++) v += sacc[w][i] * f[w];
-        oh[i] = v * inv;
+        if (d0 < hdv) {
+            float v0 = 0.0f, v1 = 0.0f, v2 = 0.0f, v3 = 0.0f;
+            const KT* vr = vbase + (size_t)j0 * vstride + d0;
+            const size_t st = (size_t)kg * vstride;
+            int j = grp;
+            for (; j + 3 * kg < tn; j += 4 * kg) {
+                v0 += sc[j] * kv_load(vr, (size_t)j * vstride);
+                v1 += sc[j + kg] * kv_load(vr, (size_t)j * vstride + st);
+                v2 += sc[j + 2 * kg] * kv_load(vr, (size_t)j * vstride + 2 * st);
+                v3 += sc[j + 3 * kg] * kv_load(vr, (size_t)j * vstride + 3 * st);
+            }
+            for (; j < tn; j += kg) v0 += sc[j] * kv_load(vr, (size_t)j * vstride);
+            v = (v0 + v1) + (v2 + v3);
+        }
+        if (kg > 1) {
+            part[tid] = v;
+            __syncthreads();
+            if (grp == 0) {
+                v = 0.0f;
+                for (int k2 = 0; k2 < kg; k2++) v += part[d0 + 128 * k2];
+            }
+        }
+        acc = acc * corr + v;
+        __syncthreads();  // sc[], red[] and part[] are reused by the next tile
     }
+    const float inv = (l > 0.0f) ? 1.0f / l : 0.0f;
+    float* oh = out + ((size_t)t * nh + h) * hdv;
+    if (grp == 0 && d0 < hdv) oh[d0] = acc * inv;
 }
 
 #define KV_KERNELS(name, KT)                                                                  \
     extern "C" __global__ void kv_store_##name(const float* k, const float* v, KT* kc,        \
-                                               KT* vc, int pos0, int kdim, int vdim) {        \
-        kv_store_rows<KT>(k, v, kc, vc, pos0, kdim, vdim);                                    \
+                                               KT* vc, const int* pos, int kdim, int vdim) {  \
+        kv_store_rows<KT>(k, v, kc, vc, pos, kdim, vdim);                                     \
     }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(128)                                        \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                        \
         attention_##name(const float* q, const KT* kc, const KT* vc, float* out,              \
                          const int* pos, int nh, int nkv, int hd, int hdv, float scale,       \
                          int window) {                                                        \
@@ -380,15 +423,23 @@ extern "C" __global__ void topk_softmax(const float* logits, int n_expert, int k
 }
 
 // Group the n_pairs (token, slot) pairs by the expert ids[] names into chunks of up to
-// MV_MAX_N pairs, in pair order within an expert, experts in id order. One block of 1024
-// threads; chunks[] must hold n_pairs / MV_MAX_N + min(n_expert, n_pairs) entries.
+// MVG_N pairs, in pair order within an expert, experts in id order. One block of 1024
+// threads; chunks[] must hold n_pairs / MVG_N + min(n_expert, n_pairs) entries.
+#define CHUNK_IDS_SHARED 8192
 extern "C" __global__ void __launch_bounds__(1024)
-    moe_chunks(const int* ids, int n_pairs, int n_expert, Chunk* chunks, int* n_chunks) {
+    moe_chunks(const int* gids, int n_pairs, int n_expert, Chunk* chunks, int* n_chunks) {
     __shared__ int first[ROUTER_MAX + 1];
+    __shared__ int sids[CHUNK_IDS_SHARED];
+    const int* ids = gids;
+    if (n_pairs <= CHUNK_IDS_SHARED) {
+        for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) sids[i] = gids[i];
+        __syncthreads();
+        ids = sids;
+    }
     for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
         int c = 0;
         for (int i = 0; i < n_pairs; i++) c += (ids[i] == e);
-        first[e + 1] = (c + MV_MAX_N - 1) / MV_MAX_N;
+        first[e + 1] = (c + MVG_N - 1) / MVG_N;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -403,7 +454,7 @@ extern "C" __global__ void __launch_bounds__(1024)
             if (ids[i] != e) continue;
             if (fill == 0) chunks[ci].unit = e;
             chunks[ci].rows[fill++] = i;
-            if (fill == MV_MAX_N) {
+            if (fill == MVG_N) {
                 chunks[ci].count = fill;
                 ci++;
                 fill = 0;
