@@ -19,5 +19,9 @@ export SLUICE_LLAMA_CPP
 export SLUICE_REQUIRE_MODELS=1
 echo "== cargo test --release"
 cargo test --workspace --release
+echo "== CUDA kernels compile with NVRTC (PyPI nvidia-cuda-nvrtc; no GPU needed)"
+NVRTC_LIB="$(tools/get-nvrtc.sh)"
+LD_LIBRARY_PATH="$NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  cargo test --release -p sluice-cuda --test no_gpu -- --ignored kernels_compile_with_nvrtc
 echo "== sluice serve with the official openai and anthropic clients (PyPI)"
 tools/test-server-clients.sh

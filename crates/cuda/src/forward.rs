@@ -1403,3 +1403,53 @@ impl DeviceForward for GpuDecoder {
         "cuda"
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn i32_at(b: &[u8], off: usize) -> i32 {
+        i32::from_le_bytes(b[off..off + 4].try_into().unwrap())
+    }
+
+    /// The call header's layout is what `forward.cu` reads: tokens and positions as i32,
+    /// the two chunk counts, the logits' row map, then 16-byte aligned `Chunk`s of MVG_N
+    /// rows (every token once, in order; the logits' rows 0..rows.len()).
+    #[test]
+    fn header_layout() {
+        let tokens: Vec<u32> = (100..119).collect();
+        let batch = Batch {
+            tokens: &tokens,
+            positions: (7..26).collect(),
+        };
+        let h = Header::new(&batch, &[18, 3]);
+        let b = &h.bytes;
+        assert_eq!(i32_at(b, h.tokens + 4 * 5), 105);
+        assert_eq!(i32_at(b, h.pos + 4 * 18), 25);
+        assert_eq!(i32_at(b, h.counts), 19usize.div_ceil(MVG_N) as i32);
+        assert_eq!(i32_at(b, h.counts + 4), 1);
+        assert_eq!(i32_at(b, h.rowmap), 18);
+        assert_eq!(i32_at(b, h.rowmap + 4), 3);
+        assert_eq!(h.dense % 16, 0);
+        let mut seen = Vec::new();
+        for c in 0..19usize.div_ceil(MVG_N) {
+            let at = h.dense + c * CHUNK_BYTES;
+            assert_eq!(i32_at(b, at), 0, "dense chunks use pointer-table entry 0");
+            let count = i32_at(b, at + 4) as usize;
+            for r in 0..count {
+                seen.push(i32_at(b, at + 8 + 4 * r));
+            }
+        }
+        assert_eq!(seen, (0..19).collect::<Vec<i32>>());
+        assert_eq!(
+            h.row_chunks,
+            h.dense + 19usize.div_ceil(MVG_N) * CHUNK_BYTES
+        );
+        assert_eq!(i32_at(b, h.row_chunks + 4), 2);
+        assert_eq!(
+            (i32_at(b, h.row_chunks + 8), i32_at(b, h.row_chunks + 12)),
+            (0, 1)
+        );
+        assert_eq!(b.len(), h.row_chunks + CHUNK_BYTES);
+    }
+}

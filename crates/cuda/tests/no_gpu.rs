@@ -253,3 +253,36 @@ fn hook_covers_streamed_experts(slots_first: bool) {
         "ranges left after the tier was dropped"
     );
 }
+
+/// Which decoder plans the whole-forward GPU path takes, decided without a GPU: the
+/// qwen3moe fixture (head size 16, Q8_0) is taken; a matrix in a format without a kernel, a
+/// head wider than the attention kernel's and a top-k above the expert count are refused
+/// with the part named.
+#[test]
+fn decoder_plans_the_gpu_takes() {
+    use sluice_cuda::forward::GpuDecoder;
+    use sluice_engine::models::plan::PlanFfn;
+    let m = Model::load(&fixtures().join("qwen3moe/a-q8_0.gguf")).unwrap();
+    let plan = m.plan().expect("qwen3moe has a decoder plan");
+    GpuDecoder::check(&plan).unwrap();
+
+    let mut p = plan.clone();
+    p.layers[1].attn.wq.ty = GgmlType::Q4_0;
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(e.contains("layer 1 attention q"), "{e}");
+
+    let mut p = plan.clone();
+    p.shape.head_dim = 512;
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(e.contains("head sizes 512"), "{e}");
+
+    let mut p = plan.clone();
+    if let PlanFfn::Moe { k, n_expert, .. } = &mut p.layers[0].ffn {
+        *k = *n_expert + 1;
+    }
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(e.contains("layer 0: top-"), "{e}");
+
+    let ds = Model::load(&fixtures().join("deepseek4/a-f32.gguf")).unwrap();
+    assert!(ds.plan().is_none());
+}
