@@ -922,6 +922,73 @@ impl GpuDecoder {
         Ok(())
     }
 
+    /// `out[i] = rms_norm(x[rows ? rows[i] : i]) * w` for `n` rows of `cols`.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm(
+        &self,
+        x: u64,
+        w: u64,
+        out: u64,
+        rows: u64,
+        n: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<(), ModelError> {
+        self.launch(
+            &self.f.rms_norm_rows,
+            (n as u32, 1, 1),
+            256,
+            &[
+                A::P(x),
+                A::P(w),
+                A::P(out),
+                A::P(rows),
+                A::I(i32_of(cols, "n_embd")?),
+                A::F(eps),
+            ],
+        )
+    }
+
+    /// `x += post ? rms_norm(o) * post : o`, then `h = rms_norm(x) * next` if `next`
+    /// (addresses; 0 = none), for `n` rows.
+    #[allow(clippy::too_many_arguments)]
+    fn residual(
+        &self,
+        x: u64,
+        o: u64,
+        post: u64,
+        next: u64,
+        h: u64,
+        n: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<(), ModelError> {
+        self.launch(
+            &self.f.residual_norm,
+            (n as u32, 1, 1),
+            256,
+            &[
+                A::P(x),
+                A::P(o),
+                A::P(post),
+                A::P(next),
+                A::P(h),
+                A::I(i32_of(cols, "n_embd")?),
+                A::F(eps),
+            ],
+        )
+    }
+
+    /// `g = act(g) * u` over `len` values.
+    fn glu(&self, g: u64, u: u64, len: usize, act: i32) -> Result<(), ModelError> {
+        self.launch(
+            &self.f.glu_act,
+            (len.div_ceil(256) as u32, 1, 1),
+            256,
+            &[A::P(g), A::P(u), A::L(len as i64), A::I(act)],
+        )
+    }
+
     /// `y[rows_of_chunks] = W x` through the chunk table at `chunks` (`grid_y` blocks in y,
     /// the count at `nchunks`).
     #[allow(clippy::too_many_arguments)]
@@ -1103,19 +1170,7 @@ impl DeviceForward for GpuDecoder {
                 ],
             )?;
             if let Some(l0) = self.layers.first() {
-                self.launch(
-                    &self.f.rms_norm_rows,
-                    rows_n(n),
-                    256,
-                    &[
-                        A::P(x),
-                        A::P(l0.attn_norm),
-                        A::P(h),
-                        A::P(0),
-                        A::I(ei),
-                        A::F(eps),
-                    ],
-                )?;
+                self.rms_norm(x, l0.attn_norm, h, 0, n, e, eps)?;
             }
             let mut host_ids: Vec<i32> = Vec::new();
             for (il, l) in self.layers.iter().enumerate() {
@@ -1174,20 +1229,7 @@ impl DeviceForward for GpuDecoder {
                     ],
                 )?;
                 self.mv(&l.wo, dense, n_dense, nd, att, 1, o)?;
-                self.launch(
-                    &self.f.residual_norm,
-                    rows_n(n),
-                    256,
-                    &[
-                        A::P(x),
-                        A::P(o),
-                        A::P(l.post_attn),
-                        A::P(l.ffn_norm),
-                        A::P(h),
-                        A::I(ei),
-                        A::F(eps),
-                    ],
-                )?;
+                self.residual(x, o, l.post_attn, l.ffn_norm, h, n, e, eps)?;
                 // Feed-forward.
                 match &l.ffn {
                     DFfn::Dense {
@@ -1199,12 +1241,7 @@ impl DeviceForward for GpuDecoder {
                         self.mv(gate, dense, n_dense, nd, h, 1, g)?;
                         self.mv(up, dense, n_dense, nd, h, 1, u)?;
                         let len = n * gate.rows;
-                        self.launch(
-                            &self.f.glu_act,
-                            (len.div_ceil(256) as u32, 1, 1),
-                            256,
-                            &[A::P(g), A::P(u), A::L(len as i64), A::I(*act)],
-                        )?;
+                        self.glu(g, u, len, *act)?;
                         self.mv(down, dense, n_dense, nd, g, 1, o)?;
                     }
                     DFfn::Moe {
@@ -1271,12 +1308,7 @@ impl DeviceForward for GpuDecoder {
                         self.mv(&parts[0], chunks, nchunks, gy, h, kk, g)?;
                         self.mv(&parts[1], chunks, nchunks, gy, h, kk, u)?;
                         let len = np * parts[0].rows;
-                        self.launch(
-                            &self.f.glu_act,
-                            (len.div_ceil(256) as u32, 1, 1),
-                            256,
-                            &[A::P(g), A::P(u), A::L(len as i64), A::I(*act)],
-                        )?;
+                        self.glu(g, u, len, *act)?;
                         self.mv(&parts[2], chunks, nchunks, gy, g, 1, dd)?;
                         self.launch(
                             &self.f.moe_combine,
@@ -1287,35 +1319,10 @@ impl DeviceForward for GpuDecoder {
                     }
                 }
                 let next = self.layers.get(il + 1).map_or(0, |nl| nl.attn_norm);
-                self.launch(
-                    &self.f.residual_norm,
-                    rows_n(n),
-                    256,
-                    &[
-                        A::P(x),
-                        A::P(o),
-                        A::P(l.post_ffn),
-                        A::P(next),
-                        A::P(h),
-                        A::I(ei),
-                        A::F(eps),
-                    ],
-                )?;
+                self.residual(x, o, l.post_ffn, next, h, n, e, eps)?;
             }
             if nr > 0 {
-                self.launch(
-                    &self.f.rms_norm_rows,
-                    rows_n(nr),
-                    256,
-                    &[
-                        A::P(x),
-                        A::P(self.output_norm),
-                        A::P(hsel),
-                        A::P(rowmap),
-                        A::I(ei),
-                        A::F(eps),
-                    ],
-                )?;
+                self.rms_norm(x, self.output_norm, hsel, rowmap, nr, e, eps)?;
                 self.mv(
                     &self.output,
                     row_chunks,

@@ -275,15 +275,11 @@ fn expert_cache_budgets_give_identical_logits() {
     }
 }
 
-/// Gemma 3 270M (Q4_K_M: Q4_K, Q5_0, Q6_K, Q8_0 products) on the prompt and greedy
-/// continuation llama.cpp recorded (tests/fixtures/gemma3; with a vocabulary-trimmed copy,
-/// the ids below its size). Oracle: the same forward pass with every product computed by
-/// [`RefCompute`] (reference dequantization, f64 sums). The GPU (f32 activations) must be
-/// within 1e-3 of the oracle's max |logit| at every position, with the same top-1 wherever
-/// the oracle's margin exceeds 0.01; the CPU (Q8 activations) is printed for comparison.
-#[test]
-#[ignore = "needs a CUDA device"]
-fn gemma_on_gpu_matches_reference() {
+/// Gemma 3 270M (`SLUICE_GEMMA`, else the default install path; None with a note if absent,
+/// unless `SLUICE_REQUIRE_MODELS` is set) and the prompt + greedy continuation llama.cpp
+/// recorded (tests/fixtures/gemma3), keeping the ids below the file's vocabulary (a
+/// vocabulary-trimmed copy, tools/cuda/trim_vocab.py, keeps what they meant).
+fn gemma_and_tokens() -> Option<(PathBuf, Vec<u32>)> {
     let path = match std::env::var_os("SLUICE_GEMMA") {
         Some(p) => PathBuf::from(p),
         None => PathBuf::from(std::env::var("HOME").unwrap_or_default())
@@ -296,18 +292,32 @@ fn gemma_on_gpu_matches_reference() {
             path.display()
         );
         eprintln!("note: {} not found; skipping Gemma", path.display());
-        return;
+        return None;
     }
     let greedy = json(fixtures().join("gemma3/llama_greedy.json"));
     let r = &greedy["results"][0];
     let mut toks = ids(&r["prompt_ids"]);
     toks.extend(ids(&r["generated_ids"]));
-    // A vocabulary-trimmed copy (tools/cuda/trim_vocab.py) keeps the ids below its size.
     let n_vocab = Model::load(&path).unwrap().cfg.n_vocab;
     toks.retain(|&t| (t as usize) < n_vocab);
+    Some((path, toks))
+}
+
+/// Gemma 3 270M (Q4_K_M: Q4_K, Q5_0, Q6_K, Q8_0 products) on the prompt and greedy
+/// continuation llama.cpp recorded (tests/fixtures/gemma3; with a vocabulary-trimmed copy,
+/// the ids below its size). Oracle: the same forward pass with every product computed by
+/// [`RefCompute`] (reference dequantization, f64 sums). The GPU (f32 activations) must be
+/// within 1e-3 of the oracle's max |logit| at every position, with the same top-1 wherever
+/// the oracle's margin exceeds 0.01; the CPU (Q8 activations) is printed for comparison.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gemma_on_gpu_matches_reference() {
+    let Some((path, toks)) = gemma_and_tokens() else {
+        return;
+    };
     assert!(
         toks.len() >= 16,
-        "only {} of the ids are below {n_vocab}",
+        "only {} of the ids are in the vocabulary",
         toks.len()
     );
     let (gpu, n_vocab, g) = logits(&path, &toks, 64, Backend::Gpu);
@@ -451,26 +461,9 @@ fn whole_forward_expert_cache_budgets_give_identical_logits() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gemma_whole_forward_matches_reference() {
-    let path = match std::env::var_os("SLUICE_GEMMA") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var("HOME").unwrap_or_default())
-            .join(".cache/sluice/models/gemma-3-270m-q4_k_m.gguf"),
-    };
-    if !path.exists() {
-        assert!(
-            std::env::var_os("SLUICE_REQUIRE_MODELS").is_none(),
-            "{} does not exist (tools/get-gemma.sh)",
-            path.display()
-        );
-        eprintln!("note: {} not found; skipping Gemma", path.display());
+    let Some((path, toks)) = gemma_and_tokens() else {
         return;
-    }
-    let greedy = json(fixtures().join("gemma3/llama_greedy.json"));
-    let r = &greedy["results"][0];
-    let mut toks = ids(&r["prompt_ids"]);
-    toks.extend(ids(&r["generated_ids"]));
-    let n_vocab = Model::load(&path).unwrap().cfg.n_vocab;
-    toks.retain(|&t| (t as usize) < n_vocab);
+    };
     let (gpu, n_vocab, g) = logits(&path, &toks, 64, Backend::Forward);
     let (oracle, _, _) = logits(&path, &toks, 64, Backend::Reference);
     let s = g.unwrap().stats();
