@@ -247,32 +247,40 @@ fn qwen3moe_q8_0_on_gpu_matches_transformers() {
     }
 }
 
-/// A VRAM expert cache smaller than the experts (evictions on every layer) changes no
-/// bit of the logits, whatever the budget or the batch.
-#[test]
-#[ignore = "needs a CUDA device"]
-fn expert_cache_budgets_give_identical_logits() {
+/// With a VRAM expert cache of 1/2 and 1/5 of the experts (evictions on every layer) the
+/// logits are the bits of `plain`'s, whatever the batch; the cache stays in its budget.
+fn expert_cache_keeps_bits(plain: Backend, cached: fn(u64) -> Backend, what: &str) {
     let toks = qwen3moe_tokens();
     let path = qwen3moe("a-q8_0.gguf");
-    let (plain, _, _) = logits(&path, &toks, 64, Backend::Gpu);
+    let (want, _, _) = logits(&path, &toks, 64, plain);
     for div in [2, 5] {
         for batch in [64, 1] {
-            let (got, _, g) = logits(&path, &toks, batch, Backend::GpuExpertCache(div));
+            let (got, _, g) = logits(&path, &toks, batch, cached(div));
             let s = g.unwrap().stats();
-            eprintln!("expert cache 1/{div} of the experts, batch {batch}: {s:?}");
+            eprintln!("{what}, expert cache 1/{div} of the experts, batch {batch}: {s:?}");
             assert!(
                 s.expert_evictions > 0,
-                "1/{div}: no eviction; the test needs some"
+                "{what}, 1/{div}: no eviction; the test needs some"
             );
-            assert!(s.expert_peak <= s.expert_budget);
+            assert!(
+                s.expert_peak <= s.expert_budget,
+                "{what}, 1/{div}: peak over the budget"
+            );
             assert!(
                 got.iter()
-                    .zip(&plain)
+                    .zip(&want)
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "expert cache 1/{div}, batch {batch}: logits differ"
+                "{what}, expert cache 1/{div}, batch {batch}: logits differ"
             );
         }
     }
+}
+
+/// Products on the GPU: a VRAM expert cache smaller than the experts changes no bit.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn expert_cache_budgets_give_identical_logits() {
+    expert_cache_keeps_bits(Backend::Gpu, Backend::GpuExpertCache, "products");
 }
 
 /// Gemma 3 270M (`SLUICE_GEMMA`, else the default install path; None with a note if absent,
@@ -422,36 +430,12 @@ fn whole_forward_q8_0_matches_transformers() {
     }
 }
 
-/// The whole forward pass with routed experts in a VRAM cache far below their size
-/// (evictions in every layer) gives the bits of the experts resident in VRAM, in any
-/// chunking; the cache never holds more than its budget.
+/// The whole forward pass with routed experts in a VRAM cache far below their size gives
+/// the bits of the experts resident in VRAM, in any chunking.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn whole_forward_expert_cache_budgets_give_identical_logits() {
-    let toks = qwen3moe_tokens();
-    let path = qwen3moe("a-q8_0.gguf");
-    let (plain, _, _) = logits(&path, &toks, 64, Backend::Forward);
-    for div in [2, 5] {
-        for batch in [64, 1] {
-            let (got, _, g) = logits(&path, &toks, batch, Backend::ForwardCache(div));
-            let s = g.unwrap().stats();
-            eprintln!("whole forward, expert cache 1/{div}, batch {batch}: {s:?}");
-            assert!(
-                s.expert_evictions > 0,
-                "1/{div}: no eviction; the test needs some"
-            );
-            assert!(
-                s.expert_peak <= s.expert_budget,
-                "1/{div}: peak over the budget"
-            );
-            assert!(
-                got.iter()
-                    .zip(&plain)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "whole forward, expert cache 1/{div}, batch {batch}: logits differ"
-            );
-        }
-    }
+    expert_cache_keeps_bits(Backend::Forward, Backend::ForwardCache, "whole forward");
 }
 
 /// Gemma 3 270M, the whole forward pass on the GPU (sliding-window and global layers,
