@@ -101,20 +101,61 @@ struct DLayer {
     post_ffn: u64,
 }
 
+/// Parameter kinds of every `forward.cu` kernel, in order: `P` a device address (u64), `L`
+/// a long long, `I` an int, `F` a float. Per-format and per-cache-type kernels are named by
+/// their prefix (`mvg_`, `embed_`, `kv_store_`, `attention_`). Every launch is checked
+/// against this table, and `no_gpu::kernels_compile_with_nvrtc` checks the table against
+/// the compiled PTX's parameter lists, so a launch whose arguments drift from its kernel
+/// fails with an error (on CI, without a GPU), not with garbage on the device.
+pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
+    ("mvg_", "PPPPIPIIL"),
+    ("embed_", "PLPPIF"),
+    ("rms_norm_rows", "PPPPIF"),
+    ("residual_norm", "PPPPPIF"),
+    ("qk_norm_rope", "PPPPPPIIIF"),
+    ("kv_store_", "PPPPPII"),
+    ("attention_", "PPPPPIIIIFI"),
+    ("topk_softmax", "PIIIPP"),
+    ("moe_chunks", "PIIPP"),
+    ("glu_act", "PPLI"),
+    ("moe_combine", "PPPII"),
+];
+
+/// The parameter kinds of kernel `name` ([`KERNEL_SIGNATURES`]).
+pub fn kernel_signature(name: &str) -> Option<&'static str> {
+    KERNEL_SIGNATURES
+        .iter()
+        .find(|(k, _)| {
+            if k.ends_with('_') {
+                name.starts_with(k)
+            } else {
+                name == *k
+            }
+        })
+        .map(|(_, s)| *s)
+}
+
+/// A loaded kernel and what it takes.
+struct Kernel {
+    f: CudaFunction,
+    name: String,
+    sig: &'static str,
+}
+
 /// Kernels of `forward.cu` (per format where they dequantize).
 struct Funcs {
-    mvg: Vec<CudaFunction>,
-    embed: Vec<CudaFunction>,
-    rms_norm_rows: CudaFunction,
-    residual_norm: CudaFunction,
-    qk_norm_rope: CudaFunction,
+    mvg: Vec<Kernel>,
+    embed: Vec<Kernel>,
+    rms_norm_rows: Kernel,
+    residual_norm: Kernel,
+    qk_norm_rope: Kernel,
     /// (f16 cache, f32 cache)
-    kv_store: [CudaFunction; 2],
-    attention: [CudaFunction; 2],
-    topk_softmax: CudaFunction,
-    moe_chunks: CudaFunction,
-    glu_act: CudaFunction,
-    moe_combine: CudaFunction,
+    kv_store: [Kernel; 2],
+    attention: [Kernel; 2],
+    topk_softmax: Kernel,
+    moe_chunks: Kernel,
+    glu_act: Kernel,
+    moe_combine: Kernel,
 }
 
 /// Routed experts kept in VRAM by (layer, unit) when they are not resident whole.
@@ -364,10 +405,14 @@ impl GpuDecoder {
             .ctx
             .new_stream()
             .map_err(|e| format!("a stream for the forward pass: {e}"))?;
-        let load = |n: &str| {
-            d.module
-                .load_function(n)
-                .map_err(|e| format!("kernel {n}: {e}"))
+        let load = |n: &str| -> Result<Kernel, String> {
+            Ok(Kernel {
+                f: d.module
+                    .load_function(n)
+                    .map_err(|e| format!("kernel {n}: {e}"))?,
+                name: n.to_string(),
+                sig: kernel_signature(n).ok_or_else(|| format!("kernel {n}: no signature"))?,
+            })
         };
         let mut mvg = Vec::new();
         let mut embed = Vec::new();
@@ -893,12 +938,27 @@ impl Header {
 impl GpuDecoder {
     fn launch(
         &self,
-        f: &CudaFunction,
+        k: &Kernel,
         grid: (u32, u32, u32),
         block: u32,
         args: &[A],
     ) -> Result<(), ModelError> {
-        let mut b = self.stream.launch_builder(f);
+        let kinds: String = args
+            .iter()
+            .map(|a| match a {
+                A::P(_) => 'P',
+                A::I(_) => 'I',
+                A::F(_) => 'F',
+                A::L(_) => 'L',
+            })
+            .collect();
+        if kinds != k.sig {
+            return Err(ModelError::Compute(format!(
+                "cuda: kernel {} takes ({}), launched with ({kinds})",
+                k.name, k.sig
+            )));
+        }
+        let mut b = self.stream.launch_builder(&k.f);
         for a in args {
             match a {
                 A::P(v) => b.arg(v),
@@ -912,8 +972,9 @@ impl GpuDecoder {
             block_dim: (block, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: every caller passes the parameters of the named `forward.cu` kernel in
-        // its order and types (device addresses as 64-bit values, int, float, long long);
+        // SAFETY: the arguments are the parameters of the `forward.cu` kernel in its order
+        // and types (checked above against KERNEL_SIGNATURES, which the NVRTC test checks
+        // against the PTX: device addresses as 64-bit values, int, float, long long);
         // each address points into a live buffer of this decoder (weights, pointer table,
         // scratch grown for this call, the sequence's KV cache) sized for the grid, whose
         // blocks past the data return. Buffers outlive the launch: the call synchronizes

@@ -78,7 +78,54 @@ fn kernels_compile_with_nvrtc() {
             let name = format!(".entry {k}(");
             assert!(ptx.contains(&name), "{arch}: PTX lacks {name}");
         }
+        // Every whole-forward kernel's parameters are what its launches pass.
+        let mut checked = 0;
+        for (name, params) in ptx_entries(&ptx) {
+            let Some(sig) = sluice_cuda::forward::kernel_signature(&name) else {
+                continue;
+            };
+            let want: Vec<&str> = sig
+                .chars()
+                .map(|c| match c {
+                    'P' | 'L' => ".u64",
+                    'I' => ".u32",
+                    'F' => ".f32",
+                    other => panic!("{name}: unknown kind {other}"),
+                })
+                .collect();
+            assert_eq!(
+                params, want,
+                "{arch}: {name}'s parameters vs its signature {sig}"
+            );
+            checked += 1;
+        }
+        // 7 formats x (mvg, embed), 2 x (kv_store, attention), 7 others.
+        assert_eq!(checked, 7 * 2 + 2 * 2 + 7, "{arch}: kernels checked");
     }
+}
+
+/// (entry name, parameter types) of every `.entry` in `ptx`.
+fn ptx_entries(ptx: &str) -> Vec<(String, Vec<&str>)> {
+    let mut out = Vec::new();
+    let mut lines = ptx.lines();
+    while let Some(l) = lines.next() {
+        let Some(rest) = l.trim().strip_prefix(".visible .entry ") else {
+            continue;
+        };
+        let name = rest.trim_end_matches('(').to_string();
+        let mut params = Vec::new();
+        for p in lines.by_ref() {
+            let p = p.trim();
+            if p.starts_with(')') {
+                break;
+            }
+            if let Some(t) = p.strip_prefix(".param ") {
+                params.push(t.split_whitespace().next().unwrap_or(""));
+            }
+        }
+        out.push((name, params));
+    }
+    out
 }
 
 fn fixtures() -> PathBuf {
