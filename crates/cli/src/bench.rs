@@ -358,7 +358,11 @@ pub fn main(args: BenchArgs) -> Result<()> {
     }
     for r in &rows {
         // Only when the VRAM expert tier was asked or weights were uploaded during the run.
-        if let Some(g) = r.gpu.as_ref().filter(|g| g.lookups > 0 || g.upload_bytes > 0) {
+        if let Some(g) = r
+            .gpu
+            .as_ref()
+            .filter(|g| g.lookups > 0 || g.upload_bytes > 0)
+        {
             eprintln!(
                 "{}: gpu expert hit rate {:.1}% ({} lookups), uploaded {:.2} GB at {:.2} GB/s",
                 r.test,

@@ -372,6 +372,8 @@ fn bench_matmul_shape(c: &mut Criterion, rows: usize, cols: usize, n: usize) {
         GgmlType::Q2_K,
         GgmlType::Q3_K,
         GgmlType::Q5_K,
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ4_XS,
     ] {
         let mut g = c.benchmark_group(format!("matmul/{ty}"));
         g.sample_size(10)
