@@ -20,8 +20,9 @@ export SLUICE_REQUIRE_MODELS=1
 echo "== cargo test --release"
 cargo test --workspace --release
 echo "== CUDA kernels compile with NVRTC (PyPI nvidia-cuda-nvrtc; no GPU needed)"
-NVRTC_LIB="$(tools/get-nvrtc.sh)"
-LD_LIBRARY_PATH="$NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+# SLUICE_NVRTC_DIR (read by the backend at run time) rather than LD_LIBRARY_PATH or
+# CUDA_PATH, which would make cargo rebuild crates.
+SLUICE_NVRTC_DIR="$(tools/get-nvrtc.sh)" \
   cargo test --release -p sluice-cuda --test no_gpu -- --ignored kernels_compile_with_nvrtc
 echo "== sluice serve with the official openai and anthropic clients (PyPI)"
 tools/test-server-clients.sh

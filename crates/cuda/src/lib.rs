@@ -248,6 +248,11 @@ struct Device {
 /// Places NVRTC is looked for when the loader's search path does not have it.
 fn nvrtc_dirs() -> Vec<String> {
     let mut dirs = Vec::new();
+    // A directory holding libnvrtc itself (e.g. the nvidia-cuda-nvrtc wheel's, as
+    // tools/get-nvrtc.sh prints it).
+    if let Ok(v) = std::env::var("SLUICE_NVRTC_DIR") {
+        dirs.push(v);
+    }
     for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
         if let Ok(v) = std::env::var(var) {
             dirs.push(format!("{v}/lib64"));
