@@ -54,11 +54,11 @@ fn err(what: &str, e: impl std::fmt::Display) -> ModelError {
     ModelError::Compute(format!("cuda: {what}: {e}"))
 }
 
-/// A weight matrix in VRAM: its pointer-table entry (or the first of `n_expert` entries for
-/// a routed part), format and shape.
+/// A weight matrix in VRAM: the index of its pointer-table entry (or of the first of
+/// `n_expert` entries for a routed part), format and shape.
 #[derive(Debug, Clone, Copy)]
 struct DMat {
-    tab: u64,
+    tab: usize,
     fi: usize,
     rows: usize,
     cols: usize,
@@ -278,6 +278,8 @@ pub struct GpuDecoder {
     /// Pointer table: one entry per dense matrix, `n_expert` per routed part (written
     /// again per layer for cached experts).
     ptrs: Mutex<CudaSlice<u64>>,
+    /// The table's device address (entry i at `ptrs_base + 8 i`).
+    ptrs_base: u64,
     /// Experts not resident whole: the VRAM unit cache.
     units: Option<Mutex<UnitCache>>,
     /// Largest FFN width (dense) and routed-expert width.
@@ -493,7 +495,7 @@ impl GpuDecoder {
             uploaded: 0,
         };
         let embd = up.mat(&plan.embd)?;
-        let embd_ptr = up.tab[embd.tab as usize];
+        let embd_ptr = up.tab[embd.tab];
         let output = up.mat(&plan.output)?;
         let output_norm = up.norm(&plan.output_norm)?;
         let (mut ff_dense, mut ff_moe, mut k_max, mut n_expert_max) = (0, 0, 0, 0);
@@ -534,7 +536,7 @@ impl GpuDecoder {
                             );
                         }
                         parts.push(DMat {
-                            tab: (tab_index + pi * n_expert) as u64,
+                            tab: tab_index + pi * n_expert,
                             fi: format_index(s.ty, s.cols).expect("checked"),
                             rows: s.rows,
                             cols: s.cols,
@@ -578,28 +580,7 @@ impl GpuDecoder {
         let ptrs = stream
             .clone_htod(&tab[..])
             .map_err(|e| format!("uploading the pointer table: {e}"))?;
-        let base = ptrs.device_ptr(&stream).0;
-        // Table indices -> device addresses of the entries.
-        let fix = |m: &mut DMat| m.tab = base + 8 * m.tab;
-        let (mut embd, mut output) = (embd, output);
-        fix(&mut embd);
-        fix(&mut output);
-        for l in layers.iter_mut() {
-            for m in [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo] {
-                fix(m);
-            }
-            match &mut l.ffn {
-                DFfn::Dense { gate, up, down, .. } => {
-                    fix(gate);
-                    fix(up);
-                    fix(down);
-                }
-                DFfn::Moe { router, parts, .. } => {
-                    fix(router);
-                    parts.iter_mut().for_each(fix);
-                }
-            }
-        }
+        let ptrs_base = ptrs.device_ptr(&stream).0;
         stream
             .synchronize()
             .map_err(|e| format!("uploading the weights: {e}"))?;
@@ -633,6 +614,7 @@ impl GpuDecoder {
             output_norm,
             output,
             ptrs: Mutex::new(ptrs),
+            ptrs_base,
             units,
             ff_dense,
             ff_moe,
@@ -828,13 +810,12 @@ impl Uploader<'_> {
         Ok(a)
     }
 
-    /// Upload a matrix and give it a pointer-table entry (its `tab` is the entry's index
-    /// until the table is on the device).
+    /// Upload a matrix and give it a pointer-table entry.
     fn mat(&mut self, m: &Mat) -> Result<DMat, String> {
         let a = self.bytes(m.bytes(self.map))?;
         self.tab.push(a);
         Ok(DMat {
-            tab: (self.tab.len() - 1) as u64,
+            tab: self.tab.len() - 1,
             fi: format_index(m.ty, m.cols).expect("checked"),
             rows: m.rows,
             cols: m.cols,
@@ -1075,7 +1056,7 @@ impl GpuDecoder {
             (m.rows.div_ceil(4) as u32, gy, 1),
             128,
             &[
-                A::P(m.tab),
+                A::P(self.ptrs_base + 8 * m.tab as u64),
                 A::P(chunks),
                 A::P(nchunks),
                 A::P(x),
