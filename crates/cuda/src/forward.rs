@@ -338,34 +338,20 @@ impl GpuDecoder {
                 sh.n_head, sh.n_head_kv
             ));
         }
-        let mat = |m: &Mat, what: &str| -> Result<(), String> {
-            format_index(m.ty, m.cols).map(|_| ()).ok_or_else(|| {
-                format!(
-                    "{what}: {:?} with {} columns has no GPU kernel",
-                    m.ty, m.cols
-                )
-            })
+        let kernel = |ty: sluice_kernels::GgmlType, cols: usize, what: &str| {
+            format_index(ty, cols)
+                .map(|_| ())
+                .ok_or_else(|| format!("{what}: {ty:?} with {cols} columns has no GPU kernel"))
         };
-        mat(&plan.embd, "token embedding")?;
-        mat(&plan.output, "output")?;
+        for (what, m) in plan.matrices() {
+            kernel(m.ty, m.cols, &what)?;
+        }
         for (il, l) in plan.layers.iter().enumerate() {
-            for (m, n) in [
-                (&l.attn.wq, "q"),
-                (&l.attn.wk, "k"),
-                (&l.attn.wv, "v"),
-                (&l.attn.wo, "o"),
-            ] {
-                mat(m, &format!("layer {il} attention {n}"))?;
-            }
             match &l.ffn {
-                PlanFfn::Dense { w, act } => {
+                PlanFfn::Dense { act, .. } => {
                     act_id(*act).ok_or_else(|| format!("layer {il}: activation {act:?}"))?;
-                    for (m, n) in [(&w.gate, "gate"), (&w.up, "up"), (&w.down, "down")] {
-                        mat(m, &format!("layer {il} ffn {n}"))?;
-                    }
                 }
                 PlanFfn::Moe {
-                    router_w,
                     n_expert,
                     k,
                     experts,
@@ -373,17 +359,11 @@ impl GpuDecoder {
                     ..
                 } => {
                     act_id(*act).ok_or_else(|| format!("layer {il}: activation {act:?}"))?;
-                    mat(router_w, &format!("layer {il} router"))?;
                     if *n_expert > MAX_EXPERTS || *k == 0 || k > n_expert {
                         return Err(format!("layer {il}: top-{k} of {n_expert} experts"));
                     }
                     for s in experts {
-                        format_index(s.ty, s.cols).ok_or_else(|| {
-                            format!(
-                                "layer {il} experts: {:?} with {} columns has no GPU kernel",
-                                s.ty, s.cols
-                            )
-                        })?;
+                        kernel(s.ty, s.cols, &format!("layer {il} experts"))?;
                     }
                 }
             }
@@ -436,22 +416,11 @@ impl GpuDecoder {
             moe_combine: load("moe_combine")?,
         };
         // What the weights need, against what the backend may hold.
-        let dense: u64 = {
-            let mut b = plan.embd.range.len() + plan.output.range.len();
-            for l in &plan.layers {
-                b += [&l.attn.wq, &l.attn.wk, &l.attn.wv, &l.attn.wo]
-                    .iter()
-                    .map(|m| m.range.len())
-                    .sum::<usize>();
-                match &l.ffn {
-                    PlanFfn::Dense { w, .. } => {
-                        b += w.gate.range.len() + w.up.range.len() + w.down.range.len()
-                    }
-                    PlanFfn::Moe { router_w, .. } => b += router_w.range.len(),
-                }
-            }
-            b as u64
-        };
+        let dense: u64 = plan
+            .matrices()
+            .iter()
+            .map(|(_, m)| m.range.len() as u64)
+            .sum();
         let routed: u64 = plan
             .layers
             .iter()

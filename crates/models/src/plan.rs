@@ -30,6 +30,34 @@ pub struct DecoderPlan {
     pub layers: Vec<PlanLayer>,
 }
 
+impl DecoderPlan {
+    /// Every matrix the plan holds whole (all but the routed experts), each named for
+    /// messages ("token embedding", "layer 3 attention q", "layer 3 router", ...).
+    pub fn matrices(&self) -> Vec<(String, &Mat)> {
+        let mut out = vec![
+            ("token embedding".to_string(), &self.embd),
+            ("output".to_string(), &self.output),
+        ];
+        for (il, l) in self.layers.iter().enumerate() {
+            let a = &l.attn;
+            for (n, m) in [("q", &a.wq), ("k", &a.wk), ("v", &a.wv), ("o", &a.wo)] {
+                out.push((format!("layer {il} attention {n}"), m));
+            }
+            match &l.ffn {
+                PlanFfn::Dense { w, .. } => {
+                    for (n, m) in [("gate", &w.gate), ("up", &w.up), ("down", &w.down)] {
+                        out.push((format!("layer {il} ffn {n}"), m));
+                    }
+                }
+                PlanFfn::Moe { router_w, .. } => {
+                    out.push((format!("layer {il} router"), router_w));
+                }
+            }
+        }
+        out
+    }
+}
+
 /// One block: `x += post_attn(attn(attn_norm(x)))`, then `x += post_ffn(ffn(ffn_norm(x)))`.
 #[derive(Debug, Clone)]
 pub struct PlanLayer {
