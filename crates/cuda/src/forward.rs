@@ -31,7 +31,7 @@ use sluice_models::weights::{Mat, Stacked};
 use sluice_models::ModelError;
 use sluice_tier::Stop;
 
-use crate::{grow, Cuda, Device, FORMATS};
+use crate::{grow, kernel_format, Cuda, Device, FORMATS};
 
 /// Rows one warp computes per weight row (`MVG_N` of `forward.cu`).
 const MVG_N: usize = 8;
@@ -312,11 +312,6 @@ fn act_id(a: Activation) -> Option<i32> {
     }
 }
 
-fn format_index(ty: sluice_kernels::GgmlType, cols: usize) -> Option<usize> {
-    let fi = FORMATS.iter().position(|f| f.0 == ty)?;
-    (cols.is_multiple_of(32) && ty.row_bytes(cols as u64).is_some()).then_some(fi)
-}
-
 impl GpuDecoder {
     /// Whether `plan` can run on the GPU: every matrix in a format the kernels take, heads
     /// and routers within the kernels' limits. The reason when not.
@@ -339,7 +334,7 @@ impl GpuDecoder {
             ));
         }
         let kernel = |ty: sluice_kernels::GgmlType, cols: usize, what: &str| {
-            format_index(ty, cols)
+            kernel_format(ty, cols)
                 .map(|_| ())
                 .ok_or_else(|| format!("{what}: {ty:?} with {cols} columns has no GPU kernel"))
         };
@@ -506,7 +501,7 @@ impl GpuDecoder {
                         }
                         parts.push(DMat {
                             tab: tab_index + pi * n_expert,
-                            fi: format_index(s.ty, s.cols).expect("checked"),
+                            fi: kernel_format(s.ty, s.cols).expect("checked"),
                             rows: s.rows,
                             cols: s.cols,
                             row_bytes: s.ty.row_bytes(s.cols as u64).expect("checked") as i64,
@@ -785,7 +780,7 @@ impl Uploader<'_> {
         self.tab.push(a);
         Ok(DMat {
             tab: self.tab.len() - 1,
-            fi: format_index(m.ty, m.cols).expect("checked"),
+            fi: kernel_format(m.ty, m.cols).expect("checked"),
             rows: m.rows,
             cols: m.cols,
             row_bytes: m.ty.row_bytes(m.cols as u64).expect("checked") as i64,

@@ -103,6 +103,13 @@ pub fn is_supported(ty: GgmlType) -> bool {
     FORMATS.iter().any(|f| f.0 == ty)
 }
 
+/// The `FORMATS` entry whose kernels take rows of `cols` elements of `ty` (None: no kernel
+/// for the type, or rows that are not whole groups of 32 elements / whole blocks).
+pub(crate) fn kernel_format(ty: GgmlType, cols: usize) -> Option<usize> {
+    let fi = FORMATS.iter().position(|f| f.0 == ty)?;
+    (cols.is_multiple_of(32) && ty.row_bytes(cols as u64).is_some()).then_some(fi)
+}
+
 /// Counters of one backend since it was made.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct CudaStats {
@@ -543,11 +550,10 @@ impl Device {
     /// Whether the GPU kernels take this job (else the CPU backend runs it, and reports
     /// a malformed one exactly as without a GPU).
     fn gpu_job(j: &LinearJob<'_>) -> Option<usize> {
-        let fi = FORMATS.iter().position(|f| f.0 == j.ty)?;
+        let fi = kernel_format(j.ty, j.cols)?;
         let rb = j.ty.row_bytes(j.cols as u64)? as usize;
         let ok = j.rows > 0
             && j.n > 0
-            && j.cols.is_multiple_of(32)
             && j.cols <= i32::MAX as usize
             && j.rows <= i32::MAX as usize
             && j.n <= MATVEC_MAX_N * MAX_GRID_Y
