@@ -19,7 +19,6 @@
 //! chunk it is in, so prompt chunking never does either.
 
 use std::any::Any;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
@@ -31,6 +30,7 @@ use sluice_models::weights::{Mat, Stacked};
 use sluice_models::ModelError;
 use sluice_tier::Stop;
 
+use crate::lru::Lru;
 use crate::{grow, kernel_format, Cuda, Device, FORMATS};
 
 /// Rows one warp computes per weight row (`MVG_N` of `forward.cu`).
@@ -160,10 +160,8 @@ struct Funcs {
 
 /// Routed experts kept in VRAM by (layer, unit) when they are not resident whole.
 struct UnitCache {
-    budget: u64,
-    held: u64,
-    tick: u64,
-    map: HashMap<(usize, usize), (CudaSlice<u8>, u64)>,
+    /// (layer, unit) -> the unit's gate, up and down bytes in one buffer.
+    lru: Lru<(usize, usize), CudaSlice<u8>>,
     /// Units of the layer in progress that did not fit the budget next to the layer's
     /// other units (a prefill chunk may use more experts than the cache holds): copied for
     /// this layer only, freed at the next layer (counted as copied per use).
@@ -555,10 +553,7 @@ impl GpuDecoder {
         }
         let units = (experts == ExpertPlacement::Cached).then(|| {
             Mutex::new(UnitCache {
-                budget: expert_budget,
-                held: 0,
-                tick: 0,
-                map: HashMap::new(),
+                lru: Lru::new(expert_budget),
                 transient: Vec::new(),
                 tab: tab.clone(),
             })
@@ -610,20 +605,16 @@ impl GpuDecoder {
         let mut misses = Vec::new();
         let (mut hits, mut evictions) = (0u64, 0u64);
         for &u in needed {
-            uc.tick += 1;
-            let tick = uc.tick;
-            match uc.map.get_mut(&(il, u)) {
-                Some(e) => {
-                    e.1 = tick;
-                    hits += 1;
-                }
+            uc.lru.tick();
+            match uc.lru.touch(&(il, u)) {
+                Some(_) => hits += 1,
                 None => misses.push(u),
             }
         }
         // The previous layer's kernels are done (its ids were downloaded after them).
         uc.transient.clear();
         // How many of this layer's units the cache can hold at once; the hits are in it.
-        let capacity = (uc.budget / unit_bytes.max(1) as u64) as usize;
+        let capacity = (uc.lru.budget() / unit_bytes.max(1) as u64) as usize;
         let mut in_cache = hits as usize;
         let mut transient_bytes = 0u64;
         // Time spent copying (not waiting for the expert source's reads).
@@ -637,17 +628,10 @@ impl GpuDecoder {
                     for &(i, view) in batch {
                         let u = misses[i];
                         let keep = in_cache < capacity;
-                        while keep && uc.held + unit_bytes as u64 > uc.budget {
-                            let victim = uc
-                                .map
-                                .iter()
-                                .filter(|(k, _)| !(k.0 == il && needed.contains(&k.1)))
-                                .min_by_key(|(_, v)| v.1)
-                                .map(|(k, _)| *k);
-                            let Some(k) = victim else { break };
-                            let (old, _) = uc.map.remove(&k).expect("found");
-                            uc.held -= old.len() as u64;
-                            evictions += 1;
+                        if keep {
+                            // Least recently used, never a unit this layer uses.
+                            let protected = |k: &(usize, usize)| k.0 == il && needed.contains(&k.1);
+                            evictions += uc.lru.make_room(unit_bytes as u64, protected).0;
                         }
                         // SAFETY: every byte of the buffer is written by the copies below before
                         // a kernel reads it (same stream, in order).
@@ -684,9 +668,7 @@ impl GpuDecoder {
                         uploaded += unit_bytes as u64;
                         if keep {
                             in_cache += 1;
-                            uc.held += unit_bytes as u64;
-                            let tick = uc.tick;
-                            uc.map.insert((il, u), (slot, tick));
+                            uc.lru.insert((il, u), slot, unit_bytes as u64);
                         } else {
                             transient_bytes += unit_bytes as u64;
                             uc.transient.push((u, slot));
@@ -712,8 +694,8 @@ impl GpuDecoder {
             offs[pi] = offs[pi - 1] + sizes[pi - 1];
         }
         for &u in needed {
-            let slot = match uc.map.get(&(il, u)) {
-                Some(e) => &e.0,
+            let slot = match uc.lru.get(&(il, u)) {
+                Some(e) => e,
                 None => {
                     &uc.transient
                         .iter()
@@ -733,7 +715,7 @@ impl GpuDecoder {
             .memcpy_htod(&uc.tab[lo..hi], &mut ptrs.slice_mut(lo..hi))
             .map_err(|e| err("pointer table", e))?;
         drop(ptrs);
-        let peak = uc.held;
+        let peak = uc.lru.held();
         drop(uc);
         let mut g = self.d.lock();
         let s = &mut g.stats;

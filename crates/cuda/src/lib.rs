@@ -36,6 +36,7 @@
 //! architectures that describe themselves as a `sluice_models::plan::DecoderPlan`.
 
 pub mod forward;
+mod lru;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -197,12 +198,8 @@ impl HostPins {
 }
 
 /// Routed-expert matrices kept in VRAM by identity, least recently used evicted first:
-/// (buffer, last use, upload pending in the call in progress).
-#[derive(Default)]
-struct ExpertCache {
-    map: HashMap<UnitKey, (CudaSlice<u8>, u64, bool)>,
-    tick: u64,
-}
+/// (buffer, upload pending in the call in progress).
+type ExpertCache = lru::Lru<UnitKey, (CudaSlice<u8>, bool)>;
 
 struct Inner {
     resident: HashMap<(usize, usize), CudaSlice<u8>>,
@@ -380,7 +377,7 @@ impl Cuda {
         }
         g.budget = g.budget + g.stats.expert_budget - bytes;
         g.stats.expert_budget = bytes;
-        g.experts = (bytes > 0).then(ExpertCache::default);
+        g.experts = (bytes > 0).then(|| ExpertCache::new(bytes));
         g.stats.expert_bytes = 0;
         Ok(())
     }
@@ -610,7 +607,7 @@ impl Device {
             if let (Some(u), Some(ec)) = (j.unit, inner.experts.as_mut()) {
                 match cache_expert(copy, ec, &mut inner.stats, u, j.w.len(), jobs)? {
                     Cached::Hit | Cached::Miss => {
-                        let miss = ec.map[&u].2;
+                        let miss = ec.get(&u).expect("made above").1;
                         w_off.push(None);
                         in_cache.push(true);
                         pending.push(miss);
@@ -670,12 +667,11 @@ impl Device {
                             .experts
                             .as_mut()
                             .expect("on")
-                            .map
                             .get_mut(&u)
                             .expect("made above");
                         copy.memcpy_htod(j.w, &mut e.0)
                             .map_err(|e| dev_err("expert upload", e))?;
-                        e.2 = false;
+                        e.1 = false;
                         inner.stats.expert_upload_bytes += len as u64;
                     }
                     Some(off) => {
@@ -720,7 +716,12 @@ impl Device {
             let p = match w_off[ji] {
                 None if in_cache[ji] => {
                     let u = j.unit.expect("cached jobs have a unit");
-                    inner.experts.as_ref().expect("on").map[&u]
+                    inner
+                        .experts
+                        .as_ref()
+                        .expect("on")
+                        .get(&u)
+                        .expect("made above")
                         .0
                         .device_ptr(stream)
                         .0
@@ -907,44 +908,31 @@ fn cache_expert(
     len: usize,
     jobs: &[&mut LinearJob<'_>],
 ) -> Result<Cached, KernelError> {
-    ec.tick += 1;
-    let tick = ec.tick;
-    if let Some(e) = ec.map.get_mut(&u) {
-        if e.0.len() == len {
-            e.1 = tick;
-            st.expert_hits += 1;
-            return Ok(Cached::Hit);
-        }
+    ec.tick();
+    if ec.touch(&u).map(|(_, held_len)| held_len) == Some(len as u64) {
+        st.expert_hits += 1;
+        return Ok(Cached::Hit);
     }
     st.expert_misses += 1;
-    if let Some((old, _, _)) = ec.map.remove(&u) {
-        st.expert_bytes -= old.len() as u64;
-    }
+    ec.remove(&u);
+    st.expert_bytes = ec.held();
     let len64 = len as u64;
-    if len64 > st.expert_budget {
+    if len64 > ec.budget() {
         return Ok(Cached::NoRoom);
     }
-    while st.expert_bytes + len64 > st.expert_budget {
-        // Least recently used, never one this call needs.
-        let victim = ec
-            .map
-            .iter()
-            .filter(|(k, _)| !jobs.iter().any(|j| j.unit == Some(**k)))
-            .min_by_key(|(_, v)| v.1)
-            .map(|(k, _)| *k);
-        let Some(k) = victim else {
-            return Ok(Cached::NoRoom);
-        };
-        let (old, _, _) = ec.map.remove(&k).expect("found");
-        st.expert_bytes -= old.len() as u64;
-        st.expert_evictions += 1;
+    // Least recently used, never one this call needs.
+    let (evicted, fits) = ec.make_room(len64, |k| jobs.iter().any(|j| j.unit == Some(*k)));
+    st.expert_evictions += evicted;
+    st.expert_bytes = ec.held();
+    if !fits {
+        return Ok(Cached::NoRoom);
     }
     // SAFETY: the buffer's bytes are written by the upload the caller issues on the copy
     // stream before any product reads them (the compute stream waits for that upload).
     let d = unsafe { copy.alloc::<u8>(len) }.map_err(|e| dev_err("expert alloc", e))?;
-    st.expert_bytes += len64;
+    ec.insert(u, (d, true), len64);
+    st.expert_bytes = ec.held();
     st.expert_peak = st.expert_peak.max(st.expert_bytes);
-    ec.map.insert(u, (d, tick, true));
     Ok(Cached::Miss)
 }
 
