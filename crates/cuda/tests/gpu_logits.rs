@@ -185,58 +185,70 @@ fn qwen3moe_tokens() -> Vec<u32> {
     ids(&json(qwen3moe("tokens.json"))["ids"])
 }
 
-/// F32 weights: the GPU keeps f32 activations, like transformers: the CPU's bound (max
-/// |diff| / max |ref| < 1e-4) holds; chunking (64 vs 1 token per call) changes no bit.
-#[test]
-#[ignore = "needs a CUDA device"]
-fn qwen3moe_f32_on_gpu_matches_transformers() {
+/// Whether two runs' logits are the same bits.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// F32 fixtures on `backend` (f32 activations, like transformers): within the CPU's bound
+/// (max |diff| / max |ref| < 1e-4), `ran` holds for its statistics, and prompts in chunks of
+/// `batches` give the bits of chunks of 64.
+fn f32_matches_transformers(
+    backend: Backend,
+    what: &str,
+    batches: &[usize],
+    ran: impl Fn(&str, &sluice_cuda::CudaStats),
+) {
     let toks = qwen3moe_tokens();
     for (model, npy) in [
         ("a-f32.gguf", "a.logits.npy"),
         ("b-f32.gguf", "b.logits.npy"),
     ] {
         let (want, _) = read_npy_f32(&qwen3moe(npy)).unwrap();
-        let (got, _, g) = logits(&qwen3moe(model), &toks, 64, Backend::Gpu);
+        let (got, _, g) = logits(&qwen3moe(model), &toks, 64, backend);
         let err = max_abs_diff(&got, &want) / max_abs(&want);
         let s = g.unwrap().stats();
-        eprintln!("{model} on the GPU: max |gpu - transformers| / max |ref| = {err:e}; {s:?}");
+        eprintln!("{model}, {what}: max |gpu - transformers| / max |ref| = {err:e}; {s:?}");
+        ran(model, &s);
+        assert!(err < 1e-4, "{model}: relative error {err} >= 1e-4");
+        for &batch in batches {
+            let (other, _, _) = logits(&qwen3moe(model), &toks, batch, backend);
+            assert!(
+                same_bits(&got, &other),
+                "{model}, {what}: logits differ between batch 64 and batch {batch}"
+            );
+        }
+    }
+}
+
+/// F32 weights, products on the GPU: chunking (64 vs 1 token per call) changes no bit.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn qwen3moe_f32_on_gpu_matches_transformers() {
+    f32_matches_transformers(Backend::Gpu, "products on the GPU", &[1], |model, s| {
         assert!(
             s.gpu_jobs > 0 && s.resident_bytes > 0,
             "{model}: nothing ran on the GPU"
         );
-        assert!(err < 1e-4, "{model}: relative error {err} >= 1e-4");
-        let (one, _, _) = logits(&qwen3moe(model), &toks, 1, Backend::Gpu);
-        assert!(
-            got.iter()
-                .zip(&one)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{model}: GPU logits differ between batch 64 and batch 1"
-        );
-    }
+    });
 }
 
-/// Q8_0 weights: oracle transformers on the dequantized weights (float32). The CPU rounds
-/// activations to Q8_0 and stays within 0.07; the GPU does not round them, so it must stay
-/// within that bound too, with the top-1 equal at every position (the fixture's reference
-/// margins are >= 0.4).
-#[test]
-#[ignore = "needs a CUDA device"]
-fn qwen3moe_q8_0_on_gpu_matches_transformers() {
+/// Q8_0 fixtures on `backend`, oracle transformers on the dequantized weights (float32): the
+/// CPU rounds activations to Q8_0 and stays within 0.07; the GPU does not round them, so it
+/// must stay within that bound too, with the top-1 equal at every position (the fixture's
+/// reference margins are >= 0.4). Returns each model's GPU logits.
+fn q8_0_matches_transformers(backend: Backend, what: &str) -> Vec<(&'static str, Vec<f32>)> {
     let toks = qwen3moe_tokens();
+    let mut out = Vec::new();
     for (model, npy) in [
         ("a-q8_0.gguf", "a-q8_0.dequant.logits.npy"),
         ("b-q8_0.gguf", "b-q8_0.dequant.logits.npy"),
     ] {
         let (want, _) = read_npy_f32(&qwen3moe(npy)).unwrap();
-        let (got, n_vocab, _) = logits(&qwen3moe(model), &toks, 64, Backend::Gpu);
-        let (cpu, _, _) = logits(&qwen3moe(model), &toks, 64, Backend::Cpu);
-        let d_gpu = max_abs_diff(&got, &want);
-        let d_cpu = max_abs_diff(&cpu, &want);
-        eprintln!("{model}: max |gpu - reference| = {d_gpu}, max |cpu - reference| = {d_cpu}, max |gpu - cpu| = {}", max_abs_diff(&got, &cpu));
-        assert!(
-            d_gpu <= 0.07,
-            "{model}: max |gpu - reference| = {d_gpu} > 0.07"
-        );
+        let (got, n_vocab, _) = logits(&qwen3moe(model), &toks, 64, backend);
+        let d = max_abs_diff(&got, &want);
+        eprintln!("{model}, {what}: max |gpu - reference| = {d}");
+        assert!(d <= 0.07, "{model}: max |gpu - reference| = {d} > 0.07");
         for (p, (g, w)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
             assert_eq!(
                 argmax(g),
@@ -244,6 +256,25 @@ fn qwen3moe_q8_0_on_gpu_matches_transformers() {
                 "{model}: top-1 differs at position {p}"
             );
         }
+        out.push((model, got));
+    }
+    out
+}
+
+/// Q8_0 weights, products on the GPU (the CPU's distance to the reference printed too).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn qwen3moe_q8_0_on_gpu_matches_transformers() {
+    let toks = qwen3moe_tokens();
+    for (model, got) in q8_0_matches_transformers(Backend::Gpu, "products on the GPU") {
+        let npy = model.replace(".gguf", ".dequant.logits.npy");
+        let (want, _) = read_npy_f32(&qwen3moe(&npy)).unwrap();
+        let (cpu, _, _) = logits(&qwen3moe(model), &toks, 64, Backend::Cpu);
+        eprintln!(
+            "{model}: max |cpu - reference| = {}, max |gpu - cpu| = {}",
+            max_abs_diff(&cpu, &want),
+            max_abs_diff(&got, &cpu)
+        );
     }
 }
 
@@ -267,9 +298,7 @@ fn expert_cache_keeps_bits(plain: Backend, cached: fn(u64) -> Backend, what: &st
                 "{what}, 1/{div}: peak over the budget"
             );
             assert!(
-                got.iter()
-                    .zip(&want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                same_bits(&got, &want),
                 "{what}, expert cache 1/{div}, batch {batch}: logits differ"
             );
         }
@@ -368,22 +397,13 @@ fn gemma_on_gpu_matches_reference() {
     );
 }
 
-/// The whole forward pass on the GPU, F32 weights: within the CPU's bound of transformers
-/// (max |diff| / max |ref| < 1e-4, f32 KV cache as the fixtures' reference keeps it), the
-/// same bits for a prompt in chunks of 64, 5 and 1 tokens.
+/// The whole forward pass on the GPU, F32 weights (f32 KV cache as the fixtures' reference
+/// keeps it): the same bound, and the same bits for a prompt in chunks of 64, 5 and 1
+/// tokens (the 1-token calls replay CUDA graphs).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn whole_forward_f32_matches_transformers() {
-    let toks = qwen3moe_tokens();
-    for (model, npy) in [
-        ("a-f32.gguf", "a.logits.npy"),
-        ("b-f32.gguf", "b.logits.npy"),
-    ] {
-        let (want, _) = read_npy_f32(&qwen3moe(npy)).unwrap();
-        let (got, _, g) = logits(&qwen3moe(model), &toks, 64, Backend::Forward);
-        let err = max_abs_diff(&got, &want) / max_abs(&want);
-        let s = g.unwrap().stats();
-        eprintln!("{model}, whole forward on the GPU: max |gpu - transformers| / max |ref| = {err:e}; {s:?}");
+    f32_matches_transformers(Backend::Forward, "whole forward", &[5, 1], |model, s| {
         assert!(
             s.forward_calls > 0,
             "{model}: no forward pass ran on the GPU"
@@ -392,42 +412,14 @@ fn whole_forward_f32_matches_transformers() {
             s.gpu_jobs, 0,
             "{model}: products went through the per-product path"
         );
-        assert!(err < 1e-4, "{model}: relative error {err} >= 1e-4");
-        for batch in [5, 1] {
-            let (other, _, _) = logits(&qwen3moe(model), &toks, batch, Backend::Forward);
-            assert!(
-                got.iter()
-                    .zip(&other)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{model}: whole-forward logits differ between batch 64 and batch {batch}"
-            );
-        }
-    }
+    });
 }
 
-/// The whole forward pass, Q8_0 weights: within 0.07 of transformers on the dequantized
-/// weights (the CPU's bound), top-1 equal at every position.
+/// The whole forward pass, Q8_0 weights: the same bound, top-1 equal at every position.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn whole_forward_q8_0_matches_transformers() {
-    let toks = qwen3moe_tokens();
-    for (model, npy) in [
-        ("a-q8_0.gguf", "a-q8_0.dequant.logits.npy"),
-        ("b-q8_0.gguf", "b-q8_0.dequant.logits.npy"),
-    ] {
-        let (want, _) = read_npy_f32(&qwen3moe(npy)).unwrap();
-        let (got, n_vocab, _) = logits(&qwen3moe(model), &toks, 64, Backend::Forward);
-        let d = max_abs_diff(&got, &want);
-        eprintln!("{model}, whole forward: max |gpu - reference| = {d}");
-        assert!(d <= 0.07, "{model}: max |gpu - reference| = {d} > 0.07");
-        for (p, (g, w)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
-            assert_eq!(
-                argmax(g),
-                argmax(w),
-                "{model}: top-1 differs at position {p}"
-            );
-        }
-    }
+    q8_0_matches_transformers(Backend::Forward, "whole forward");
 }
 
 /// The whole forward pass with routed experts in a VRAM cache far below their size gives
@@ -474,9 +466,7 @@ fn gemma_whole_forward_matches_reference() {
     );
     let (seven, _, _) = logits(&path, &toks, 7, Backend::Forward);
     assert!(
-        gpu.iter()
-            .zip(&seven)
-            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        same_bits(&gpu, &seven),
         "gemma whole forward: logits differ between chunks of 64 and 7"
     );
 }
