@@ -12,8 +12,6 @@
 // never changes a bit; only the weights' addresses differ between resident experts and
 // a VRAM expert cache, so cache budgets never change a bit either.
 
-typedef unsigned long long u64;
-
 // Rows (tokens, or (token, slot) pairs) one warp takes per weight row in `mvg_*`: each
 // dequantized weight group is used MVG_N times.
 #define MVG_N 8
@@ -117,6 +115,18 @@ FWD_KERNELS(q8_0, T_Q8_0)
 FWD_KERNELS(q5_0, T_Q5_0)
 FWD_KERNELS(q4_k, T_Q4_K)
 FWD_KERNELS(q6_k, T_Q6_K)
+FWD_KERNELS(q4_0, T_Q4_0)
+FWD_KERNELS(q4_1, T_Q4_1)
+FWD_KERNELS(q5_1, T_Q5_1)
+FWD_KERNELS(iq4_nl, T_IQ4_NL)
+FWD_KERNELS(mxfp4, T_MXFP4)
+FWD_KERNELS(q2_k, T_Q2_K)
+FWD_KERNELS(q3_k, T_Q3_K)
+FWD_KERNELS(q5_k, T_Q5_K)
+FWD_KERNELS(iq4_xs, T_IQ4_XS)
+FWD_KERNELS(iq2_xxs, T_IQ2_XXS)
+FWD_KERNELS(iq2_xs, T_IQ2_XS)
+FWD_KERNELS(iq3_xxs, T_IQ3_XXS)
 
 // Sum of v over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
 __device__ __forceinline__ float block_sum(float v) {

@@ -1,4 +1,6 @@
-// sluice CUDA kernels, compiled by NVRTC at start-up (no headers: NVRTC finds none).
+// sluice CUDA kernels, compiled by NVRTC at start-up (no headers: NVRTC finds none). The
+// lookup tables (iq2xxs_grid, ksigns_iq2xs, kvalues_*, ...) are written in front of this
+// source by lib.rs from sluice_kernels' own tables (`tables_source`).
 //
 // Owns: dequantization of 8 consecutive weights of one row (`deq8`, per format, the same
 // block layouts as crates/kernels/src/reference.rs: ggml's, byte for byte) and two
@@ -16,6 +18,7 @@ typedef unsigned char u8;
 typedef signed char i8;
 typedef unsigned short u16;
 typedef unsigned int u32;
+typedef unsigned long long u64;
 
 #define MV_MAX_N 8
 
@@ -37,6 +40,43 @@ __device__ __forceinline__ u16 ld16(const u8* p) { return (u16)p[0] | ((u16)p[1]
 #define T_Q5_0 4
 #define T_Q4_K 5
 #define T_Q6_K 6
+#define T_Q4_0 7
+#define T_Q4_1 8
+#define T_Q5_1 9
+#define T_IQ4_NL 10
+#define T_MXFP4 11
+#define T_Q2_K 12
+#define T_Q3_K 13
+#define T_Q5_K 14
+#define T_IQ4_XS 15
+#define T_IQ2_XXS 16
+#define T_IQ2_XS 17
+#define T_IQ3_XXS 18
+
+// Nibble j (0..31) of a 32-element block's 16 packed bytes: low nibbles first.
+__device__ __forceinline__ int nib32(const u8* qs, int j) {
+    return (j < 16) ? (qs[j] & 0x0F) : (qs[j - 16] >> 4);
+}
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block's 12 scale bytes.
+__device__ __forceinline__ void k4_scale_min(const u8* s, int j, int* sc, int* m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// Eight grid magnitudes `g` (bytes of a u64) with the signs of `signs` (bit i: negative).
+__device__ __forceinline__ void signed8(u64 g, int signs, float scale, float* out) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const float v = (float)((g >> (8 * i)) & 0xFF);
+        out[i] = scale * (((signs >> i) & 1) ? -v : v);
+    }
+}
 
 // Elements 8p .. 8p+7 of the row at `row`, as f32.
 template <int TY>
@@ -87,15 +127,8 @@ __device__ __forceinline__ void deq8(const u8* __restrict__ row, int p, float* o
         const int l0 = e0 & 31;
         const float d = h2f(ld16(b));
         const float dmin = h2f(ld16(b + 2));
-        const u8* s = b + 4;
         int sc, m;
-        if (j < 4) {
-            sc = s[j] & 63;
-            m = s[j + 4] & 63;
-        } else {
-            sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-            m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
+        k4_scale_min(b + 4, j, &sc, &m);
         const float d1 = d * (float)sc;
         const float m1 = dmin * (float)m;
         const u8* qs = b + 16 + 32 * (j >> 1);
@@ -124,6 +157,139 @@ __device__ __forceinline__ void deq8(const u8* __restrict__ row, int p, float* o
             const int q = ((ql[l] >> lshift) & 0x0F) | (((qh[l] >> hshift) & 3) << 4);
             out[i] = ds * (float)(q - 32);
         }
+    } else if (TY == T_Q4_0 || TY == T_IQ4_NL) {
+        // { f16 d; u8 qs[16] }, 18 bytes: d * (q - 8), or d * kvalues_iq4nl[q].
+        const u8* b = row + (p >> 2) * 18;
+        const float d = h2f(ld16(b));
+        const int j0 = (p & 3) * 8;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int q = nib32(b + 2, j0 + i);
+            out[i] = d * (float)(TY == T_Q4_0 ? q - 8 : (int)kvalues_iq4nl[q]);
+        }
+    } else if (TY == T_Q4_1 || TY == T_Q5_1) {
+        // Q4_1 { f16 d; f16 m; u8 qs[16] } (20 bytes), Q5_1 { f16 d; f16 m; u32 qh; u8
+        // qs[16] } (24 bytes, bit j of qh is bit 4 of element j): d * q + m.
+        const int bytes = (TY == T_Q4_1) ? 20 : 24;
+        const u8* b = row + (p >> 2) * bytes;
+        const float d = h2f(ld16(b));
+        const float m = h2f(ld16(b + 2));
+        const u32 qh = (TY == T_Q5_1) ? ((u32)b[4] | ((u32)b[5] << 8) | ((u32)b[6] << 16) |
+                                         ((u32)b[7] << 24))
+                                      : 0u;
+        const u8* qs = b + ((TY == T_Q4_1) ? 4 : 8);
+        const int j0 = (p & 3) * 8;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int j = j0 + i;
+            const int q = nib32(qs, j) | (int)(((qh >> j) & 1) << 4);
+            out[i] = d * (float)q + m;
+        }
+    } else if (TY == T_MXFP4) {
+        // { u8 e; u8 qs[16] }, 17 bytes: e8m0_half(e) * kvalues_mxfp4[q].
+        const u8* b = row + (p >> 2) * 17;
+        const u32 e = b[0];
+        const float d = __int_as_float(e < 2 ? (0x00200000u << e) : ((e - 1) << 23));
+        const int j0 = (p & 3) * 8;
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = d * (float)kvalues_mxfp4[nib32(b + 1, j0 + i)];
+    } else if (TY == T_Q2_K) {
+        // { u8 scales[16]; u8 qs[64]; f16 d; f16 dmin }, 84 bytes, 256 elements: element
+        // 128 h + 32 s + l is bits 2s of qs[32 h + l]; (d * sc) * q - dmin * m per 16.
+        const int e0 = 8 * p;
+        const u8* b = row + (e0 >> 8) * 84;
+        const int i0 = e0 & 255;
+        const int h = i0 >> 7, s = (i0 & 127) >> 5, l0 = i0 & 31;
+        const u8 sc = b[i0 >> 4];
+        const float dl = h2f(ld16(b + 80)) * (float)(sc & 0x0F);
+        const float ml = h2f(ld16(b + 82)) * (float)(sc >> 4);
+        const u8* qs = b + 16 + 32 * h;
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = dl * (float)((qs[l0 + i] >> (2 * s)) & 3) - ml;
+    } else if (TY == T_Q3_K) {
+        // { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d }, 110 bytes, 256 elements: low
+        // bits as Q2_K, minus 4 where bit e / 32 of hmask[e % 32] is clear; signed 6-bit
+        // scale per 16: (d * sc) * q.
+        const int e0 = 8 * p;
+        const u8* b = row + (e0 >> 8) * 110;
+        const int i0 = e0 & 255;
+        const int h = i0 >> 7, s = (i0 & 127) >> 5, l0 = i0 & 31;
+        const int j = i0 >> 4;
+        const u8* sb = b + 96;
+        const int sc = (((sb[j & 7] >> (4 * (j >> 3))) & 0x0F) |
+                        (((sb[8 + (j & 3)] >> (2 * (j >> 2))) & 3) << 4)) - 32;
+        const float dl = h2f(ld16(b + 108)) * (float)sc;
+        const u8* qs = b + 32 + 32 * h;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int l = l0 + i;
+            const int q = ((qs[l] >> (2 * s)) & 3) - (((b[l] >> (i0 >> 5)) & 1) ? 0 : 4);
+            out[i] = dl * (float)q;
+        }
+    } else if (TY == T_Q5_K) {
+        // { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128] }, 176 bytes: sub-block j
+        // of 32 takes nibble j & 1 of qs[32 (j / 2) + l] and bit j of qh[l].
+        const int e0 = 8 * p;
+        const u8* b = row + (e0 >> 8) * 176;
+        const int j = (e0 & 255) >> 5;
+        const int l0 = e0 & 31;
+        int sc, m;
+        k4_scale_min(b + 4, j, &sc, &m);
+        const float d1 = h2f(ld16(b)) * (float)sc;
+        const float m1 = h2f(ld16(b + 2)) * (float)m;
+        const u8* qs = b + 48 + 32 * (j >> 1);
+        const int shift = (j & 1) * 4;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int l = l0 + i;
+            const int q = ((qs[l] >> shift) & 0x0F) | (((b[16 + l] >> j) & 1) << 4);
+            out[i] = d1 * (float)q - m1;
+        }
+    } else if (TY == T_IQ4_XS) {
+        // { f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128] }, 136 bytes: sub-block j of
+        // 32 is (d * (ls - 32)) * kvalues_iq4nl[nibble] over qs[16 j .. 16 j + 16].
+        const int e0 = 8 * p;
+        const u8* b = row + (e0 >> 8) * 136;
+        const int j = (e0 & 255) >> 5;
+        const int l0 = e0 & 31;
+        const int ls = (((b[4 + (j >> 1)] >> (4 * (j & 1))) & 0x0F) |
+                        (((ld16(b + 2) >> (2 * j)) & 3) << 4)) - 32;
+        const float dl = h2f(ld16(b)) * (float)ls;
+#pragma unroll
+        for (int i = 0; i < 8; i++) out[i] = dl * (float)kvalues_iq4nl[nib32(b + 8 + 16 * j, l0 + i)];
+    } else if (TY == T_IQ2_XXS) {
+        // { f16 d; 8 x (u8 grid[4]; u32 signs_and_scale) }, 66 bytes: group l of sub-block
+        // ib is iq2xxs_grid[grid[l]] with ksigns[(aux >> 7 l) & 127]; d * (2 s + 1) / 8.
+        const int e0 = 8 * p;
+        const u8* b = row + (e0 >> 8) * 66;
+        const u8* g = b + 2 + 8 * ((e0 & 255) >> 5);
+        const int l = (e0 & 31) >> 3;
+        const u32 aux = (u32)g[4] | ((u32)g[5] << 8) | ((u32)g[6] << 16) | ((u32)g[7] << 24);
+        const float db = h2f(ld16(b)) * (float)(2 * (aux >> 28) + 1) * 0.125f;
+        signed8(iq2xxs_grid[g[l]], ksigns_iq2xs[(aux >> (7 * l)) & 127], db, out);
+    } else if (TY == T_IQ2_XS) {
+        // { f16 d; u16 qs[32]; u8 scales[8] }, 74 bytes: each u16 is a 9-bit index into
+        // iq2xs_grid and a 7-bit ksigns index; a 4-bit scale per 16 elements.
+        const int e0 = 8 * p;
+        const u8* b = row + (e0 >> 8) * 74;
+        const int i0 = e0 & 255;
+        const u16 v = ld16(b + 2 + 2 * (i0 >> 3));
+        const int s = (b[66 + (i0 >> 5)] >> (4 * ((i0 >> 4) & 1))) & 0x0F;
+        const float db = h2f(ld16(b)) * (float)(2 * s + 1) * 0.125f;
+        signed8(iq2xs_grid[v & 511], ksigns_iq2xs[v >> 9], db, out);
+    } else if (TY == T_IQ3_XXS) {
+        // { f16 d; u8 grid[64]; u32 signs_and_scale[8] }, 98 bytes: group l of sub-block ib
+        // is two 4-value rows of iq3xxs_grid with ksigns[(aux >> 7 l) & 127]; d (2 s + 1) / 4.
+        const int e0 = 8 * p;
+        const u8* b = row + (e0 >> 8) * 98;
+        const int ib = (e0 & 255) >> 5;
+        const int l = (e0 & 31) >> 3;
+        const u8* a = b + 66 + 4 * ib;
+        const u32 aux = (u32)a[0] | ((u32)a[1] << 8) | ((u32)a[2] << 16) | ((u32)a[3] << 24);
+        const float db = h2f(ld16(b)) * (float)(2 * (aux >> 28) + 1) * 0.25f;
+        const u8* q = b + 2 + 8 * ib + 2 * l;
+        const u64 g = (u64)iq3xxs_grid[q[0]] | ((u64)iq3xxs_grid[q[1]] << 32);
+        signed8(g, ksigns_iq2xs[(aux >> (7 * l)) & 127], db, out);
     }
 }
 
@@ -276,3 +442,15 @@ KERNELS(q8_0, T_Q8_0)
 KERNELS(q5_0, T_Q5_0)
 KERNELS(q4_k, T_Q4_K)
 KERNELS(q6_k, T_Q6_K)
+KERNELS(q4_0, T_Q4_0)
+KERNELS(q4_1, T_Q4_1)
+KERNELS(q5_1, T_Q5_1)
+KERNELS(iq4_nl, T_IQ4_NL)
+KERNELS(mxfp4, T_MXFP4)
+KERNELS(q2_k, T_Q2_K)
+KERNELS(q3_k, T_Q3_K)
+KERNELS(q5_k, T_Q5_K)
+KERNELS(iq4_xs, T_IQ4_XS)
+KERNELS(iq2_xxs, T_IQ2_XXS)
+KERNELS(iq2_xs, T_IQ2_XS)
+KERNELS(iq3_xxs, T_IQ3_XXS)

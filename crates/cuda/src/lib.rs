@@ -27,8 +27,9 @@
 //!
 //! Products: a warp-per-row matvec over groups of 8 tokens, so a token's result does not
 //! depend on the batch (prompt chunking never changes logits, as on the CPU); a 64x64-tiled
-//! matmul for prefill is there behind `SLUICE_CUDA_TILED=1`. Both dequantize on the fly (F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K, the block layouts
-//! of `sluice_kernels::reference`) and keep activations in f32, so results differ from the
+//! matmul for prefill is there behind `SLUICE_CUDA_TILED=1`. Both dequantize on the fly (the
+//! `FORMATS` list: F32, F16, BF16, the Q*_0/_1, K-quants, IQ4_NL/XS, MXFP4, IQ2_XXS/XS and
+//! IQ3_XXS, the block layouts of `sluice_kernels::reference`) and keep activations in f32, so results differ from the
 //! CPU path (Q8-quantized activations) by rounding. Other weight types and shapes the
 //! kernels do not take (columns not a multiple of 32) run on the CPU backend.
 //! With only this backend, everything else of a forward pass (attention, norms, routing)
@@ -50,8 +51,31 @@ use sluice_kernels::{GgmlType, KernelError};
 use sluice_models::compute::{Compute, Cpu, LinearJob, UnitKey};
 use sluice_tier::SlotMemory;
 
-/// The kernels' CUDA C source.
-pub const KERNEL_SOURCE: &str = concat!(include_str!("kernels.cu"), include_str!("forward.cu"));
+/// The kernels' CUDA C source, without the lookup tables [`kernel_source`] puts first.
+const KERNEL_BODY: &str = concat!(include_str!("kernels.cu"), include_str!("forward.cu"));
+
+/// The whole CUDA C source NVRTC compiles: the formats' lookup tables, written from
+/// `sluice_kernels`' own (one copy of every grid in the project), then the kernels.
+pub fn kernel_source() -> String {
+    use sluice_kernels::formats::{KVALUES_IQ4NL, KVALUES_MXFP4};
+    use sluice_kernels::iq::grids::{IQ2XS_GRID, IQ2XXS_GRID, IQ3XXS_GRID, KSIGNS};
+    fn table<T: std::fmt::Display>(ty: &str, name: &str, suffix: &str, v: &[T]) -> String {
+        let body: Vec<String> = v.iter().map(|x| format!("{x}{suffix}")).collect();
+        format!(
+            "__device__ const {ty} {name}[{}] = {{{}}};\n",
+            v.len(),
+            body.join(",")
+        )
+    }
+    let mut s = String::from("typedef unsigned char u8;\ntypedef signed char i8;\ntypedef unsigned int u32;\ntypedef unsigned long long u64;\n");
+    s += &table("i8", "kvalues_iq4nl", "", &KVALUES_IQ4NL);
+    s += &table("i8", "kvalues_mxfp4", "", &KVALUES_MXFP4);
+    s += &table("u8", "ksigns_iq2xs", "", &KSIGNS);
+    s += &table("u64", "iq2xxs_grid", "ull", &IQ2XXS_GRID);
+    s += &table("u64", "iq2xs_grid", "ull", &IQ2XS_GRID);
+    s += &table("u32", "iq3xxs_grid", "u", &IQ3XXS_GRID);
+    s + KERNEL_BODY
+}
 
 /// Tokens per group of the matvec kernel (its `MV_MAX_N`).
 pub const MATVEC_MAX_N: usize = 8;
@@ -89,7 +113,7 @@ fn dev_err(what: &str, e: cudarc::driver::DriverError) -> KernelError {
 }
 
 /// Weight formats with GPU kernels, as (type, kernel suffix).
-const FORMATS: [(GgmlType, &str); 7] = [
+pub const FORMATS: [(GgmlType, &str); 19] = [
     (GgmlType::F32, "f32"),
     (GgmlType::F16, "f16"),
     (GgmlType::BF16, "bf16"),
@@ -97,6 +121,18 @@ const FORMATS: [(GgmlType, &str); 7] = [
     (GgmlType::Q5_0, "q5_0"),
     (GgmlType::Q4_K, "q4_k"),
     (GgmlType::Q6_K, "q6_k"),
+    (GgmlType::Q4_0, "q4_0"),
+    (GgmlType::Q4_1, "q4_1"),
+    (GgmlType::Q5_1, "q5_1"),
+    (GgmlType::IQ4_NL, "iq4_nl"),
+    (GgmlType::MXFP4, "mxfp4"),
+    (GgmlType::Q2_K, "q2_k"),
+    (GgmlType::Q3_K, "q3_k"),
+    (GgmlType::Q5_K, "q5_k"),
+    (GgmlType::IQ4_XS, "iq4_xs"),
+    (GgmlType::IQ2_XXS, "iq2_xxs"),
+    (GgmlType::IQ2_XS, "iq2_xs"),
+    (GgmlType::IQ3_XXS, "iq3_xxs"),
 ];
 
 /// Whether the GPU kernels take `ty`.
@@ -308,7 +344,7 @@ fn ptx_for(arch: &str) -> Result<String, CudaError> {
         name: Some("sluice_kernels.cu".into()),
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SOURCE, opts)
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernel_source(), opts)
         .map_err(|e| CudaError::Compile(format!("{e:?}")))?
         .to_src();
     c.insert(arch.to_string(), ptx.clone());

@@ -56,13 +56,28 @@ fn random_weights(ty: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<
                 GgmlType::Q5_0 => (22, &[0]),
                 GgmlType::Q4_K => (144, &[0, 2]),
                 GgmlType::Q6_K => (210, &[208]),
-                GgmlType::Q4_0 => (18, &[0]),
+                GgmlType::Q4_0 | GgmlType::IQ4_NL => (18, &[0]),
+                GgmlType::Q4_1 => (20, &[0, 2]),
+                GgmlType::Q5_1 => (24, &[0, 2]),
+                GgmlType::MXFP4 => (17, &[]),
+                GgmlType::Q2_K => (84, &[80, 82]),
+                GgmlType::Q3_K => (110, &[108]),
+                GgmlType::Q5_K => (176, &[0, 2]),
+                GgmlType::IQ4_XS => (136, &[0]),
+                GgmlType::IQ2_XXS => (66, &[0]),
+                GgmlType::IQ2_XS => (74, &[0]),
+                GgmlType::IQ3_XXS => (98, &[0]),
+                GgmlType::TQ2_0 => (66, &[64]),
                 _ => panic!("no generator for {ty:?}"),
             };
             for blk in w.chunks_exact_mut(bs) {
                 for &o in scales {
                     let d = 0.001 + 0.02 * rng.unit().abs();
                     blk[o..o + 2].copy_from_slice(&f16_bits(d));
+                }
+                if ty == GgmlType::MXFP4 {
+                    // E8M0 scale 2^(e - 127): keep it near the others' (2^-9 .. 2^-2).
+                    blk[0] = 118 + (rng.next() % 8) as u8;
                 }
             }
         }
@@ -103,21 +118,12 @@ fn cuda(stable: &[u8]) -> Cuda {
     Cuda::new(stable).unwrap_or_else(|e| panic!("this test needs a CUDA device: {e}"))
 }
 
-const TYPES: [GgmlType; 7] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q8_0,
-    GgmlType::Q5_0,
-    GgmlType::Q4_K,
-    GgmlType::Q6_K,
-];
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn every_format_matches_the_reference() {
     let mut rng = Rng(0x9e3779b97f4a7c15);
-    for ty in TYPES {
+    for (ty, _) in sluice_cuda::FORMATS {
         for (rows, cols) in [(1, 256), (37, 512), (300, 2816), (5, 4096)] {
             let w = random_weights(ty, rows, cols, &mut rng);
             // Resident (weights inside the stable range) and copied per use.
@@ -159,7 +165,7 @@ fn every_format_matches_the_reference() {
 #[ignore = "needs a CUDA device"]
 fn bits_do_not_depend_on_batch_or_residency() {
     let mut rng = Rng(42);
-    for ty in TYPES {
+    for (ty, _) in sluice_cuda::FORMATS {
         let (rows, cols, n) = (96, 1024, 21);
         let w = random_weights(ty, rows, cols, &mut rng);
         let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
@@ -207,7 +213,7 @@ fn group_equals_single_jobs_and_falls_back_to_the_cpu() {
     let specs = [
         (GgmlType::Q4_K, 64),
         (GgmlType::Q8_0, 48),
-        (GgmlType::Q4_0, 32),
+        (GgmlType::TQ2_0, 32),
         (GgmlType::Q6_K, 16),
     ];
     let ws: Vec<Vec<u8>> = specs
@@ -239,7 +245,7 @@ fn group_equals_single_jobs_and_falls_back_to_the_cpu() {
     }
     for (((ty, rows), w), y) in specs.iter().zip(&ws).zip(&ys) {
         let mut one = vec![0.0f32; n * rows];
-        if *ty == GgmlType::Q4_0 {
+        if *ty == GgmlType::TQ2_0 {
             Cpu.linear(*ty, w, *rows, cols, &x, n, &mut one).unwrap();
         } else {
             g.linear(*ty, w, *rows, cols, &x, n, &mut one).unwrap();
@@ -250,7 +256,7 @@ fn group_equals_single_jobs_and_falls_back_to_the_cpu() {
         );
     }
     let s = g.stats();
-    assert_eq!(s.cpu_jobs, 1, "Q4_0 runs on the CPU (the group's one job)");
+    assert_eq!(s.cpu_jobs, 1, "TQ2_0 runs on the CPU (the group's one job)");
     assert_eq!(
         s.gpu_jobs,
         3 + 3,

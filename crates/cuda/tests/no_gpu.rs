@@ -56,7 +56,7 @@ fn opening_without_a_gpu_is_a_clean_error() {
 fn kernels_compile_with_nvrtc() {
     for arch in ["compute_80", "compute_90"] {
         let ptx = compile_kernels(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
-        for f in ["f32", "f16", "bf16", "q8_0", "q5_0", "q4_k", "q6_k"] {
+        for (_, f) in sluice_cuda::FORMATS {
             for k in ["mv", "mm", "mvg", "embed"] {
                 let name = format!(".entry {k}_{f}(");
                 assert!(ptx.contains(&name), "{arch}: PTX lacks {name}");
@@ -99,8 +99,10 @@ fn kernels_compile_with_nvrtc() {
             );
             checked += 1;
         }
-        // 7 formats x (mvg, embed), 2 x (kv_store, attention), 7 others.
-        assert_eq!(checked, 7 * 2 + 2 * 2 + 7, "{arch}: kernels checked");
+        // Every format x (mvg, embed), 2 x (kv_store, attention), 7 others.
+        let formats = sluice_cuda::FORMATS.len();
+        assert!(formats >= 19, "the seeds' formats have kernels");
+        assert_eq!(checked, formats * 2 + 2 * 2 + 7, "{arch}: kernels checked");
     }
 }
 
@@ -314,7 +316,7 @@ fn decoder_plans_the_gpu_takes() {
     GpuDecoder::check(&plan).unwrap();
 
     let mut p = plan.clone();
-    p.layers[1].attn.wq.ty = GgmlType::Q4_0;
+    p.layers[1].attn.wq.ty = GgmlType::TQ2_0;
     let e = GpuDecoder::check(&p).unwrap_err();
     assert!(e.contains("layer 1 attention q"), "{e}");
 
