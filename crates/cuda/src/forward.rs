@@ -12,8 +12,10 @@
 //! router's choice never leaves the device) or, when they do not fit or stream from the
 //! SSD, in a VRAM unit cache with a hard byte budget (`--gpu-expert-cache`, least recently
 //! used evicted, never a unit the layer uses) over the expert source (the RAM tier over the
-//! SSD): then each MoE layer downloads its chosen ids, uploads its misses from the source's
-//! views and rewrites its rows of the pointer table before its expert kernels run. The
+//! SSD): then each MoE layer downloads its chosen ids and builds its chunk table on the
+//! host, hits first: the hits' gate / up products are queued at once, and the misses are
+//! read through the source and copied on a stream of their own while those run; the
+//! misses' rows of the pointer table are written and their products queued after. The
 //! kernels see weights only through that table, so where an expert lives never changes a
 //! bit; each (token, slot) row is computed by one warp with the same arithmetic whatever
 //! chunk it is in, so prompt chunking never does either.
@@ -168,6 +170,41 @@ struct UnitCache {
     transient: Vec<(usize, CudaSlice<u8>)>,
     /// Host copy of the pointer table (rewritten per layer for the units it uses).
     tab: Vec<u64>,
+    /// The layer's chunk table built on the host (hits' chunks, then misses') and its
+    /// counts `[hits, misses, all]`.
+    chunks: Option<CudaSlice<u8>>,
+    counts: Option<CudaSlice<i32>>,
+}
+
+/// One MoE layer's expert chunks when experts come through the VRAM unit cache: `hit`
+/// chunks (experts already in VRAM) from `table`, then `miss` chunks; the counts at
+/// `counts` (hits), `counts + 4` (misses), `counts + 8` (all).
+struct LayerChunks {
+    table: u64,
+    counts: u64,
+    hit: usize,
+    miss: usize,
+}
+
+/// The chunk table of `units` in order: the rows `i` with `ids[i] == unit`, up to MVG_N
+/// per chunk (the layout of forward.cu's `Chunk`). Which rows share a chunk never changes
+/// a row's bits (one warp computes each row the same way).
+fn unit_chunks(ids: &[i32], units: &[usize], out: &mut Vec<u8>) -> usize {
+    let mut n = 0;
+    for &u in units {
+        let rows: Vec<i32> = (0..ids.len() as i32)
+            .filter(|&i| ids[i as usize] as usize == u)
+            .collect();
+        for c in rows.chunks(MVG_N) {
+            out.extend_from_slice(&(u as i32).to_le_bytes());
+            out.extend_from_slice(&(c.len() as i32).to_le_bytes());
+            for t in 0..MVG_N {
+                out.extend_from_slice(&c.get(t).copied().unwrap_or(0).to_le_bytes());
+            }
+            n += 1;
+        }
+    }
+    n
 }
 
 /// Per-call device buffers, grown as needed (one call at a time: the mutex).
@@ -259,6 +296,8 @@ pub struct GpuDecoder {
     d: Arc<Device>,
     /// The decoder's own stream (the device's default stream cannot be captured).
     stream: Arc<CudaStream>,
+    /// Uploads of VRAM expert-cache misses, while the hits' products run on `stream`.
+    copy: Arc<CudaStream>,
     /// Captured decode steps, most recent first, keyed by every address their launches
     /// take (scratch buffers, the sequence's KV cache): one per sequence a server
     /// interleaves, up to [`GRAPHS_KEPT`].
@@ -380,6 +419,10 @@ impl GpuDecoder {
             .ctx
             .new_stream()
             .map_err(|e| format!("a stream for the forward pass: {e}"))?;
+        let copy = d
+            .ctx
+            .new_stream()
+            .map_err(|e| format!("a stream for expert uploads: {e}"))?;
         let load = |n: &str| -> Result<Kernel, String> {
             Ok(Kernel {
                 f: d.module
@@ -556,11 +599,14 @@ impl GpuDecoder {
                 lru: Lru::new(expert_budget),
                 transient: Vec::new(),
                 tab: tab.clone(),
+                chunks: None,
+                counts: None,
             })
         });
         Ok(GpuDecoder {
             d,
             stream,
+            copy,
             graph: Mutex::new(Vec::new()),
             graphs: std::sync::atomic::AtomicBool::new(
                 !std::env::var("SLUICE_CUDA_GRAPHS").is_ok_and(|v| v == "0"),
@@ -586,41 +632,101 @@ impl GpuDecoder {
         })
     }
 
-    /// Make the units `needed` of MoE layer `il` present in the VRAM unit cache (misses read
-    /// through the expert source) and point the layer's table entries at them.
+    /// MoE layer `il`'s experts through the VRAM unit cache, hits first: the units its
+    /// (token, slot) rows chose (`ids`) are looked up; the hits' rows of the pointer table
+    /// and the layer's chunk table (hits' chunks, then misses') are uploaded and
+    /// `launch_hits` queues the hits' products on the compute stream; then the misses are
+    /// read through the expert source and copied on the copy stream while those run, and
+    /// their rows of the pointer table are written. The caller queues the misses' products
+    /// after this returns (the copies are done by then).
     #[allow(clippy::too_many_arguments)]
     fn ensure_units(
         &self,
         env: &Env<'_>,
         il: usize,
-        needed: &[usize],
+        ids: &[i32],
         stacked: &[Stacked; 3],
         n_expert: usize,
         tab_index: usize,
-    ) -> Result<(), ModelError> {
+        launch_hits: &mut dyn FnMut(&LayerChunks) -> Result<(), ModelError>,
+    ) -> Result<LayerChunks, ModelError> {
         let stream = &self.stream;
+        let mut needed: Vec<usize> = ids.iter().map(|&i| i as usize).collect();
+        needed.sort_unstable();
+        needed.dedup();
         let mut uc = lock(self.units.as_ref().expect("cached placement"));
+        let uc = &mut *uc;
         let sizes: Vec<usize> = stacked.iter().map(|s| s.expert_bytes()).collect();
         let unit_bytes: usize = sizes.iter().sum();
-        let mut misses = Vec::new();
-        let (mut hits, mut evictions) = (0u64, 0u64);
-        for &u in needed {
+        let mut offs = [0usize; 3];
+        for pi in 1..3 {
+            offs[pi] = offs[pi - 1] + sizes[pi - 1];
+        }
+        let (mut hit_units, mut misses) = (Vec::new(), Vec::new());
+        for &u in &needed {
             uc.lru.tick();
             match uc.lru.touch(&(il, u)) {
-                Some(_) => hits += 1,
+                Some(_) => hit_units.push(u),
                 None => misses.push(u),
             }
         }
         // The previous layer's kernels are done (its ids were downloaded after them).
         uc.transient.clear();
+        // The hits' table rows, the chunk table, then the hits' products.
+        let (lo, hi) = (tab_index, tab_index + 3 * n_expert);
+        let write_rows = |uc: &mut UnitCache, units: &[usize]| -> Result<(), ModelError> {
+            for &u in units {
+                let slot = match uc.lru.get(&(il, u)) {
+                    Some(e) => e,
+                    None => {
+                        &uc.transient
+                            .iter()
+                            .find(|t| t.0 == u)
+                            .expect("uploaded above")
+                            .1
+                    }
+                };
+                let a = slot.device_ptr(stream).0;
+                for (pi, off) in offs.iter().enumerate() {
+                    uc.tab[tab_index + pi * n_expert + u] = a + *off as u64;
+                }
+            }
+            let mut ptrs = lock(&self.ptrs);
+            stream
+                .memcpy_htod(&uc.tab[lo..hi], &mut ptrs.slice_mut(lo..hi))
+                .map_err(|e| err("pointer table", e))
+        };
+        write_rows(uc, &hit_units)?;
+        let mut table = Vec::new();
+        let hit = unit_chunks(ids, &hit_units, &mut table);
+        let miss = unit_chunks(ids, &misses, &mut table);
+        let counts = [hit as i32, miss as i32, (hit + miss) as i32];
+        let lc = LayerChunks {
+            table: addr(stream, &mut uc.chunks, table.len())?,
+            counts: addr(stream, &mut uc.counts, 3)?,
+            hit,
+            miss,
+        };
+        let dev_chunks = uc.chunks.as_mut().expect("grown");
+        stream
+            .memcpy_htod(&table[..], &mut dev_chunks.slice_mut(0..table.len()))
+            .map_err(|e| err("chunk table", e))?;
+        let dev_counts = uc.counts.as_mut().expect("grown");
+        stream
+            .memcpy_htod(&counts[..], &mut dev_counts.slice_mut(0..3))
+            .map_err(|e| err("chunk counts", e))?;
+        launch_hits(&lc)?;
+
         // How many of this layer's units the cache can hold at once; the hits are in it.
         let capacity = (uc.lru.budget() / unit_bytes.max(1) as u64) as usize;
-        let mut in_cache = hits as usize;
+        let mut in_cache = hit_units.len();
+        let mut evictions = 0u64;
         let mut transient_bytes = 0u64;
         // Time spent copying (not waiting for the expert source's reads).
         let mut copy_ns = 0u64;
         let (mut uploaded, mut pinned) = (0u64, 0u64);
         let mut failed: Option<ModelError> = None;
+        let copy = &self.copy;
         if !misses.is_empty() {
             let walked = env
                 .experts
@@ -633,9 +739,10 @@ impl GpuDecoder {
                             let protected = |k: &(usize, usize)| k.0 == il && needed.contains(&k.1);
                             evictions += uc.lru.make_room(unit_bytes as u64, protected).0;
                         }
-                        // SAFETY: every byte of the buffer is written by the copies below before
-                        // a kernel reads it (same stream, in order).
-                        let mut slot = match unsafe { stream.alloc::<u8>(unit_bytes) } {
+                        // SAFETY: every byte of the buffer is written by the copies below
+                        // (same stream, in order) before the misses' kernels, queued after
+                        // this layer's copies are synchronized, read it.
+                        let mut slot = match unsafe { copy.alloc::<u8>(unit_bytes) } {
                             Ok(s) => s,
                             Err(e) => {
                                 failed = Some(err("expert slot", e));
@@ -657,7 +764,7 @@ impl GpuDecoder {
                                 pinned += len as u64;
                             }
                             if let Err(e) =
-                                stream.memcpy_htod(src, &mut slot.slice_mut(off..off + len))
+                                copy.memcpy_htod(src, &mut slot.slice_mut(off..off + len))
                             {
                                 failed = Some(err("expert upload", e));
                                 return Err(Stop);
@@ -674,9 +781,10 @@ impl GpuDecoder {
                             uc.transient.push((u, slot));
                         }
                     }
-                    // The views are released when this returns: their copies must be done.
+                    // The views are released when this returns: their copies must be done
+                    // (the hits' products keep running on the compute stream meanwhile).
                     let c0 = std::time::Instant::now();
-                    if let Err(e) = stream.synchronize() {
+                    if let Err(e) = copy.synchronize() {
                         failed = Some(err("expert upload", e));
                         return Err(Stop);
                     }
@@ -687,39 +795,12 @@ impl GpuDecoder {
                 return Err(e);
             }
             walked?;
+            write_rows(uc, &misses)?;
         }
-        // This layer's rows of the pointer table.
-        let mut offs = [0usize; 3];
-        for pi in 1..3 {
-            offs[pi] = offs[pi - 1] + sizes[pi - 1];
-        }
-        for &u in needed {
-            let slot = match uc.lru.get(&(il, u)) {
-                Some(e) => e,
-                None => {
-                    &uc.transient
-                        .iter()
-                        .find(|t| t.0 == u)
-                        .expect("uploaded above")
-                        .1
-                }
-            };
-            let a = slot.device_ptr(stream).0;
-            for (pi, off) in offs.iter().enumerate() {
-                uc.tab[tab_index + pi * n_expert + u] = a + *off as u64;
-            }
-        }
-        let (lo, hi) = (tab_index, tab_index + 3 * n_expert);
-        let mut ptrs = lock(&self.ptrs);
-        stream
-            .memcpy_htod(&uc.tab[lo..hi], &mut ptrs.slice_mut(lo..hi))
-            .map_err(|e| err("pointer table", e))?;
-        drop(ptrs);
         let peak = uc.lru.held();
-        drop(uc);
         let mut g = self.d.lock();
         let s = &mut g.stats;
-        s.expert_hits += hits;
+        s.expert_hits += hit_units.len() as u64;
         s.expert_misses += misses.len() as u64;
         s.expert_evictions += evictions;
         s.expert_upload_bytes += uploaded - transient_bytes;
@@ -729,7 +810,7 @@ impl GpuDecoder {
         s.expert_bytes = peak;
         s.expert_peak = s.expert_peak.max(peak);
         s.upload_ns += copy_ns;
-        Ok(())
+        Ok(lc)
     }
 }
 
@@ -1269,35 +1350,58 @@ impl DeviceForward for GpuDecoder {
                                     .record_layer(il as u32, &v)
                                     .map_err(sluice_tier::StreamError::from)?;
                             }
-                            if self.units.is_some() {
-                                let mut needed: Vec<usize> =
-                                    host_ids.iter().map(|&i| i as usize).collect();
-                                needed.sort_unstable();
-                                needed.dedup();
-                                let PlanFfn::Moe { experts, .. } = &p.layers[il].ffn else {
-                                    unreachable!("the plan's layer kinds match")
-                                };
-                                self.ensure_units(env, il, &needed, experts, ne, *tab_index)?;
-                            }
                         }
-                        self.launch(
-                            &self.f.moe_chunks,
-                            (1, 1, 1),
-                            1024,
-                            &[
-                                A::P(ids),
-                                A::I(np as i32),
-                                A::I(ne as i32),
-                                A::P(chunks),
-                                A::P(nchunks),
-                            ],
-                        )?;
-                        let gy = np / MVG_N + ne.min(np);
-                        self.mv(&parts[0], chunks, nchunks, gy, h, kk, g)?;
-                        self.mv(&parts[1], chunks, nchunks, gy, h, kk, u)?;
                         let len = np * parts[0].rows;
-                        self.glu(g, u, len, *act)?;
-                        self.mv(&parts[2], chunks, nchunks, gy, g, 1, dd)?;
+                        if self.units.is_some() {
+                            // Hits first: their gate / up products run while the misses
+                            // are read and copied; then the misses', then down for all.
+                            let PlanFfn::Moe { experts, .. } = &p.layers[il].ffn else {
+                                unreachable!("the plan's layer kinds match")
+                            };
+                            let gate_up = |table: u64, count: u64, chunks: usize| {
+                                self.mv(&parts[0], table, count, chunks, h, kk, g)?;
+                                self.mv(&parts[1], table, count, chunks, h, kk, u)
+                            };
+                            let lc = self.ensure_units(
+                                env,
+                                il,
+                                &host_ids,
+                                experts,
+                                ne,
+                                *tab_index,
+                                &mut |lc| gate_up(lc.table, lc.counts, lc.hit),
+                            )?;
+                            let miss_table = lc.table + (lc.hit * CHUNK_BYTES) as u64;
+                            gate_up(miss_table, lc.counts + 4, lc.miss)?;
+                            self.glu(g, u, len, *act)?;
+                            self.mv(
+                                &parts[2],
+                                lc.table,
+                                lc.counts + 8,
+                                lc.hit + lc.miss,
+                                g,
+                                1,
+                                dd,
+                            )?;
+                        } else {
+                            self.launch(
+                                &self.f.moe_chunks,
+                                (1, 1, 1),
+                                1024,
+                                &[
+                                    A::P(ids),
+                                    A::I(np as i32),
+                                    A::I(ne as i32),
+                                    A::P(chunks),
+                                    A::P(nchunks),
+                                ],
+                            )?;
+                            let gy = np / MVG_N + ne.min(np);
+                            self.mv(&parts[0], chunks, nchunks, gy, h, kk, g)?;
+                            self.mv(&parts[1], chunks, nchunks, gy, h, kk, u)?;
+                            self.glu(g, u, len, *act)?;
+                            self.mv(&parts[2], chunks, nchunks, gy, g, 1, dd)?;
+                        }
                         self.launch(
                             &self.f.moe_combine,
                             rows_n(n),

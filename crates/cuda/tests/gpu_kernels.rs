@@ -118,7 +118,6 @@ fn cuda(stable: &[u8]) -> Cuda {
     Cuda::new(stable).unwrap_or_else(|e| panic!("this test needs a CUDA device: {e}"))
 }
 
-
 #[test]
 #[ignore = "needs a CUDA device"]
 fn every_format_matches_the_reference() {
