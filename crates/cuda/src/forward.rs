@@ -24,6 +24,7 @@ use std::any::Any;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use sluice_kernels::GgmlType;
 use sluice_models::blocks::ffn::Activation;
 use sluice_models::blocks::{head, Batch, Env};
 use sluice_models::plan::{DecoderPlan, DeviceForward, PlanFfn};
@@ -33,10 +34,10 @@ use sluice_models::ModelError;
 use sluice_tier::Stop;
 
 use crate::lru::Lru;
-use crate::{grow, kernel_format, Cuda, Device, FORMATS};
+use crate::{grow, kernel_format, Cuda, Device, Mma, FORMATS};
 
-/// Rows one warp computes per weight row (`MVG_N` of `forward.cu`).
-const MVG_N: usize = 8;
+/// Rows of X one chunk holds (`MVG_N` of `forward.cu`).
+const MVG_N: usize = 32;
 
 /// Bytes of one `Chunk` of `forward.cu`.
 const CHUNK_BYTES: usize = 8 + 4 * MVG_N;
@@ -111,6 +112,8 @@ struct DLayer {
 /// fails with an error (on CI, without a GPU), not with garbage on the device.
 pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("mvg_", "PPPPIPIIL"),
+    ("mvt_", "PPPPIPIIL"),
+    ("mvt1_", "PPPPIPIIL"),
     ("embed_", "PLPPIF"),
     ("rms_norm_rows", "PPPPIF"),
     ("residual_norm", "PPPPPIF"),
@@ -122,6 +125,20 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("glu_act", "PPLI"),
     ("moe_combine", "PPPII"),
 ];
+
+/// Whether the tensor-core products (`mvt_*`, f16 operands) take weights of `ty`: every
+/// format whose values f16 holds, i.e. all but F32 and BF16 (their range and precision
+/// stay on the f32 kernels).
+pub fn takes_f16(ty: GgmlType) -> bool {
+    !matches!(ty, GgmlType::F32 | GgmlType::BF16)
+}
+
+/// Weight rows and threads of one block of `mvt_*` (`MVT_ROWS`, `MVT_WARPS` of
+/// `forward.cu`) and of `mvg_*` (a warp per row).
+const MVT_ROWS: usize = 16;
+const MVT_THREADS: u32 = 16 * 32;
+const MVG_ROWS: usize = 4;
+const MVG_THREADS: u32 = 128;
 
 /// The parameter kinds of kernel `name` ([`KERNEL_SIGNATURES`]).
 pub fn kernel_signature(name: &str) -> Option<&'static str> {
@@ -147,6 +164,10 @@ struct Kernel {
 /// Kernels of `forward.cu` (per format where they dequantize).
 struct Funcs {
     mvg: Vec<Kernel>,
+    /// The tensor-core form per format (None: F32, BF16, or no sm_80): for chunks of at
+    /// most 8 rows (`mvt1_*`, fewer registers) and of up to MVG_N (`mvt_*`); both compute
+    /// a row the same way.
+    mvt: Vec<Option<[Kernel; 2]>>,
     embed: Vec<Kernel>,
     rms_norm_rows: Kernel,
     residual_norm: Kernel,
@@ -433,13 +454,20 @@ impl GpuDecoder {
             })
         };
         let mut mvg = Vec::new();
+        let mut mvt = Vec::new();
         let mut embed = Vec::new();
-        for (_, s) in FORMATS {
+        for (ty, s) in FORMATS {
             mvg.push(load(&format!("mvg_{s}"))?);
+            mvt.push(if d.mma != Mma::Never && takes_f16(ty) {
+                Some([load(&format!("mvt1_{s}"))?, load(&format!("mvt_{s}"))?])
+            } else {
+                None
+            });
             embed.push(load(&format!("embed_{s}"))?);
         }
         let f = Funcs {
             mvg,
+            mvt,
             embed,
             rms_norm_rows: load("rms_norm_rows")?,
             residual_norm: load("residual_norm")?,
@@ -1070,6 +1098,7 @@ impl GpuDecoder {
         x: u64,
         x_div: usize,
         y: u64,
+        small: bool,
     ) -> Result<(), ModelError> {
         if grid_y == 0 {
             return Ok(());
@@ -1078,10 +1107,18 @@ impl GpuDecoder {
             .ok()
             .filter(|&g| g <= 65_535)
             .ok_or_else(|| ModelError::Compute(format!("cuda: {grid_y} chunks in one launch")))?;
+        let mvt = match &self.f.mvt[m.fi] {
+            Some(_) if small && self.d.mma == Mma::Prefill => None,
+            k => k.as_ref(),
+        };
+        let (k, rows_per_block, threads) = match mvt {
+            Some([one, four]) => (if small { one } else { four }, MVT_ROWS, MVT_THREADS),
+            None => (&self.f.mvg[m.fi], MVG_ROWS, MVG_THREADS),
+        };
         self.launch(
-            &self.f.mvg[m.fi],
-            (m.rows.div_ceil(4) as u32, gy, 1),
-            128,
+            k,
+            (m.rows.div_ceil(rows_per_block) as u32, gy, 1),
+            threads,
             &[
                 A::P(self.ptrs_base + 8 * m.tab as u64),
                 A::P(chunks),
@@ -1222,6 +1259,8 @@ impl DeviceForward for GpuDecoder {
         let eps = sh.rms_eps;
         let ei = i32_of(e, "n_embd")?;
         let rows_n = |n: usize| (n as u32, 1u32, 1u32);
+        // At most 8 tokens: every chunk has at most 8 rows (a token picks an expert once).
+        let small = n <= 8;
 
         let sc_ids = sc.ids.as_ref().expect("grown");
         let run = || -> Result<(), ModelError> {
@@ -1244,9 +1283,9 @@ impl DeviceForward for GpuDecoder {
             let mut host_ids: Vec<i32> = Vec::new();
             for (il, l) in self.layers.iter().enumerate() {
                 // Attention.
-                self.mv(&l.wq, dense, n_dense, nd, h, 1, q)?;
-                self.mv(&l.wk, dense, n_dense, nd, h, 1, k)?;
-                self.mv(&l.wv, dense, n_dense, nd, h, 1, v)?;
+                self.mv(&l.wq, dense, n_dense, nd, h, 1, q, small)?;
+                self.mv(&l.wk, dense, n_dense, nd, h, 1, k, small)?;
+                self.mv(&l.wv, dense, n_dense, nd, h, 1, v, small)?;
                 self.launch(
                     &self.f.qk_norm_rope,
                     (n as u32, (nh + nkv) as u32, 1),
@@ -1297,7 +1336,7 @@ impl DeviceForward for GpuDecoder {
                         A::I(l.window),
                     ],
                 )?;
-                self.mv(&l.wo, dense, n_dense, nd, att, 1, o)?;
+                self.mv(&l.wo, dense, n_dense, nd, att, 1, o, small)?;
                 self.residual(x, o, l.post_attn, l.ffn_norm, h, n, e, eps)?;
                 // Feed-forward.
                 match &l.ffn {
@@ -1307,11 +1346,11 @@ impl DeviceForward for GpuDecoder {
                         down,
                         act,
                     } => {
-                        self.mv(gate, dense, n_dense, nd, h, 1, g)?;
-                        self.mv(up, dense, n_dense, nd, h, 1, u)?;
+                        self.mv(gate, dense, n_dense, nd, h, 1, g, small)?;
+                        self.mv(up, dense, n_dense, nd, h, 1, u, small)?;
                         let len = n * gate.rows;
                         self.glu(g, u, len, *act)?;
-                        self.mv(down, dense, n_dense, nd, g, 1, o)?;
+                        self.mv(down, dense, n_dense, nd, g, 1, o, small)?;
                     }
                     DFfn::Moe {
                         router,
@@ -1323,7 +1362,7 @@ impl DeviceForward for GpuDecoder {
                         act,
                     } => {
                         let (ne, kk) = (*n_expert, *top);
-                        self.mv(router, dense, n_dense, nd, h, 1, rl)?;
+                        self.mv(router, dense, n_dense, nd, h, 1, rl, small)?;
                         self.launch(
                             &self.f.topk_softmax,
                             rows_n(n),
@@ -1359,8 +1398,8 @@ impl DeviceForward for GpuDecoder {
                                 unreachable!("the plan's layer kinds match")
                             };
                             let gate_up = |table: u64, count: u64, chunks: usize| {
-                                self.mv(&parts[0], table, count, chunks, h, kk, g)?;
-                                self.mv(&parts[1], table, count, chunks, h, kk, u)
+                                self.mv(&parts[0], table, count, chunks, h, kk, g, small)?;
+                                self.mv(&parts[1], table, count, chunks, h, kk, u, small)
                             };
                             let lc = self.ensure_units(
                                 env,
@@ -1382,6 +1421,7 @@ impl DeviceForward for GpuDecoder {
                                 g,
                                 1,
                                 dd,
+                                small,
                             )?;
                         } else {
                             self.launch(
@@ -1397,10 +1437,10 @@ impl DeviceForward for GpuDecoder {
                                 ],
                             )?;
                             let gy = np / MVG_N + ne.min(np);
-                            self.mv(&parts[0], chunks, nchunks, gy, h, kk, g)?;
-                            self.mv(&parts[1], chunks, nchunks, gy, h, kk, u)?;
+                            self.mv(&parts[0], chunks, nchunks, gy, h, kk, g, small)?;
+                            self.mv(&parts[1], chunks, nchunks, gy, h, kk, u, small)?;
                             self.glu(g, u, len, *act)?;
-                            self.mv(&parts[2], chunks, nchunks, gy, g, 1, dd)?;
+                            self.mv(&parts[2], chunks, nchunks, gy, g, 1, dd, small)?;
                         }
                         self.launch(
                             &self.f.moe_combine,
@@ -1423,6 +1463,7 @@ impl DeviceForward for GpuDecoder {
                     hsel,
                     1,
                     lg,
+                    small,
                 )?;
             }
             Ok(())

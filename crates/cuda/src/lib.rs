@@ -280,9 +280,36 @@ struct Device {
     /// `SLUICE_CUDA_TILED=1`: the tiled kernel for more than MATVEC_MAX_N tokens (faster
     /// prefill, but a token's bits then depend on the batch it came in).
     tiled: bool,
+    /// Tensor-core products in the whole forward pass (`mvt_*`, sm_80 or newer).
+    mma: Mma,
     /// Host address range whose bytes never change (the model's memory map).
     stable: (usize, usize),
     inner: Mutex<Inner>,
+}
+
+/// When the whole forward pass multiplies quantized and F16 weights on tensor cores
+/// (`SLUICE_CUDA_MMA`): f16 operands, f32 sums, a faster prefill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mma {
+    /// Every call (the default): a token's logits have the same bits whatever chunk of the
+    /// prompt it came in.
+    Always,
+    /// Calls of more than 8 tokens only (`prefill`): decode keeps the f32 kernels (faster
+    /// for one token), so prompt logits depend on the chunk size (8 or fewer tokens, or
+    /// more).
+    Prefill,
+    /// Never (`0`; also on GPUs older than sm_80).
+    Never,
+}
+
+impl Mma {
+    fn from_env() -> Mma {
+        match std::env::var("SLUICE_CUDA_MMA").as_deref() {
+            Ok("0") => Mma::Never,
+            Ok("prefill") => Mma::Prefill,
+            _ => Mma::Always,
+        }
+    }
 }
 
 /// Places NVRTC is looked for when the loader's search path does not have it.
@@ -496,6 +523,11 @@ impl Device {
             module,
             device: format!("{device} (sm_{major}{minor})"),
             tiled: std::env::var("SLUICE_CUDA_TILED").is_ok_and(|v| v == "1"),
+            mma: if major >= 8 {
+                Mma::from_env()
+            } else {
+                Mma::Never
+            },
             stable,
             inner: Mutex::new(Inner {
                 resident: HashMap::new(),

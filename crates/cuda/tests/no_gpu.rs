@@ -57,7 +57,7 @@ fn kernels_compile_with_nvrtc() {
     for arch in ["compute_80", "compute_90"] {
         let ptx = compile_kernels(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
         for (_, f) in sluice_cuda::FORMATS {
-            for k in ["mv", "mm", "mvg", "embed"] {
+            for k in ["mv", "mm", "mvg", "mvt", "mvt1", "embed"] {
                 let name = format!(".entry {k}_{f}(");
                 assert!(ptx.contains(&name), "{arch}: PTX lacks {name}");
             }
@@ -99,10 +99,10 @@ fn kernels_compile_with_nvrtc() {
             );
             checked += 1;
         }
-        // Every format x (mvg, embed), 2 x (kv_store, attention), 7 others.
+        // Every format x (mvg, mvt, mvt1, embed), 2 x (kv_store, attention), 7 others.
         let formats = sluice_cuda::FORMATS.len();
         assert!(formats >= 19, "the seeds' formats have kernels");
-        assert_eq!(checked, formats * 2 + 2 * 2 + 7, "{arch}: kernels checked");
+        assert_eq!(checked, formats * 4 + 2 * 2 + 7, "{arch}: kernels checked");
     }
 }
 
