@@ -1,16 +1,18 @@
 // Whole-forward kernels (forward.rs): a plain decoder's layers with activations, KV cache
 // and routing on the device. Appended to kernels.cu (deq8, h2f come from there).
 //
-// Owns: the grouped matvec over chunk tables (`mvg_*`: dense matrices and routed experts
-// alike), embedding rows, RMS norms fused with the residual add, q/k norm + NEOX RoPE, the
-// f16 KV cache store, attention (online softmax, 4 warps per query head), the softmax
-// top-k router, grouping (token, slot) pairs by expert on the device (`moe_chunks`), the
-// GLU activation and the weighted sum of a token's experts.
+// Owns: the weight products over chunk tables (dense matrices and routed experts alike):
+// `mvt_*` / `mvt1_*` on tensor cores (f16 operands, f32 sums) and `mvg_*` in f32 (F32 and
+// BF16 weights, or SLUICE_CUDA_MMA=0); embedding rows, RMS norms fused with the residual
+// add, q/k norm + NEOX RoPE, the f16 KV cache store, attention (online softmax, tiles of
+// keys), the softmax top-k router, grouping (token, slot) pairs by expert on the device
+// (`moe_chunks`), the GLU activation and the weighted sum of a token's experts.
 //
-// Every (token, slot) row of a product is computed by one warp with the same arithmetic
-// whatever chunk it lands in, so chunking a prompt or the order experts were grouped in
-// never changes a bit; only the weights' addresses differ between resident experts and
-// a VRAM expert cache, so cache budgets never change a bit either.
+// Every (token, slot) row of a product is computed with the same arithmetic whatever chunk
+// (and whatever column of a tensor-core product) it lands in, so chunking a prompt or the
+// order experts were grouped in never changes a bit; only the weights' addresses differ
+// between resident experts and a VRAM expert cache, so cache budgets never change a bit
+// either.
 
 // Rows (tokens, or (token, slot) pairs) of one chunk: `mvt_*` multiplies each dequantized
 // weight group with up to MVG_N of them (four 8-column tiles of the tensor-core product),

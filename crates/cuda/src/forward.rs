@@ -5,8 +5,9 @@
 //! forward call one upload of the batch's header (tokens, positions, chunk tables), then
 //! only kernel launches on one stream (`forward.cu`: embedding, norms, q/k norm + RoPE, an
 //! f16 KV cache in VRAM per sequence ([`GpuKv`], in `SeqState::device`), attention, the
-//! softmax top-k router, experts grouped by the device itself, GLU, the weighted combine,
-//! the output head) and one download of the logits.
+//! softmax top-k router, experts grouped by the device itself, the weight products - on
+//! tensor cores with f16 operands for every format but F32 / BF16 (`mvt_*`), else f32
+//! (`mvg_*`) - GLU, the weighted combine, the output head) and one download of the logits.
 //!
 //! Routed experts either live in VRAM whole (the stacked tensors uploaded at start; the
 //! router's choice never leaves the device) or, when they do not fit or stream from the

@@ -234,7 +234,8 @@ fn qwen3moe_f32_on_gpu_matches_transformers() {
 }
 
 /// Q8_0 fixtures on `backend`, oracle transformers on the dequantized weights (float32): the
-/// CPU rounds activations to Q8_0 and stays within 0.07; the GPU does not round them, so it
+/// CPU rounds activations to Q8_0 and stays within 0.07; the GPU keeps them in f32 (products
+/// only) or rounds them to f16 (the whole forward pass's tensor cores), both far finer, so it
 /// must stay within that bound too, with the top-1 equal at every position (the fixture's
 /// reference margins are >= 0.4). Returns each model's GPU logits.
 fn q8_0_matches_transformers(backend: Backend, what: &str) -> Vec<(&'static str, Vec<f32>)> {
