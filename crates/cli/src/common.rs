@@ -405,7 +405,8 @@ fn whole_forward(c: &sluice_cuda::Cuda, l: &mut sluice_engine::load::Loaded, vra
     match GpuDecoder::new(c, plan, l.model.map.bytes(), placement) {
         Ok(dec) => {
             eprintln!(
-                "gpu: whole forward pass on the GPU: {} of weights uploaded in {:.2} s{}",
+                "gpu: whole forward pass on the GPU ({}): {} of weights uploaded in {:.2} s{}",
+                c.tensor_cores(),
                 human(dec.weight_bytes),
                 t0.elapsed().as_secs_f64(),
                 match (placement, l.model.cfg.n_expert > 0) {

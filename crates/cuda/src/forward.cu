@@ -68,10 +68,7 @@ __device__ __forceinline__ void mv_chunks(const u64* __restrict__ wtab,
                 if (t < n) {
                     const float4* x =
                         (const float4*)(X + (size_t)(c->rows[t0 + t] / x_div) * cols + 8 * p);
-                    const float4 a = x[0];
-                    const float4 b = x[1];
-                    acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x +
-                              w[5] * b.y + w[6] * b.z + w[7] * b.w;
+                    acc[t] += dot8(w, x[0], x[1]);
                 }
             }
         }

@@ -293,6 +293,12 @@ __device__ __forceinline__ void deq8(const u8* __restrict__ row, int p, float* o
     }
 }
 
+// w[0..8] . (a, b), summed left to right (the products of every f32 kernel).
+__device__ __forceinline__ float dot8(const float* w, float4 a, float4 b) {
+    return w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y +
+           w[6] * b.z + w[7] * b.w;
+}
+
 // One product of a grouped matvec launch (48 bytes; the host writes the same layout).
 struct MvJob {
     const u8* W;
@@ -332,10 +338,7 @@ __device__ __forceinline__ void matvec(const u8* __restrict__ W, const float* __
         for (int t = 0; t < MV_MAX_N; t++) {
             if (t < n) {
                 const float4* x = (const float4*)(X + (size_t)t * cols + 8 * p);
-                const float4 a = x[0];
-                const float4 c = x[1];
-                acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * c.x +
-                          w[5] * c.y + w[6] * c.z + w[7] * c.w;
+                acc[t] += dot8(w, x[0], x[1]);
             }
         }
     }

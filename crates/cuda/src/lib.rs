@@ -419,6 +419,17 @@ impl Cuda {
         &self.d.device
     }
 
+    /// When the whole forward pass multiplies on tensor cores, in words (`SLUICE_CUDA_MMA`).
+    pub fn tensor_cores(&self) -> &'static str {
+        match self.d.mma {
+            Mma::Always => "tensor cores (f16 operands, f32 sums)",
+            Mma::Prefill => {
+                "tensor cores for calls of more than 8 tokens (SLUICE_CUDA_MMA=prefill)"
+            }
+            Mma::Never => "f32 kernels, no tensor cores",
+        }
+    }
+
     /// Limit the weight bytes kept resident in VRAM (default: free VRAM at start - 1 GiB).
     pub fn set_resident_budget(&self, bytes: u64) {
         self.d.lock().budget = bytes;
