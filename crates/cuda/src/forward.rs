@@ -22,6 +22,7 @@
 //! chunk it is in, so prompt chunking never does either.
 
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
@@ -192,10 +193,8 @@ struct UnitCache {
     transient: Vec<(usize, CudaSlice<u8>)>,
     /// Host copy of the pointer table (rewritten per layer for the units it uses).
     tab: Vec<u64>,
-    /// The layer's chunk table built on the host (hits' chunks, then misses') and its
-    /// counts `[hits, misses, all]`.
+    /// The layer's chunk table built on the host ([`layer_table`]).
     chunks: Option<CudaSlice<u8>>,
-    counts: Option<CudaSlice<i32>>,
 }
 
 /// One MoE layer's expert chunks when experts come through the VRAM unit cache: `hit`
@@ -208,25 +207,55 @@ struct LayerChunks {
     miss: usize,
 }
 
-/// The chunk table of `units` in order: the rows `i` with `ids[i] == unit`, up to MVG_N
-/// per chunk (the layout of forward.cu's `Chunk`). Which rows share a chunk never changes
-/// a row's bits (one warp computes each row the same way).
-fn unit_chunks(ids: &[i32], units: &[usize], out: &mut Vec<u8>) -> usize {
-    let mut n = 0;
-    for &u in units {
-        let rows: Vec<i32> = (0..ids.len() as i32)
-            .filter(|&i| ids[i as usize] as usize == u)
-            .collect();
-        for c in rows.chunks(MVG_N) {
-            out.extend_from_slice(&(u as i32).to_le_bytes());
-            out.extend_from_slice(&(c.len() as i32).to_le_bytes());
-            for t in 0..MVG_N {
-                out.extend_from_slice(&c.get(t).copied().unwrap_or(0).to_le_bytes());
-            }
-            n += 1;
-        }
+/// Bytes of [`layer_table`]'s header (the counts, padded).
+const LAYER_COUNTS_BYTES: usize = 16;
+
+/// One `Chunk` of forward.cu: `unit`, the row count, the rows padded to MVG_N with 0.
+fn push_chunk(out: &mut Vec<u8>, unit: usize, rows: &[usize]) {
+    debug_assert!(rows.len() <= MVG_N);
+    out.extend_from_slice(&(unit as i32).to_le_bytes());
+    out.extend_from_slice(&(rows.len() as i32).to_le_bytes());
+    for t in 0..MVG_N {
+        out.extend_from_slice(&(rows.get(t).copied().unwrap_or(0) as i32).to_le_bytes());
     }
-    n
+}
+
+/// The rows `i` of a layer's (token, slot) pairs grouped by the unit `ids[i]` chose, in
+/// row order; the keys are the units the layer needs, ascending.
+fn rows_by_unit(ids: &[i32]) -> BTreeMap<usize, Vec<usize>> {
+    let mut m: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, &u) in ids.iter().enumerate() {
+        m.entry(u as usize).or_default().push(i);
+    }
+    m
+}
+
+/// A MoE layer's table for the VRAM unit cache, uploaded in one copy: the counts `[hits,
+/// misses, all]` (LAYER_COUNTS_BYTES), then the chunks of the `hits` units, then those of
+/// the `misses`, up to MVG_N rows each. Which rows share a chunk never changes a row's
+/// bits (each row is computed the same way in any chunk). Returns (bytes, hit, miss).
+fn layer_table(
+    rows_of: &BTreeMap<usize, Vec<usize>>,
+    hits: &[usize],
+    misses: &[usize],
+) -> (Vec<u8>, usize, usize) {
+    let mut out = vec![0u8; LAYER_COUNTS_BYTES];
+    let push = |units: &[usize], out: &mut Vec<u8>| {
+        let mut n = 0;
+        for &u in units {
+            for c in rows_of[&u].chunks(MVG_N) {
+                push_chunk(out, u, c);
+                n += 1;
+            }
+        }
+        n
+    };
+    let hit = push(hits, &mut out);
+    let miss = push(misses, &mut out);
+    for (k, v) in [hit, miss, hit + miss].into_iter().enumerate() {
+        out[4 * k..4 * k + 4].copy_from_slice(&(v as i32).to_le_bytes());
+    }
+    (out, hit, miss)
 }
 
 /// Per-call device buffers, grown as needed (one call at a time: the mutex).
@@ -629,7 +658,6 @@ impl GpuDecoder {
                 transient: Vec::new(),
                 tab: tab.clone(),
                 chunks: None,
-                counts: None,
             })
         });
         Ok(GpuDecoder {
@@ -680,9 +708,8 @@ impl GpuDecoder {
         launch_hits: &mut dyn FnMut(&LayerChunks) -> Result<(), ModelError>,
     ) -> Result<LayerChunks, ModelError> {
         let stream = &self.stream;
-        let mut needed: Vec<usize> = ids.iter().map(|&i| i as usize).collect();
-        needed.sort_unstable();
-        needed.dedup();
+        let rows_of = rows_by_unit(ids);
+        let needed: Vec<usize> = rows_of.keys().copied().collect();
         let mut uc = lock(self.units.as_ref().expect("cached placement"));
         let uc = &mut *uc;
         let sizes: Vec<usize> = stacked.iter().map(|s| s.expert_bytes()).collect();
@@ -726,24 +753,18 @@ impl GpuDecoder {
                 .map_err(|e| err("pointer table", e))
         };
         write_rows(uc, &hit_units)?;
-        let mut table = Vec::new();
-        let hit = unit_chunks(ids, &hit_units, &mut table);
-        let miss = unit_chunks(ids, &misses, &mut table);
-        let counts = [hit as i32, miss as i32, (hit + miss) as i32];
-        let lc = LayerChunks {
-            table: addr(stream, &mut uc.chunks, table.len())?,
-            counts: addr(stream, &mut uc.counts, 3)?,
-            hit,
-            miss,
-        };
+        let (table, hit, miss) = layer_table(&rows_of, &hit_units, &misses);
+        let base = addr(stream, &mut uc.chunks, table.len())?;
         let dev_chunks = uc.chunks.as_mut().expect("grown");
         stream
             .memcpy_htod(&table[..], &mut dev_chunks.slice_mut(0..table.len()))
             .map_err(|e| err("chunk table", e))?;
-        let dev_counts = uc.counts.as_mut().expect("grown");
-        stream
-            .memcpy_htod(&counts[..], &mut dev_counts.slice_mut(0..3))
-            .map_err(|e| err("chunk counts", e))?;
+        let lc = LayerChunks {
+            table: base + LAYER_COUNTS_BYTES as u64,
+            counts: base,
+            hit,
+            miss,
+        };
         launch_hits(&lc)?;
 
         // How many of this layer's units the cache can hold at once; the hits are in it.
@@ -765,7 +786,8 @@ impl GpuDecoder {
                         let keep = in_cache < capacity;
                         if keep {
                             // Least recently used, never a unit this layer uses.
-                            let protected = |k: &(usize, usize)| k.0 == il && needed.contains(&k.1);
+                            let protected =
+                                |k: &(usize, usize)| k.0 == il && rows_of.contains_key(&k.1);
                             evictions += uc.lru.make_room(unit_bytes as u64, protected).0;
                         }
                         // SAFETY: every byte of the buffer is written by the copies below
@@ -925,14 +947,9 @@ struct Header {
 }
 
 fn chunk_bytes(out: &mut Vec<u8>, n: usize) {
-    for c in 0..n.div_ceil(MVG_N) {
-        let count = (n - c * MVG_N).min(MVG_N);
-        out.extend_from_slice(&0i32.to_le_bytes());
-        out.extend_from_slice(&(count as i32).to_le_bytes());
-        for t in 0..MVG_N {
-            let r = if t < count { c * MVG_N + t } else { 0 };
-            out.extend_from_slice(&(r as i32).to_le_bytes());
-        }
+    let rows: Vec<usize> = (0..n).collect();
+    for c in rows.chunks(MVG_N) {
+        push_chunk(out, 0, c);
     }
 }
 
@@ -1592,5 +1609,47 @@ mod tests {
             (0, 1)
         );
         assert_eq!(b.len(), h.row_chunks + CHUNK_BYTES);
+    }
+
+    /// A MoE layer's host-built table: the counts first, then every (token, slot) row
+    /// exactly once, hits' units before misses' in the order given, each chunk one unit's
+    /// rows in row order, at most MVG_N per chunk.
+    #[test]
+    fn layer_table_layout() {
+        // 40 rows: unit 3 takes 35 of them (two chunks), units 1 and 7 the rest.
+        let ids: Vec<i32> = (0..40)
+            .map(|i| {
+                if i % 8 == 1 {
+                    1
+                } else if i == 6 {
+                    7
+                } else {
+                    3
+                }
+            })
+            .collect();
+        let rows_of = rows_by_unit(&ids);
+        assert_eq!(rows_of.keys().copied().collect::<Vec<_>>(), vec![1, 3, 7]);
+        let (b, hit, miss) = layer_table(&rows_of, &[3], &[1, 7]);
+        assert_eq!((hit, miss), (2, 2));
+        assert_eq!((i32_at(&b, 0), i32_at(&b, 4), i32_at(&b, 8)), (2, 2, 4));
+        assert_eq!(b.len(), LAYER_COUNTS_BYTES + 4 * CHUNK_BYTES);
+        let mut seen = Vec::new();
+        let mut units = Vec::new();
+        for c in 0..4 {
+            let at = LAYER_COUNTS_BYTES + c * CHUNK_BYTES;
+            let (unit, count) = (i32_at(&b, at), i32_at(&b, at + 4) as usize);
+            assert!(count <= MVG_N);
+            units.push(unit);
+            for r in 0..count {
+                let row = i32_at(&b, at + 8 + 4 * r);
+                assert_eq!(ids[row as usize], unit, "row {row} in unit {unit}'s chunk");
+                seen.push(row);
+            }
+        }
+        assert_eq!(units, vec![3, 3, 1, 7]);
+        let mut sorted = seen.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..40).collect::<Vec<i32>>(), "every row once");
     }
 }
