@@ -53,31 +53,17 @@ __device__ __forceinline__ void mv_chunks(const u64* __restrict__ wtab,
     if (warp >= out_rows) return;
     const u8* row = (const u8*)wtab[c->unit] + (size_t)warp * (size_t)row_bytes;
     const int count = c->count;
-    const int parts = cols >> 3;
     // MVG_SUB rows at a time (registers); each row's sum is the same whichever group.
     for (int t0 = 0; t0 < count; t0 += MVG_SUB) {
         const int n = (count - t0 < MVG_SUB) ? count - t0 : MVG_SUB;
         float acc[MVG_SUB];
-#pragma unroll
-        for (int t = 0; t < MVG_SUB; t++) acc[t] = 0.0f;
-        for (int p = lane; p < parts; p += 32) {
-            float w[8];
-            deq8<TY>(row, p, w);
-#pragma unroll
-            for (int t = 0; t < MVG_SUB; t++) {
-                if (t < n) {
-                    const float4* x =
-                        (const float4*)(X + (size_t)(c->rows[t0 + t] / x_div) * cols + 8 * p);
-                    acc[t] += dot8(w, x[0], x[1]);
-                }
-            }
-        }
+        row_dots<TY, MVG_SUB>(
+            row, cols, n, lane,
+            [&](int t) { return X + (size_t)(c->rows[t0 + t] / x_div) * cols; }, acc);
 #pragma unroll
         for (int t = 0; t < MVG_SUB; t++) {
             if (t < n) {
-                float v = acc[t];
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                const float v = warp_sum(acc[t]);
                 if (lane == 0) Y[(size_t)c->rows[t0 + t] * out_rows + warp] = v;
             }
         }
@@ -313,8 +299,7 @@ FWD_KERNELS(iq3_xxs, T_IQ3_XXS)
 __device__ __forceinline__ float block_sum(float v) {
     __shared__ float part[32];
     __syncthreads();  // part[] may still be read by an earlier call
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = warp_sum(v);
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     if (lane == 0) part[warp] = v;
@@ -477,8 +462,7 @@ __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* v
             sc[j] = d;
             tmax = fmaxf(tmax, d);
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+        tmax = warp_max(tmax);
         if ((tid & 31) == 0) red[tid >> 5] = tmax;
         __syncthreads();
         float bm = NEG_INF;
@@ -491,8 +475,7 @@ __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* v
             ts += e;
         }
         __syncthreads();  // red[] reads above are done; sc[] is complete
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) ts += __shfl_xor_sync(0xffffffffu, ts, o);
+        ts = warp_sum(ts);
         if ((tid & 31) == 0) red[tid >> 5] = ts;
         __syncthreads();
         float bs = 0.0f;
@@ -563,16 +546,14 @@ extern "C" __global__ void topk_softmax(const float* logits, int n_expert, int k
         pr[i] = (e < n_expert) ? l[e] : NEG_INF;
         mx = fmaxf(mx, pr[i]);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    mx = warp_max(mx);
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < ROUTER_MAX / 32; i++) {
         pr[i] = (lane + 32 * i < n_expert) ? expf(pr[i] - mx) : 0.0f;
         sum += pr[i];
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    sum = warp_sum(sum);
     const float inv = 1.0f / sum;
 #pragma unroll
     for (int i = 0; i < ROUTER_MAX / 32; i++)

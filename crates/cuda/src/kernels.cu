@@ -299,6 +299,41 @@ __device__ __forceinline__ float dot8(const float* w, float4 a, float4 b) {
            w[6] * b.z + w[7] * b.w;
 }
 
+// Sum / maximum of v over the warp (every lane gets it): the same butterfly everywhere.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// The f32 warp-per-row product: row `row` of W (cols elements of format TY) times up to N
+// rows of X (`xrow(t)`, t < n), lanes striding over the groups of 8 columns; each lane's
+// partial sums in acc[t] (warp_sum gives the row's). matvec and the whole forward pass's
+// mv_chunks address X differently and share the rest.
+template <int TY, int N, typename XRow>
+__device__ __forceinline__ void row_dots(const u8* __restrict__ row, int cols, int n, int lane,
+                                         XRow xrow, float* acc) {
+#pragma unroll
+    for (int t = 0; t < N; t++) acc[t] = 0.0f;
+    for (int p = lane; p < (cols >> 3); p += 32) {
+        float w[8];
+        deq8<TY>(row, p, w);
+#pragma unroll
+        for (int t = 0; t < N; t++) {
+            if (t < n) {
+                const float4* x = (const float4*)(xrow(t) + 8 * p);
+                acc[t] += dot8(w, x[0], x[1]);
+            }
+        }
+    }
+}
+
 // One product of a grouped matvec launch (48 bytes; the host writes the same layout).
 struct MvJob {
     const u8* W;
@@ -327,27 +362,13 @@ __device__ __forceinline__ void matvec(const u8* __restrict__ W, const float* __
     Y += (size_t)tbase * rows;
     n = (n - tbase < MV_MAX_N) ? n - tbase : MV_MAX_N;
     const u8* row = W + (size_t)warp * (size_t)row_bytes;
-    const int parts = cols >> 3;
     float acc[MV_MAX_N];
-#pragma unroll
-    for (int t = 0; t < MV_MAX_N; t++) acc[t] = 0.0f;
-    for (int p = lane; p < parts; p += 32) {
-        float w[8];
-        deq8<TY>(row, p, w);
-#pragma unroll
-        for (int t = 0; t < MV_MAX_N; t++) {
-            if (t < n) {
-                const float4* x = (const float4*)(X + (size_t)t * cols + 8 * p);
-                acc[t] += dot8(w, x[0], x[1]);
-            }
-        }
-    }
+    row_dots<TY, MV_MAX_N>(row, cols, n, lane,
+                           [&](int t) { return X + (size_t)t * cols; }, acc);
 #pragma unroll
     for (int t = 0; t < MV_MAX_N; t++) {
         if (t < n) {
-            float v = acc[t];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            const float v = warp_sum(acc[t]);
             if (lane == 0) Y[(size_t)t * rows + warp] = v;
         }
     }
