@@ -131,7 +131,7 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
 /// Whether the tensor-core products (`mvt_*`, f16 operands) take weights of `ty`: every
 /// format whose values f16 holds, i.e. all but F32 and BF16 (their range and precision
 /// stay on the f32 kernels).
-pub fn takes_f16(ty: GgmlType) -> bool {
+fn takes_f16(ty: GgmlType) -> bool {
     !matches!(ty, GgmlType::F32 | GgmlType::BF16)
 }
 

@@ -1,6 +1,6 @@
 // sluice CUDA kernels, compiled by NVRTC at start-up (no headers: NVRTC finds none). The
 // lookup tables (iq2xxs_grid, ksigns_iq2xs, kvalues_*, ...) are written in front of this
-// source by lib.rs from sluice_kernels' own tables (`tables_source`).
+// source by lib.rs from sluice_kernels' own tables (`kernel_source`).
 //
 // Owns: dequantization of 8 consecutive weights of one row (`deq8`, per format, the same
 // block layouts as crates/kernels/src/reference.rs: ggml's, byte for byte) and two

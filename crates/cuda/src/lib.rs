@@ -67,13 +67,13 @@ pub fn kernel_source() -> String {
             body.join(",")
         )
     }
-    let mut s = String::from("typedef unsigned char u8;\ntypedef signed char i8;\ntypedef unsigned int u32;\ntypedef unsigned long long u64;\n");
-    s += &table("i8", "kvalues_iq4nl", "", &KVALUES_IQ4NL);
-    s += &table("i8", "kvalues_mxfp4", "", &KVALUES_MXFP4);
-    s += &table("u8", "ksigns_iq2xs", "", &KSIGNS);
-    s += &table("u64", "iq2xxs_grid", "ull", &IQ2XXS_GRID);
-    s += &table("u64", "iq2xs_grid", "ull", &IQ2XS_GRID);
-    s += &table("u32", "iq3xxs_grid", "u", &IQ3XXS_GRID);
+    // C's own type names: the kernels' typedefs (u8, u64, ...) come after the tables.
+    let mut s = table("signed char", "kvalues_iq4nl", "", &KVALUES_IQ4NL);
+    s += &table("signed char", "kvalues_mxfp4", "", &KVALUES_MXFP4);
+    s += &table("unsigned char", "ksigns_iq2xs", "", &KSIGNS);
+    s += &table("unsigned long long", "iq2xxs_grid", "ull", &IQ2XXS_GRID);
+    s += &table("unsigned long long", "iq2xs_grid", "ull", &IQ2XS_GRID);
+    s += &table("unsigned int", "iq3xxs_grid", "u", &IQ3XXS_GRID);
     s + KERNEL_BODY
 }
 
