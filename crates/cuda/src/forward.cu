@@ -110,18 +110,94 @@ __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a
 // columns, at most 2 bytes a column (F16). (Steps of as many columns as 32 KB holds were
 // slower on the H200: 100 vs 115 t/s decode, 2127 vs 2277 t/s prefill on the 30B Q4_K.)
 #define MVT_STAGE (MVT_ROWS * MVT_WARPS * 32 * 2)
+// Steps the decode kernel `mvt1_*` stages at once (the copies of the next two are in flight
+// while one is multiplied; 48 KB of shared memory). On the H200, 30B Q4_K tg64: one
+// buffer 110.4 t/s, two 122.8, three 126.7.
+#define MVT1_STAGES 3
 
-template <int TY, int TILES>
+// Asynchronous copies global -> shared (sm_80+): `bytes` is 4 or 16; the copies a
+// thread issued since its last commit form one group; wait_group N waits until at most N
+// of the thread's groups are still in flight.
+__device__ __forceinline__ void cp_async(void* dst, const void* src, int bytes) {
+#if __CUDA_ARCH__ >= 800
+    u32 d;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(d) : "l"(dst));
+    if (bytes == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src));
+    }
+#else
+    if (bytes == 16) {
+        *(uint4*)dst = *(const uint4*)src;
+    } else {
+        *(u32*)dst = *(const u32*)src;
+    }
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+#endif
+}
+
+// Stages the bytes of columns k0 .. k0 + ncols of the block's `nrows` weight rows into
+// `dst` (row r at r * segb), spread over all threads: with ASYNC, 16-byte asynchronous
+// copies when the rows' addresses and sizes allow, else 4-byte ones; without, 4-byte loads;
+// single bytes (synchronous) when the rows are not 4-byte aligned.
+template <bool ASYNC>
+__device__ __forceinline__ void mvt_stage(u8* __restrict__ dst, const u8* __restrict__ base,
+                                          int nrows, long long row_bytes, int cols, int k0,
+                                          int ncols) {
+    const long long start = (long long)k0 * row_bytes / cols;
+    const int segb = (int)((long long)ncols * row_bytes / cols);
+    const size_t align = (size_t)(base + start) | (size_t)row_bytes | (size_t)segb;
+    const int width = (ASYNC && (align & 15) == 0) ? 16 : (align & 3) == 0 ? 4 : 1;
+    if (ASYNC && width > 1) {
+        const int per_row = segb / width;
+        const int total = nrows * per_row;
+        for (int i = threadIdx.x; i < total; i += MVT_WARPS * 32) {
+            const int r = i / per_row;
+            const int w = i - r * per_row;
+            cp_async(dst + (size_t)i * width,
+                     base + (size_t)r * (size_t)row_bytes + start + (size_t)w * width, width);
+        }
+    } else if (width == 4) {
+        const int per_row = segb >> 2;
+        const int total = nrows * per_row;
+#pragma unroll 4
+        for (int i = threadIdx.x; i < total; i += MVT_WARPS * 32) {
+            const int r = i / per_row;
+            const int w = i - r * per_row;
+            ((u32*)dst)[i] = ((const u32*)(base + (size_t)r * (size_t)row_bytes + start))[w];
+        }
+    } else {
+        const int total = nrows * segb;
+#pragma unroll 4
+        for (int i = threadIdx.x; i < total; i += MVT_WARPS * 32) {
+            const int r = i / segb;
+            dst[i] = base[(size_t)r * (size_t)row_bytes + start + (i - r * segb)];
+        }
+    }
+}
+
+template <int TY, int TILES, int STAGES, bool ASYNC>
 __device__ __forceinline__ void mvt_chunks(const u64* __restrict__ wtab,
                                            const Chunk* __restrict__ chunks,
                                            const int* __restrict__ n_chunks,
                                            const float* __restrict__ X, int x_div,
                                            float* __restrict__ Y, int out_rows, int cols,
                                            long long row_bytes) {
-    // The staged weights during the column loop, then the warps' partial sums as
+    // STAGES staging buffers during the column loop, then the warps' partial sums as
     // [warp][tile * 4 + fragment element][lane] (conflict-free writes and reads).
     constexpr int PART = MVT_WARPS * TILES * 4 * 32 * 4;
-    __shared__ __align__(16) u8 smem[PART > MVT_STAGE ? PART : MVT_STAGE];
+    __shared__ __align__(16) u8 smem[PART > STAGES * MVT_STAGE ? PART : STAGES * MVT_STAGE];
     if ((int)blockIdx.y >= *n_chunks) return;
     const Chunk* c = chunks + blockIdx.y;
     const int count = c->count;
@@ -144,49 +220,52 @@ __device__ __forceinline__ void mvt_chunks(const u64* __restrict__ wtab,
         for (int i = 0; i < 4; i++) acc[j][i] = 0.0f;
     }
     // Steps of MVT_WARPS * 32 = 512 columns (whole blocks of every format): the block
-    // copies the rows' bytes of the step into shared memory, then warp w dequantizes the
+    // copies the rows' bytes of a step into shared memory, then warp w dequantizes the
     // step's column group w from there (every warp takes the groups whose index is w mod
-    // MVT_WARPS, in order).
+    // MVT_WARPS, in order). With STAGES > 1 (the decode kernel `mvt1_*`, whose few rows of
+    // X leave the block waiting on its loads) the copies of the next STAGES - 1 steps are
+    // in flight (asynchronous, into buffers of their own) while a step is multiplied; the
+    // prefill kernel, whose multiplications hide the loads, was slower so (1900 vs 2314
+    // t/s pp256 on the 30B Q4_K, H200) and stages one step at a time. Which buffer a step
+    // sits in never changes what is computed from it.
     const int step = MVT_WARPS * 32;
-    for (int k0 = 0; k0 < cols; k0 += step) {
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; i++) {
+        const int k = i * step;
+        if (k < cols)
+            mvt_stage<ASYNC>(smem + i * MVT_STAGE, base, nrows, row_bytes, cols, k,
+                             (cols - k < step) ? cols - k : step);
+        if (ASYNC) cp_async_commit();
+    }
+    for (int k0 = 0, s = 0; k0 < cols; k0 += step, s = (s + 1 == STAGES) ? 0 : s + 1) {
         const int ncols = (cols - k0 < step) ? cols - k0 : step;
-        const long long start = (long long)k0 * row_bytes / cols;
         const int segb = (int)((long long)ncols * row_bytes / cols);
-        __syncthreads();  // the previous step's reads are done
-        // Every row's bytes of the step, spread over all threads (independent loads);
-        // 4-byte words when the rows allow it.
-        const bool words = (((size_t)(base + start) | (size_t)row_bytes | (size_t)segb) & 3) == 0;
-        if (words) {
-            const int wpr = segb >> 2;
-            const int total = nrows * wpr;
-#pragma unroll 4
-            for (int i = threadIdx.x; i < total; i += MVT_WARPS * 32) {
-                const int r = i / wpr;
-                const int w = i - r * wpr;
-                ((u32*)smem)[i] =
-                    ((const u32*)(base + (size_t)r * (size_t)row_bytes + start))[w];
-            }
-        } else {
-            const int total = nrows * segb;
-#pragma unroll 4
-            for (int i = threadIdx.x; i < total; i += MVT_WARPS * 32) {
-                const int r = i / segb;
-                smem[i] = base[(size_t)r * (size_t)row_bytes + start + (i - r * segb)];
-            }
+        // Step s + STAGES - 1 goes into the buffer step s - 1 used: every thread finished
+        // reading it before the barrier that ended the previous step.
+        const int kn = k0 + (STAGES - 1) * step;
+        if (kn < cols) {
+            const int b = (s + STAGES - 1) % STAGES;
+            mvt_stage<ASYNC>(smem + b * MVT_STAGE, base, nrows, row_bytes, cols, kn,
+                             (cols - kn < step) ? cols - kn : step);
         }
-        __syncthreads();
+        if (ASYNC) {
+            cp_async_commit();
+            cp_async_wait<STAGES - 1>();  // step s's copies (this thread's) are done
+        }
+        __syncthreads();  // step s's bytes, copied by every thread, are in place
+        const u8* stage = smem + s * MVT_STAGE;
         for (int kl = warp; kl < (ncols >> 5); kl += MVT_WARPS) {
             const int kc = (k0 >> 5) + kl;
             const int p = 4 * kl + q;  // group of 8 within the step
             float wa[8], wb[8];
             if (g < nrows) {
-                deq8<TY>(smem + g * segb, p, wa);
+                deq8<TY>(stage + g * segb, p, wa);
             } else {
 #pragma unroll
                 for (int i = 0; i < 8; i++) wa[i] = 0.0f;
             }
             if (g + 8 < nrows) {
-                deq8<TY>(smem + (g + 8) * segb, p, wb);
+                deq8<TY>(stage + (g + 8) * segb, p, wb);
             } else {
 #pragma unroll
                 for (int i = 0; i < 8; i++) wb[i] = 0.0f;
@@ -210,8 +289,9 @@ __device__ __forceinline__ void mvt_chunks(const u64* __restrict__ wtab,
                 }
             }
         }
+        __syncthreads();  // step s's buffer is free for the next copy into it
     }
-    __syncthreads();  // the staging area becomes the partial sums
+    // (The loop's last barrier: the staging area becomes the partial sums.)
     float(*part)[TILES * 4][32] = (float(*)[TILES * 4][32])smem;
 #pragma unroll
     for (int j = 0; j < TILES; j++)
@@ -261,13 +341,14 @@ __device__ __forceinline__ void embed_rows(const u8* __restrict__ W, long long r
     extern "C" __global__ void __launch_bounds__(MVT_WARPS * 32)                             \
         mvt_##name(const u64* wtab, const Chunk* chunks, const int* n_chunks, const float* X, \
                    int x_div, float* Y, int out_rows, int cols, long long row_bytes) {       \
-        mvt_chunks<TY, MVT_TILES>(wtab, chunks, n_chunks, X, x_div, Y, out_rows, cols,      \
-                                  row_bytes);                                                 \
+        mvt_chunks<TY, MVT_TILES, 1, false>(wtab, chunks, n_chunks, X, x_div, Y, out_rows,   \
+                                            cols, row_bytes);                                 \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(MVT_WARPS * 32)                             \
         mvt1_##name(const u64* wtab, const Chunk* chunks, const int* n_chunks, const float* X,\
                     int x_div, float* Y, int out_rows, int cols, long long row_bytes) {      \
-        mvt_chunks<TY, 1>(wtab, chunks, n_chunks, X, x_div, Y, out_rows, cols, row_bytes);   \
+        mvt_chunks<TY, 1, MVT1_STAGES, true>(wtab, chunks, n_chunks, X, x_div, Y, out_rows,  \
+                                             cols, row_bytes);                                \
     }                                                                                         \
     extern "C" __global__ void embed_##name(const u8* W, long long row_bytes,                \
                                             const int* tokens, float* x, int cols,           \
