@@ -45,10 +45,10 @@ __device__ __forceinline__ void mv_chunks(const u64* __restrict__ wtab,
                                           const int* __restrict__ n_chunks,
                                           const float* __restrict__ X, int x_div,
                                           float* __restrict__ Y, int out_rows, int cols,
-                                          long long row_bytes) {
+                                          long long row_bytes, int bx) {
     if ((int)blockIdx.y >= *n_chunks) return;
     const Chunk* c = chunks + blockIdx.y;
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int warp = (bx * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (warp >= out_rows) return;
     const u8* row = (const u8*)wtab[c->unit] + (size_t)warp * (size_t)row_bytes;
@@ -193,7 +193,7 @@ __device__ __forceinline__ void mvt_chunks(const u64* __restrict__ wtab,
                                            const int* __restrict__ n_chunks,
                                            const float* __restrict__ X, int x_div,
                                            float* __restrict__ Y, int out_rows, int cols,
-                                           long long row_bytes) {
+                                           long long row_bytes, int bx) {
     // STAGES staging buffers during the column loop, then the warps' partial sums as
     // [warp][tile * 4 + fragment element][lane] (conflict-free writes and reads).
     constexpr int PART = MVT_WARPS * TILES * 4 * 32 * 4;
@@ -205,7 +205,7 @@ __device__ __forceinline__ void mvt_chunks(const u64* __restrict__ wtab,
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
     const int g = lane >> 2, q = lane & 3;
-    const int r0 = blockIdx.x * MVT_ROWS;
+    const int r0 = bx * MVT_ROWS;
     const int nrows = (out_rows - r0 < MVT_ROWS) ? out_rows - r0 : MVT_ROWS;
     const u8* base = (const u8*)wtab[c->unit] + (size_t)r0 * (size_t)row_bytes;
     const float* xr[TILES];
@@ -332,23 +332,49 @@ __device__ __forceinline__ void embed_rows(const u8* __restrict__ W, long long r
     }
 }
 
+// Up to three matrices of the same format and column count that multiply the same X
+// through the same chunk table (q, k and v; gate and up) in one launch: the grid's x
+// blocks cover matrix 0's rows, then matrix 1's, then matrix 2's (`rows1`, `rows2` = 0 for
+// fewer); `per_block` weight rows a block. A row is computed the same way in any launch.
+struct Parts {
+    const u64* w;
+    float* y;
+    int rows;
+    int bx;
+};
+__device__ __forceinline__ Parts pick_part(const u64* w0, const u64* w1, const u64* w2,
+                                           float* y0, float* y1, float* y2, int rows0,
+                                           int rows1, int rows2, int per_block) {
+    const int b0 = (rows0 + per_block - 1) / per_block;
+    const int b1 = (rows1 + per_block - 1) / per_block;
+    const int bx = blockIdx.x;
+    if (bx < b0) return Parts{w0, y0, rows0, bx};
+    if (bx < b0 + b1) return Parts{w1, y1, rows1, bx - b0};
+    return Parts{w2, y2, rows2, bx - b0 - b1};
+}
+
+#define MV_PARAMS                                                                             \
+    const u64 *w0, const u64 *w1, const u64 *w2, const Chunk *chunks, const int *n_chunks,   \
+        const float *X, int x_div, float *y0, float *y1, float *y2, int rows0, int rows1,     \
+        int rows2, int cols, long long row_bytes
+#define MV_CALL(per_block, body)                                                              \
+    const Parts pp = pick_part(w0, w1, w2, y0, y1, y2, rows0, rows1, rows2, per_block);       \
+    body
+
 #define FWD_KERNELS(name, TY)                                                                 \
-    extern "C" __global__ void __launch_bounds__(128)                                        \
-        mvg_##name(const u64* wtab, const Chunk* chunks, const int* n_chunks, const float* X, \
-                   int x_div, float* Y, int out_rows, int cols, long long row_bytes) {       \
-        mv_chunks<TY>(wtab, chunks, n_chunks, X, x_div, Y, out_rows, cols, row_bytes);       \
+    extern "C" __global__ void __launch_bounds__(128) mvg_##name(MV_PARAMS) {                \
+        MV_CALL(4, mv_chunks<TY>(pp.w, chunks, n_chunks, X, x_div, pp.y, pp.rows, cols,      \
+                                 row_bytes, pp.bx);)                                          \
     }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(MVT_WARPS * 32)                             \
-        mvt_##name(const u64* wtab, const Chunk* chunks, const int* n_chunks, const float* X, \
-                   int x_div, float* Y, int out_rows, int cols, long long row_bytes) {       \
-        mvt_chunks<TY, MVT_TILES, 1, false>(wtab, chunks, n_chunks, X, x_div, Y, out_rows,   \
-                                            cols, row_bytes);                                 \
+    extern "C" __global__ void __launch_bounds__(MVT_WARPS * 32) mvt_##name(MV_PARAMS) {     \
+        MV_CALL(MVT_ROWS, (mvt_chunks<TY, MVT_TILES, 1, false>(pp.w, chunks, n_chunks, X,    \
+                                                               x_div, pp.y, pp.rows, cols,    \
+                                                               row_bytes, pp.bx));)           \
     }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(MVT_WARPS * 32)                             \
-        mvt1_##name(const u64* wtab, const Chunk* chunks, const int* n_chunks, const float* X,\
-                    int x_div, float* Y, int out_rows, int cols, long long row_bytes) {      \
-        mvt_chunks<TY, 1, MVT1_STAGES, true>(wtab, chunks, n_chunks, X, x_div, Y, out_rows,  \
-                                             cols, row_bytes);                                \
+    extern "C" __global__ void __launch_bounds__(MVT_WARPS * 32) mvt1_##name(MV_PARAMS) {    \
+        MV_CALL(MVT_ROWS, (mvt_chunks<TY, 1, MVT1_STAGES, true>(pp.w, chunks, n_chunks, X,   \
+                                                                x_div, pp.y, pp.rows, cols,   \
+                                                                row_bytes, pp.bx));)          \
     }                                                                                         \
     extern "C" __global__ void embed_##name(const u8* W, long long row_bytes,                \
                                             const int* tokens, float* x, int cols,           \
@@ -393,11 +419,17 @@ __device__ __forceinline__ float block_sum(float v) {
 
 // out[i] = x[src] * rsqrt(mean(x[src]^2) + eps) * w for row i (src = rows ? rows[i] : i);
 // one block per row.
-extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* out,
-                                         const int* rows, int cols, float eps) {
+//
+// The row kernels here take restrict pointers (their buffers never overlap) and unroll
+// their loops, so a thread's loads are in flight together instead of one memory round
+// trip per element; each thread still adds its elements in the same order.
+extern "C" __global__ void rms_norm_rows(const float* __restrict__ x,
+                                         const float* __restrict__ w, float* __restrict__ out,
+                                         const int* __restrict__ rows, int cols, float eps) {
     const int r = blockIdx.x;
     const float* xr = x + (size_t)(rows ? rows[r] : r) * cols;
     float ss = 0.0f;
+#pragma unroll 8
     for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += xr[i] * xr[i];
     ss = block_sum(ss);
     const float s = rsqrtf(ss / (float)cols + eps);
@@ -406,17 +438,21 @@ extern "C" __global__ void rms_norm_rows(const float* x, const float* w, float* 
 
 // Residual step of one row (one block per row): x += (post ? rms_norm(o) * post : o),
 // then h = rms_norm(x) * next when next is given (the next half-block's input norm).
-extern "C" __global__ void residual_norm(float* x, const float* o, const float* post,
-                                         const float* next, float* h, int cols, float eps) {
+extern "C" __global__ void residual_norm(float* __restrict__ x, const float* __restrict__ o,
+                                         const float* __restrict__ post,
+                                         const float* __restrict__ next, float* __restrict__ h,
+                                         int cols, float eps) {
     const size_t base = (size_t)blockIdx.x * cols;
     float so = 1.0f;
     if (post) {
         float ss = 0.0f;
+#pragma unroll 8
         for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += o[base + i] * o[base + i];
         ss = block_sum(ss);
         so = rsqrtf(ss / (float)cols + eps);
     }
     float ss = 0.0f;
+#pragma unroll 8
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
         const float add = post ? o[base + i] * so * post[i] : o[base + i];
         const float v = x[base + i] + add;
@@ -426,6 +462,7 @@ extern "C" __global__ void residual_norm(float* x, const float* o, const float* 
     if (!next) return;
     ss = block_sum(ss);
     const float s = rsqrtf(ss / (float)cols + eps);
+#pragma unroll 8
     for (int i = threadIdx.x; i < cols; i += blockDim.x) h[base + i] = x[base + i] * s * next[i];
 }
 
@@ -732,13 +769,16 @@ extern "C" __global__ void glu_act(float* g, const float* u, long long n, int ac
     g[i] = a * u[i];
 }
 
-// o[t] = sum over slots, in slot order, of wts[t k + s] * d[t k + s] (grid n tokens).
-extern "C" __global__ void moe_combine(const float* d, const float* wts, float* o, int k,
-                                       int cols) {
+// o[t] = sum over slots, in slot order, of wts[t k + s] * d[t k + s] (grid n tokens x
+// blocks of the columns).
+extern "C" __global__ void moe_combine(const float* __restrict__ d,
+                                       const float* __restrict__ wts, float* __restrict__ o,
+                                       int k, int cols) {
     const int t = blockIdx.x;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        float v = 0.0f;
-        for (int s = 0; s < k; s++) v += d[((size_t)t * k + s) * cols + i] * wts[t * k + s];
-        o[(size_t)t * cols + i] = v;
-    }
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= cols) return;
+    float v = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < k; s++) v += d[((size_t)t * k + s) * cols + i] * wts[t * k + s];
+    o[(size_t)t * cols + i] = v;
 }

@@ -113,9 +113,9 @@ struct DLayer {
 /// the compiled PTX's parameter lists, so a launch whose arguments drift from its kernel
 /// fails with an error (on CI, without a GPU), not with garbage on the device.
 pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
-    ("mvg_", "PPPPIPIIL"),
-    ("mvt_", "PPPPIPIIL"),
-    ("mvt1_", "PPPPIPIIL"),
+    ("mvg_", "PPPPPPIPPPIIIIL"),
+    ("mvt_", "PPPPPPIPPPIIIIL"),
+    ("mvt1_", "PPPPPPIPPPIIIIL"),
     ("embed_", "PLPPIF"),
     ("rms_norm_rows", "PPPPIF"),
     ("residual_norm", "PPPPPIF"),
@@ -1104,18 +1104,18 @@ impl GpuDecoder {
         )
     }
 
-    /// `y[rows_of_chunks] = W x` through the chunk table at `chunks` (`grid_y` blocks in y,
-    /// the count at `nchunks`).
+    /// `y[rows_of_chunks] = W x` for every `(W, y)` of `parts`, through the chunk table at
+    /// `chunks` (`grid_y` blocks in y, the count at `nchunks`). Consecutive matrices of the
+    /// same format and shape (q, k and v; gate and up) share a launch, up to three.
     #[allow(clippy::too_many_arguments)]
     fn mv(
         &self,
-        m: &DMat,
+        parts: &[(&DMat, u64)],
         chunks: u64,
         nchunks: u64,
         grid_y: usize,
         x: u64,
         x_div: usize,
-        y: u64,
         small: bool,
     ) -> Result<(), ModelError> {
         if grid_y == 0 {
@@ -1125,30 +1125,53 @@ impl GpuDecoder {
             .ok()
             .filter(|&g| g <= 65_535)
             .ok_or_else(|| ModelError::Compute(format!("cuda: {grid_y} chunks in one launch")))?;
-        let mvt = match &self.f.mvt[m.fi] {
-            Some(_) if small && self.d.mma == Mma::Prefill => None,
-            k => k.as_ref(),
-        };
-        let (k, rows_per_block, threads) = match mvt {
-            Some([one, four]) => (if small { one } else { four }, MVT_ROWS, MVT_THREADS),
-            None => (&self.f.mvg[m.fi], MVG_ROWS, MVG_THREADS),
-        };
-        self.launch(
-            k,
-            (m.rows.div_ceil(rows_per_block) as u32, gy, 1),
-            threads,
-            &[
-                A::P(self.ptrs_base + 8 * m.tab as u64),
-                A::P(chunks),
-                A::P(nchunks),
-                A::P(x),
-                A::I(x_div as i32),
-                A::P(y),
-                A::I(i32_of(m.rows, "rows")?),
-                A::I(i32_of(m.cols, "columns")?),
-                A::L(m.row_bytes),
-            ],
-        )
+        let mut rest = parts;
+        while let Some((&(m, _), _)) = rest.split_first() {
+            let same = |(o, _): &&(&DMat, u64)| {
+                o.fi == m.fi && o.cols == m.cols && o.row_bytes == m.row_bytes
+            };
+            let n = rest.iter().take(3).take_while(same).count();
+            let (group, tail) = rest.split_at(n);
+            rest = tail;
+            let mvt = match &self.f.mvt[m.fi] {
+                Some(_) if small && self.d.mma == Mma::Prefill => None,
+                k => k.as_ref(),
+            };
+            let (k, rows_per_block, threads) = match mvt {
+                Some([one, four]) => (if small { one } else { four }, MVT_ROWS, MVT_THREADS),
+                None => (&self.f.mvg[m.fi], MVG_ROWS, MVG_THREADS),
+            };
+            // Unused slots: no rows (no blocks), their table and output never read.
+            let part = |i: usize| group.get(i).map_or((m, 0, 0u64), |&(d, y)| (d, d.rows, y));
+            let (p0, p1, p2) = (part(0), part(1), part(2));
+            let blocks: usize = [p0.1, p1.1, p2.1]
+                .iter()
+                .map(|r| r.div_ceil(rows_per_block))
+                .sum();
+            self.launch(
+                k,
+                (blocks as u32, gy, 1),
+                threads,
+                &[
+                    A::P(self.ptrs_base + 8 * p0.0.tab as u64),
+                    A::P(self.ptrs_base + 8 * p1.0.tab as u64),
+                    A::P(self.ptrs_base + 8 * p2.0.tab as u64),
+                    A::P(chunks),
+                    A::P(nchunks),
+                    A::P(x),
+                    A::I(x_div as i32),
+                    A::P(p0.2),
+                    A::P(p1.2),
+                    A::P(p2.2),
+                    A::I(i32_of(p0.1, "rows")?),
+                    A::I(i32_of(p1.1, "rows")?),
+                    A::I(i32_of(p2.1, "rows")?),
+                    A::I(i32_of(m.cols, "columns")?),
+                    A::L(m.row_bytes),
+                ],
+            )?;
+        }
+        Ok(())
     }
 
     /// The sequence's KV cache in VRAM, made on its first call.
@@ -1301,9 +1324,15 @@ impl DeviceForward for GpuDecoder {
             let mut host_ids: Vec<i32> = Vec::new();
             for (il, l) in self.layers.iter().enumerate() {
                 // Attention.
-                self.mv(&l.wq, dense, n_dense, nd, h, 1, q, small)?;
-                self.mv(&l.wk, dense, n_dense, nd, h, 1, k, small)?;
-                self.mv(&l.wv, dense, n_dense, nd, h, 1, v, small)?;
+                self.mv(
+                    &[(&l.wq, q), (&l.wk, k), (&l.wv, v)],
+                    dense,
+                    n_dense,
+                    nd,
+                    h,
+                    1,
+                    small,
+                )?;
                 self.launch(
                     &self.f.qk_norm_rope,
                     (n as u32, (nh + nkv) as u32, 1),
@@ -1354,7 +1383,7 @@ impl DeviceForward for GpuDecoder {
                         A::I(l.window),
                     ],
                 )?;
-                self.mv(&l.wo, dense, n_dense, nd, att, 1, o, small)?;
+                self.mv(&[(&l.wo, o)], dense, n_dense, nd, att, 1, small)?;
                 self.residual(x, o, l.post_attn, l.ffn_norm, h, n, e, eps)?;
                 // Feed-forward.
                 match &l.ffn {
@@ -1364,11 +1393,10 @@ impl DeviceForward for GpuDecoder {
                         down,
                         act,
                     } => {
-                        self.mv(gate, dense, n_dense, nd, h, 1, g, small)?;
-                        self.mv(up, dense, n_dense, nd, h, 1, u, small)?;
+                        self.mv(&[(gate, g), (up, u)], dense, n_dense, nd, h, 1, small)?;
                         let len = n * gate.rows;
                         self.glu(g, u, len, *act)?;
-                        self.mv(down, dense, n_dense, nd, g, 1, o, small)?;
+                        self.mv(&[(down, o)], dense, n_dense, nd, g, 1, small)?;
                     }
                     DFfn::Moe {
                         router,
@@ -1380,7 +1408,7 @@ impl DeviceForward for GpuDecoder {
                         act,
                     } => {
                         let (ne, kk) = (*n_expert, *top);
-                        self.mv(router, dense, n_dense, nd, h, 1, rl, small)?;
+                        self.mv(&[(router, rl)], dense, n_dense, nd, h, 1, small)?;
                         self.launch(
                             &self.f.topk_softmax,
                             rows_n(n),
@@ -1416,8 +1444,8 @@ impl DeviceForward for GpuDecoder {
                                 unreachable!("the plan's layer kinds match")
                             };
                             let gate_up = |table: u64, count: u64, chunks: usize| {
-                                self.mv(&parts[0], table, count, chunks, h, kk, g, small)?;
-                                self.mv(&parts[1], table, count, chunks, h, kk, u, small)
+                                let gu = [(&parts[0], g), (&parts[1], u)];
+                                self.mv(&gu, table, count, chunks, h, kk, small)
                             };
                             let lc = self.ensure_units(
                                 env,
@@ -1432,13 +1460,12 @@ impl DeviceForward for GpuDecoder {
                             gate_up(miss_table, lc.counts + 4, lc.miss)?;
                             self.glu(g, u, len, *act)?;
                             self.mv(
-                                &parts[2],
+                                &[(&parts[2], dd)],
                                 lc.table,
                                 lc.counts + 8,
                                 lc.hit + lc.miss,
                                 g,
                                 1,
-                                dd,
                                 small,
                             )?;
                         } else {
@@ -1455,14 +1482,14 @@ impl DeviceForward for GpuDecoder {
                                 ],
                             )?;
                             let gy = np / MVG_N + ne.min(np);
-                            self.mv(&parts[0], chunks, nchunks, gy, h, kk, g, small)?;
-                            self.mv(&parts[1], chunks, nchunks, gy, h, kk, u, small)?;
+                            let gu = [(&parts[0], g), (&parts[1], u)];
+                            self.mv(&gu, chunks, nchunks, gy, h, kk, small)?;
                             self.glu(g, u, len, *act)?;
-                            self.mv(&parts[2], chunks, nchunks, gy, g, 1, dd, small)?;
+                            self.mv(&[(&parts[2], dd)], chunks, nchunks, gy, g, 1, small)?;
                         }
                         self.launch(
                             &self.f.moe_combine,
-                            rows_n(n),
+                            (n as u32, e.div_ceil(256) as u32, 1),
                             256,
                             &[A::P(dd), A::P(wts), A::P(o), A::I(kk as i32), A::I(ei)],
                         )?;
@@ -1474,13 +1501,12 @@ impl DeviceForward for GpuDecoder {
             if nr > 0 {
                 self.rms_norm(x, self.output_norm, hsel, rowmap, nr, e, eps)?;
                 self.mv(
-                    &self.output,
+                    &[(&self.output, lg)],
                     row_chunks,
                     n_rowc,
                     nr.div_ceil(MVG_N),
                     hsel,
                     1,
-                    lg,
                     small,
                 )?;
             }
