@@ -306,17 +306,19 @@ fn hook_covers_streamed_experts(slots_first: bool) {
 /// Which decoder plans the whole-forward GPU path takes, decided without a GPU: the
 /// qwen3moe fixture (head size 16, Q8_0) is taken; a matrix in a format without a kernel, a
 /// head wider than the attention kernel's and a top-k above the expert count are refused
-/// with the part named.
+/// with the part named; so is a plan with parts that have no kernels yet (GLM-DSA's MLA).
 #[test]
 fn decoder_plans_the_gpu_takes() {
     use sluice_cuda::forward::GpuDecoder;
-    use sluice_engine::models::plan::PlanFfn;
+    use sluice_engine::models::plan::{PlanAttn, PlanFfn};
     let m = Model::load(&fixtures().join("qwen3moe/a-q8_0.gguf")).unwrap();
     let plan = m.plan().expect("qwen3moe has a decoder plan");
     GpuDecoder::check(&plan).unwrap();
 
     let mut p = plan.clone();
-    p.layers[1].attn.wq.ty = GgmlType::TQ2_0;
+    if let PlanAttn::Gqa { w, .. } = &mut p.layers[1].attn {
+        w.wq.ty = GgmlType::TQ2_0;
+    }
     let e = GpuDecoder::check(&p).unwrap_err();
     assert!(e.contains("layer 1 attention q"), "{e}");
 
@@ -334,4 +336,10 @@ fn decoder_plans_the_gpu_takes() {
 
     let ds = Model::load(&fixtures().join("deepseek4/a-f32.gguf")).unwrap();
     assert!(ds.plan().is_none());
+
+    // GLM-DSA has a plan (MLA, biased router, shared experts), no kernels for it yet.
+    let glm = Model::load(&fixtures().join("glm_dsa/a-f32.gguf")).unwrap();
+    let plan = glm.plan().expect("glm-dsa has a decoder plan");
+    let e = GpuDecoder::check(&plan).unwrap_err();
+    assert!(e.contains("layer 0: multi-head latent attention"), "{e}");
 }

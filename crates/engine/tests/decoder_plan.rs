@@ -1,8 +1,10 @@
 //! The decoder plans device backends run (`Architecture::plan`) describe their models:
 //! the plan evaluated with the CPU blocks (`PlanOnCpu`) gives the architecture's own
-//! forward pass bit for bit, for qwen3moe (tiny transformers fixtures) and the real Gemma
-//! 3 270M (`SLUICE_GEMMA`; skipped with a note if unset). A plan that dropped a norm, used
-//! the wrong RoPE table or window, or the wrong router normalisation would change bits.
+//! forward pass bit for bit, for qwen3moe and glm-dsa (tiny transformers fixtures; glm-dsa
+//! up to its indexer's top-k positions, where the plan stops) and the real Gemma 3 270M
+//! (`SLUICE_GEMMA`; skipped with a note if unset). A plan that dropped a norm, used the
+//! wrong RoPE table or window, the wrong router normalisation or bias, or lost the shared
+//! expert would change bits.
 
 use std::path::{Path, PathBuf};
 
@@ -79,6 +81,55 @@ fn gemma_plan_gives_the_architectures_bits() {
         same_bits(&arch, &plan),
         "gemma: the plan's logits differ from the architecture's"
     );
+}
+
+fn manifest_ids(dir: &str) -> Vec<u32> {
+    let text = std::fs::read_to_string(fixture(&format!("{dir}/manifest.json"))).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// GLM-DSA as a plain MLA decoder (biased sigmoid router, shared experts, a dense first
+/// layer): exact while every token sees at most the indexer's top-k (8 in the fixtures)
+/// positions; a batch reaching past that is refused, not computed differently.
+#[test]
+fn glm_dsa_plan_gives_the_architectures_bits_up_to_its_top_k() {
+    let ids = manifest_ids("glm_dsa");
+    for name in ["a-f32.gguf", "b-f32.gguf", "a-Q4_0.gguf", "a-IQ4_NL.gguf"] {
+        let path = fixture(&format!("glm_dsa/{name}"));
+        let m = Model::load(&path).unwrap();
+        let plan = m.plan().expect("glm-dsa has a decoder plan");
+        let top_k = plan
+            .max_positions
+            .expect("the plan stops at the indexer's top-k");
+        assert!(plan.mla.is_some(), "{name}: MLA shape");
+        let toks = &ids[..top_k];
+        for batch in [top_k, 3] {
+            let arch = logits(&path, toks, batch, false);
+            let through = logits(&path, toks, batch, true);
+            assert!(!arch.is_empty());
+            assert!(
+                same_bits(&arch, &through),
+                "{name}, batch {batch}: the plan's logits differ from the architecture's"
+            );
+        }
+        let mut m = Model::load(&path).unwrap();
+        m.set_device_forward(Box::new(PlanOnCpu(plan)));
+        let mut st = m.new_state(top_k + 4, false);
+        let e = m
+            .forward(&mut st, &ids[..top_k + 1], Logits::All)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("holds for {top_k} positions")),
+            "{name}: {e}"
+        );
+    }
 }
 
 /// Architectures outside the plan's shape (here DeepSeek V4) have none: a device backend

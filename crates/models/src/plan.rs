@@ -1,14 +1,18 @@
 //! A plain decoder's whole forward pass as data, for backends that run it on a device.
 //!
-//! Owns: [`DecoderPlan`] (every weight of a GQA decoder with dense GLU or softmax-routed
-//! MoE feed-forward layers, as ranges of the mapped file, plus the hyper-parameters the
-//! CPU blocks use) and [`DeviceForward`], the interface a device backend implements to
-//! evaluate a batch with activations, KV cache and routing kept on the device. An
-//! architecture that fits this shape (qwen3moe, gemma3) returns a plan from
-//! [`crate::arch::Architecture::plan`]; the others run on the CPU blocks.
+//! Owns: [`DecoderPlan`] (every weight of a pre-norm decoder - GQA or absorbed MLA
+//! attention, dense GLU or routed MoE feed-forward layers with an optional shared expert -
+//! as ranges of the mapped file, plus the hyper-parameters the CPU blocks use) and
+//! [`DeviceForward`], the interface a device backend implements to evaluate a batch with
+//! activations, KV cache and routing kept on the device. An architecture that fits this
+//! shape (qwen3moe, gemma3, glm-dsa up to its indexer's top-k positions) returns a plan from
+//! [`crate::arch::Architecture::plan`]; the others run on the CPU blocks. A backend checks
+//! which of the plan's parts it has kernels for.
 
 use crate::blocks::attention::{AttnShape, GqaWeights};
 use crate::blocks::ffn::{Activation, GluWeights};
+use crate::blocks::mla::{MlaShape, MlaState, MlaWeights};
+use crate::blocks::moe::Router;
 use crate::blocks::{Batch, Env};
 use crate::state::SeqState;
 use crate::weights::{Mat, Stacked};
@@ -20,7 +24,14 @@ pub struct DecoderPlan {
     pub arch: &'static str,
     pub n_embd: usize,
     pub n_vocab: usize,
+    /// The attention as a kernel sees it (for MLA layers: absorbed, one KV head of
+    /// `kv_lora + rope` values whose first `kv_lora` are the values), and the RMS norms' eps.
     pub shape: AttnShape,
+    /// The MLA layers' own shape (None: no MLA layer).
+    pub mla: Option<MlaShape>,
+    /// The plan equals the model only for sequences of at most this many positions (a
+    /// sparse indexer that selects every visible token up to its top-k; None: any length).
+    pub max_positions: Option<usize>,
     /// Token embedding table `[n_vocab, n_embd]`, rows multiplied by `embd_scale`.
     pub embd: Mat,
     pub embd_scale: f32,
@@ -33,24 +44,42 @@ pub struct DecoderPlan {
 impl DecoderPlan {
     /// Every matrix the plan holds whole (all but the routed experts), each named for
     /// messages ("token embedding", "layer 3 attention q", "layer 3 router", ...).
-    pub fn matrices(&self) -> Vec<(String, &Mat)> {
+    pub fn matrices<'a>(&'a self) -> Vec<(String, &'a Mat)> {
         let mut out = vec![
             ("token embedding".to_string(), &self.embd),
             ("output".to_string(), &self.output),
         ];
+        let glu = |out: &mut Vec<(String, &'a Mat)>, what: String, w: &'a GluWeights| {
+            for (n, m) in [("gate", &w.gate), ("up", &w.up), ("down", &w.down)] {
+                out.push((format!("{what} {n}"), m));
+            }
+        };
         for (il, l) in self.layers.iter().enumerate() {
-            let a = &l.attn;
-            for (n, m) in [("q", &a.wq), ("k", &a.wk), ("v", &a.wv), ("o", &a.wo)] {
+            let named: Vec<(&str, &Mat)> = match &l.attn {
+                PlanAttn::Gqa { w: a, .. } => {
+                    vec![("q", &a.wq), ("k", &a.wk), ("v", &a.wv), ("o", &a.wo)]
+                }
+                PlanAttn::Mla(a) => vec![
+                    ("q_a", &a.q_a),
+                    ("q_b", &a.q_b),
+                    ("kv_a", &a.kv_a),
+                    ("k_b", &a.k_b),
+                    ("v_b", &a.v_b),
+                    ("o", &a.out),
+                ],
+            };
+            for (n, m) in named {
                 out.push((format!("layer {il} attention {n}"), m));
             }
             match &l.ffn {
-                PlanFfn::Dense { w, .. } => {
-                    for (n, m) in [("gate", &w.gate), ("up", &w.up), ("down", &w.down)] {
-                        out.push((format!("layer {il} ffn {n}"), m));
-                    }
-                }
-                PlanFfn::Moe { router_w, .. } => {
+                PlanFfn::Dense { w, .. } => glu(&mut out, format!("layer {il} ffn"), w),
+                PlanFfn::Moe {
+                    router_w, shared, ..
+                } => {
                     out.push((format!("layer {il} router"), router_w));
+                    if let Some(w) = shared {
+                        glu(&mut out, format!("layer {il} shared expert"), w.as_ref());
+                    }
                 }
             }
         }
@@ -62,17 +91,30 @@ impl DecoderPlan {
 #[derive(Debug, Clone)]
 pub struct PlanLayer {
     pub attn_norm: Vec<f32>,
-    pub attn: GqaWeights,
-    /// NEOX RoPE inverse frequencies of this layer.
-    pub inv_freq: Vec<f32>,
-    /// Sliding window in positions (None = global attention).
-    pub window: Option<usize>,
+    pub attn: PlanAttn,
     /// RMS norm applied to the attention output before the residual add (Gemma).
     pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     pub ffn: PlanFfn,
     /// RMS norm applied to the feed-forward output before the residual add (Gemma).
     pub post_ffn_norm: Option<Vec<f32>>,
+}
+
+/// The attention half of a block.
+#[derive(Debug, Clone)]
+pub enum PlanAttn {
+    /// Grouped-query attention ([`crate::blocks::attention::gqa`]) with NEOX RoPE.
+    Gqa {
+        w: GqaWeights,
+        /// NEOX RoPE inverse frequencies of this layer.
+        inv_freq: Vec<f32>,
+        /// Sliding window in positions (None = global attention).
+        window: Option<usize>,
+    },
+    /// Multi-head latent attention over every visible position
+    /// ([`crate::blocks::mla::attention`] without a selection; interleaved-pair RoPE on the
+    /// rope slices, the latent cache row `[c | k_rope]`), shaped by [`DecoderPlan::mla`].
+    Mla(MlaWeights),
 }
 
 /// The feed-forward half of a block.
@@ -82,16 +124,18 @@ pub enum PlanFfn {
         w: GluWeights,
         act: Activation,
     },
-    /// Softmax router over `n_expert` GLU experts, top-`k`, weights renormalised if
-    /// `norm` (qwen3moe's `Router::Softmax`).
+    /// `router` over `n_expert` GLU experts, top-`k` ([`Router::Softmax`] or
+    /// [`Router::Biased`]; hashed routing has no plan), plus an unscaled shared expert
+    /// when given.
     Moe {
         router_w: Mat,
-        norm: bool,
+        router: Router,
         n_expert: usize,
         k: usize,
         /// Stacked gate, up, down (units' parts 0, 1, 2 of the streamable group).
         experts: [Stacked; 3],
         act: Activation,
+        shared: Option<Box<GluWeights>>,
     },
 }
 
@@ -128,27 +172,57 @@ impl DeviceForward for PlanOnCpu {
         rows: &[usize],
     ) -> Result<Vec<f32>, ModelError> {
         use crate::blocks::attention::gqa;
-        use crate::blocks::moe::{routed, MoeWeights, Router, UnitMat};
-        use crate::blocks::{add_into, check_finite, ffn, head, rms_norm_rows, Stage};
+        use crate::blocks::moe::{routed, MoeWeights, UnitMat};
+        use crate::blocks::{add_into, check_finite, ffn, head, mla, rms_norm_rows, Stage};
         let p = &self.0;
         let eps = p.shape.rms_eps;
         let e = p.n_embd;
+        if let (Some(max), Some(&last)) = (p.max_positions, batch.positions.last()) {
+            if last >= max {
+                return Err(ModelError::Compute(format!(
+                    "{}: the decoder plan holds for {max} positions, the batch reaches {}",
+                    p.arch,
+                    last + 1
+                )));
+            }
+        }
+        // MLA layers keep their latent rows here (the KV cache only counts positions).
+        if p.mla.is_some() && state.device.is_none() {
+            state.device = Some(Box::new(PlanCpuState {
+                mla: vec![MlaState::default(); p.layers.len()],
+            }));
+        }
+        let f16 = state.kv.f16();
         let mut x = head::embed(env, &p.embd, batch, p.embd_scale)?;
         check_finite(&x, e, &batch.positions, Stage::Embedding)?;
         for (il, l) in p.layers.iter().enumerate() {
             let mut h = x.clone();
             rms_norm_rows(&mut h, &l.attn_norm, eps);
-            let mut o = gqa(
-                env,
-                batch,
-                &mut state.kv,
-                il,
-                &l.attn,
-                &p.shape,
-                &l.inv_freq,
-                l.window,
-                &h,
-            )?;
+            let mut o = match &l.attn {
+                PlanAttn::Gqa {
+                    w,
+                    inv_freq,
+                    window,
+                } => gqa(
+                    env,
+                    batch,
+                    &mut state.kv,
+                    il,
+                    w,
+                    &p.shape,
+                    inv_freq,
+                    *window,
+                    &h,
+                )?,
+                PlanAttn::Mla(w) => {
+                    let s = p.mla.as_ref().ok_or_else(|| {
+                        ModelError::Compute(format!("{}: MLA layer without a shape", p.arch))
+                    })?;
+                    let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
+                    let qr = mla::query_residual(env, w, s, &h, batch.len())?;
+                    mla::attention(env, batch, w, s, &mut st.mla[il], &h, &qr, None, f16)?
+                }
+            };
             if let Some(w) = &l.post_attn_norm {
                 rms_norm_rows(&mut o, w, eps);
             }
@@ -159,11 +233,12 @@ impl DeviceForward for PlanOnCpu {
                 PlanFfn::Dense { w, act } => ffn::glu(env, w, *act, &h, batch.len())?,
                 PlanFfn::Moe {
                     router_w,
-                    norm,
+                    router,
                     n_expert,
                     k,
                     experts,
                     act,
+                    shared,
                 } => {
                     let um = |s: &Stacked| UnitMat {
                         ty: s.ty,
@@ -172,7 +247,7 @@ impl DeviceForward for PlanOnCpu {
                     };
                     let w = MoeWeights {
                         router_w: router_w.clone(),
-                        router: Router::Softmax { norm: *norm },
+                        router: router.clone(),
                         n_expert: *n_expert,
                         k: *k,
                         gate: um(&experts[0]),
@@ -181,7 +256,12 @@ impl DeviceForward for PlanOnCpu {
                         act: *act,
                         next: None,
                     };
-                    routed(env, batch, il, &w, &h)?
+                    let mut y = routed(env, batch, il, &w, &h)?;
+                    if let Some(sw) = shared {
+                        let sh = ffn::glu(env, sw, *act, &h, batch.len())?;
+                        add_into(&mut y, &sh);
+                    }
+                    y
                 }
             };
             if let Some(w) = &l.post_ffn_norm {
@@ -197,5 +277,23 @@ impl DeviceForward for PlanOnCpu {
 
     fn name(&self) -> &'static str {
         "plan-on-cpu"
+    }
+}
+
+/// [`PlanOnCpu`]'s per-sequence rows for MLA layers (in `SeqState::device`).
+#[derive(Clone, Default)]
+struct PlanCpuState {
+    mla: Vec<MlaState>,
+}
+
+impl crate::state::ExtraState for PlanCpuState {
+    fn clone_box(&self) -> Box<dyn crate::state::ExtraState> {
+        Box::new(self.clone())
+    }
+    fn clear(&mut self) {
+        self.mla.iter_mut().for_each(MlaState::clear);
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
     }
 }

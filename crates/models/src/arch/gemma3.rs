@@ -14,7 +14,7 @@ use crate::blocks::{
 };
 use crate::config::{Hparams, ModelConfig};
 use crate::ops::rope_inv_freq;
-use crate::plan::{DecoderPlan, PlanFfn, PlanLayer};
+use crate::plan::{DecoderPlan, PlanAttn, PlanFfn, PlanLayer};
 use crate::state::SeqState;
 use crate::weights::{Mat, Tensors};
 use crate::ModelError;
@@ -125,13 +125,15 @@ impl Architecture for Gemma3 {
                 let swa = self.is_swa_layer(il);
                 PlanLayer {
                     attn_norm: l.attn_norm.clone(),
-                    attn: l.attn.clone(),
-                    inv_freq: if swa {
-                        self.rope_swa.clone()
-                    } else {
-                        self.rope_global.clone()
+                    attn: PlanAttn::Gqa {
+                        w: l.attn.clone(),
+                        inv_freq: if swa {
+                            self.rope_swa.clone()
+                        } else {
+                            self.rope_global.clone()
+                        },
+                        window: swa.then_some(self.sliding_window),
                     },
-                    window: swa.then_some(self.sliding_window),
                     post_attn_norm: Some(l.post_attn_norm.clone()),
                     ffn_norm: l.ffn_norm.clone(),
                     ffn: PlanFfn::Dense {
@@ -147,6 +149,8 @@ impl Architecture for Gemma3 {
             n_embd: self.cfg.n_embd,
             n_vocab: self.cfg.n_vocab,
             shape: self.shape,
+            mla: None,
+            max_positions: None,
             embd: self.token_embd.clone(),
             embd_scale: (self.cfg.n_embd as f32).sqrt(),
             output_norm: self.output_norm.clone(),

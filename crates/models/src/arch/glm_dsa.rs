@@ -16,6 +16,7 @@ use sluice_io::MappedFile;
 use sluice_tier::{StreamableGroups, UnitGroup, UnitLayer};
 
 use super::Architecture;
+use crate::blocks::attention::AttnShape;
 use crate::blocks::dsa_indexer::{self, IndexerState, IndexerWeights};
 use crate::blocks::dsv4_attention::plain_inv_freq;
 use crate::blocks::ffn::{glu, Activation, GluWeights};
@@ -26,6 +27,7 @@ use crate::blocks::moe::{
 use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
+use crate::plan::{DecoderPlan, PlanAttn, PlanFfn, PlanLayer};
 use crate::state::{ExtraState, SeqState};
 use crate::weights::{Mat, Stacked, Tensors};
 use crate::ModelError;
@@ -421,6 +423,65 @@ impl Architecture for GlmDsa {
             index: vec![IndexerState::default(); self.layers.len()],
         }));
         s
+    }
+
+    /// The model as a plain MLA decoder, exact for sequences of at most the indexer's
+    /// top-k positions: up to there every token's selection is every visible token
+    /// ([`dsa_indexer::select`] returns None), so the indexer changes nothing (glm5.md 2.A).
+    fn plan(&self) -> Option<DecoderPlan> {
+        let top_k = self
+            .layers
+            .iter()
+            .filter_map(|l| l.indexer.as_ref().map(|ix| ix.top_k))
+            .min();
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| PlanLayer {
+                attn_norm: l.attn_norm.clone(),
+                attn: PlanAttn::Mla(l.attn.clone()),
+                post_attn_norm: None,
+                ffn_norm: l.ffn_norm.clone(),
+                ffn: match &l.ffn {
+                    Ffn::Dense(w) => PlanFfn::Dense {
+                        w: w.clone(),
+                        act: Activation::Silu,
+                    },
+                    Ffn::Moe(m) => PlanFfn::Moe {
+                        router_w: m.moe.router_w.clone(),
+                        router: m.moe.router.clone(),
+                        n_expert: m.moe.n_expert,
+                        k: m.moe.k,
+                        experts: m.experts.clone(),
+                        act: m.moe.act,
+                        shared: Some(Box::new(m.shared.clone())),
+                    },
+                },
+                post_ffn_norm: None,
+            })
+            .collect();
+        let s = &self.shape;
+        Some(DecoderPlan {
+            arch: NAME,
+            n_embd: self.cfg.n_embd,
+            n_vocab: self.cfg.n_vocab,
+            // Absorbed MLA as a kernel sees it: one KV head of `[c | k_rope]`, values `c`.
+            shape: AttnShape {
+                n_head: s.n_head,
+                n_head_kv: 1,
+                head_dim: s.row(),
+                head_dim_v: s.kv_lora,
+                scale: s.scale,
+                rms_eps: self.rms_eps,
+            },
+            mla: Some(*s),
+            max_positions: top_k,
+            embd: self.token_embd.clone(),
+            embd_scale: 1.0,
+            output_norm: self.output_norm.clone(),
+            output: self.output.clone(),
+            layers,
+        })
     }
 
     fn forward(

@@ -12,7 +12,7 @@ use crate::blocks::moe::{glu_unit_layer, link_lookahead, routed, MoeWeights, Rou
 use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::ops::rope_inv_freq;
-use crate::plan::{DecoderPlan, PlanFfn, PlanLayer};
+use crate::plan::{DecoderPlan, PlanAttn, PlanFfn, PlanLayer};
 use crate::state::SeqState;
 use crate::weights::{Mat, Stacked, Tensors};
 use crate::ModelError;
@@ -137,23 +137,26 @@ impl Architecture for Qwen3Moe {
             .layers
             .iter()
             .map(|l| {
-                let Router::Softmax { norm } = l.moe.router else {
+                let Router::Softmax { .. } = l.moe.router else {
                     return None;
                 };
                 Some(PlanLayer {
                     attn_norm: l.attn_norm.clone(),
-                    attn: l.attn.clone(),
-                    inv_freq: self.rope.clone(),
-                    window: None,
+                    attn: PlanAttn::Gqa {
+                        w: l.attn.clone(),
+                        inv_freq: self.rope.clone(),
+                        window: None,
+                    },
                     post_attn_norm: None,
                     ffn_norm: l.ffn_norm.clone(),
                     ffn: PlanFfn::Moe {
                         router_w: l.moe.router_w.clone(),
-                        norm,
+                        router: l.moe.router.clone(),
                         n_expert: l.moe.n_expert,
                         k: l.moe.k,
                         experts: l.experts.clone(),
                         act: l.moe.act,
+                        shared: None,
                     },
                     post_ffn_norm: None,
                 })
@@ -164,6 +167,8 @@ impl Architecture for Qwen3Moe {
             n_embd: self.cfg.n_embd,
             n_vocab: self.cfg.n_vocab,
             shape: self.shape,
+            mla: None,
+            max_positions: None,
             embd: self.token_embd.clone(),
             embd_scale: 1.0,
             output_norm: self.output_norm.clone(),
