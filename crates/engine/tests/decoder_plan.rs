@@ -6,8 +6,11 @@
 //! wrong RoPE table or window, the wrong router normalisation or bias, or lost the shared
 //! expert would change bits.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::{json_ids, qwen3moe_tokens, same_bits};
 use sluice_engine::models::plan::PlanOnCpu;
 use sluice_engine::{Logits, Model};
 
@@ -35,20 +38,9 @@ fn logits(path: &Path, toks: &[u32], batch: usize, through_plan: bool) -> Vec<f3
     out
 }
 
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-}
-
 #[test]
 fn qwen3moe_plan_gives_the_architectures_bits() {
-    let text = std::fs::read_to_string(fixture("qwen3moe/tokens.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let toks: Vec<u32> = v["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
+    let toks = qwen3moe_tokens();
     for name in ["a-q8_0.gguf", "b-f32.gguf"] {
         let path = fixture(&format!("qwen3moe/{name}"));
         for batch in [64, 3] {
@@ -83,23 +75,12 @@ fn gemma_plan_gives_the_architectures_bits() {
     );
 }
 
-fn manifest_ids(dir: &str) -> Vec<u32> {
-    let text = std::fs::read_to_string(fixture(&format!("{dir}/manifest.json"))).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 /// GLM-DSA as a plain MLA decoder (biased sigmoid router, shared experts, a dense first
 /// layer): exact while every token sees at most the indexer's top-k (8 in the fixtures)
 /// positions; a batch reaching past that is refused, not computed differently.
 #[test]
 fn glm_dsa_plan_gives_the_architectures_bits_up_to_its_top_k() {
-    let ids = manifest_ids("glm_dsa");
+    let ids = json_ids(&fixture("glm_dsa/manifest.json"));
     for name in ["a-f32.gguf", "b-f32.gguf", "a-Q4_0.gguf", "a-IQ4_NL.gguf"] {
         let path = fixture(&format!("glm_dsa/{name}"));
         let m = Model::load(&path).unwrap();

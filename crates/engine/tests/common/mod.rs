@@ -14,7 +14,13 @@ pub fn qwen3moe_fixture(name: &str) -> PathBuf {
 /// The fixture's token ids (tokens.json).
 #[allow(dead_code)]
 pub fn qwen3moe_tokens() -> Vec<u32> {
-    let text = std::fs::read_to_string(qwen3moe_fixture("tokens.json")).unwrap();
+    json_ids(&qwen3moe_fixture("tokens.json"))
+}
+
+/// The `ids` array of a fixture's JSON file (tokens.json, manifest.json).
+#[allow(dead_code)]
+pub fn json_ids(path: &Path) -> Vec<u32> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     v["ids"]
         .as_array()
