@@ -421,8 +421,9 @@ __device__ __forceinline__ float block_sum(float v) {
 // one block per row.
 //
 // The row kernels here take restrict pointers (their buffers never overlap) and unroll
-// their loops, so a thread's loads are in flight together instead of one memory round
-// trip per element; each thread still adds its elements in the same order.
+// their loops, so the compiler may keep a thread's loads in flight together; each thread
+// still adds its elements in the same order. (On the H200 this left residual_norm at
+// 8.1 us for a 2048-wide decode row, 8.5 before: its time goes elsewhere, not found yet.)
 extern "C" __global__ void rms_norm_rows(const float* __restrict__ x,
                                          const float* __restrict__ w, float* __restrict__ out,
                                          const int* __restrict__ rows, int cols, float eps) {
