@@ -19,6 +19,8 @@
 // `mvg_*` with groups of MVG_SUB at a time.
 #define MVG_N 32
 #define MVG_SUB 8
+// Warps (= weight rows, one each) of a `mvg_*` block.
+#define MVG_WARPS 4
 
 #define NEG_INF __int_as_float(0xff800000)
 
@@ -357,24 +359,23 @@ __device__ __forceinline__ Parts pick_part(const u64* w0, const u64* w1, const u
     const u64 *w0, const u64 *w1, const u64 *w2, const Chunk *chunks, const int *n_chunks,   \
         const float *X, int x_div, float *y0, float *y1, float *y2, int rows0, int rows1,     \
         int rows2, int cols, long long row_bytes
-#define MV_CALL(per_block, body)                                                              \
-    const Parts pp = pick_part(w0, w1, w2, y0, y1, y2, rows0, rows1, rows2, per_block);       \
-    body
+#define PICK_PART(per_block) pick_part(w0, w1, w2, y0, y1, y2, rows0, rows1, rows2, per_block)
 
 #define FWD_KERNELS(name, TY)                                                                 \
-    extern "C" __global__ void __launch_bounds__(128) mvg_##name(MV_PARAMS) {                \
-        MV_CALL(4, mv_chunks<TY>(pp.w, chunks, n_chunks, X, x_div, pp.y, pp.rows, cols,      \
-                                 row_bytes, pp.bx);)                                          \
+    extern "C" __global__ void __launch_bounds__(MVG_WARPS * 32) mvg_##name(MV_PARAMS) {     \
+        const Parts pp = PICK_PART(MVG_WARPS);                                                \
+        mv_chunks<TY>(pp.w, chunks, n_chunks, X, x_div, pp.y, pp.rows, cols, row_bytes,       \
+                      pp.bx);                                                                 \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(MVT_WARPS * 32) mvt_##name(MV_PARAMS) {     \
-        MV_CALL(MVT_ROWS, (mvt_chunks<TY, MVT_TILES, 1, false>(pp.w, chunks, n_chunks, X,    \
-                                                               x_div, pp.y, pp.rows, cols,    \
-                                                               row_bytes, pp.bx));)           \
+        const Parts pp = PICK_PART(MVT_ROWS);                                                 \
+        mvt_chunks<TY, MVT_TILES, 1, false>(pp.w, chunks, n_chunks, X, x_div, pp.y, pp.rows, \
+                                            cols, row_bytes, pp.bx);                          \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(MVT_WARPS * 32) mvt1_##name(MV_PARAMS) {    \
-        MV_CALL(MVT_ROWS, (mvt_chunks<TY, 1, MVT1_STAGES, true>(pp.w, chunks, n_chunks, X,   \
-                                                                x_div, pp.y, pp.rows, cols,   \
-                                                                row_bytes, pp.bx));)          \
+        const Parts pp = PICK_PART(MVT_ROWS);                                                 \
+        mvt_chunks<TY, 1, MVT1_STAGES, true>(pp.w, chunks, n_chunks, X, x_div, pp.y,         \
+                                             pp.rows, cols, row_bytes, pp.bx);                \
     }                                                                                         \
     extern "C" __global__ void embed_##name(const u8* W, long long row_bytes,                \
                                             const int* tokens, float* x, int cols,           \

@@ -137,11 +137,11 @@ fn takes_f16(ty: GgmlType) -> bool {
 }
 
 /// Weight rows and threads of one block of `mvt_*` (`MVT_ROWS`, `MVT_WARPS` of
-/// `forward.cu`) and of `mvg_*` (a warp per row).
+/// `forward.cu`) and of `mvg_*` (a warp per row, `MVG_WARPS`).
 const MVT_ROWS: usize = 16;
 const MVT_THREADS: u32 = 16 * 32;
 const MVG_ROWS: usize = 4;
-const MVG_THREADS: u32 = 128;
+const MVG_THREADS: u32 = MVG_ROWS as u32 * 32;
 
 /// The parameter kinds of kernel `name` ([`KERNEL_SIGNATURES`]).
 pub fn kernel_signature(name: &str) -> Option<&'static str> {
