@@ -219,6 +219,11 @@ impl DeviceForward for PlanOnCpu {
                         ModelError::Compute(format!("{}: MLA layer without a shape", p.arch))
                     })?;
                     let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
+                    // Rows past the batch's start belong to positions a truncation dropped
+                    // (device state is indexed by position, `SeqState::device`).
+                    st.mla[il]
+                        .rows
+                        .truncate(batch.positions.first().map_or(0, |&p0| p0 * s.row()));
                     let qr = mla::query_residual(env, w, s, &h, batch.len())?;
                     mla::attention(env, batch, w, s, &mut st.mla[il], &h, &qr, None, f16)?
                 }
@@ -280,7 +285,8 @@ impl DeviceForward for PlanOnCpu {
     }
 }
 
-/// [`PlanOnCpu`]'s per-sequence rows for MLA layers (in `SeqState::device`).
+/// [`PlanOnCpu`]'s per-sequence rows for MLA layers (in `SeqState::device`), by position:
+/// rows at or past a batch's first position are dropped before it runs.
 #[derive(Clone, Default)]
 struct PlanCpuState {
     mla: Vec<MlaState>,
