@@ -177,6 +177,19 @@ fn top2_margin(row: &[f32]) -> f32 {
     s[0] - s[1]
 }
 
+/// Of the positions where the oracle's top two logits differ by more than `margin` (clear),
+/// how many have `x`'s top-1 equal to the oracle's: (clear, agree).
+fn top1_agreement(x: &[f32], oracle: &[f32], n_vocab: usize, margin: f32) -> (usize, usize) {
+    let (mut clear, mut agree) = (0, 0);
+    for (a, o) in x.chunks(n_vocab).zip(oracle.chunks(n_vocab)) {
+        if top2_margin(o) > margin {
+            clear += 1;
+            agree += usize::from(argmax(a) == argmax(o));
+        }
+    }
+    (clear, agree)
+}
+
 fn qwen3moe(name: &str) -> PathBuf {
     fixtures().join("qwen3moe").join(name)
 }
@@ -363,7 +376,8 @@ fn gemma_on_gpu_matches_reference() {
     let (oracle, _, _) = logits(&path, &toks, 64, Backend::Reference);
     let s = g.unwrap().stats();
     let (mut worst_gpu, mut worst_cpu) = (0.0f32, 0.0f32);
-    let (mut clear, mut agree, mut agree_cpu) = (0, 0, 0);
+    let (clear, agree) = top1_agreement(&gpu, &oracle, n_vocab, 0.01);
+    let (_, agree_cpu) = top1_agreement(&cpu, &oracle, n_vocab, 0.01);
     let mut bad = Vec::new();
     for (p, ((a, c), o)) in gpu
         .chunks(n_vocab)
@@ -377,11 +391,6 @@ fn gemma_on_gpu_matches_reference() {
         worst_cpu = worst_cpu.max(max_abs_diff(c, o) / scale);
         if d > 1e-3 {
             bad.push((p, d));
-        }
-        if top2_margin(o) > 0.01 {
-            clear += 1;
-            agree += usize::from(argmax(a) == argmax(o));
-            agree_cpu += usize::from(argmax(c) == argmax(o));
         }
     }
     eprintln!(
@@ -448,14 +457,11 @@ fn gemma_whole_forward_matches_reference() {
         s.forward_calls > 0 && s.gpu_jobs == 0,
         "not the whole-forward path: {s:?}"
     );
-    let (mut worst, mut clear, mut agree) = (0.0f32, 0, 0);
-    for (a, o) in gpu.chunks(n_vocab).zip(oracle.chunks(n_vocab)) {
-        worst = worst.max(max_abs_diff(a, o) / max_abs(o));
-        if top2_margin(o) > 0.01 {
-            clear += 1;
-            agree += usize::from(argmax(a) == argmax(o));
-        }
-    }
+    let worst = gpu
+        .chunks(n_vocab)
+        .zip(oracle.chunks(n_vocab))
+        .fold(0.0f32, |w, (a, o)| w.max(max_abs_diff(a, o) / max_abs(o)));
+    let (clear, agree) = top1_agreement(&gpu, &oracle, n_vocab, 0.01);
     eprintln!(
         "gemma whole forward ({} positions): worst max |gpu - reference| / max |reference| {worst:e}; top-1 equal {agree}/{clear}",
         toks.len()
@@ -508,13 +514,7 @@ fn seeds_architectures_with_products_on_gpu_match_reference() {
         let (oracle, _, _) = logits(&path, &toks, 64, Backend::Reference);
         let s = g.unwrap().stats();
         let err = max_abs_diff(&gpu, &oracle) / max_abs(&oracle);
-        let (mut clear, mut agree) = (0, 0);
-        for (a, o) in gpu.chunks(n_vocab).zip(oracle.chunks(n_vocab)) {
-            if top2_margin(o) > 1e-3 {
-                clear += 1;
-                agree += usize::from(argmax(a) == argmax(o));
-            }
-        }
+        let (clear, agree) = top1_agreement(&gpu, &oracle, n_vocab, 1e-3);
         eprintln!(
             "{arch}/{file}: max |gpu - reference| / max |reference| = {err:e}, top-1 {agree}/{clear}; GPU products {}, CPU products {}",
             s.gpu_jobs, s.cpu_jobs
