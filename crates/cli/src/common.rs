@@ -27,9 +27,10 @@ pub struct ModelArgs {
     /// Keep the KV cache at full f32 precision (default: rounded to f16 like llama.cpp).
     #[arg(long = "kv-f32")]
     pub kv_f32: bool,
-    /// Run the weight products on the GPU (CUDA, found at run time): weights are kept in
-    /// VRAM, attention, norms and routing stay on the CPU. Without a usable GPU sluice says
-    /// why in one line and runs on the CPU.
+    /// Run on the GPU (CUDA, found at run time): the whole forward pass for qwen3moe,
+    /// gemma3 and glm-dsa (within its indexer's top-k positions: --ctx 2048 for GLM-5),
+    /// else the weight products only, with weights in VRAM. Without a usable GPU sluice
+    /// says why in one line and runs on the CPU.
     #[arg(long)]
     pub gpu: bool,
     /// With --gpu: keep routed experts in a VRAM cache of SIZE bytes (e.g. 8G), a hard
@@ -328,7 +329,7 @@ impl ModelArgs {
             anyhow::bail!("--gpu-expert-cache needs --gpu");
         }
         let gpu = if self.gpu {
-            use_gpu(&mut inner, self.gpu_expert_cache)?
+            use_gpu(&mut inner, self.gpu_expert_cache, self.ctx)?
         } else {
             None
         };
@@ -341,6 +342,7 @@ impl ModelArgs {
 fn use_gpu(
     l: &mut sluice_engine::load::Loaded,
     expert_cache: Option<u64>,
+    ctx: usize,
 ) -> Result<Option<sluice_cuda::Cuda>> {
     let t0 = std::time::Instant::now();
     match sluice_cuda::Cuda::new(l.model.map.bytes()) {
@@ -362,7 +364,7 @@ fn use_gpu(
             }
             pin_slots(&c, l);
             l.model.set_compute(Box::new(c.clone()));
-            whole_forward(&c, l, expert_cache.is_some());
+            whole_forward(&c, l, expert_cache.is_some(), ctx);
             Ok(Some(c))
         }
         Err(e) => {
@@ -375,9 +377,15 @@ fn use_gpu(
 /// Run the whole forward pass on the GPU when the architecture describes itself as a plan
 /// and its weights fit (routed experts resident whole in VRAM, or through the VRAM expert
 /// cache when one is set or experts stream from the SSD); otherwise only the weight
-/// products run there. `SLUICE_CUDA_FORWARD=0` keeps the products-only path (for A/B).
-/// One line either way.
-fn whole_forward(c: &sluice_cuda::Cuda, l: &mut sluice_engine::load::Loaded, vram_cache: bool) {
+/// products run there. A plan that holds only up to a length (GLM-DSA: its indexer's
+/// top-k) is taken only when `--ctx` is within it, so a sequence never outgrows it.
+/// `SLUICE_CUDA_FORWARD=0` keeps the products-only path (for A/B). One line either way.
+fn whole_forward(
+    c: &sluice_cuda::Cuda,
+    l: &mut sluice_engine::load::Loaded,
+    vram_cache: bool,
+    ctx: usize,
+) {
     use sluice_cuda::forward::{ExpertPlacement, GpuDecoder};
     let products_only = |why: &str| {
         eprintln!(
@@ -396,6 +404,14 @@ fn whole_forward(c: &sluice_cuda::Cuda, l: &mut sluice_engine::load::Loaded, vra
         ));
         return;
     };
+    let ctx = ctx.min(l.model.cfg.n_ctx_train);
+    if let Some(max) = plan.max_positions.filter(|&m| ctx > m) {
+        products_only(&format!(
+            "{} runs as a plain decoder for {max} positions, its sparse indexer's top-k; the context is {ctx}: pass --ctx {max} or less for the whole forward pass on the GPU",
+            l.model.cfg.arch
+        ));
+        return;
+    }
     let placement = if vram_cache || l.streaming.is_some() {
         ExpertPlacement::Cached
     } else {

@@ -528,7 +528,12 @@ __device__ __forceinline__ void kv_store_rows(const float* k, const float* v, KT
 
 #define ATT_THREADS 256
 #define ATT_TILE 1024
-#define ATT_MAX_D 256
+// Widest key (query) and value rows: absorbed MLA's `[c | k_rope]` keys of 512 + 64 and
+// latent values of 512 (GLM-5); values wider than ATT_THREADS take ATT_MAX_V /
+// ATT_THREADS output elements a thread.
+#define ATT_MAX_D 576
+#define ATT_MAX_V 512
+#define ATT_V_PER_THREAD (ATT_MAX_V / ATT_THREADS)
 
 // Query head h of token t (grid n x nh, ATT_THREADS threads): softmax over keys lo..=pos of
 // (q . k) * scale, times V; K/V rows [pos][nkv * hd]. Keys go in tiles of ATT_TILE: every
@@ -536,8 +541,10 @@ __device__ __forceinline__ void kv_store_rows(const float* k, const float* v, KT
 // in flight at once), the tile's maximum and sum are block reductions, then each output
 // element is accumulated over the tile's keys by KG key groups (keys j with j % KG == group,
 // KG = ATT_THREADS / 128 when hdv <= 128, else 1) whose partial sums are added in group
-// order. A running maximum and sum carry over between tiles. Nothing depends on how many
-// tokens the launch has, so a token's bits do not depend on the chunk it came in.
+// order; with KG = 1 a thread takes output elements d0, d0 + ATT_THREADS, ... (one when
+// hdv <= ATT_THREADS, computed as before such heads had the second). A running maximum and
+// sum carry over between tiles. Nothing depends on how many tokens the launch has, so a
+// token's bits do not depend on the chunk it came in.
 template <typename KT>
 __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* vc, float* out,
                                        const int* pos, int nh, int nkv, int hd, int hdv,
@@ -561,7 +568,10 @@ __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* v
     const int kg = (hdv <= 128) ? ATT_THREADS / 128 : 1;
     const int grp = (kg > 1) ? tid / 128 : 0;
     const int d0 = (kg > 1) ? tid % 128 : tid;
-    float acc = 0.0f;
+    const int nv = (kg > 1) ? 1 : (hdv + ATT_THREADS - 1) / ATT_THREADS;
+    float acc[ATT_V_PER_THREAD];
+#pragma unroll
+    for (int u = 0; u < ATT_V_PER_THREAD; u++) acc[u] = 0.0f;
     float m = NEG_INF, l = 0.0f;
     __syncthreads();
     for (int j0 = lo; j0 <= p; j0 += ATT_TILE) {
@@ -603,35 +613,46 @@ __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* v
         const float corr = (m == NEG_INF) ? 0.0f : __expf(m - mn);
         l = l * corr + bs;
         m = mn;
-        float v = 0.0f;
-        if (d0 < hdv) {
-            float v0 = 0.0f, v1 = 0.0f, v2 = 0.0f, v3 = 0.0f;
-            const KT* vr = vbase + (size_t)j0 * vstride + d0;
-            const size_t st = (size_t)kg * vstride;
-            int j = grp;
-            for (; j + 3 * kg < tn; j += 4 * kg) {
-                v0 += sc[j] * kv_load(vr, (size_t)j * vstride);
-                v1 += sc[j + kg] * kv_load(vr, (size_t)j * vstride + st);
-                v2 += sc[j + 2 * kg] * kv_load(vr, (size_t)j * vstride + 2 * st);
-                v3 += sc[j + 3 * kg] * kv_load(vr, (size_t)j * vstride + 3 * st);
+#pragma unroll
+        for (int u = 0; u < ATT_V_PER_THREAD; u++) {
+            if (u >= nv) break;
+            const int d = d0 + u * ATT_THREADS;
+            float v = 0.0f;
+            if (d < hdv) {
+                float v0 = 0.0f, v1 = 0.0f, v2 = 0.0f, v3 = 0.0f;
+                const KT* vr = vbase + (size_t)j0 * vstride + d;
+                const size_t st = (size_t)kg * vstride;
+                int j = grp;
+                for (; j + 3 * kg < tn; j += 4 * kg) {
+                    v0 += sc[j] * kv_load(vr, (size_t)j * vstride);
+                    v1 += sc[j + kg] * kv_load(vr, (size_t)j * vstride + st);
+                    v2 += sc[j + 2 * kg] * kv_load(vr, (size_t)j * vstride + 2 * st);
+                    v3 += sc[j + 3 * kg] * kv_load(vr, (size_t)j * vstride + 3 * st);
+                }
+                for (; j < tn; j += kg) v0 += sc[j] * kv_load(vr, (size_t)j * vstride);
+                v = (v0 + v1) + (v2 + v3);
             }
-            for (; j < tn; j += kg) v0 += sc[j] * kv_load(vr, (size_t)j * vstride);
-            v = (v0 + v1) + (v2 + v3);
-        }
-        if (kg > 1) {
-            part[tid] = v;
-            __syncthreads();
-            if (grp == 0) {
-                v = 0.0f;
-                for (int k2 = 0; k2 < kg; k2++) v += part[d0 + 128 * k2];
+            if (kg > 1) {
+                part[tid] = v;
+                __syncthreads();
+                if (grp == 0) {
+                    v = 0.0f;
+                    for (int k2 = 0; k2 < kg; k2++) v += part[d0 + 128 * k2];
+                }
             }
+            acc[u] = acc[u] * corr + v;
         }
-        acc = acc * corr + v;
         __syncthreads();  // sc[], red[] and part[] are reused by the next tile
     }
     const float inv = (l > 0.0f) ? 1.0f / l : 0.0f;
     float* oh = out + ((size_t)t * nh + h) * hdv;
-    if (grp == 0 && d0 < hdv) oh[d0] = acc * inv;
+    if (grp == 0) {
+#pragma unroll
+        for (int u = 0; u < ATT_V_PER_THREAD; u++) {
+            const int d = d0 + u * ATT_THREADS;
+            if (u < nv && d < hdv) oh[d] = acc[u] * inv;
+        }
+    }
 }
 
 #define KV_KERNELS(name, KT)                                                                  \
@@ -651,41 +672,65 @@ KV_KERNELS(f32, float)
 
 #define ROUTER_MAX 1024
 
-// One warp per token (blockIdx.x): softmax over n_expert router logits, the k largest
-// probabilities (ties to the lower index) into ids / wts, renormalised to sum 1 if norm.
-extern "C" __global__ void topk_softmax(const float* logits, int n_expert, int k, int norm,
-                                        int* ids, float* wts) {
+// One warp per token (blockIdx.x): the router's scores of n_expert logits (`score` 0:
+// softmax, 1: sigmoid, 2: sqrt(softplus)), the k experts with the largest score + bias[e]
+// (bias null: the score alone; ties to the lower index) into ids, their scores into wts,
+// renormalised to sum 1 if norm, then times scale (sluice_models::blocks::moe::Router:
+// Softmax is score 0 without bias, scale 1; Biased the others).
+extern "C" __global__ void topk_route(const float* logits, const float* bias, int n_expert,
+                                      int k, int score, int norm, float scale, int* ids,
+                                      float* wts) {
     const int t = blockIdx.x;
     const int lane = threadIdx.x;
     const float* l = logits + (size_t)t * n_expert;
     float pr[ROUTER_MAX / 32];
-    float mx = NEG_INF;
+    if (score == 0) {
+        float mx = NEG_INF;
+#pragma unroll
+        for (int i = 0; i < ROUTER_MAX / 32; i++) {
+            const int e = lane + 32 * i;
+            pr[i] = (e < n_expert) ? l[e] : NEG_INF;
+            mx = fmaxf(mx, pr[i]);
+        }
+        mx = warp_max(mx);
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < ROUTER_MAX / 32; i++) {
+            pr[i] = (lane + 32 * i < n_expert) ? expf(pr[i] - mx) : 0.0f;
+            sum += pr[i];
+        }
+        sum = warp_sum(sum);
+        const float inv = 1.0f / sum;
+#pragma unroll
+        for (int i = 0; i < ROUTER_MAX / 32; i++) pr[i] = pr[i] * inv;
+    } else {
+#pragma unroll
+        for (int i = 0; i < ROUTER_MAX / 32; i++) {
+            const int e = lane + 32 * i;
+            const float x = (e < n_expert) ? l[e] : 0.0f;
+            if (score == 1) {
+                pr[i] = 1.0f / (1.0f + expf(-x));
+            } else {
+                pr[i] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+            }
+        }
+    }
+    // What the choice compares: the score plus the bias; NEG_INF past n_expert and for
+    // experts already chosen.
+    float sel[ROUTER_MAX / 32];
 #pragma unroll
     for (int i = 0; i < ROUTER_MAX / 32; i++) {
         const int e = lane + 32 * i;
-        pr[i] = (e < n_expert) ? l[e] : NEG_INF;
-        mx = fmaxf(mx, pr[i]);
+        sel[i] = (e < n_expert) ? (bias ? pr[i] + bias[e] : pr[i]) : NEG_INF;
     }
-    mx = warp_max(mx);
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < ROUTER_MAX / 32; i++) {
-        pr[i] = (lane + 32 * i < n_expert) ? expf(pr[i] - mx) : 0.0f;
-        sum += pr[i];
-    }
-    sum = warp_sum(sum);
-    const float inv = 1.0f / sum;
-#pragma unroll
-    for (int i = 0; i < ROUTER_MAX / 32; i++)
-        pr[i] = (lane + 32 * i < n_expert) ? pr[i] * inv : -1.0f;
     float chosen_sum = 0.0f;
     for (int s = 0; s < k; s++) {
-        float bv = -1.0f;
+        float bv = NEG_INF;
         int bi = 0x7fffffff;
 #pragma unroll
         for (int i = 0; i < ROUTER_MAX / 32; i++) {
-            if (pr[i] > bv) {
-                bv = pr[i];
+            if (sel[i] > bv) {
+                bv = sel[i];
                 bi = lane + 32 * i;
             }
         }
@@ -698,19 +743,29 @@ extern "C" __global__ void topk_softmax(const float* logits, int n_expert, int k
                 bi = oi;
             }
         }
-        if (lane == (bi & 31)) {
+        // The chosen expert's score, from the lane that holds it.
+        float mine = 0.0f;
 #pragma unroll
-            for (int i = 0; i < ROUTER_MAX / 32; i++)
-                if (lane + 32 * i == bi) pr[i] = -2.0f;
+        for (int i = 0; i < ROUTER_MAX / 32; i++) {
+            if (lane + 32 * i == bi) {
+                mine = pr[i];
+                sel[i] = NEG_INF;
+            }
         }
+        const float w = __shfl_sync(0xffffffffu, mine, bi & 31);
         if (lane == 0) {
             ids[t * k + s] = bi;
-            wts[t * k + s] = bv;
+            wts[t * k + s] = w;
         }
-        chosen_sum += bv;
+        chosen_sum += w;
     }
-    if (norm && lane == 0) {
-        for (int s = 0; s < k; s++) wts[t * k + s] = wts[t * k + s] / chosen_sum;
+    if (lane == 0 && (norm || scale != 1.0f)) {
+        for (int s = 0; s < k; s++) {
+            float w = wts[t * k + s];
+            if (norm) w = w / chosen_sum;
+            if (scale != 1.0f) w = w * scale;
+            wts[t * k + s] = w;
+        }
     }
 }
 
@@ -771,10 +826,11 @@ extern "C" __global__ void glu_act(float* g, const float* u, long long n, int ac
     g[i] = a * u[i];
 }
 
-// o[t] = sum over slots, in slot order, of wts[t k + s] * d[t k + s] (grid n tokens x
-// blocks of the columns).
+// o[t] = sum over slots, in slot order, of wts[t k + s] * d[t k + s], plus the shared
+// expert's output sh[t] when given (grid n tokens x blocks of the columns).
 extern "C" __global__ void moe_combine(const float* __restrict__ d,
-                                       const float* __restrict__ wts, float* __restrict__ o,
+                                       const float* __restrict__ wts,
+                                       const float* __restrict__ sh, float* __restrict__ o,
                                        int k, int cols) {
     const int t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
@@ -782,5 +838,71 @@ extern "C" __global__ void moe_combine(const float* __restrict__ d,
     float v = 0.0f;
 #pragma unroll 8
     for (int s = 0; s < k; s++) v += d[((size_t)t * k + s) * cols + i] * wts[t * k + s];
+    if (sh) v = v + sh[(size_t)t * cols + i];
     o[(size_t)t * cols + i] = v;
+}
+
+// Absorbed MLA, the latent cache row of each token (grid n): c = rms_norm(kva[t][..kl]) *
+// norm, the interleaved-pair RoPE (pairs 2j, 2j + 1 by pos * inv_freq[j]) of the shared
+// key kva[t][kl..kl + rope]; k[t] = [c | k_rope] (the key row), v[t] = c (the value row),
+// stored to the cache by kv_store (sluice_models::blocks::mla::attention).
+extern "C" __global__ void mla_kv_prep(const float* __restrict__ kva,
+                                       const float* __restrict__ norm,
+                                       const int* __restrict__ pos,
+                                       const float* __restrict__ inv_freq,
+                                       float* __restrict__ k, float* __restrict__ v, int kl,
+                                       int rope, float eps) {
+    const int t = blockIdx.x;
+    const int row = kl + rope;
+    const float* r = kva + (size_t)t * row;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < kl; i += blockDim.x) ss += r[i] * r[i];
+    ss = block_sum(ss);
+    const float s = rsqrtf(ss / (float)kl + eps);
+    for (int i = threadIdx.x; i < kl; i += blockDim.x) {
+        const float c = r[i] * s * norm[i];
+        k[(size_t)t * row + i] = c;
+        v[(size_t)t * kl + i] = c;
+    }
+    const float p = (float)pos[t];
+    for (int j = threadIdx.x; j < (rope >> 1); j += blockDim.x) {
+        const float a = r[kl + 2 * j], b = r[kl + 2 * j + 1];
+        double sn, cs;
+        sincos((double)(p * inv_freq[j]), &sn, &cs);
+        const float c = (float)cs, sf = (float)sn;
+        k[(size_t)t * row + kl + 2 * j] = a * c - b * sf;
+        k[(size_t)t * row + kl + 2 * j + 1] = b * c + a * sf;
+    }
+}
+
+// Absorbed MLA queries, per (token, head) (grid n x nh): the head's nope part of q
+// (`[t][h][nope | rope]`) gathered to qn[t * nh + h] (the rows the k_b product reads).
+extern "C" __global__ void mla_q_split(const float* __restrict__ q, float* __restrict__ qn,
+                                       int nh, int nope, int rope) {
+    const size_t th = (size_t)blockIdx.x * nh + blockIdx.y;
+    const float* qh = q + th * (nope + rope);
+    for (int i = threadIdx.x; i < nope; i += blockDim.x) qn[th * nope + i] = qh[i];
+}
+
+// The attention query of each (token, head) (grid n x nh): [qabs (the k_b product, kl) |
+// the interleaved-pair RoPE of q's rope part], `kl + rope` wide.
+extern "C" __global__ void mla_q_join(const float* __restrict__ qabs,
+                                      const float* __restrict__ q, const int* __restrict__ pos,
+                                      const float* __restrict__ inv_freq,
+                                      float* __restrict__ qatt, int nh, int nope, int rope,
+                                      int kl) {
+    const int t = blockIdx.x;
+    const size_t th = (size_t)t * nh + blockIdx.y;
+    const float* qr = q + th * (nope + rope) + nope;
+    float* out = qatt + th * (kl + rope);
+    for (int i = threadIdx.x; i < kl; i += blockDim.x) out[i] = qabs[th * kl + i];
+    const float p = (float)pos[t];
+    for (int j = threadIdx.x; j < (rope >> 1); j += blockDim.x) {
+        const float a = qr[2 * j], b = qr[2 * j + 1];
+        double sn, cs;
+        sincos((double)(p * inv_freq[j]), &sn, &cs);
+        const float c = (float)cs, sf = (float)sn;
+        out[kl + 2 * j] = a * c - b * sf;
+        out[kl + 2 * j + 1] = b * c + a * sf;
+    }
 }

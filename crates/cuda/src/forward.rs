@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use sluice_kernels::GgmlType;
 use sluice_models::blocks::ffn::Activation;
-use sluice_models::blocks::moe::Router;
+use sluice_models::blocks::moe::{Router, ScoreFn};
 use sluice_models::blocks::{head, Batch, Env};
 use sluice_models::plan::{DecoderPlan, DeviceForward, PlanAttn, PlanFfn};
 use sluice_models::state::{ExtraState, SeqState};
@@ -44,8 +44,10 @@ const MVG_N: usize = 32;
 
 /// Bytes of one `Chunk` of `forward.cu`.
 const CHUNK_BYTES: usize = 8 + 4 * MVG_N;
-/// Widest head and most experts the kernels take (`ATT_MAX_D`, `ROUTER_MAX`).
-const MAX_HEAD_DIM: usize = 256;
+/// Widest key and value heads and most experts the kernels take (`ATT_MAX_D`,
+/// `ATT_MAX_V`, `ROUTER_MAX`).
+const MAX_HEAD_DIM: usize = 576;
+const MAX_HEAD_DIM_V: usize = 512;
 const MAX_EXPERTS: usize = 1024;
 /// Captured decode steps kept (sequences decoding in turn each replay their own).
 const GRAPHS_KEPT: usize = 8;
@@ -88,19 +90,45 @@ enum DFfn {
         /// Index of the first of this layer's entries in the pointer table.
         tab_index: usize,
         act: i32,
+        /// `topk_route`'s score function (0 softmax, 1 sigmoid, 2 sqrt-softplus), the
+        /// selection bias (0: none), renormalisation and scale.
+        score: i32,
+        bias: u64,
+        scale: f32,
+        /// The shared expert's gate, up and down (added to the routed sum).
+        shared: Option<Box<[DMat; 3]>>,
+    },
+}
+
+enum DAttn {
+    Gqa {
+        wq: DMat,
+        wk: DMat,
+        wv: DMat,
+        wo: DMat,
+        q_norm: u64,
+        k_norm: u64,
+        inv_freq: u64,
+        window: i32,
+    },
+    /// Absorbed MLA (`k_b` and `v_b` with one pointer-table entry per head, `rows` a
+    /// head's rows).
+    Mla {
+        q_a: DMat,
+        q_a_norm: u64,
+        q_b: DMat,
+        kv_a: DMat,
+        kv_a_norm: u64,
+        k_b: DMat,
+        v_b: DMat,
+        out: DMat,
+        inv_freq: u64,
     },
 }
 
 struct DLayer {
     attn_norm: u64,
-    wq: DMat,
-    wk: DMat,
-    wv: DMat,
-    wo: DMat,
-    q_norm: u64,
-    k_norm: u64,
-    inv_freq: u64,
-    window: i32,
+    attn: DAttn,
     post_attn: u64,
     ffn_norm: u64,
     ffn: DFfn,
@@ -123,10 +151,13 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("qk_norm_rope", "PPPPPPIIIF"),
     ("kv_store_", "PPPPPII"),
     ("attention_", "PPPPPIIIIFI"),
-    ("topk_softmax", "PIIIPP"),
+    ("topk_route", "PPIIIIFPP"),
     ("moe_chunks", "PIIPP"),
     ("glu_act", "PPLI"),
-    ("moe_combine", "PPPII"),
+    ("moe_combine", "PPPPII"),
+    ("mla_kv_prep", "PPPPPPIIF"),
+    ("mla_q_split", "PPIII"),
+    ("mla_q_join", "PPPPPIIII"),
 ];
 
 /// Whether the tensor-core products (`mvt_*`, f16 operands) take weights of `ty`: every
@@ -178,10 +209,13 @@ struct Funcs {
     /// (f16 cache, f32 cache)
     kv_store: [Kernel; 2],
     attention: [Kernel; 2],
-    topk_softmax: Kernel,
+    topk_route: Kernel,
     moe_chunks: Kernel,
     glu_act: Kernel,
     moe_combine: Kernel,
+    mla_kv_prep: Kernel,
+    mla_q_split: Kernel,
+    mla_q_join: Kernel,
 }
 
 /// Routed experts kept in VRAM by (layer, unit) when they are not resident whole.
@@ -271,6 +305,17 @@ struct Scratch {
     o: Option<CudaSlice<f32>>,
     rl: Option<CudaSlice<f32>>,
     wts: Option<CudaSlice<f32>>,
+    /// MLA: q-LoRA (raw and normed), the kv_a output, gathered nope queries, their k_b
+    /// products, the attention queries, the v_b products.
+    qa: Option<CudaSlice<f32>>,
+    qan: Option<CudaSlice<f32>>,
+    kva: Option<CudaSlice<f32>>,
+    qn: Option<CudaSlice<f32>>,
+    qabs: Option<CudaSlice<f32>>,
+    qatt: Option<CudaSlice<f32>>,
+    ov: Option<CudaSlice<f32>>,
+    /// The shared expert's output.
+    sh: Option<CudaSlice<f32>>,
     g: Option<CudaSlice<f32>>,
     u: Option<CudaSlice<f32>>,
     dd: Option<CudaSlice<f32>>,
@@ -401,44 +446,49 @@ fn act_id(a: Activation) -> Option<i32> {
     }
 }
 
+/// `topk_route`'s (score function id, selection bias, renormalise, scale) for a router;
+/// None for hashed routing (no kernel).
+fn router_kind(r: &Router) -> Option<(i32, Option<&[f32]>, bool, f32)> {
+    let score = |f: ScoreFn| match f {
+        ScoreFn::Softmax => 0,
+        ScoreFn::Sigmoid => 1,
+        ScoreFn::SqrtSoftplus => 2,
+    };
+    match r {
+        Router::Softmax { norm } => Some((0, None, *norm, 1.0)),
+        Router::Biased {
+            score: f,
+            bias,
+            norm,
+            scale,
+        } => Some((score(*f), Some(&bias[..]), *norm, *scale)),
+        Router::Hash { .. } => None,
+    }
+}
+
 impl GpuDecoder {
     /// Whether `plan` can run on the GPU: every matrix in a format the kernels take, heads
     /// and routers within the kernels' limits. The reason when not.
     pub fn check(plan: &DecoderPlan) -> Result<(), String> {
-        // Parts of a plan this backend has no kernels for yet (issue 13: the seeds'
-        // architectures): said first, so the reason names the part, not a head size.
+        // Parts of a plan this backend has no kernels for: said first, so the reason names
+        // the part, not a head size.
         for (il, l) in plan.layers.iter().enumerate() {
-            if let PlanAttn::Mla(_) = l.attn {
-                return Err(format!(
-                    "layer {il}: multi-head latent attention has no GPU kernels yet"
-                ));
-            }
-            if let PlanFfn::Moe { router, shared, .. } = &l.ffn {
-                if !matches!(router, Router::Softmax { .. }) {
+            if let PlanFfn::Moe { router, .. } = &l.ffn {
+                if router_kind(router).is_none() {
                     return Err(format!(
-                        "layer {il}: only softmax routers have GPU kernels yet"
-                    ));
-                }
-                if shared.is_some() {
-                    return Err(format!(
-                        "layer {il}: shared experts have no GPU kernels yet"
+                        "layer {il}: hash routing has no GPU kernels (only softmax and biased routers)"
                     ));
                 }
             }
-        }
-        if let Some(max) = plan.max_positions {
-            return Err(format!(
-                "the plan holds for sequences of {max} positions; the GPU path has no such limit yet"
-            ));
         }
         let sh = &plan.shape;
         if sh.head_dim > MAX_HEAD_DIM
-            || sh.head_dim_v > MAX_HEAD_DIM
+            || sh.head_dim_v > MAX_HEAD_DIM_V
             || !sh.head_dim.is_multiple_of(2)
             || sh.head_dim_v == 0
         {
             return Err(format!(
-                "head sizes {} / {} (the attention kernel takes even sizes up to {MAX_HEAD_DIM})",
+                "head sizes {} / {} (the attention kernel takes even key sizes up to {MAX_HEAD_DIM}, values up to {MAX_HEAD_DIM_V})",
                 sh.head_dim, sh.head_dim_v
             ));
         }
@@ -447,6 +497,34 @@ impl GpuDecoder {
                 "{} query heads over {} KV heads",
                 sh.n_head, sh.n_head_kv
             ));
+        }
+        for (il, l) in plan.layers.iter().enumerate() {
+            let PlanAttn::Mla(w) = &l.attn else {
+                continue;
+            };
+            let s = plan
+                .mla
+                .as_ref()
+                .ok_or_else(|| format!("layer {il}: an MLA layer without the plan's MLA shape"))?;
+            // The kernels' view of the latent cache (one KV head of [c | k_rope], values c)
+            // and the per-head products' shapes.
+            let ok = sh.n_head_kv == 1
+                && sh.n_head == s.n_head
+                && sh.head_dim == s.row()
+                && sh.head_dim_v == s.kv_lora
+                && s.rope.is_multiple_of(2)
+                && w.inv_freq.len() == s.rope / 2
+                && (w.q_a.rows, w.q_b.rows, w.q_b.cols)
+                    == (s.q_lora, s.n_head * (s.nope + s.rope), s.q_lora)
+                && (w.kv_a.rows, w.k_b.rows, w.k_b.cols) == (s.row(), s.n_head * s.kv_lora, s.nope)
+                && (w.v_b.rows, w.v_b.cols, w.out.cols)
+                    == (s.n_head * s.v_dim, s.kv_lora, s.n_head * s.v_dim);
+            if !ok {
+                return Err(format!(
+                    "layer {il}: MLA shapes do not match the plan's ({} heads, kv_lora {}, nope {}, rope {}, v {})",
+                    s.n_head, s.kv_lora, s.nope, s.rope, s.v_dim
+                ));
+            }
         }
         let kernel = |ty: sluice_kernels::GgmlType, cols: usize, what: &str| {
             kernel_format(ty, cols)
@@ -466,11 +544,20 @@ impl GpuDecoder {
                     k,
                     experts,
                     act,
+                    router,
                     ..
                 } => {
                     act_id(*act).ok_or_else(|| format!("layer {il}: activation {act:?}"))?;
                     if *n_expert > MAX_EXPERTS || *k == 0 || k > n_expert {
                         return Err(format!("layer {il}: top-{k} of {n_expert} experts"));
+                    }
+                    if let Some((_, Some(bias), ..)) = router_kind(router) {
+                        if bias.len() != *n_expert {
+                            return Err(format!(
+                                "layer {il}: a router bias of {} values for {n_expert} experts",
+                                bias.len()
+                            ));
+                        }
                     }
                     for s in experts {
                         kernel(s.ty, s.cols, &format!("layer {il} experts"))?;
@@ -531,10 +618,13 @@ impl GpuDecoder {
             qk_norm_rope: load("qk_norm_rope")?,
             kv_store: [load("kv_store_f16")?, load("kv_store_f32")?],
             attention: [load("attention_f16")?, load("attention_f32")?],
-            topk_softmax: load("topk_softmax")?,
+            topk_route: load("topk_route")?,
             moe_chunks: load("moe_chunks")?,
             glu_act: load("glu_act")?,
             moe_combine: load("moe_combine")?,
+            mla_kv_prep: load("mla_kv_prep")?,
+            mla_q_split: load("mla_q_split")?,
+            mla_q_join: load("mla_q_join")?,
         };
         // What the weights need, against what the backend may hold.
         let dense: u64 = plan
@@ -608,11 +698,9 @@ impl GpuDecoder {
                     k,
                     experts: st,
                     act,
-                    ..
+                    shared,
                 } => {
-                    let Router::Softmax { norm: nm } = rt else {
-                        unreachable!("checked: softmax routers only")
-                    };
+                    let (score, bias, nm, scale) = router_kind(rt).expect("checked");
                     ff_moe = ff_moe.max(st[0].rows);
                     k_max = k_max.max(*k);
                     n_expert_max = n_expert_max.max(*n_expert);
@@ -637,9 +725,28 @@ impl GpuDecoder {
                             row_bytes: s.ty.row_bytes(s.cols as u64).expect("checked") as i64,
                         });
                     }
+                    let shared = match shared {
+                        Some(w) => {
+                            ff_dense = ff_dense.max(w.gate.rows);
+                            Some(Box::new([
+                                up.mat(&w.gate)?,
+                                up.mat(&w.up)?,
+                                up.mat(&w.down)?,
+                            ]))
+                        }
+                        None => None,
+                    };
+                    let bias = match bias {
+                        Some(b) => up.norm(b)?,
+                        None => 0,
+                    };
                     DFfn::Moe {
                         router,
-                        norm: *nm,
+                        norm: nm,
+                        score,
+                        bias,
+                        scale,
+                        shared,
                         n_expert: *n_expert,
                         k: *k,
                         parts: [parts[0], parts[1], parts[2]],
@@ -648,24 +755,39 @@ impl GpuDecoder {
                     }
                 }
             };
-            let PlanAttn::Gqa {
-                w: a,
-                inv_freq,
-                window,
-            } = &l.attn
-            else {
-                unreachable!("checked: GQA layers only")
+            let attn = match &l.attn {
+                PlanAttn::Gqa {
+                    w: a,
+                    inv_freq,
+                    window,
+                } => DAttn::Gqa {
+                    wq: up.mat(&a.wq)?,
+                    wk: up.mat(&a.wk)?,
+                    wv: up.mat(&a.wv)?,
+                    wo: up.mat(&a.wo)?,
+                    q_norm: up.opt_norm(&a.q_norm)?,
+                    k_norm: up.opt_norm(&a.k_norm)?,
+                    inv_freq: up.norm(inv_freq)?,
+                    window: window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
+                },
+                PlanAttn::Mla(w) => {
+                    let nh = plan.mla.as_ref().expect("checked").n_head;
+                    DAttn::Mla {
+                        q_a: up.mat(&w.q_a)?,
+                        q_a_norm: up.norm(&w.q_a_norm)?,
+                        q_b: up.mat(&w.q_b)?,
+                        kv_a: up.mat(&w.kv_a)?,
+                        kv_a_norm: up.norm(&w.kv_a_norm)?,
+                        k_b: up.heads(&w.k_b, nh)?,
+                        v_b: up.heads(&w.v_b, nh)?,
+                        out: up.mat(&w.out)?,
+                        inv_freq: up.norm(&w.inv_freq)?,
+                    }
+                }
             };
             layers.push(DLayer {
                 attn_norm: up.norm(&l.attn_norm)?,
-                wq: up.mat(&a.wq)?,
-                wk: up.mat(&a.wk)?,
-                wv: up.mat(&a.wv)?,
-                wo: up.mat(&a.wo)?,
-                q_norm: up.opt_norm(&a.q_norm)?,
-                k_norm: up.opt_norm(&a.k_norm)?,
-                inv_freq: up.norm(inv_freq)?,
-                window: window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
+                attn,
                 post_attn: up.opt_norm(&l.post_attn_norm)?,
                 ffn_norm: up.norm(&l.ffn_norm)?,
                 ffn,
@@ -940,6 +1062,25 @@ impl Uploader<'_> {
         })
     }
 
+    /// Upload a matrix of `n` heads' row blocks and give each head a pointer-table entry
+    /// (consecutive); the result's `rows` are one head's.
+    fn heads(&mut self, m: &Mat, n: usize) -> Result<DMat, String> {
+        let a = self.bytes(m.bytes(self.map))?;
+        let row_bytes = m.ty.row_bytes(m.cols as u64).expect("checked") as i64;
+        let rows = m.rows / n;
+        let first = self.tab.len();
+        for h in 0..n {
+            self.tab.push(a + (h * rows) as u64 * row_bytes as u64);
+        }
+        Ok(DMat {
+            tab: first,
+            fi: kernel_format(m.ty, m.cols).expect("checked"),
+            rows,
+            cols: m.cols,
+            row_bytes,
+        })
+    }
+
     fn norm(&mut self, v: &[f32]) -> Result<u64, String> {
         let s = self
             .stream
@@ -973,8 +1114,9 @@ fn i32_of(v: usize, what: &str) -> Result<i32, ModelError> {
     i32::try_from(v).map_err(|_| ModelError::Compute(format!("cuda: {what} {v} is too large")))
 }
 
-/// Byte layout of a call's header: tokens, positions, the two chunk counts, the logits'
-/// row map, the dense chunks (every token in order) and the logits' row chunks.
+/// Byte layout of a call's header: tokens, positions, the three chunk counts, the logits'
+/// row map, the dense chunks (every token in order), the logits' row chunks and, for MLA,
+/// the per-head chunks (unit h: rows `t * n_head + h` of every token t).
 struct Header {
     bytes: Vec<u8>,
     tokens: usize,
@@ -983,6 +1125,7 @@ struct Header {
     rowmap: usize,
     dense: usize,
     row_chunks: usize,
+    head_chunks: usize,
 }
 
 fn chunk_bytes(out: &mut Vec<u8>, n: usize) {
@@ -993,7 +1136,8 @@ fn chunk_bytes(out: &mut Vec<u8>, n: usize) {
 }
 
 impl Header {
-    fn new(batch: &Batch<'_>, rows: &[usize]) -> Header {
+    /// `heads`: the MLA layers' head count (0: no MLA layer).
+    fn new(batch: &Batch<'_>, rows: &[usize], heads: usize) -> Header {
         let n = batch.len();
         let mut b: Vec<u8> = Vec::new();
         let tokens = b.len();
@@ -1007,6 +1151,7 @@ impl Header {
         let counts = b.len();
         b.extend_from_slice(&(n.div_ceil(MVG_N) as i32).to_le_bytes());
         b.extend_from_slice(&(rows.len().div_ceil(MVG_N) as i32).to_le_bytes());
+        b.extend_from_slice(&((heads * n.div_ceil(MVG_N)) as i32).to_le_bytes());
         let rowmap = b.len();
         for &r in rows {
             b.extend_from_slice(&(r as i32).to_le_bytes());
@@ -1016,6 +1161,13 @@ impl Header {
         chunk_bytes(&mut b, n);
         let row_chunks = b.len();
         chunk_bytes(&mut b, rows.len());
+        let head_chunks = b.len();
+        for h in 0..heads {
+            let of_head: Vec<usize> = (0..n).map(|t| t * heads + h).collect();
+            for c in of_head.chunks(MVG_N) {
+                push_chunk(&mut b, h, c);
+            }
+        }
         Header {
             bytes: b,
             tokens,
@@ -1024,6 +1176,7 @@ impl Header {
             rowmap,
             dense,
             row_chunks,
+            head_chunks,
         }
     }
 }
@@ -1140,6 +1293,71 @@ impl GpuDecoder {
             (len.div_ceil(256) as u32, 1, 1),
             256,
             &[A::P(g), A::P(u), A::L(len as i64), A::I(act)],
+        )
+    }
+
+    /// Store `n` tokens' key and value rows (`k`, `v`) to the cache rows their positions
+    /// name (`kvt`: 0 f16 cache, 1 f32).
+    #[allow(clippy::too_many_arguments)]
+    fn kv_store(
+        &self,
+        kvt: usize,
+        k: u64,
+        v: u64,
+        kc: u64,
+        vc: u64,
+        pos: u64,
+        n: usize,
+        kdim: usize,
+        vdim: usize,
+    ) -> Result<(), ModelError> {
+        self.launch(
+            &self.f.kv_store[kvt],
+            (n as u32, 1, 1),
+            256,
+            &[
+                A::P(k),
+                A::P(v),
+                A::P(kc),
+                A::P(vc),
+                A::P(pos),
+                A::I(i32_of(kdim, "key row")?),
+                A::I(i32_of(vdim, "value row")?),
+            ],
+        )
+    }
+
+    /// Attention of `n` tokens' query heads `q` over the cache (`window` 0: global).
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        kvt: usize,
+        q: u64,
+        kc: u64,
+        vc: u64,
+        out: u64,
+        pos: u64,
+        n: usize,
+        window: i32,
+    ) -> Result<(), ModelError> {
+        let sh = &self.plan.shape;
+        self.launch(
+            &self.f.attention[kvt],
+            (n as u32, sh.n_head as u32, 1),
+            ATT_THREADS,
+            &[
+                A::P(q),
+                A::P(kc),
+                A::P(vc),
+                A::P(out),
+                A::P(pos),
+                A::I(sh.n_head as i32),
+                A::I(sh.n_head_kv as i32),
+                A::I(sh.head_dim as i32),
+                A::I(sh.head_dim_v as i32),
+                A::F(sh.scale),
+                A::I(window),
+            ],
         )
     }
 
@@ -1285,6 +1503,17 @@ impl DeviceForward for GpuDecoder {
                 n_ctx: state.n_ctx(),
             });
         }
+        if let (Some(max), Some(&last)) = (p.max_positions, batch.positions.last()) {
+            if last >= max {
+                return Err(ModelError::Compute(format!(
+                    "cuda: {}'s whole forward pass on the GPU holds for {max} positions, the batch reaches {}",
+                    p.arch,
+                    last + 1
+                )));
+            }
+        }
+        let mla = p.mla;
+        let heads = mla.map_or(0, |m| m.n_head);
         let kv = self.kv(state, pos0)?;
         let kvt = usize::from(kv.f32);
         let kv_ptrs: Vec<(u64, u64)> =
@@ -1295,7 +1524,7 @@ impl DeviceForward for GpuDecoder {
         let stream = self.stream.clone();
         let mut sc = lock(&self.scratch);
         let sc = &mut *sc;
-        let hdr = Header::new(batch, rows);
+        let hdr = Header::new(batch, rows, heads);
         let hb = addr(&stream, &mut sc.hdr, hdr.bytes.len())?;
         stream
             .memcpy_htod(
@@ -1314,12 +1543,26 @@ impl DeviceForward for GpuDecoder {
             hb + hdr.dense as u64,
             hb + hdr.row_chunks as u64,
         );
+        let (n_headc, head_chunks) = (hb + hdr.counts as u64 + 8, hb + hdr.head_chunks as u64);
         let nd = n.div_ceil(MVG_N);
         let pairs = n * self.k_max;
         let moe_chunks_max = pairs / MVG_N + self.n_expert_max.min(pairs);
         let x = addr(&stream, &mut sc.x, n * e)?;
         let h = addr(&stream, &mut sc.h, n * e)?;
-        let q = addr(&stream, &mut sc.q, n * nh * hd)?;
+        let q_width = mla.map_or(hd, |m| hd.max(m.nope + m.rope));
+        let q = addr(&stream, &mut sc.q, n * nh * q_width)?;
+        // MLA's buffers (one element when there is no MLA layer).
+        let ml = |f: &dyn Fn(&sluice_models::blocks::mla::MlaShape) -> usize| {
+            mla.as_ref().map_or(1, |m| n * f(m))
+        };
+        let qa = addr(&stream, &mut sc.qa, ml(&|m| m.q_lora))?;
+        let qan = addr(&stream, &mut sc.qan, ml(&|m| m.q_lora))?;
+        let kva = addr(&stream, &mut sc.kva, ml(&|m| m.row()))?;
+        let qn = addr(&stream, &mut sc.qn, ml(&|m| m.n_head * m.nope))?;
+        let qabs = addr(&stream, &mut sc.qabs, ml(&|m| m.n_head * m.kv_lora))?;
+        let qatt = addr(&stream, &mut sc.qatt, ml(&|m| m.n_head * m.row()))?;
+        let ov = addr(&stream, &mut sc.ov, ml(&|m| m.n_head * m.v_dim))?;
+        let shb = addr(&stream, &mut sc.sh, n * e)?;
         let k = addr(&stream, &mut sc.k, n * kdim)?;
         let v = addr(&stream, &mut sc.v, n * vdim)?;
         let att = addr(&stream, &mut sc.att, n * nh * hdv)?;
@@ -1363,66 +1606,118 @@ impl DeviceForward for GpuDecoder {
             let mut host_ids: Vec<i32> = Vec::new();
             for (il, l) in self.layers.iter().enumerate() {
                 // Attention.
-                self.mv(
-                    &[(&l.wq, q), (&l.wk, k), (&l.wv, v)],
-                    dense,
-                    n_dense,
-                    nd,
-                    h,
-                    1,
-                    small,
-                )?;
-                self.launch(
-                    &self.f.qk_norm_rope,
-                    (n as u32, (nh + nkv) as u32, 1),
-                    128,
-                    &[
-                        A::P(q),
-                        A::P(k),
-                        A::P(l.q_norm),
-                        A::P(l.k_norm),
-                        A::P(pos),
-                        A::P(l.inv_freq),
-                        A::I(nh as i32),
-                        A::I(nkv as i32),
-                        A::I(hd as i32),
-                        A::F(eps),
-                    ],
-                )?;
                 let (kc, vc) = kv_ptrs[il];
-                self.launch(
-                    &self.f.kv_store[kvt],
-                    rows_n(n),
-                    256,
-                    &[
-                        A::P(k),
-                        A::P(v),
-                        A::P(kc),
-                        A::P(vc),
-                        A::P(pos),
-                        A::I(kdim as i32),
-                        A::I(vdim as i32),
-                    ],
-                )?;
-                self.launch(
-                    &self.f.attention[kvt],
-                    (n as u32, nh as u32, 1),
-                    ATT_THREADS,
-                    &[
-                        A::P(q),
-                        A::P(kc),
-                        A::P(vc),
-                        A::P(att),
-                        A::P(pos),
-                        A::I(nh as i32),
-                        A::I(nkv as i32),
-                        A::I(hd as i32),
-                        A::I(hdv as i32),
-                        A::F(sh.scale),
-                        A::I(l.window),
-                    ],
-                )?;
-                self.mv(&[(&l.wo, o)], dense, n_dense, nd, att, 1, small)?;
+                let wo = match &l.attn {
+                    DAttn::Gqa {
+                        wq,
+                        wk,
+                        wv,
+                        wo,
+                        q_norm,
+                        k_norm,
+                        inv_freq,
+                        window,
+                    } => {
+                        self.mv(
+                            &[(wq, q), (wk, k), (wv, v)],
+                            dense,
+                            n_dense,
+                            nd,
+                            h,
+                            1,
+                            small,
+                        )?;
+                        self.launch(
+                            &self.f.qk_norm_rope,
+                            (n as u32, (nh + nkv) as u32, 1),
+                            128,
+                            &[
+                                A::P(q),
+                                A::P(k),
+                                A::P(*q_norm),
+                                A::P(*k_norm),
+                                A::P(pos),
+                                A::P(*inv_freq),
+                                A::I(nh as i32),
+                                A::I(nkv as i32),
+                                A::I(hd as i32),
+                                A::F(eps),
+                            ],
+                        )?;
+                        self.kv_store(kvt, k, v, kc, vc, pos, n, kdim, vdim)?;
+                        self.attention(kvt, q, kc, vc, att, pos, n, *window)?;
+                        (wo, att)
+                    }
+                    DAttn::Mla {
+                        q_a,
+                        q_a_norm,
+                        q_b,
+                        kv_a,
+                        kv_a_norm,
+                        k_b,
+                        v_b,
+                        out,
+                        inv_freq,
+                    } => {
+                        let m = mla.as_ref().expect("checked: MLA layers have a shape");
+                        let (nope, rope, kl) = (m.nope as i32, m.rope as i32, m.kv_lora as i32);
+                        let heads_grid = (n as u32, m.n_head as u32, 1);
+                        self.mv(&[(q_a, qa), (kv_a, kva)], dense, n_dense, nd, h, 1, small)?;
+                        self.rms_norm(qa, *q_a_norm, qan, 0, n, m.q_lora, eps)?;
+                        self.mv(&[(q_b, q)], dense, n_dense, nd, qan, 1, small)?;
+                        self.launch(
+                            &self.f.mla_kv_prep,
+                            rows_n(n),
+                            256,
+                            &[
+                                A::P(kva),
+                                A::P(*kv_a_norm),
+                                A::P(pos),
+                                A::P(*inv_freq),
+                                A::P(k),
+                                A::P(v),
+                                A::I(kl),
+                                A::I(rope),
+                                A::F(eps),
+                            ],
+                        )?;
+                        self.kv_store(kvt, k, v, kc, vc, pos, n, kdim, vdim)?;
+                        self.launch(
+                            &self.f.mla_q_split,
+                            heads_grid,
+                            64,
+                            &[
+                                A::P(q),
+                                A::P(qn),
+                                A::I(m.n_head as i32),
+                                A::I(nope),
+                                A::I(rope),
+                            ],
+                        )?;
+                        let gy = heads * nd;
+                        self.mv(&[(k_b, qabs)], head_chunks, n_headc, gy, qn, 1, small)?;
+                        self.launch(
+                            &self.f.mla_q_join,
+                            heads_grid,
+                            128,
+                            &[
+                                A::P(qabs),
+                                A::P(q),
+                                A::P(pos),
+                                A::P(*inv_freq),
+                                A::P(qatt),
+                                A::I(m.n_head as i32),
+                                A::I(nope),
+                                A::I(rope),
+                                A::I(kl),
+                            ],
+                        )?;
+                        self.attention(kvt, qatt, kc, vc, att, pos, n, 0)?;
+                        self.mv(&[(v_b, ov)], head_chunks, n_headc, gy, att, 1, small)?;
+                        (out, ov)
+                    }
+                };
+                self.mv(&[(wo.0, o)], dense, n_dense, nd, wo.1, 1, small)?;
                 self.residual(x, o, l.post_attn, l.ffn_norm, h, n, e, eps)?;
                 // Feed-forward.
                 match &l.ffn {
@@ -1440,6 +1735,10 @@ impl DeviceForward for GpuDecoder {
                     DFfn::Moe {
                         router,
                         norm,
+                        score,
+                        bias,
+                        scale,
+                        shared,
                         n_expert,
                         k: top,
                         parts,
@@ -1449,18 +1748,29 @@ impl DeviceForward for GpuDecoder {
                         let (ne, kk) = (*n_expert, *top);
                         self.mv(&[(router, rl)], dense, n_dense, nd, h, 1, small)?;
                         self.launch(
-                            &self.f.topk_softmax,
+                            &self.f.topk_route,
                             rows_n(n),
                             32,
                             &[
                                 A::P(rl),
+                                A::P(*bias),
                                 A::I(ne as i32),
                                 A::I(kk as i32),
+                                A::I(*score),
                                 A::I(*norm as i32),
+                                A::F(*scale),
                                 A::P(ids),
                                 A::P(wts),
                             ],
                         )?;
+                        // The shared expert first (into `shb`; g and u are free until the
+                        // routed products), added by moe_combine after the routed sum.
+                        if let Some(sw) = shared {
+                            let [sg, su, sd] = &**sw;
+                            self.mv(&[(sg, g), (su, u)], dense, n_dense, nd, h, 1, small)?;
+                            self.glu(g, u, n * sg.rows, *act)?;
+                            self.mv(&[(sd, shb)], dense, n_dense, nd, g, 1, small)?;
+                        }
                         let np = n * kk;
                         if self.units.is_some() || env.routing.is_some() {
                             host_ids.resize(np, 0);
@@ -1526,11 +1836,19 @@ impl DeviceForward for GpuDecoder {
                             self.glu(g, u, len, *act)?;
                             self.mv(&[(&parts[2], dd)], chunks, nchunks, gy, g, 1, small)?;
                         }
+                        let sh_or_null = if shared.is_some() { shb } else { 0 };
                         self.launch(
                             &self.f.moe_combine,
                             (n as u32, e.div_ceil(256) as u32, 1),
                             256,
-                            &[A::P(dd), A::P(wts), A::P(o), A::I(kk as i32), A::I(ei)],
+                            &[
+                                A::P(dd),
+                                A::P(wts),
+                                A::P(sh_or_null),
+                                A::P(o),
+                                A::I(kk as i32),
+                                A::I(ei),
+                            ],
                         )?;
                     }
                 }
@@ -1564,6 +1882,7 @@ impl DeviceForward for GpuDecoder {
                 n as u64, nr as u64, kvt as u64, hb, x, h, q, k, v, att, o, g, u,
             ];
             key.extend([rl, ids, wts, dd, chunks, nchunks, hsel, lg]);
+            key.extend([qa, qan, kva, qn, qabs, qatt, ov, shb]);
             key.extend(kv_ptrs.iter().flat_map(|&(a, b)| [a, b]));
             let mut gc = lock(&self.graph);
             match gc.iter().position(|(k0, _)| *k0 == key) {
@@ -1645,7 +1964,7 @@ mod tests {
             tokens: &tokens,
             positions: (7..26).collect(),
         };
-        let h = Header::new(&batch, &[18, 3]);
+        let h = Header::new(&batch, &[18, 3], 3);
         let b = &h.bytes;
         assert_eq!(i32_at(b, h.tokens + 4 * 5), 105);
         assert_eq!(i32_at(b, h.pos + 4 * 18), 25);
@@ -1673,7 +1992,18 @@ mod tests {
             (i32_at(b, h.row_chunks + 8), i32_at(b, h.row_chunks + 12)),
             (0, 1)
         );
-        assert_eq!(b.len(), h.row_chunks + CHUNK_BYTES);
+        // MLA's per-head chunks: head h's unit is h, its rows t * 3 + h of every token.
+        assert_eq!(i32_at(b, h.counts + 8), 3);
+        assert_eq!(h.head_chunks, h.row_chunks + CHUNK_BYTES);
+        for hd in 0..3usize {
+            let at = h.head_chunks + hd * CHUNK_BYTES;
+            assert_eq!(i32_at(b, at), hd as i32);
+            assert_eq!(i32_at(b, at + 4), 19);
+            let rows: Vec<i32> = (0..19).map(|r| i32_at(b, at + 8 + 4 * r)).collect();
+            assert_eq!(rows, (0..19).map(|t| t * 3 + hd as i32).collect::<Vec<_>>());
+        }
+        assert_eq!(b.len(), h.head_chunks + 3 * CHUNK_BYTES);
+        assert_eq!(Header::new(&batch, &[18, 3], 0).bytes.len(), h.head_chunks);
     }
 
     /// A MoE layer's host-built table: the counts first, then every (token, slot) row

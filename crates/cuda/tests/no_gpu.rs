@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+mod common;
+
 use sluice_cuda::{compile_kernels, Cuda, CudaError};
 use sluice_engine::models::compute::{Compute, Cpu, LinearJob};
 use sluice_engine::tier::{PolicyKind, SlotMemory, StreamConfig, StreamingExperts};
@@ -70,10 +72,13 @@ fn kernels_compile_with_nvrtc() {
             "kv_store_f32",
             "attention_f16",
             "attention_f32",
-            "topk_softmax",
+            "topk_route",
             "moe_chunks",
             "glu_act",
             "moe_combine",
+            "mla_kv_prep",
+            "mla_q_split",
+            "mla_q_join",
         ] {
             let name = format!(".entry {k}(");
             assert!(ptx.contains(&name), "{arch}: PTX lacks {name}");
@@ -99,10 +104,10 @@ fn kernels_compile_with_nvrtc() {
             );
             checked += 1;
         }
-        // Every format x (mvg, mvt, mvt1, embed), 2 x (kv_store, attention), 7 others.
+        // Every format x (mvg, mvt, mvt1, embed), 2 x (kv_store, attention), 10 others.
         let formats = sluice_cuda::FORMATS.len();
         assert!(formats >= 19, "the seeds' formats have kernels");
-        assert_eq!(checked, formats * 4 + 2 * 2 + 7, "{arch}: kernels checked");
+        assert_eq!(checked, formats * 4 + 2 * 2 + 10, "{arch}: kernels checked");
     }
 }
 
@@ -323,9 +328,9 @@ fn decoder_plans_the_gpu_takes() {
     assert!(e.contains("layer 1 attention q"), "{e}");
 
     let mut p = plan.clone();
-    p.shape.head_dim = 512;
+    p.shape.head_dim = 578;
     let e = GpuDecoder::check(&p).unwrap_err();
-    assert!(e.contains("head sizes 512"), "{e}");
+    assert!(e.contains("head sizes 578"), "{e}");
 
     let mut p = plan.clone();
     if let PlanFfn::Moe { k, n_expert, .. } = &mut p.layers[0].ffn {
@@ -337,9 +342,32 @@ fn decoder_plans_the_gpu_takes() {
     let ds = Model::load(&fixtures().join("deepseek4/a-f32.gguf")).unwrap();
     assert!(ds.plan().is_none());
 
-    // GLM-DSA has a plan (MLA, biased router, shared experts), no kernels for it yet.
+    // GLM-DSA's plan (MLA, biased sigmoid router, shared experts): the tiny fixture's k_b
+    // has 16 columns (no product kernel); GLM-5's latent widths (576-wide keys, 512-wide
+    // values) with kernel-sized matrices are taken; a hashed router is refused.
     let glm = Model::load(&fixtures().join("glm_dsa/a-f32.gguf")).unwrap();
     let plan = glm.plan().expect("glm-dsa has a decoder plan");
     let e = GpuDecoder::check(&plan).unwrap_err();
-    assert!(e.contains("layer 0: multi-head latent attention"), "{e}");
+    assert!(
+        e.contains("layer 0 attention k_b: F32 with 16 columns"),
+        "{e}"
+    );
+    let dir = std::env::temp_dir().join(format!("sluice-no-gpu-glm-{}", std::process::id()));
+    let wide = Model::load(&common::glm_dsa_wide_mla(&dir)).unwrap();
+    let plan = wide.plan().expect("glm-dsa has a decoder plan");
+    assert_eq!((plan.shape.head_dim, plan.shape.head_dim_v), (576, 512));
+    assert_eq!(plan.max_positions, Some(64));
+    GpuDecoder::check(&plan).unwrap();
+    let mut p = plan.clone();
+    if let PlanFfn::Moe { router, .. } = &mut p.layers[1].ffn {
+        *router = sluice_engine::models::blocks::moe::Router::Hash {
+            table: vec![0; 8],
+            score: sluice_engine::models::blocks::moe::ScoreFn::Sigmoid,
+            norm: true,
+            scale: 1.0,
+        };
+    }
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(e.contains("layer 1: hash routing"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
