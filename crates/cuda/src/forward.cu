@@ -112,10 +112,10 @@ __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a
 // columns, at most 2 bytes a column (F16). (Steps of as many columns as 32 KB holds were
 // slower on the H200: 100 vs 115 t/s decode, 2127 vs 2277 t/s prefill on the 30B Q4_K.)
 #define MVT_STAGE (MVT_ROWS * MVT_WARPS * 32 * 2)
-// Steps the decode kernel `mvt1_*` stages at once (the copies of the next two are in flight
-// while one is multiplied; 48 KB of shared memory). On the H200, 30B Q4_K tg64: one
-// buffer 110.4 t/s, two 122.8, three 126.7.
-#define MVT1_STAGES 3
+// The decode kernel `mvt1_*` takes its step (columns, a multiple of 512) and how many
+// steps are staged at once (at most MVT1_MAX_STAGES; the copies of the next stages - 1 are
+// in flight while one is multiplied) from the host, in dynamic shared memory.
+#define MVT1_MAX_STAGES 8
 
 // Asynchronous copies global -> shared (sm_80+): `bytes` is 4 or 16; the copies a
 // thread issued since its last commit form one group; wait_group N waits until at most N
@@ -137,6 +137,8 @@ __device__ __forceinline__ void cp_async(void* dst, const void* src, int bytes) 
     }
 #endif
 }
+// cp.async.wait_group takes an immediate: n (0 .. MVT1_MAX_STAGES - 1) by a switch.
+__device__ __forceinline__ void cp_async_wait_n(int n);
 __device__ __forceinline__ void cp_async_commit() {
 #if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;");
@@ -147,6 +149,18 @@ __device__ __forceinline__ void cp_async_wait() {
 #if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 #endif
+}
+__device__ __forceinline__ void cp_async_wait_n(int n) {
+    switch (n) {
+        case 0: cp_async_wait<0>(); break;
+        case 1: cp_async_wait<1>(); break;
+        case 2: cp_async_wait<2>(); break;
+        case 3: cp_async_wait<3>(); break;
+        case 4: cp_async_wait<4>(); break;
+        case 5: cp_async_wait<5>(); break;
+        case 6: cp_async_wait<6>(); break;
+        default: cp_async_wait<7>(); break;
+    }
 }
 
 // Stages the bytes of columns k0 .. k0 + ncols of the block's `nrows` weight rows into
@@ -189,17 +203,20 @@ __device__ __forceinline__ void mvt_stage(u8* __restrict__ dst, const u8* __rest
     }
 }
 
-template <int TY, int TILES, int STAGES, bool ASYNC>
-__device__ __forceinline__ void mvt_chunks(const u64* __restrict__ wtab,
+// Bytes of the warps' partial sums `mvt_chunks` leaves in shared memory after its column
+// loop: [warp][tile * 4 + fragment element][lane] (conflict-free writes and reads).
+#define MVT_PART(TILES) (MVT_WARPS * (TILES) * 4 * 32 * 4)
+
+// `smem`: `stages` staging buffers of `stage_bytes` (a multiple of 16, at least MVT_ROWS
+// rows of `step` columns) during the column loop, then the partial sums (MVT_PART).
+template <int TY, int TILES, bool ASYNC>
+__device__ __forceinline__ void mvt_chunks(u8* __restrict__ smem, int stages, int step,
+                                           int stage_bytes, const u64* __restrict__ wtab,
                                            const Chunk* __restrict__ chunks,
                                            const int* __restrict__ n_chunks,
                                            const float* __restrict__ X, int x_div,
                                            float* __restrict__ Y, int out_rows, int cols,
                                            long long row_bytes, int bx) {
-    // STAGES staging buffers during the column loop, then the warps' partial sums as
-    // [warp][tile * 4 + fragment element][lane] (conflict-free writes and reads).
-    constexpr int PART = MVT_WARPS * TILES * 4 * 32 * 4;
-    __shared__ __align__(16) u8 smem[PART > STAGES * MVT_STAGE ? PART : STAGES * MVT_STAGE];
     if ((int)blockIdx.y >= *n_chunks) return;
     const Chunk* c = chunks + blockIdx.y;
     const int count = c->count;
@@ -221,41 +238,40 @@ __device__ __forceinline__ void mvt_chunks(const u64* __restrict__ wtab,
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[j][i] = 0.0f;
     }
-    // Steps of MVT_WARPS * 32 = 512 columns (whole blocks of every format): the block
-    // copies the rows' bytes of a step into shared memory, then warp w dequantizes the
-    // step's column group w from there (every warp takes the groups whose index is w mod
-    // MVT_WARPS, in order). With STAGES > 1 (the decode kernel `mvt1_*`, whose few rows of
-    // X leave the block waiting on its loads) the copies of the next STAGES - 1 steps are
-    // in flight (asynchronous, into buffers of their own) while a step is multiplied; the
-    // prefill kernel, whose multiplications hide the loads, was slower so (1900 vs 2314
-    // t/s pp256 on the 30B Q4_K, H200) and stages one step at a time. Which buffer a step
-    // sits in never changes what is computed from it.
-    const int step = MVT_WARPS * 32;
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; i++) {
+    // Steps of `step` columns, a multiple of MVT_WARPS * 32 = 512 (whole blocks of every
+    // format): the block copies the rows' bytes of a step into shared memory, then warp w
+    // dequantizes the step's column groups w, w + 16, ... from there, so every warp takes
+    // the groups whose index is w mod MVT_WARPS, in order, whatever the step. With stages
+    // > 1 (the decode kernel `mvt1_*`, whose few rows of X leave the block waiting on its
+    // loads) the copies of the next stages - 1 steps are in flight (asynchronous, into
+    // buffers of their own) while a step is multiplied; the prefill kernel, whose
+    // multiplications hide the loads, was slower so (1900 vs 2314 t/s pp256 on the 30B
+    // Q4_K, H200) and stages one 512-column step at a time. Which buffer a step sits in,
+    // and how many columns it has, never changes what is computed from it.
+    for (int i = 0; i < stages - 1; i++) {
         const int k = i * step;
         if (k < cols)
-            mvt_stage<ASYNC>(smem + i * MVT_STAGE, base, nrows, row_bytes, cols, k,
+            mvt_stage<ASYNC>(smem + i * stage_bytes, base, nrows, row_bytes, cols, k,
                              (cols - k < step) ? cols - k : step);
         if (ASYNC) cp_async_commit();
     }
-    for (int k0 = 0, s = 0; k0 < cols; k0 += step, s = (s + 1 == STAGES) ? 0 : s + 1) {
+    for (int k0 = 0, s = 0; k0 < cols; k0 += step, s = (s + 1 == stages) ? 0 : s + 1) {
         const int ncols = (cols - k0 < step) ? cols - k0 : step;
         const int segb = (int)((long long)ncols * row_bytes / cols);
-        // Step s + STAGES - 1 goes into the buffer step s - 1 used: every thread finished
+        // Step s + stages - 1 goes into the buffer step s - 1 used: every thread finished
         // reading it before the barrier that ended the previous step.
-        const int kn = k0 + (STAGES - 1) * step;
+        const int kn = k0 + (stages - 1) * step;
         if (kn < cols) {
-            const int b = (s + STAGES - 1) % STAGES;
-            mvt_stage<ASYNC>(smem + b * MVT_STAGE, base, nrows, row_bytes, cols, kn,
+            const int b = (s + stages - 1) % stages;
+            mvt_stage<ASYNC>(smem + b * stage_bytes, base, nrows, row_bytes, cols, kn,
                              (cols - kn < step) ? cols - kn : step);
         }
         if (ASYNC) {
             cp_async_commit();
-            cp_async_wait<STAGES - 1>();  // step s's copies (this thread's) are done
+            cp_async_wait_n(stages - 1);  // step s's copies (this thread's) are done
         }
         __syncthreads();  // step s's bytes, copied by every thread, are in place
-        const u8* stage = smem + s * MVT_STAGE;
+        const u8* stage = smem + s * stage_bytes;
         for (int kl = warp; kl < (ncols >> 5); kl += MVT_WARPS) {
             const int kc = (k0 >> 5) + kl;
             const int p = 4 * kl + q;  // group of 8 within the step
@@ -368,14 +384,20 @@ __device__ __forceinline__ Parts pick_part(const u64* w0, const u64* w1, const u
                       pp.bx);                                                                 \
     }                                                                                         \
     extern "C" __global__ void __launch_bounds__(MVT_WARPS * 32) mvt_##name(MV_PARAMS) {     \
+        __shared__ __align__(16) u8 smem[MVT_PART(MVT_TILES) > MVT_STAGE ? MVT_PART(MVT_TILES) \
+                                                                        : MVT_STAGE];         \
         const Parts pp = PICK_PART(MVT_ROWS);                                                 \
-        mvt_chunks<TY, MVT_TILES, 1, false>(pp.w, chunks, n_chunks, X, x_div, pp.y, pp.rows, \
-                                            cols, row_bytes, pp.bx);                          \
+        mvt_chunks<TY, MVT_TILES, false>(smem, 1, MVT_WARPS * 32, MVT_STAGE, pp.w, chunks,   \
+                                         n_chunks, X, x_div, pp.y, pp.rows, cols, row_bytes, \
+                                         pp.bx);                                              \
     }                                                                                         \
-    extern "C" __global__ void __launch_bounds__(MVT_WARPS * 32) mvt1_##name(MV_PARAMS) {    \
+    /* Dynamic shared memory: max(MVT_PART(1), stages * stage_bytes) bytes (the host's). */  \
+    extern "C" __global__ void __launch_bounds__(MVT_WARPS * 32)                              \
+        mvt1_##name(MV_PARAMS, int stages, int step, int stage_bytes) {                       \
+        extern __shared__ __align__(16) u8 dsmem[];                                           \
         const Parts pp = PICK_PART(MVT_ROWS);                                                 \
-        mvt_chunks<TY, 1, MVT1_STAGES, true>(pp.w, chunks, n_chunks, X, x_div, pp.y,         \
-                                             pp.rows, cols, row_bytes, pp.bx);                \
+        mvt_chunks<TY, 1, true>(dsmem, stages, step, stage_bytes, pp.w, chunks, n_chunks, X,  \
+                                x_div, pp.y, pp.rows, cols, row_bytes, pp.bx);                \
     }                                                                                         \
     extern "C" __global__ void embed_##name(const u8* W, long long row_bytes,                \
                                             const int* tokens, float* x, int cols,           \
