@@ -1,13 +1,16 @@
 //! The whole forward pass of a plain decoder on the GPU.
 //!
 //! Owns: [`GpuDecoder`], a `sluice_models::plan::DeviceForward` over a
-//! [`DecoderPlan`] (qwen3moe, gemma3): every resident weight uploaded once at start; per
-//! forward call one upload of the batch's header (tokens, positions, chunk tables), then
-//! only kernel launches on one stream (`forward.cu`: embedding, norms, q/k norm + RoPE, an
-//! f16 KV cache in VRAM per sequence ([`GpuKv`], in `SeqState::device`), attention, the
-//! softmax top-k router, experts grouped by the device itself, the weight products - on
-//! tensor cores with f16 operands for every format but F32 / BF16 (`mvt_*`), else f32
-//! (`mvg_*`) - GLU, the weighted combine, the output head) and one download of the logits.
+//! [`DecoderPlan`] (qwen3moe, gemma3, glm-dsa within its `max_positions`): every resident
+//! weight uploaded once at start; per forward call one upload of the batch's header (tokens,
+//! positions, chunk tables), then only kernel launches on one stream (`forward.cu`:
+//! embedding, norms, q/k norm + RoPE or absorbed MLA's latent rows and queries, an f16 KV
+//! cache in VRAM per sequence ([`GpuKv`], in `SeqState::device`; MLA's is one KV head of
+//! `[c | k_rope]` keys and `c` values), attention, the softmax or biased top-k router,
+//! experts grouped by the device itself, the weight products - on tensor cores with f16
+//! operands for every format but F32 / BF16 (`mvt_*`), else f32 (`mvg_*`) - GLU, the
+//! weighted combine with the shared expert, the output head) and one download of the
+//! logits.
 //!
 //! Routed experts either live in VRAM whole (the stacked tensors uploaded at start; the
 //! router's choice never leaves the device) or, when they do not fit or stream from the
