@@ -1598,15 +1598,7 @@ impl DeviceForward for GpuDecoder {
                 n_ctx: state.n_ctx(),
             });
         }
-        if let (Some(max), Some(&last)) = (p.max_positions, batch.positions.last()) {
-            if last >= max {
-                return Err(ModelError::Compute(format!(
-                    "cuda: {}'s whole forward pass on the GPU holds for {max} positions, the batch reaches {}",
-                    p.arch,
-                    last + 1
-                )));
-            }
-        }
+        p.check_length(&batch.positions)?;
         let mla = p.mla;
         let heads = mla.map_or(0, |m| m.n_head);
         let kv = self.kv(state, pos0)?;

@@ -42,6 +42,19 @@ pub struct DecoderPlan {
 }
 
 impl DecoderPlan {
+    /// Whether a batch at `positions` stays within the length the plan holds for
+    /// (`max_positions`); the error names both.
+    pub fn check_length(&self, positions: &[usize]) -> Result<(), ModelError> {
+        match (self.max_positions, positions.last()) {
+            (Some(max), Some(&last)) if last >= max => Err(ModelError::Compute(format!(
+                "{}: the decoder plan holds for {max} positions, the batch reaches {}",
+                self.arch,
+                last + 1
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Every matrix the plan holds whole (all but the routed experts), each named for
     /// messages ("token embedding", "layer 3 attention q", "layer 3 router", ...).
     pub fn matrices<'a>(&'a self) -> Vec<(String, &'a Mat)> {
@@ -177,15 +190,7 @@ impl DeviceForward for PlanOnCpu {
         let p = &self.0;
         let eps = p.shape.rms_eps;
         let e = p.n_embd;
-        if let (Some(max), Some(&last)) = (p.max_positions, batch.positions.last()) {
-            if last >= max {
-                return Err(ModelError::Compute(format!(
-                    "{}: the decoder plan holds for {max} positions, the batch reaches {}",
-                    p.arch,
-                    last + 1
-                )));
-            }
-        }
+        p.check_length(&batch.positions)?;
         // MLA layers keep their latent rows here (the KV cache only counts positions).
         if p.mla.is_some() && state.device.is_none() {
             state.device = Some(Box::new(PlanCpuState {
