@@ -236,7 +236,9 @@ pub fn main(args: BenchArgs) -> Result<()> {
     if let Some(p) = &args.csv {
         crate::common::check_output_file(p, "--csv")?;
     }
-    let mut l = args.model.load()?;
+    // Every bench sequence is one test's length (`session`), not --ctx.
+    let longest = args.prompt_tokens.max(args.gen_tokens).max(1);
+    let mut l = args.model.load_for(Some(longest))?;
     let cfg = &l.model.cfg;
     let bos = l
         .model

@@ -302,6 +302,13 @@ impl ModelArgs {
     }
 
     pub fn load(&self) -> Result<Loaded> {
+        self.load_for(None)
+    }
+
+    /// [`Self::load`] for a caller whose sequences never pass `longest` tokens (`bench`:
+    /// its prompt and generation lengths), so a decoder plan that holds only up to a
+    /// length is judged against that rather than `--ctx`.
+    pub fn load_for(&self, longest: Option<usize>) -> Result<Loaded> {
         if self.batch == 0 {
             anyhow::bail!("--batch must be at least 1");
         }
@@ -329,7 +336,11 @@ impl ModelArgs {
             anyhow::bail!("--gpu-expert-cache needs --gpu");
         }
         let gpu = if self.gpu {
-            use_gpu(&mut inner, self.gpu_expert_cache, self.ctx)?
+            use_gpu(
+                &mut inner,
+                self.gpu_expert_cache,
+                longest.unwrap_or(self.ctx),
+            )?
         } else {
             None
         };
@@ -407,7 +418,7 @@ fn whole_forward(
     let ctx = ctx.min(l.model.cfg.n_ctx_train);
     if let Some(max) = plan.max_positions.filter(|&m| ctx > m) {
         products_only(&format!(
-            "{} runs as a plain decoder for {max} positions, its sparse indexer's top-k; the context is {ctx}: pass --ctx {max} or less for the whole forward pass on the GPU",
+            "{} runs as a plain decoder for {max} positions, its sparse indexer's top-k; sequences here reach {ctx} (--ctx, or bench's longest test): {max} or less for the whole forward pass on the GPU",
             l.model.cfg.arch
         ));
         return;
