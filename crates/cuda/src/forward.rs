@@ -99,9 +99,17 @@ enum DFfn {
         score: i32,
         bias: u64,
         scale: f32,
-        /// The shared expert's gate, up and down (added to the routed sum).
-        shared: Option<Box<[DMat; 3]>>,
+        /// The shared expert (added to the routed sum).
+        shared: Option<Box<DShared>>,
     },
+}
+
+/// A MoE layer's shared expert: gate, up, down and its activation.
+struct DShared {
+    gate: DMat,
+    up: DMat,
+    down: DMat,
+    act: i32,
 }
 
 enum DAttn {
@@ -522,7 +530,18 @@ impl GpuDecoder {
     pub fn check(plan: &DecoderPlan) -> Result<(), String> {
         // Parts of a plan this backend has no kernels for: said first, so the reason names
         // the part, not a head size.
+        if let Some(h) = &plan.hyper {
+            return Err(format!(
+                "hyper-connections ({} residual streams) have no GPU kernels yet",
+                h.shape.n_hc
+            ));
+        }
         for (il, l) in plan.layers.iter().enumerate() {
+            if let PlanAttn::Dsv4(_) = l.attn {
+                return Err(format!(
+                    "layer {il}: DeepSeek V4 attention (sliding window, compressed rows, sinks) has no GPU kernels yet"
+                ));
+            }
             if let PlanFfn::Moe { router, .. } = &l.ffn {
                 if router_kind(router).is_none() {
                     return Err(format!(
@@ -595,11 +614,17 @@ impl GpuDecoder {
                     experts,
                     act,
                     router,
+                    shared,
                     ..
                 } => {
                     act_id(*act).ok_or_else(|| format!("layer {il}: activation {act:?}"))?;
                     if *n_expert > MAX_EXPERTS || *k == 0 || k > n_expert {
                         return Err(format!("layer {il}: top-{k} of {n_expert} experts"));
+                    }
+                    if let Some(sh) = shared {
+                        act_id(sh.act).ok_or_else(|| {
+                            format!("layer {il}: shared expert activation {:?}", sh.act)
+                        })?;
                     }
                     if let Some((_, Some(bias), ..)) = router_kind(router) {
                         if bias.len() != *n_expert {
@@ -803,13 +828,14 @@ impl GpuDecoder {
                         });
                     }
                     let shared = match shared {
-                        Some(w) => {
-                            ff_dense = ff_dense.max(w.gate.rows);
-                            Some(Box::new([
-                                up.mat(&w.gate)?,
-                                up.mat(&w.up)?,
-                                up.mat(&w.down)?,
-                            ]))
+                        Some(sh) => {
+                            ff_dense = ff_dense.max(sh.w.gate.rows);
+                            Some(Box::new(DShared {
+                                gate: up.mat(&sh.w.gate)?,
+                                up: up.mat(&sh.w.up)?,
+                                down: up.mat(&sh.w.down)?,
+                                act: act_id(sh.act).expect("checked"),
+                            }))
                         }
                         None => None,
                     };
@@ -847,6 +873,7 @@ impl GpuDecoder {
                     inv_freq: up.norm(inv_freq)?,
                     window: window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
                 },
+                PlanAttn::Dsv4(_) => unreachable!("checked: no DeepSeek V4 attention"),
                 PlanAttn::Mla(w) => {
                     let nh = plan.mla.as_ref().expect("checked").n_head;
                     DAttn::Mla {
@@ -1852,11 +1879,11 @@ impl DeviceForward for GpuDecoder {
                         )?;
                         // The shared expert first (into `shb`; g and u are free until the
                         // routed products), added by moe_combine after the routed sum.
-                        if let Some(sw) = shared {
-                            let [sg, su, sd] = &**sw;
-                            self.mv(&[(sg, g), (su, u)], dense, n_dense, nd, h, 1, small)?;
-                            self.glu(g, u, n * sg.rows, *act)?;
-                            self.mv(&[(sd, shb)], dense, n_dense, nd, g, 1, small)?;
+                        if let Some(sh) = shared {
+                            let gu = [(&sh.gate, g), (&sh.up, u)];
+                            self.mv(&gu, dense, n_dense, nd, h, 1, small)?;
+                            self.glu(g, u, n * sh.gate.rows, sh.act)?;
+                            self.mv(&[(&sh.down, shb)], dense, n_dense, nd, g, 1, small)?;
                         }
                         let np = n * kk;
                         if self.units.is_some() || env.routing.is_some() {

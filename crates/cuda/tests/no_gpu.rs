@@ -311,7 +311,8 @@ fn hook_covers_streamed_experts(slots_first: bool) {
 /// Which decoder plans the whole-forward GPU path takes, decided without a GPU: the
 /// qwen3moe fixture (head size 16, Q8_0) is taken; a matrix in a format without a kernel, a
 /// head wider than the attention kernel's and a top-k above the expert count are refused
-/// with the part named; so is a plan with parts that have no kernels yet (GLM-DSA's MLA).
+/// with the part named; so are plans with parts that have no kernels yet (DeepSeek V4's
+/// hyper-connections and attention, a hashed router).
 #[test]
 fn decoder_plans_the_gpu_takes() {
     use sluice_cuda::forward::GpuDecoder;
@@ -339,8 +340,14 @@ fn decoder_plans_the_gpu_takes() {
     let e = GpuDecoder::check(&p).unwrap_err();
     assert!(e.contains("layer 0: top-"), "{e}");
 
+    // DeepSeek V4's plan (hyper-connections, its own attention): refused, the part named.
     let ds = Model::load(&fixtures().join("deepseek4/a-f32.gguf")).unwrap();
-    assert!(ds.plan().is_none());
+    let e = GpuDecoder::check(&ds.plan().expect("deepseek4 has a decoder plan")).unwrap_err();
+    assert!(e.contains("hyper-connections (4 residual streams)"), "{e}");
+    let mut p = ds.plan().unwrap();
+    p.hyper = None;
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(e.contains("layer 0: DeepSeek V4 attention"), "{e}");
 
     // GLM-DSA's plan (MLA, biased sigmoid router, shared experts): the tiny fixture's k_b
     // has 16 columns (no product kernel); GLM-5's latent widths (576-wide keys, 512-wide

@@ -1,7 +1,8 @@
 //! The decoder plans device backends run (`Architecture::plan`) describe their models:
 //! the plan evaluated with the CPU blocks (`PlanOnCpu`) gives the architecture's own
-//! forward pass bit for bit, for qwen3moe and glm-dsa (tiny transformers fixtures; glm-dsa
-//! up to its indexer's top-k positions, where the plan stops) and the real Gemma 3 270M
+//! forward pass bit for bit, for qwen3moe, glm-dsa and deepseek4 (tiny transformers
+//! fixtures; glm-dsa up to its indexer's top-k positions, where the plan stops) and the
+//! real Gemma 3 270M
 //! (`SLUICE_GEMMA`; skipped with a note if unset). A plan that dropped a norm, used the
 //! wrong RoPE table or window, the wrong router normalisation or bias, or lost the shared
 //! expert would change bits.
@@ -113,10 +114,40 @@ fn glm_dsa_plan_gives_the_architectures_bits_up_to_its_top_k() {
     }
 }
 
-/// Architectures outside the plan's shape (here DeepSeek V4) have none: a device backend
-/// then runs only their weight products.
+/// DeepSeek V4 as a plan (hyper-connection residual, its own attention with sliding
+/// window, compressor and indexer, hashed and biased routers, clamped SwiGLU with the
+/// shared expert's own clamp): the same bits as the architecture at every chunking, over
+/// 200 tokens (past the fixtures' 128-token window, so compressed rows and the indexer's
+/// selection matter). A batch that does not continue the plan's state is refused.
+#[test]
+fn deepseek4_plan_gives_the_architectures_bits() {
+    let ids = json_ids(&fixture("deepseek4/manifest.json"));
+    for name in [
+        "a-f32.gguf",
+        "b-mxfp4.gguf",
+        "c-f32.gguf",
+        "a_fp8-q8_0.gguf",
+    ] {
+        let path = fixture(&format!("deepseek4/{name}"));
+        let m = Model::load(&path).unwrap();
+        let plan = m.plan().expect("deepseek4 has a decoder plan");
+        assert!(plan.hyper.is_some() && plan.dsv4.is_some(), "{name}");
+        for batch in [200, 7] {
+            let arch = logits(&path, &ids, batch, false);
+            let through = logits(&path, &ids, batch, true);
+            assert!(!arch.is_empty());
+            assert!(
+                same_bits(&arch, &through),
+                "{name}, batch {batch}: the plan's logits differ from the architecture's"
+            );
+        }
+    }
+}
+
+/// Architectures outside the plan's shape (GLM-5.3-Flash: Kimi delta attention, pooled
+/// latent attention) have none: a device backend then runs only their weight products.
 #[test]
 fn architectures_outside_the_plan_have_none() {
-    let m = Model::load(&fixture("deepseek4/a-f32.gguf")).unwrap();
-    assert!(m.plan().is_none(), "deepseek4 should have no decoder plan");
+    let m = Model::load(&fixture("glm5next/a-f32.gguf")).unwrap();
+    assert!(m.plan().is_none(), "glm5next should have no decoder plan");
 }

@@ -1,16 +1,19 @@
 //! A plain decoder's whole forward pass as data, for backends that run it on a device.
 //!
-//! Owns: [`DecoderPlan`] (every weight of a pre-norm decoder - GQA or absorbed MLA
-//! attention, dense GLU or routed MoE feed-forward layers with an optional shared expert -
-//! as ranges of the mapped file, plus the hyper-parameters the CPU blocks use) and
-//! [`DeviceForward`], the interface a device backend implements to evaluate a batch with
-//! activations, KV cache and routing kept on the device. An architecture that fits this
-//! shape (qwen3moe, gemma3, glm-dsa up to its indexer's top-k positions) returns a plan from
+//! Owns: [`DecoderPlan`] (every weight of a pre-norm decoder - GQA, absorbed MLA or
+//! DeepSeek V4 attention, dense GLU or routed MoE feed-forward layers with an optional
+//! shared expert, a plain or hyper-connection residual - as ranges of the mapped file, plus
+//! the hyper-parameters the CPU blocks use) and [`DeviceForward`], the interface a device
+//! backend implements to evaluate a batch with activations, KV cache and routing kept on the
+//! device. An architecture that fits this shape (qwen3moe, gemma3, glm-dsa up to its
+//! indexer's top-k positions, deepseek4) returns a plan from
 //! [`crate::arch::Architecture::plan`]; the others run on the CPU blocks. A backend checks
 //! which of the plan's parts it has kernels for.
 
 use crate::blocks::attention::{AttnShape, GqaWeights};
+use crate::blocks::dsv4_attention::{Dsv4AttnWeights, Dsv4Shape, LayerState};
 use crate::blocks::ffn::{Activation, GluWeights};
+use crate::blocks::hyper::{HcShape, HcWeights};
 use crate::blocks::mla::{MlaShape, MlaState, MlaWeights};
 use crate::blocks::moe::Router;
 use crate::blocks::{Batch, Env};
@@ -32,6 +35,10 @@ pub struct DecoderPlan {
     /// The plan equals the model only for sequences of at most this many positions (a
     /// sparse indexer that selects every visible token up to its top-k; None: any length).
     pub max_positions: Option<usize>,
+    /// The DeepSeek V4 attention layers' shape (None: no such layer).
+    pub dsv4: Option<Dsv4Shape>,
+    /// A hyper-connection residual (None: the plain residual `x += block(x)`).
+    pub hyper: Option<PlanHyper>,
     /// Token embedding table `[n_vocab, n_embd]`, rows multiplied by `embd_scale`.
     pub embd: Mat,
     pub embd_scale: f32,
@@ -39,6 +46,24 @@ pub struct DecoderPlan {
     /// `[n_vocab, n_embd]`
     pub output: Mat,
     pub layers: Vec<PlanLayer>,
+}
+
+/// A hyper-connection residual (DeepSeek V4's mHC, [`crate::blocks::hyper`]): `n_hc`
+/// streams per position (the embedding copied into each), mixed into every half-block's
+/// input and updated from its output by the layer's [`PlanLayer::hc`] weights, collapsed
+/// by `head` before the output norm.
+#[derive(Debug, Clone)]
+pub struct PlanHyper {
+    pub shape: HcShape,
+    pub head: HcWeights,
+}
+
+/// A MoE layer's shared expert and its activation (which may differ from the routed
+/// experts', e.g. another SwiGLU clamp).
+#[derive(Debug, Clone)]
+pub struct PlanShared {
+    pub w: GluWeights,
+    pub act: Activation,
 }
 
 impl DecoderPlan {
@@ -80,7 +105,38 @@ impl DecoderPlan {
                     ("v_b", &a.v_b),
                     ("o", &a.out),
                 ],
+                PlanAttn::Dsv4(a) => {
+                    let mut v = vec![
+                        ("q_a", &a.q_a),
+                        ("q_b", &a.q_b),
+                        ("kv", &a.kv),
+                        ("o_a", &a.out_a),
+                        ("o_b", &a.out_b),
+                    ];
+                    if let Some(c) = &a.comp {
+                        v.extend([("compressor kv", &c.kv), ("compressor gate", &c.gate)]);
+                    }
+                    if let Some(ix) = &a.indexer {
+                        v.extend([
+                            ("indexer q_b", &ix.q_b),
+                            ("indexer proj", &ix.proj),
+                            ("indexer compressor kv", &ix.comp.kv),
+                            ("indexer compressor gate", &ix.comp.gate),
+                        ]);
+                    }
+                    v
+                }
             };
+            if let Some(hc) = &l.hc {
+                out.push((
+                    format!("layer {il} attention hyper-connection"),
+                    &hc[0].proj,
+                ));
+                out.push((
+                    format!("layer {il} feed-forward hyper-connection"),
+                    &hc[1].proj,
+                ));
+            }
             for (n, m) in named {
                 out.push((format!("layer {il} attention {n}"), m));
             }
@@ -90,11 +146,14 @@ impl DecoderPlan {
                     router_w, shared, ..
                 } => {
                     out.push((format!("layer {il} router"), router_w));
-                    if let Some(w) = shared {
-                        glu(&mut out, format!("layer {il} shared expert"), w.as_ref());
+                    if let Some(sh) = shared {
+                        glu(&mut out, format!("layer {il} shared expert"), &sh.w);
                     }
                 }
             }
+        }
+        if let Some(h) = &self.hyper {
+            out.push(("output hyper-connection".to_string(), &h.head.proj));
         }
         out
     }
@@ -111,6 +170,9 @@ pub struct PlanLayer {
     pub ffn: PlanFfn,
     /// RMS norm applied to the feed-forward output before the residual add (Gemma).
     pub post_ffn_norm: Option<Vec<f32>>,
+    /// The hyper-connection mixes around the attention and feed-forward halves (with
+    /// [`DecoderPlan::hyper`]; None for a plain residual).
+    pub hc: Option<Box<[HcWeights; 2]>>,
 }
 
 /// The attention half of a block.
@@ -128,6 +190,11 @@ pub enum PlanAttn {
     /// ([`crate::blocks::mla::attention`] without a selection; interleaved-pair RoPE on the
     /// rope slices, the latent cache row `[c | k_rope]`), shaped by [`DecoderPlan::mla`].
     Mla(MlaWeights),
+    /// DeepSeek V4 attention ([`crate::blocks::dsv4_attention::attention`]: q-LoRA, one
+    /// shared key/value latent, partial RoPE, sinks, a sliding window plus compressed rows
+    /// (ratio 4 with the lightning indexer, or 128), grouped low-rank output), shaped by
+    /// [`DecoderPlan::dsv4`].
+    Dsv4(Box<Dsv4AttnWeights>),
 }
 
 /// The feed-forward half of a block.
@@ -137,9 +204,9 @@ pub enum PlanFfn {
         w: GluWeights,
         act: Activation,
     },
-    /// `router` over `n_expert` GLU experts, top-`k` ([`Router::Softmax`] or
-    /// [`Router::Biased`]; hashed routing has no plan), plus an unscaled shared expert
-    /// when given.
+    /// `router` over `n_expert` GLU experts, top-`k` ([`Router::Softmax`],
+    /// [`Router::Biased`] or [`Router::Hash`], which reads the batch's token ids), plus an
+    /// unscaled shared expert when given.
     Moe {
         router_w: Mat,
         router: Router,
@@ -148,7 +215,7 @@ pub enum PlanFfn {
         /// Stacked gate, up, down (units' parts 0, 1, 2 of the streamable group).
         experts: [Stacked; 3],
         act: Activation,
-        shared: Option<Box<GluWeights>>,
+        shared: Option<Box<PlanShared>>,
     },
 }
 
@@ -186,22 +253,68 @@ impl DeviceForward for PlanOnCpu {
     ) -> Result<Vec<f32>, ModelError> {
         use crate::blocks::attention::gqa;
         use crate::blocks::moe::{routed, MoeWeights, UnitMat};
-        use crate::blocks::{add_into, check_finite, ffn, head, mla, rms_norm_rows, Stage};
+        use crate::blocks::{
+            add_into, check_finite, dsv4_attention, ffn, head, hyper, mla, rms_norm_rows, Stage,
+        };
         let p = &self.0;
         let eps = p.shape.rms_eps;
         let e = p.n_embd;
         p.check_length(&batch.positions)?;
-        // MLA layers keep their latent rows here (the KV cache only counts positions).
-        if p.mla.is_some() && state.device.is_none() {
+        let pos0 = batch.positions.first().copied().unwrap_or(0);
+        // MLA and DeepSeek V4 layers keep their rows here (the KV cache only counts
+        // positions).
+        if (p.mla.is_some() || p.dsv4.is_some()) && state.device.is_none() {
             state.device = Some(Box::new(PlanCpuState {
                 mla: vec![MlaState::default(); p.layers.len()],
+                dsv4: vec![LayerState::default(); p.layers.len()],
+                dsv4_next: 0,
             }));
         }
+        if p.dsv4.is_some() {
+            // A DeepSeek V4 layer's windows and compressor carry cannot be cut back to a
+            // position: a sequence continues where it stopped, or starts again at 0.
+            let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
+            if pos0 == 0 {
+                st.dsv4.iter_mut().for_each(LayerState::clear);
+            } else if pos0 != st.dsv4_next {
+                return Err(ModelError::Compute(format!(
+                    "{}: the plan's attention state holds {} positions, the batch starts at {pos0} (it cannot be truncated)",
+                    p.arch, st.dsv4_next
+                )));
+            }
+        }
         let f16 = state.kv.f16();
-        let mut x = head::embed(env, &p.embd, batch, p.embd_scale)?;
-        check_finite(&x, e, &batch.positions, Stage::Embedding)?;
+        let emb = head::embed(env, &p.embd, batch, p.embd_scale)?;
+        check_finite(&emb, e, &batch.positions, Stage::Embedding)?;
+        // The residual: one stream per position, or `n_hc` copies of the embedding.
+        let n_hc = p.hyper.as_ref().map_or(1, |h| h.shape.n_hc);
+        let mut x = if n_hc == 1 {
+            emb
+        } else {
+            emb.chunks(e).flat_map(|row| row.repeat(n_hc)).collect()
+        };
+        // A half-block's input: the residual, or its hyper-connection mix (kept for `put`).
+        let take = |x: &[f32], w: Option<&HcWeights>| -> Result<_, ModelError> {
+            match (w, &p.hyper) {
+                (None, None) => Ok((x.to_vec(), None)),
+                (Some(w), Some(h)) => {
+                    let mut m = hyper::pre(env, w, &h.shape, x)?;
+                    Ok((std::mem::take(&mut m.input), Some(m)))
+                }
+                _ => Err(ModelError::Compute(format!(
+                    "{}: a layer's hyper-connections do not match the plan's",
+                    p.arch
+                ))),
+            }
+        };
+        // Put a half-block's output back: `x += y`, or the hyper-connection update.
+        let put = |x: &mut [f32], y: &[f32], mix: Option<hyper::HcMix>| match (mix, &p.hyper) {
+            (Some(m), Some(h)) => hyper::post(x, y, &m, &h.shape),
+            _ => add_into(x, y),
+        };
         for (il, l) in p.layers.iter().enumerate() {
-            let mut h = x.clone();
+            let hc = l.hc.as_deref();
+            let (mut h, mix) = take(&x, hc.map(|w| &w[0]))?;
             rms_norm_rows(&mut h, &l.attn_norm, eps);
             let mut o = match &l.attn {
                 PlanAttn::Gqa {
@@ -226,18 +339,26 @@ impl DeviceForward for PlanOnCpu {
                     let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
                     // Rows past the batch's start belong to positions a truncation dropped
                     // (device state is indexed by position, `SeqState::device`).
-                    st.mla[il]
-                        .rows
-                        .truncate(batch.positions.first().map_or(0, |&p0| p0 * s.row()));
+                    st.mla[il].rows.truncate(pos0 * s.row());
                     let qr = mla::query_residual(env, w, s, &h, batch.len())?;
                     mla::attention(env, batch, w, s, &mut st.mla[il], &h, &qr, None, f16)?
+                }
+                PlanAttn::Dsv4(w) => {
+                    let s = p.dsv4.as_ref().ok_or_else(|| {
+                        ModelError::Compute(format!(
+                            "{}: DeepSeek V4 attention without a shape",
+                            p.arch
+                        ))
+                    })?;
+                    let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
+                    dsv4_attention::attention(env, batch, w, s, &mut st.dsv4[il], &h, f16)?
                 }
             };
             if let Some(w) = &l.post_attn_norm {
                 rms_norm_rows(&mut o, w, eps);
             }
-            add_into(&mut x, &o);
-            let mut h = x.clone();
+            put(&mut x, &o, mix);
+            let (mut h, mix) = take(&x, hc.map(|w| &w[1]))?;
             rms_norm_rows(&mut h, &l.ffn_norm, eps);
             let mut f = match &l.ffn {
                 PlanFfn::Dense { w, act } => ffn::glu(env, w, *act, &h, batch.len())?,
@@ -267,9 +388,9 @@ impl DeviceForward for PlanOnCpu {
                         next: None,
                     };
                     let mut y = routed(env, batch, il, &w, &h)?;
-                    if let Some(sw) = shared {
-                        let sh = ffn::glu(env, sw, *act, &h, batch.len())?;
-                        add_into(&mut y, &sh);
+                    if let Some(sh) = shared {
+                        let out = ffn::glu(env, &sh.w, sh.act, &h, batch.len())?;
+                        add_into(&mut y, &out);
                     }
                     y
                 }
@@ -277,11 +398,27 @@ impl DeviceForward for PlanOnCpu {
             if let Some(w) = &l.post_ffn_norm {
                 rms_norm_rows(&mut f, w, eps);
             }
-            add_into(&mut x, &f);
-            check_finite(&x, e, &batch.positions, Stage::Layer(il))?;
+            put(&mut x, &f, mix);
+            check_finite(&x, n_hc * e, &batch.positions, Stage::Layer(il))?;
         }
-        let logits = head::logits(env, &x, rows, &p.output_norm, eps, &p.output)?;
+        let logits = match &p.hyper {
+            None => head::logits(env, &x, rows, &p.output_norm, eps, &p.output)?,
+            Some(h) => {
+                let w = n_hc * e;
+                let sel: Vec<f32> = rows
+                    .iter()
+                    .flat_map(|&r| x[r * w..(r + 1) * w].iter().copied())
+                    .collect();
+                let collapsed = hyper::head(env, &h.head, &h.shape, &sel)?;
+                let all: Vec<usize> = (0..rows.len()).collect();
+                head::logits(env, &collapsed, &all, &p.output_norm, eps, &p.output)?
+            }
+        };
         head::check_logits(&logits, rows, batch)?;
+        if p.dsv4.is_some() {
+            let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
+            st.dsv4_next = pos0 + batch.len();
+        }
         Ok(logits)
     }
 
@@ -290,11 +427,15 @@ impl DeviceForward for PlanOnCpu {
     }
 }
 
-/// [`PlanOnCpu`]'s per-sequence rows for MLA layers (in `SeqState::device`), by position:
-/// rows at or past a batch's first position are dropped before it runs.
+/// [`PlanOnCpu`]'s per-sequence state (in `SeqState::device`): MLA layers' rows by
+/// position (rows at or past a batch's first position are dropped before it runs);
+/// DeepSeek V4 layers' windows and compressor state, which only continue at `dsv4_next`
+/// or start again at position 0.
 #[derive(Clone, Default)]
 struct PlanCpuState {
     mla: Vec<MlaState>,
+    dsv4: Vec<LayerState>,
+    dsv4_next: usize,
 }
 
 impl crate::state::ExtraState for PlanCpuState {
@@ -303,6 +444,8 @@ impl crate::state::ExtraState for PlanCpuState {
     }
     fn clear(&mut self) {
         self.mla.iter_mut().for_each(MlaState::clear);
+        self.dsv4.iter_mut().for_each(LayerState::clear);
+        self.dsv4_next = 0;
     }
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
         self

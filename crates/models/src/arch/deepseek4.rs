@@ -14,6 +14,7 @@ use sluice_io::MappedFile;
 use sluice_tier::{StreamableGroups, UnitGroup, UnitLayer};
 
 use super::Architecture;
+use crate::blocks::attention::AttnShape;
 use crate::blocks::dsv4_attention::{
     attention, plain_inv_freq, yarn_inv_freq, CompressorWeights, Dsv4AttnWeights, Dsv4Shape,
     IndexerWeights, LayerState,
@@ -26,6 +27,7 @@ use crate::blocks::moe::{
 use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
+use crate::plan::{DecoderPlan, PlanAttn, PlanFfn, PlanHyper, PlanLayer, PlanShared};
 use crate::state::{ExtraState, SeqState};
 use crate::weights::{Mat, Stacked, Tensors};
 use crate::ModelError;
@@ -542,6 +544,64 @@ impl Architecture for DeepSeek4 {
             layers: vec![LayerState::default(); self.layers.len()],
         }));
         s
+    }
+
+    /// The model as a decoder plan: every layer DeepSeek V4 attention (its sliding window,
+    /// compressor and indexer state kept by the plan's evaluator) and a MoE half with a
+    /// hashed or biased router and a shared expert, inside the 4-stream hyper-connection
+    /// residual. Exact at any length: the plan names the same blocks this forward runs.
+    fn plan(&self) -> Option<DecoderPlan> {
+        let s = &self.shape;
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| PlanLayer {
+                attn_norm: l.attn_norm.clone(),
+                attn: PlanAttn::Dsv4(Box::new(l.attn.clone())),
+                post_attn_norm: None,
+                ffn_norm: l.ffn_norm.clone(),
+                ffn: PlanFfn::Moe {
+                    router_w: l.moe.router_w.clone(),
+                    router: l.moe.router.clone(),
+                    n_expert: l.moe.n_expert,
+                    k: l.moe.k,
+                    experts: l.experts.clone(),
+                    act: l.moe.act,
+                    shared: Some(Box::new(PlanShared {
+                        w: l.shared.clone(),
+                        act: l.shared_act,
+                    })),
+                },
+                post_ffn_norm: None,
+                hc: Some(Box::new([l.hc_attn.clone(), l.hc_ffn.clone()])),
+            })
+            .collect();
+        Some(DecoderPlan {
+            arch: NAME,
+            n_embd: self.cfg.n_embd,
+            n_vocab: self.cfg.n_vocab,
+            // One shared key/value latent per position, as a kernel would see it.
+            shape: AttnShape {
+                n_head: s.n_head,
+                n_head_kv: 1,
+                head_dim: s.head_dim,
+                head_dim_v: s.head_dim,
+                scale: 1.0 / (s.head_dim as f32).sqrt(),
+                rms_eps: s.rms_eps,
+            },
+            mla: None,
+            max_positions: None,
+            dsv4: Some(*s),
+            hyper: Some(PlanHyper {
+                shape: self.hc,
+                head: self.hc_head.clone(),
+            }),
+            embd: self.token_embd.clone(),
+            embd_scale: 1.0,
+            output_norm: self.output_norm.clone(),
+            output: self.output.clone(),
+            layers,
+        })
     }
 
     /// The hash-routed layers' experts follow from the token ids alone.

@@ -141,6 +141,7 @@ impl Architecture for Gemma3 {
                         act: Activation::GeluTanh,
                     },
                     post_ffn_norm: Some(l.post_ffn_norm.clone()),
+                    hc: None,
                 }
             })
             .collect();
@@ -151,6 +152,8 @@ impl Architecture for Gemma3 {
             shape: self.shape,
             mla: None,
             max_positions: None,
+            dsv4: None,
+            hyper: None,
             embd: self.token_embd.clone(),
             embd_scale: (self.cfg.n_embd as f32).sqrt(),
             output_norm: self.output_norm.clone(),

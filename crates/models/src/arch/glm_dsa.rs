@@ -27,7 +27,7 @@ use crate::blocks::moe::{
 use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
-use crate::plan::{DecoderPlan, PlanAttn, PlanFfn, PlanLayer};
+use crate::plan::{DecoderPlan, PlanAttn, PlanFfn, PlanLayer, PlanShared};
 use crate::state::{ExtraState, SeqState};
 use crate::weights::{Mat, Stacked, Tensors};
 use crate::ModelError;
@@ -454,10 +454,14 @@ impl Architecture for GlmDsa {
                         k: m.moe.k,
                         experts: m.experts.clone(),
                         act: m.moe.act,
-                        shared: Some(Box::new(m.shared.clone())),
+                        shared: Some(Box::new(PlanShared {
+                            w: m.shared.clone(),
+                            act: Activation::Silu,
+                        })),
                     },
                 },
                 post_ffn_norm: None,
+                hc: None,
             })
             .collect();
         let s = &self.shape;
@@ -476,6 +480,8 @@ impl Architecture for GlmDsa {
             },
             mla: Some(*s),
             max_positions: top_k,
+            dsv4: None,
+            hyper: None,
             embd: self.token_embd.clone(),
             embd_scale: 1.0,
             output_norm: self.output_norm.clone(),

@@ -159,6 +159,7 @@ impl Architecture for Qwen3Moe {
                         shared: None,
                     },
                     post_ffn_norm: None,
+                    hc: None,
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -169,6 +170,8 @@ impl Architecture for Qwen3Moe {
             shape: self.shape,
             mla: None,
             max_positions: None,
+            dsv4: None,
+            hyper: None,
             embd: self.token_embd.clone(),
             embd_scale: 1.0,
             output_norm: self.output_norm.clone(),
