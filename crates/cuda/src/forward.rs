@@ -537,10 +537,16 @@ impl GpuDecoder {
             ));
         }
         for (il, l) in plan.layers.iter().enumerate() {
-            if let PlanAttn::Dsv4(_) = l.attn {
-                return Err(format!(
-                    "layer {il}: DeepSeek V4 attention (sliding window, compressed rows, sinks) has no GPU kernels yet"
-                ));
+            let missing = match l.attn {
+                PlanAttn::Dsv4(_) => {
+                    Some("DeepSeek V4 attention (sliding window, compressed rows, sinks)")
+                }
+                PlanAttn::Kda(_) => Some("Kimi delta attention"),
+                PlanAttn::Pooled(_) => Some("pooled latent attention"),
+                PlanAttn::Gqa { .. } | PlanAttn::Mla(_) => None,
+            };
+            if let Some(what) = missing {
+                return Err(format!("layer {il}: {what} has no GPU kernels yet"));
             }
             if let PlanFfn::Moe { router, .. } = &l.ffn {
                 if router_kind(router).is_none() {
@@ -873,7 +879,9 @@ impl GpuDecoder {
                     inv_freq: up.norm(inv_freq)?,
                     window: window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
                 },
-                PlanAttn::Dsv4(_) => unreachable!("checked: no DeepSeek V4 attention"),
+                PlanAttn::Dsv4(_) | PlanAttn::Kda(_) | PlanAttn::Pooled(_) => {
+                    unreachable!("checked: GQA and MLA layers only")
+                }
                 PlanAttn::Mla(w) => {
                     let nh = plan.mla.as_ref().expect("checked").n_head;
                     DAttn::Mla {

@@ -312,7 +312,7 @@ fn hook_covers_streamed_experts(slots_first: bool) {
 /// qwen3moe fixture (head size 16, Q8_0) is taken; a matrix in a format without a kernel, a
 /// head wider than the attention kernel's and a top-k above the expert count are refused
 /// with the part named; so are plans with parts that have no kernels yet (DeepSeek V4's
-/// hyper-connections and attention, a hashed router).
+/// and GLM-5.3-Flash's hyper-connections and attention, a hashed router).
 #[test]
 fn decoder_plans_the_gpu_takes() {
     use sluice_cuda::forward::GpuDecoder;
@@ -348,6 +348,14 @@ fn decoder_plans_the_gpu_takes() {
     p.hyper = None;
     let e = GpuDecoder::check(&p).unwrap_err();
     assert!(e.contains("layer 0: DeepSeek V4 attention"), "{e}");
+    // GLM-5.3-Flash's (hyper-connections, Kimi delta attention first).
+    let g5 = Model::load(&fixtures().join("glm5next/a-f32.gguf")).unwrap();
+    let mut p = g5.plan().expect("glm5next has a decoder plan");
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(e.contains("hyper-connections"), "{e}");
+    p.hyper = None;
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(e.contains("layer 0: Kimi delta attention"), "{e}");
 
     // GLM-DSA's plan (MLA, biased sigmoid router, shared experts): the tiny fixture's k_b
     // has 16 columns (no product kernel); GLM-5's latent widths (576-wide keys, 512-wide

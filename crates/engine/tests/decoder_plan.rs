@@ -1,7 +1,7 @@
 //! The decoder plans device backends run (`Architecture::plan`) describe their models:
 //! the plan evaluated with the CPU blocks (`PlanOnCpu`) gives the architecture's own
-//! forward pass bit for bit, for qwen3moe, glm-dsa and deepseek4 (tiny transformers
-//! fixtures; glm-dsa up to its indexer's top-k positions, where the plan stops) and the
+//! forward pass bit for bit, for qwen3moe, glm-dsa, deepseek4 and glm5next (tiny
+//! transformers fixtures; glm-dsa up to its indexer's top-k positions, where the plan stops) and the
 //! real Gemma 3 270M
 //! (`SLUICE_GEMMA`; skipped with a note if unset). A plan that dropped a norm, used the
 //! wrong RoPE table or window, the wrong router normalisation or bias, or lost the shared
@@ -144,10 +144,34 @@ fn deepseek4_plan_gives_the_architectures_bits() {
     }
 }
 
-/// Architectures outside the plan's shape (GLM-5.3-Flash: Kimi delta attention, pooled
-/// latent attention) have none: a device backend then runs only their weight products.
+/// GLM-5.3-Flash as a plan (Kimi delta attention and pooled latent attention layers,
+/// a shared pooled layer reusing the previous full one's selection, clamped SwiGLU, the
+/// hyper-connection residual closed by the streams' mean): the same bits as the
+/// architecture at every chunking, over 200 tokens (past the fixtures' indexer top-k).
+#[test]
+fn glm5next_plan_gives_the_architectures_bits() {
+    let toks: Vec<u32> = (0..200u32).map(|i| (i * 37 + 11) % 250).collect();
+    for name in ["a-f32.gguf", "b-f32.gguf", "c-f32.gguf", "a-alias.gguf"] {
+        let path = fixture(&format!("glm5next/{name}"));
+        let m = Model::load(&path).unwrap();
+        let plan = m.plan().expect("glm5next has a decoder plan");
+        assert!(plan.kda.is_some() && plan.pooled.is_some(), "{name}");
+        for batch in [200, 7] {
+            let arch = logits(&path, &toks, batch, false);
+            let through = logits(&path, &toks, batch, true);
+            assert!(!arch.is_empty());
+            assert!(
+                same_bits(&arch, &through),
+                "{name}, batch {batch}: the plan's logits differ from the architecture's"
+            );
+        }
+    }
+}
+
+/// Architectures outside the plan's shape (Qwen3.8-Flash-Next: per-layer embedding rows,
+/// compressed attention) have none: a device backend then runs only their weight products.
 #[test]
 fn architectures_outside_the_plan_have_none() {
-    let m = Model::load(&fixture("glm5next/a-f32.gguf")).unwrap();
-    assert!(m.plan().is_none(), "glm5next should have no decoder plan");
+    let m = Model::load(&fixture("qwen4exp/a-f32.gguf")).unwrap();
+    assert!(m.plan().is_none(), "qwen4exp should have no decoder plan");
 }

@@ -1,12 +1,13 @@
 //! A plain decoder's whole forward pass as data, for backends that run it on a device.
 //!
 //! Owns: [`DecoderPlan`] (every weight of a pre-norm decoder - GQA, absorbed MLA or
-//! DeepSeek V4 attention, dense GLU or routed MoE feed-forward layers with an optional
-//! shared expert, a plain or hyper-connection residual - as ranges of the mapped file, plus
+//! DeepSeek V4 attention, Kimi delta attention or pooled latent attention, dense GLU or
+//! routed MoE feed-forward layers with an optional shared expert, a plain or
+//! hyper-connection residual - as ranges of the mapped file, plus
 //! the hyper-parameters the CPU blocks use) and [`DeviceForward`], the interface a device
 //! backend implements to evaluate a batch with activations, KV cache and routing kept on the
 //! device. An architecture that fits this shape (qwen3moe, gemma3, glm-dsa up to its
-//! indexer's top-k positions, deepseek4) returns a plan from
+//! indexer's top-k positions, deepseek4, glm5next) returns a plan from
 //! [`crate::arch::Architecture::plan`]; the others run on the CPU blocks. A backend checks
 //! which of the plan's parts it has kernels for.
 
@@ -14,7 +15,9 @@ use crate::blocks::attention::{AttnShape, GqaWeights};
 use crate::blocks::dsv4_attention::{Dsv4AttnWeights, Dsv4Shape, LayerState};
 use crate::blocks::ffn::{Activation, GluWeights};
 use crate::blocks::hyper::{HcShape, HcWeights};
+use crate::blocks::kda::{KdaShape, KdaState, KdaWeights};
 use crate::blocks::mla::{MlaShape, MlaState, MlaWeights};
+use crate::blocks::mla_pooled::{PooledShape, PooledState, PooledWeights, Selection};
 use crate::blocks::moe::Router;
 use crate::blocks::{Batch, Env};
 use crate::state::SeqState;
@@ -37,6 +40,10 @@ pub struct DecoderPlan {
     pub max_positions: Option<usize>,
     /// The DeepSeek V4 attention layers' shape (None: no such layer).
     pub dsv4: Option<Dsv4Shape>,
+    /// The Kimi delta attention layers' shape (None: no such layer).
+    pub kda: Option<KdaShape>,
+    /// The pooled latent attention layers' shape (None: no such layer).
+    pub pooled: Option<PooledShape>,
     /// A hyper-connection residual (None: the plain residual `x += block(x)`).
     pub hyper: Option<PlanHyper>,
     /// Token embedding table `[n_vocab, n_embd]`, rows multiplied by `embd_scale`.
@@ -55,7 +62,16 @@ pub struct DecoderPlan {
 #[derive(Debug, Clone)]
 pub struct PlanHyper {
     pub shape: HcShape,
-    pub head: HcWeights,
+    pub head: HyperHead,
+}
+
+/// How the streams of a hyper-connection residual become one row before the head.
+#[derive(Debug, Clone)]
+pub enum HyperHead {
+    /// [`crate::blocks::hyper::head`]'s learned mix (DeepSeek V4).
+    Learned(HcWeights),
+    /// The unweighted mean of the streams (GLM-5.3-Flash).
+    Mean,
 }
 
 /// A MoE layer's shared expert and its activation (which may differ from the routed
@@ -126,6 +142,35 @@ impl DecoderPlan {
                     }
                     v
                 }
+                PlanAttn::Kda(a) => vec![
+                    ("kda q", &a.q),
+                    ("kda k", &a.k),
+                    ("kda v", &a.v),
+                    ("kda f_a", &a.f_a),
+                    ("kda f_b", &a.f_b),
+                    ("kda beta", &a.beta),
+                    ("kda g_a", &a.g_a),
+                    ("kda g_b", &a.g_b),
+                    ("kda o", &a.out),
+                ],
+                // (k_b and v_b are stacked per head, not whole matrices.)
+                PlanAttn::Pooled(a) => {
+                    let mut v = vec![
+                        ("q_a", &a.q_a),
+                        ("q_b", &a.q_b),
+                        ("kv_a", &a.kv_a),
+                        ("o", &a.out),
+                    ];
+                    if let Some(ix) = &a.indexer {
+                        v.extend([
+                            ("indexer q_b", &ix.q_b),
+                            ("indexer k", &ix.k),
+                            ("indexer proj", &ix.proj),
+                            ("indexer gate", &ix.gate),
+                        ]);
+                    }
+                    v
+                }
             };
             if let Some(hc) = &l.hc {
                 out.push((
@@ -152,8 +197,12 @@ impl DecoderPlan {
                 }
             }
         }
-        if let Some(h) = &self.hyper {
-            out.push(("output hyper-connection".to_string(), &h.head.proj));
+        if let Some(PlanHyper {
+            head: HyperHead::Learned(w),
+            ..
+        }) = &self.hyper
+        {
+            out.push(("output hyper-connection".to_string(), &w.proj));
         }
         out
     }
@@ -195,6 +244,13 @@ pub enum PlanAttn {
     /// (ratio 4 with the lightning indexer, or 128), grouped low-rank output), shaped by
     /// [`DecoderPlan::dsv4`].
     Dsv4(Box<Dsv4AttnWeights>),
+    /// Kimi delta attention ([`crate::blocks::kda::kda`]: a recurrent state per head, a
+    /// short convolution), shaped by [`DecoderPlan::kda`].
+    Kda(Box<KdaWeights>),
+    /// NoPE latent attention with a pooled sparse indexer
+    /// ([`crate::blocks::mla_pooled::pooled_attention`]; a shared layer reuses the previous
+    /// full layer's selection), shaped by [`DecoderPlan::pooled`].
+    Pooled(Box<PooledWeights>),
 }
 
 /// The feed-forward half of a block.
@@ -254,32 +310,43 @@ impl DeviceForward for PlanOnCpu {
         use crate::blocks::attention::gqa;
         use crate::blocks::moe::{routed, MoeWeights, UnitMat};
         use crate::blocks::{
-            add_into, check_finite, dsv4_attention, ffn, head, hyper, mla, rms_norm_rows, Stage,
+            add_into, check_finite, dsv4_attention, ffn, head, hyper, kda, mla, mla_pooled,
+            rms_norm_rows, Stage,
         };
         let p = &self.0;
         let eps = p.shape.rms_eps;
         let e = p.n_embd;
         p.check_length(&batch.positions)?;
         let pos0 = batch.positions.first().copied().unwrap_or(0);
-        // MLA and DeepSeek V4 layers keep their rows here (the KV cache only counts
-        // positions).
-        if (p.mla.is_some() || p.dsv4.is_some()) && state.device.is_none() {
+        // MLA, DeepSeek V4, KDA and pooled layers keep their state here (the KV cache only
+        // counts positions).
+        let sequential = p.dsv4.is_some() || p.kda.is_some() || p.pooled.is_some();
+        if (p.mla.is_some() || sequential) && state.device.is_none() {
             state.device = Some(Box::new(PlanCpuState {
                 mla: vec![MlaState::default(); p.layers.len()],
                 dsv4: vec![LayerState::default(); p.layers.len()],
-                dsv4_next: 0,
+                kda: p
+                    .layers
+                    .iter()
+                    .map(|l| match (&l.attn, &p.kda) {
+                        (PlanAttn::Kda(_), Some(s)) => Some(KdaState::new(s)),
+                        _ => None,
+                    })
+                    .collect(),
+                pooled: vec![PooledState::default(); p.layers.len()],
+                next: 0,
             }));
         }
-        if p.dsv4.is_some() {
-            // A DeepSeek V4 layer's windows and compressor carry cannot be cut back to a
+        if sequential {
+            // Recurrent states, windows and compressor carries cannot be cut back to a
             // position: a sequence continues where it stopped, or starts again at 0.
             let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
             if pos0 == 0 {
-                st.dsv4.iter_mut().for_each(LayerState::clear);
-            } else if pos0 != st.dsv4_next {
+                st.clear_sequential();
+            } else if pos0 != st.next {
                 return Err(ModelError::Compute(format!(
                     "{}: the plan's attention state holds {} positions, the batch starts at {pos0} (it cannot be truncated)",
-                    p.arch, st.dsv4_next
+                    p.arch, st.next
                 )));
             }
         }
@@ -312,6 +379,8 @@ impl DeviceForward for PlanOnCpu {
             (Some(m), Some(h)) => hyper::post(x, y, &m, &h.shape),
             _ => add_into(x, y),
         };
+        // The previous full pooled layer's selection (a shared layer reuses it).
+        let mut prev_sel: Option<Selection> = None;
         for (il, l) in p.layers.iter().enumerate() {
             let hc = l.hc.as_deref();
             let (mut h, mix) = take(&x, hc.map(|w| &w[0]))?;
@@ -352,6 +421,37 @@ impl DeviceForward for PlanOnCpu {
                     })?;
                     let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
                     dsv4_attention::attention(env, batch, w, s, &mut st.dsv4[il], &h, f16)?
+                }
+                PlanAttn::Kda(w) => {
+                    let s = p.kda.as_ref().ok_or_else(|| {
+                        ModelError::Compute(format!("{}: KDA layer without a shape", p.arch))
+                    })?;
+                    let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
+                    let ks = st.kda[il].as_mut().ok_or_else(|| {
+                        ModelError::Compute(format!("{}: layer {il} has no KDA state", p.arch))
+                    })?;
+                    kda::kda(env, w, s, ks, &h, batch.len())?
+                }
+                PlanAttn::Pooled(w) => {
+                    let s = p.pooled.as_ref().ok_or_else(|| {
+                        ModelError::Compute(format!(
+                            "{}: pooled attention layer without a shape",
+                            p.arch
+                        ))
+                    })?;
+                    let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
+                    let (y, sel) = mla_pooled::pooled_attention(
+                        env,
+                        w,
+                        s,
+                        &mut st.pooled[il],
+                        &batch.positions,
+                        &h,
+                        prev_sel.as_ref(),
+                        f16,
+                    )?;
+                    prev_sel = Some(sel);
+                    y
                 }
             };
             if let Some(w) = &l.post_attn_norm {
@@ -409,15 +509,31 @@ impl DeviceForward for PlanOnCpu {
                     .iter()
                     .flat_map(|&r| x[r * w..(r + 1) * w].iter().copied())
                     .collect();
-                let collapsed = hyper::head(env, &h.head, &h.shape, &sel)?;
+                let collapsed = match &h.head {
+                    HyperHead::Learned(w) => hyper::head(env, w, &h.shape, &sel)?,
+                    // In stream order, then times 1 / n_hc (glm5next's forward).
+                    HyperHead::Mean => {
+                        let inv = 1.0 / n_hc as f32;
+                        let mut out = Vec::with_capacity(rows.len() * e);
+                        for xs in sel.chunks(w) {
+                            let mut m = vec![0.0f32; e];
+                            for s in xs.chunks(e) {
+                                m.iter_mut().zip(s).for_each(|(a, &b)| *a += b);
+                            }
+                            m.iter_mut().for_each(|v| *v *= inv);
+                            out.extend_from_slice(&m);
+                        }
+                        out
+                    }
+                };
                 let all: Vec<usize> = (0..rows.len()).collect();
                 head::logits(env, &collapsed, &all, &p.output_norm, eps, &p.output)?
             }
         };
         head::check_logits(&logits, rows, batch)?;
-        if p.dsv4.is_some() {
+        if sequential {
             let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
-            st.dsv4_next = pos0 + batch.len();
+            st.next = pos0 + batch.len();
         }
         Ok(logits)
     }
@@ -429,13 +545,24 @@ impl DeviceForward for PlanOnCpu {
 
 /// [`PlanOnCpu`]'s per-sequence state (in `SeqState::device`): MLA layers' rows by
 /// position (rows at or past a batch's first position are dropped before it runs);
-/// DeepSeek V4 layers' windows and compressor state, which only continue at `dsv4_next`
-/// or start again at position 0.
+/// DeepSeek V4 layers' windows and compressor state, KDA layers' recurrent state and
+/// pooled layers' rows, which only continue at `next` or start again at position 0.
 #[derive(Clone, Default)]
 struct PlanCpuState {
     mla: Vec<MlaState>,
     dsv4: Vec<LayerState>,
-    dsv4_next: usize,
+    kda: Vec<Option<KdaState>>,
+    pooled: Vec<PooledState>,
+    next: usize,
+}
+
+impl PlanCpuState {
+    fn clear_sequential(&mut self) {
+        self.dsv4.iter_mut().for_each(LayerState::clear);
+        self.kda.iter_mut().flatten().for_each(KdaState::clear);
+        self.pooled.iter_mut().for_each(PooledState::clear);
+        self.next = 0;
+    }
 }
 
 impl crate::state::ExtraState for PlanCpuState {
@@ -444,8 +571,7 @@ impl crate::state::ExtraState for PlanCpuState {
     }
     fn clear(&mut self) {
         self.mla.iter_mut().for_each(MlaState::clear);
-        self.dsv4.iter_mut().for_each(LayerState::clear);
-        self.dsv4_next = 0;
+        self.clear_sequential();
     }
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
         self

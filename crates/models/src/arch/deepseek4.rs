@@ -27,7 +27,7 @@ use crate::blocks::moe::{
 use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
-use crate::plan::{DecoderPlan, PlanAttn, PlanFfn, PlanHyper, PlanLayer, PlanShared};
+use crate::plan::{DecoderPlan, HyperHead, PlanAttn, PlanFfn, PlanHyper, PlanLayer, PlanShared};
 use crate::state::{ExtraState, SeqState};
 use crate::weights::{Mat, Stacked, Tensors};
 use crate::ModelError;
@@ -592,9 +592,11 @@ impl Architecture for DeepSeek4 {
             mla: None,
             max_positions: None,
             dsv4: Some(*s),
+            kda: None,
+            pooled: None,
             hyper: Some(PlanHyper {
                 shape: self.hc,
-                head: self.hc_head.clone(),
+                head: HyperHead::Learned(self.hc_head.clone()),
             }),
             embd: self.token_embd.clone(),
             embd_scale: 1.0,

@@ -153,6 +153,8 @@ impl Architecture for Gemma3 {
             mla: None,
             max_positions: None,
             dsv4: None,
+            kda: None,
+            pooled: None,
             hyper: None,
             embd: self.token_embd.clone(),
             embd_scale: (self.cfg.n_embd as f32).sqrt(),

@@ -20,6 +20,7 @@ use sluice_io::MappedFile;
 use sluice_tier::{StreamableGroups, UnitGroup, UnitLayer};
 
 use super::Architecture;
+use crate::blocks::attention::AttnShape;
 use crate::blocks::ffn::{glu, Activation, GluWeights};
 use crate::blocks::hyper::{self, HcShape, HcWeights};
 use crate::blocks::kda::{kda, KdaShape, KdaState, KdaWeights};
@@ -32,6 +33,7 @@ use crate::blocks::moe::{
 use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
+use crate::plan::{DecoderPlan, HyperHead, PlanAttn, PlanFfn, PlanHyper, PlanLayer, PlanShared};
 use crate::state::{ExtraState, SeqState};
 use crate::weights::{Mat, Stacked, Tensors};
 use crate::ModelError;
@@ -472,6 +474,80 @@ impl Glm5Next {
 impl Architecture for Glm5Next {
     fn config(&self) -> &ModelConfig {
         &self.cfg
+    }
+
+    /// The model as a decoder plan: KDA or pooled latent attention per layer (their
+    /// recurrent state and rows kept by the plan's evaluator, a shared pooled layer reusing
+    /// the previous full one's selection), dense or MoE halves with the clamped SwiGLU,
+    /// inside the hyper-connection residual closed by the streams' mean. Exact at any
+    /// length: the plan names the same blocks this forward runs.
+    fn plan(&self) -> Option<DecoderPlan> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| PlanLayer {
+                attn_norm: l.attn_norm.clone(),
+                attn: match &l.mixer {
+                    Mixer::Kda(w) => PlanAttn::Kda(w.clone()),
+                    Mixer::Pooled(w) => PlanAttn::Pooled(w.clone()),
+                },
+                post_attn_norm: None,
+                ffn_norm: l.ffn_norm.clone(),
+                ffn: match &l.ffn {
+                    Ffn::Dense(w) => PlanFfn::Dense {
+                        w: w.clone(),
+                        act: l.act_sh,
+                    },
+                    Ffn::Moe {
+                        moe,
+                        experts,
+                        shared,
+                    } => PlanFfn::Moe {
+                        router_w: moe.router_w.clone(),
+                        router: moe.router.clone(),
+                        n_expert: moe.n_expert,
+                        k: moe.k,
+                        experts: (**experts).clone(),
+                        act: moe.act,
+                        shared: Some(Box::new(PlanShared {
+                            w: shared.clone(),
+                            act: l.act_sh,
+                        })),
+                    },
+                },
+                post_ffn_norm: None,
+                hc: Some(Box::new([l.hc_attn.clone(), l.hc_ffn.clone()])),
+            })
+            .collect();
+        let ps = &self.pooled;
+        Some(DecoderPlan {
+            arch: self.cfg.arch,
+            n_embd: self.cfg.n_embd,
+            n_vocab: self.cfg.n_vocab,
+            // The pooled layers' latent attention as a kernel would see it (NoPE keys).
+            shape: AttnShape {
+                n_head: ps.n_head,
+                n_head_kv: 1,
+                head_dim: ps.head_k,
+                head_dim_v: ps.head_v,
+                scale: 1.0 / (ps.head_k as f32).sqrt(),
+                rms_eps: self.rms_eps,
+            },
+            mla: None,
+            max_positions: None,
+            dsv4: None,
+            kda: Some(self.kda),
+            pooled: Some(self.pooled),
+            hyper: Some(PlanHyper {
+                shape: self.hc,
+                head: HyperHead::Mean,
+            }),
+            embd: self.token_embd.clone(),
+            embd_scale: 1.0,
+            output_norm: self.output_norm.clone(),
+            output: self.output.clone(),
+            layers,
+        })
     }
 
     fn groups(&self) -> StreamableGroups {

@@ -481,6 +481,8 @@ impl Architecture for GlmDsa {
             mla: Some(*s),
             max_positions: top_k,
             dsv4: None,
+            kda: None,
+            pooled: None,
             hyper: None,
             embd: self.token_embd.clone(),
             embd_scale: 1.0,

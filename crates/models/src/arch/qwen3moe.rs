@@ -171,6 +171,8 @@ impl Architecture for Qwen3Moe {
             mla: None,
             max_positions: None,
             dsv4: None,
+            kda: None,
+            pooled: None,
             hyper: None,
             embd: self.token_embd.clone(),
             embd_scale: 1.0,
