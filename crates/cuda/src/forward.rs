@@ -194,8 +194,8 @@ const MVT1_MAX_STAGES: usize = 8;
 /// (tg64, `SLUICE_CUDA_MVT1_STAGES` / `SLUICE_CUDA_MVT1_STEP` swept in one call): 30B-A3B
 /// Q4_K 158.1 t/s vs 130.1 with 512-column steps (145.2 for the static 3 x 16 KB buffers
 /// before), GLM-5.2 4-layer cut (Q8_0, IQ2_XXS) 307.9 vs 212.0, Gemma 3 cut 4293 vs 3807;
-/// 2048-column and wider steps were slower on all three (115.6, 200.7, 4321), more stages
-/// gained nothing.
+/// 2048-column and wider steps were slower on the 30B and the GLM cut (115.6, 200.7) and
+/// about even on the Gemma cut (4321-4340); more stages gained nothing.
 const MVT1_STAGES: usize = 3;
 const MVT1_STEP: usize = 1536;
 
