@@ -1576,7 +1576,10 @@ impl GpuDecoder {
                 ));
             }
             let sh = &self.plan.shape;
-            let n_ctx = state.n_ctx();
+            // A length-limited plan never writes past its `max_positions` (`check_length`).
+            let n_ctx = state
+                .n_ctx()
+                .min(self.plan.max_positions.unwrap_or(usize::MAX));
             let stream = &self.stream;
             let esize = if want_f32 { 4 } else { 2 };
             let alloc = |dim: usize| -> Result<Vec<CudaSlice<u8>>, ModelError> {
@@ -1885,14 +1888,6 @@ impl DeviceForward for GpuDecoder {
                                 A::P(wts),
                             ],
                         )?;
-                        // The shared expert first (into `shb`; g and u are free until the
-                        // routed products), added by moe_combine after the routed sum.
-                        if let Some(sh) = shared {
-                            let gu = [(&sh.gate, g), (&sh.up, u)];
-                            self.mv(&gu, dense, n_dense, nd, h, 1, small)?;
-                            self.glu(g, u, n * sh.gate.rows, sh.act)?;
-                            self.mv(&[(&sh.down, shb)], dense, n_dense, nd, g, 1, small)?;
-                        }
                         let np = n * kk;
                         if self.units.is_some() || env.routing.is_some() {
                             host_ids.resize(np, 0);
@@ -1906,6 +1901,16 @@ impl DeviceForward for GpuDecoder {
                                     .record_layer(il as u32, &v)
                                     .map_err(sluice_tier::StreamError::from)?;
                             }
+                        }
+                        // The shared expert before the routed products (into `shb`; g and u
+                        // are free until those), added by moe_combine after the routed sum.
+                        // Queued after the expert ids' download, so with the VRAM unit cache
+                        // it runs while the misses are read.
+                        if let Some(sh) = shared {
+                            let gu = [(&sh.gate, g), (&sh.up, u)];
+                            self.mv(&gu, dense, n_dense, nd, h, 1, small)?;
+                            self.glu(g, u, n * sh.gate.rows, sh.act)?;
+                            self.mv(&[(&sh.down, shb)], dense, n_dense, nd, g, 1, small)?;
                         }
                         let len = np * parts[0].rows;
                         if self.units.is_some() {
@@ -2128,9 +2133,9 @@ mod tests {
         assert_eq!(Header::new(&batch, &[18, 3], 0).bytes.len(), h.head_chunks);
     }
 
-    /// The decode kernel's staging: 512-column steps by default; a stage size packs whole
-    /// 512-column steps of a low-bit format (never past the matrix or the shared memory a
-    /// block may have); the stages fit that memory, the partial sums always fit.
+    /// The decode kernel's staging: steps of whole 512-column multiples, as many as asked,
+    /// fewer past a byte limit, the matrix or the shared memory a block may have; the stages
+    /// fit that memory, the partial sums always fit.
     #[test]
     fn mvt1_staging_layout() {
         let (q8_row, q4k_row) = (2176, 1152); // 2048 columns of Q8_0, Q4_K

@@ -343,12 +343,20 @@ impl DeviceForward for PlanOnCpu {
             let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
             if pos0 == 0 {
                 st.clear_sequential();
+            } else if st.next == usize::MAX {
+                return Err(ModelError::Compute(format!(
+                    "{}: an earlier call failed part way, so the plan's attention state holds no whole position; the sequence must start again at 0",
+                    p.arch
+                )));
             } else if pos0 != st.next {
                 return Err(ModelError::Compute(format!(
                     "{}: the plan's attention state holds {} positions, the batch starts at {pos0} (it cannot be truncated)",
                     p.arch, st.next
                 )));
             }
+            // Until this batch has run through every layer the state is no position's: a
+            // failed call leaves it so, and only a restart at 0 continues.
+            st.next = usize::MAX;
         }
         let f16 = state.kv.f16();
         let emb = head::embed(env, &p.embd, batch, p.embd_scale)?;
