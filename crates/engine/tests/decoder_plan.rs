@@ -39,20 +39,27 @@ fn logits(path: &Path, toks: &[u32], batch: usize, through_plan: bool) -> Vec<f3
     out
 }
 
+/// The plan's logits are the architecture's bits for `toks` in chunks of each of
+/// `batches`.
+fn plan_gives_the_bits(path: &Path, toks: &[u32], batches: &[usize]) {
+    for &batch in batches {
+        let arch = logits(path, toks, batch, false);
+        let through = logits(path, toks, batch, true);
+        assert!(!arch.is_empty());
+        assert!(
+            same_bits(&arch, &through),
+            "{}, batch {batch}: the plan's logits differ from the architecture's",
+            path.display()
+        );
+    }
+}
+
 #[test]
 fn qwen3moe_plan_gives_the_architectures_bits() {
     let toks = qwen3moe_tokens();
     for name in ["a-q8_0.gguf", "b-f32.gguf"] {
         let path = fixture(&format!("qwen3moe/{name}"));
-        for batch in [64, 3] {
-            let arch = logits(&path, &toks, batch, false);
-            let plan = logits(&path, &toks, batch, true);
-            assert!(!arch.is_empty());
-            assert!(
-                same_bits(&arch, &plan),
-                "{name}, batch {batch}: the plan's logits differ from the architecture's"
-            );
-        }
+        plan_gives_the_bits(&path, &toks, &[64, 3]);
     }
 }
 
@@ -90,16 +97,7 @@ fn glm_dsa_plan_gives_the_architectures_bits_up_to_its_top_k() {
             .max_positions
             .expect("the plan stops at the indexer's top-k");
         assert!(plan.mla.is_some(), "{name}: MLA shape");
-        let toks = &ids[..top_k];
-        for batch in [top_k, 3] {
-            let arch = logits(&path, toks, batch, false);
-            let through = logits(&path, toks, batch, true);
-            assert!(!arch.is_empty());
-            assert!(
-                same_bits(&arch, &through),
-                "{name}, batch {batch}: the plan's logits differ from the architecture's"
-            );
-        }
+        plan_gives_the_bits(&path, &ids[..top_k], &[top_k, 3]);
         let mut m = Model::load(&path).unwrap();
         m.set_device_forward(Box::new(PlanOnCpu(plan)));
         let mut st = m.new_state(top_k + 4, false);
@@ -132,15 +130,7 @@ fn deepseek4_plan_gives_the_architectures_bits() {
         let m = Model::load(&path).unwrap();
         let plan = m.plan().expect("deepseek4 has a decoder plan");
         assert!(plan.hyper.is_some() && plan.dsv4.is_some(), "{name}");
-        for batch in [200, 7] {
-            let arch = logits(&path, &ids, batch, false);
-            let through = logits(&path, &ids, batch, true);
-            assert!(!arch.is_empty());
-            assert!(
-                same_bits(&arch, &through),
-                "{name}, batch {batch}: the plan's logits differ from the architecture's"
-            );
-        }
+        plan_gives_the_bits(&path, &ids, &[200, 7]);
     }
 }
 
@@ -156,15 +146,7 @@ fn glm5next_plan_gives_the_architectures_bits() {
         let m = Model::load(&path).unwrap();
         let plan = m.plan().expect("glm5next has a decoder plan");
         assert!(plan.kda.is_some() && plan.pooled.is_some(), "{name}");
-        for batch in [200, 7] {
-            let arch = logits(&path, &toks, batch, false);
-            let through = logits(&path, &toks, batch, true);
-            assert!(!arch.is_empty());
-            assert!(
-                same_bits(&arch, &through),
-                "{name}, batch {batch}: the plan's logits differ from the architecture's"
-            );
-        }
+        plan_gives_the_bits(&path, &toks, &[200, 7]);
     }
 }
 

@@ -18,7 +18,7 @@ use crate::blocks::hyper::{HcShape, HcWeights};
 use crate::blocks::kda::{KdaShape, KdaState, KdaWeights};
 use crate::blocks::mla::{MlaShape, MlaState, MlaWeights};
 use crate::blocks::mla_pooled::{PooledShape, PooledState, PooledWeights, Selection};
-use crate::blocks::moe::Router;
+use crate::blocks::moe::{MoeWeights, Router};
 use crate::blocks::{Batch, Env};
 use crate::state::SeqState;
 use crate::weights::{Mat, Stacked};
@@ -275,6 +275,22 @@ pub enum PlanFfn {
     },
 }
 
+impl PlanFfn {
+    /// The routed layer `moe` (its router and expert shapes; `experts` its stacked gate,
+    /// up and down) with an optional shared expert.
+    pub fn moe(moe: &MoeWeights, experts: &[Stacked; 3], shared: Option<PlanShared>) -> PlanFfn {
+        PlanFfn::Moe {
+            router_w: moe.router_w.clone(),
+            router: moe.router.clone(),
+            n_expert: moe.n_expert,
+            k: moe.k,
+            experts: experts.clone(),
+            act: moe.act,
+            shared: shared.map(Box::new),
+        }
+    }
+}
+
 /// A backend that evaluates a [`DecoderPlan`] on its device (the plan is given when the
 /// backend is built). Keeps whatever per-sequence state it needs in `state.device`.
 pub trait DeviceForward: Send + Sync {
@@ -308,7 +324,7 @@ impl DeviceForward for PlanOnCpu {
         rows: &[usize],
     ) -> Result<Vec<f32>, ModelError> {
         use crate::blocks::attention::gqa;
-        use crate::blocks::moe::{routed, MoeWeights, UnitMat};
+        use crate::blocks::moe::{routed, UnitMat};
         use crate::blocks::{
             add_into, check_finite, dsv4_attention, ffn, head, hyper, kda, mla, mla_pooled,
             rms_norm_rows, Stage,

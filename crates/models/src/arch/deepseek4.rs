@@ -560,18 +560,14 @@ impl Architecture for DeepSeek4 {
                 attn: PlanAttn::Dsv4(Box::new(l.attn.clone())),
                 post_attn_norm: None,
                 ffn_norm: l.ffn_norm.clone(),
-                ffn: PlanFfn::Moe {
-                    router_w: l.moe.router_w.clone(),
-                    router: l.moe.router.clone(),
-                    n_expert: l.moe.n_expert,
-                    k: l.moe.k,
-                    experts: l.experts.clone(),
-                    act: l.moe.act,
-                    shared: Some(Box::new(PlanShared {
+                ffn: PlanFfn::moe(
+                    &l.moe,
+                    &l.experts,
+                    Some(PlanShared {
                         w: l.shared.clone(),
                         act: l.shared_act,
-                    })),
-                },
+                    }),
+                ),
                 post_ffn_norm: None,
                 hc: Some(Box::new([l.hc_attn.clone(), l.hc_ffn.clone()])),
             })

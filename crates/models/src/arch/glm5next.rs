@@ -502,18 +502,14 @@ impl Architecture for Glm5Next {
                         moe,
                         experts,
                         shared,
-                    } => PlanFfn::Moe {
-                        router_w: moe.router_w.clone(),
-                        router: moe.router.clone(),
-                        n_expert: moe.n_expert,
-                        k: moe.k,
-                        experts: (**experts).clone(),
-                        act: moe.act,
-                        shared: Some(Box::new(PlanShared {
+                    } => PlanFfn::moe(
+                        moe,
+                        experts,
+                        Some(PlanShared {
                             w: shared.clone(),
                             act: l.act_sh,
-                        })),
-                    },
+                        }),
+                    ),
                 },
                 post_ffn_norm: None,
                 hc: Some(Box::new([l.hc_attn.clone(), l.hc_ffn.clone()])),

@@ -447,18 +447,14 @@ impl Architecture for GlmDsa {
                         w: w.clone(),
                         act: Activation::Silu,
                     },
-                    Ffn::Moe(m) => PlanFfn::Moe {
-                        router_w: m.moe.router_w.clone(),
-                        router: m.moe.router.clone(),
-                        n_expert: m.moe.n_expert,
-                        k: m.moe.k,
-                        experts: m.experts.clone(),
-                        act: m.moe.act,
-                        shared: Some(Box::new(PlanShared {
+                    Ffn::Moe(m) => PlanFfn::moe(
+                        &m.moe,
+                        &m.experts,
+                        Some(PlanShared {
                             w: m.shared.clone(),
                             act: Activation::Silu,
-                        })),
-                    },
+                        }),
+                    ),
                 },
                 post_ffn_norm: None,
                 hc: None,

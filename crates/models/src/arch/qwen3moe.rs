@@ -149,15 +149,7 @@ impl Architecture for Qwen3Moe {
                     },
                     post_attn_norm: None,
                     ffn_norm: l.ffn_norm.clone(),
-                    ffn: PlanFfn::Moe {
-                        router_w: l.moe.router_w.clone(),
-                        router: l.moe.router.clone(),
-                        n_expert: l.moe.n_expert,
-                        k: l.moe.k,
-                        experts: l.experts.clone(),
-                        act: l.moe.act,
-                        shared: None,
-                    },
+                    ffn: PlanFfn::moe(&l.moe, &l.experts, None),
                     post_ffn_norm: None,
                     hc: None,
                 })
