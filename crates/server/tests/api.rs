@@ -500,12 +500,11 @@ async fn disconnect_cancels_generation() {
         .unwrap();
     assert_eq!(r.status(), 200);
     s.wait_metric("sluice_running", |v| v == 1.0).await;
-    let open = s.metric("sluice_connections").await;
+    let open = s.connections().await;
     drop(r);
     drop(other);
     // The server notices the closed connection (and drops the response stream).
-    s.wait_metric("sluice_connections", |v| v == open - 1.0)
-        .await;
+    s.wait_connections_below(open).await;
     g.open();
     s.wait_metric("sluice_running", |v| v == 0.0).await;
     assert_eq!(s.metric("sluice_requests_cancelled_total").await, 1.0);
@@ -630,11 +629,10 @@ async fn disconnect_cancels_non_streamed_generation() {
     let body = json!({"prompt": "a b c", "max_tokens": 200, "temperature": 0});
     let task = tokio::spawn(async move { other.post(u).json(&body).send().await });
     s.wait_metric("sluice_running", |v| v == 1.0).await;
-    let open = s.metric("sluice_connections").await;
+    let open = s.connections().await;
     task.abort();
     let _ = task.await;
-    s.wait_metric("sluice_connections", |v| v == open - 1.0)
-        .await;
+    s.wait_connections_below(open).await;
     g.open();
     s.wait_metric("sluice_running", |v| v == 0.0).await;
     assert_eq!(s.metric("sluice_requests_cancelled_total").await, 1.0);

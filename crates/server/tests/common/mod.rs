@@ -154,16 +154,52 @@ impl Server {
         metric_in(&m, name)
     }
 
-    /// Wait (bounded) until `cond(metric value)` holds.
-    pub async fn wait_metric(&self, name: &str, cond: impl Fn(f64) -> bool) {
+    /// Open HTTP connections as the server counts them, read so that the test's own
+    /// clients do not move the number: through a client that keeps no idle connection
+    /// (its request's own connection is the one it adds), the least of a few reads (a
+    /// connection it closed a moment ago may not be reaped yet). `self.client`'s pool may
+    /// grow between reads, so counts through it are not comparable.
+    pub async fn connections(&self) -> f64 {
+        let probe = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .timeout(TIMEOUT)
+            .build()
+            .unwrap();
+        let mut least = f64::MAX;
+        for _ in 0..5 {
+            let m = probe.get(self.url("/metrics")).send().await.unwrap();
+            least = least.min(metric_in(&m.text().await.unwrap(), "sluice_connections"));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        least
+    }
+
+    /// Wait (bounded) until fewer than `n` connections are open ([`Self::connections`]).
+    pub async fn wait_connections_below(&self, n: f64) {
         let t0 = Instant::now();
         loop {
-            if cond(self.metric(name).await) {
+            let v = self.connections().await;
+            if v < n {
                 return;
             }
             assert!(
                 t0.elapsed() < TIMEOUT,
-                "{name} never reached the expected value"
+                "sluice_connections never fell below {n} (last {v})"
+            );
+        }
+    }
+
+    /// Wait (bounded) until `cond(metric value)` holds.
+    pub async fn wait_metric(&self, name: &str, cond: impl Fn(f64) -> bool) {
+        let t0 = Instant::now();
+        loop {
+            let v = self.metric(name).await;
+            if cond(v) {
+                return;
+            }
+            assert!(
+                t0.elapsed() < TIMEOUT,
+                "{name} never reached the expected value (last {v})"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
