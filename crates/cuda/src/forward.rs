@@ -548,8 +548,8 @@ impl GpuDecoder {
             if let Some(what) = missing {
                 return Err(format!("layer {il}: {what} has no GPU kernels yet"));
             }
-            if let PlanFfn::Moe { router, .. } = &l.ffn {
-                if router_kind(router).is_none() {
+            if let PlanFfn::Moe { moe, .. } = &l.ffn {
+                if router_kind(&moe.router).is_none() {
                     return Err(format!(
                         "layer {il}: hash routing has no GPU kernels (only softmax and biased routers)"
                     ));
@@ -615,14 +615,11 @@ impl GpuDecoder {
                     act_id(*act).ok_or_else(|| format!("layer {il}: activation {act:?}"))?;
                 }
                 PlanFfn::Moe {
-                    n_expert,
-                    k,
+                    moe,
                     experts,
-                    act,
-                    router,
                     shared,
-                    ..
                 } => {
+                    let (n_expert, k, act) = (&moe.n_expert, &moe.k, &moe.act);
                     act_id(*act).ok_or_else(|| format!("layer {il}: activation {act:?}"))?;
                     if *n_expert > MAX_EXPERTS || *k == 0 || k > n_expert {
                         return Err(format!("layer {il}: top-{k} of {n_expert} experts"));
@@ -632,7 +629,7 @@ impl GpuDecoder {
                             format!("layer {il}: shared expert activation {:?}", sh.act)
                         })?;
                     }
-                    if let Some((_, Some(bias), ..)) = router_kind(router) {
+                    if let Some((_, Some(bias), ..)) = router_kind(&moe.router) {
                         if bias.len() != *n_expert {
                             return Err(format!(
                                 "layer {il}: a router bias of {} values for {n_expert} experts",
@@ -800,15 +797,13 @@ impl GpuDecoder {
                     }
                 }
                 PlanFfn::Moe {
-                    router_w,
-                    router: rt,
-                    n_expert,
-                    k,
+                    moe,
                     experts: st,
-                    act,
                     shared,
                 } => {
-                    let (score, bias, nm, scale) = router_kind(rt).expect("checked");
+                    let (router_w, n_expert, k, act) =
+                        (&moe.router_w, &moe.n_expert, &moe.k, &moe.act);
+                    let (score, bias, nm, scale) = router_kind(&moe.router).expect("checked");
                     ff_moe = ff_moe.max(st[0].rows);
                     k_max = k_max.max(*k);
                     n_expert_max = n_expert_max.max(*n_expert);

@@ -334,8 +334,8 @@ fn decoder_plans_the_gpu_takes() {
     assert!(e.contains("head sizes 578"), "{e}");
 
     let mut p = plan.clone();
-    if let PlanFfn::Moe { k, n_expert, .. } = &mut p.layers[0].ffn {
-        *k = *n_expert + 1;
+    if let PlanFfn::Moe { moe, .. } = &mut p.layers[0].ffn {
+        moe.k = moe.n_expert + 1;
     }
     let e = GpuDecoder::check(&p).unwrap_err();
     assert!(e.contains("layer 0: top-"), "{e}");
@@ -374,8 +374,8 @@ fn decoder_plans_the_gpu_takes() {
     assert_eq!(plan.max_positions, Some(64));
     GpuDecoder::check(&plan).unwrap();
     let mut p = plan.clone();
-    if let PlanFfn::Moe { router, .. } = &mut p.layers[1].ffn {
-        *router = sluice_engine::models::blocks::moe::Router::Hash {
+    if let PlanFfn::Moe { moe, .. } = &mut p.layers[1].ffn {
+        moe.router = sluice_engine::models::blocks::moe::Router::Hash {
             table: vec![0; 8],
             score: sluice_engine::models::blocks::moe::ScoreFn::Sigmoid,
             norm: true,

@@ -18,7 +18,7 @@ use crate::blocks::hyper::{HcShape, HcWeights};
 use crate::blocks::kda::{KdaShape, KdaState, KdaWeights};
 use crate::blocks::mla::{MlaShape, MlaState, MlaWeights};
 use crate::blocks::mla_pooled::{PooledShape, PooledState, PooledWeights, Selection};
-use crate::blocks::moe::{MoeWeights, Router};
+use crate::blocks::moe::MoeWeights;
 use crate::blocks::{Batch, Env};
 use crate::state::SeqState;
 use crate::weights::{Mat, Stacked};
@@ -187,10 +187,8 @@ impl DecoderPlan {
             }
             match &l.ffn {
                 PlanFfn::Dense { w, .. } => glu(&mut out, format!("layer {il} ffn"), w),
-                PlanFfn::Moe {
-                    router_w, shared, ..
-                } => {
-                    out.push((format!("layer {il} router"), router_w));
+                PlanFfn::Moe { moe, shared, .. } => {
+                    out.push((format!("layer {il} router"), &moe.router_w));
                     if let Some(sh) = shared {
                         glu(&mut out, format!("layer {il} shared expert"), &sh.w);
                     }
@@ -260,32 +258,29 @@ pub enum PlanFfn {
         w: GluWeights,
         act: Activation,
     },
-    /// `router` over `n_expert` GLU experts, top-`k` ([`Router::Softmax`],
-    /// [`Router::Biased`] or [`Router::Hash`], which reads the batch's token ids), plus an
-    /// unscaled shared expert when given.
+    /// The architecture's routed layer (`moe`: router - softmax, biased or hashed
+    /// ([`crate::blocks::moe::Router`]; a hashed one reads the batch's token ids) - over
+    /// `n_expert` GLU experts, top-`k`, their shapes and activation), plus an unscaled
+    /// shared expert when given.
     Moe {
-        router_w: Mat,
-        router: Router,
-        n_expert: usize,
-        k: usize,
+        moe: Box<MoeWeights>,
         /// Stacked gate, up, down (units' parts 0, 1, 2 of the streamable group).
         experts: [Stacked; 3],
-        act: Activation,
         shared: Option<Box<PlanShared>>,
     },
 }
 
 impl PlanFfn {
-    /// The routed layer `moe` (its router and expert shapes; `experts` its stacked gate,
-    /// up and down) with an optional shared expert.
+    /// The routed layer `moe` (`experts` its stacked gate, up and down) with an optional
+    /// shared expert. The router lookahead link is left out: a plan runs one layer after
+    /// another on a device, so the architecture's prefetch hint does not apply.
     pub fn moe(moe: &MoeWeights, experts: &[Stacked; 3], shared: Option<PlanShared>) -> PlanFfn {
         PlanFfn::Moe {
-            router_w: moe.router_w.clone(),
-            router: moe.router.clone(),
-            n_expert: moe.n_expert,
-            k: moe.k,
+            moe: Box::new(MoeWeights {
+                next: None,
+                ..moe.clone()
+            }),
             experts: experts.clone(),
-            act: moe.act,
             shared: shared.map(Box::new),
         }
     }
@@ -324,7 +319,7 @@ impl DeviceForward for PlanOnCpu {
         rows: &[usize],
     ) -> Result<Vec<f32>, ModelError> {
         use crate::blocks::attention::gqa;
-        use crate::blocks::moe::{routed, UnitMat};
+        use crate::blocks::moe::routed;
         use crate::blocks::{
             add_into, check_finite, dsv4_attention, ffn, head, hyper, kda, mla, mla_pooled,
             rms_norm_rows, Stage,
@@ -486,32 +481,8 @@ impl DeviceForward for PlanOnCpu {
             rms_norm_rows(&mut h, &l.ffn_norm, eps);
             let mut f = match &l.ffn {
                 PlanFfn::Dense { w, act } => ffn::glu(env, w, *act, &h, batch.len())?,
-                PlanFfn::Moe {
-                    router_w,
-                    router,
-                    n_expert,
-                    k,
-                    experts,
-                    act,
-                    shared,
-                } => {
-                    let um = |s: &Stacked| UnitMat {
-                        ty: s.ty,
-                        rows: s.rows,
-                        cols: s.cols,
-                    };
-                    let w = MoeWeights {
-                        router_w: router_w.clone(),
-                        router: router.clone(),
-                        n_expert: *n_expert,
-                        k: *k,
-                        gate: um(&experts[0]),
-                        up: um(&experts[1]),
-                        down: um(&experts[2]),
-                        act: *act,
-                        next: None,
-                    };
-                    let mut y = routed(env, batch, il, &w, &h)?;
+                PlanFfn::Moe { moe, shared, .. } => {
+                    let mut y = routed(env, batch, il, moe, &h)?;
                     if let Some(sh) = shared {
                         let out = ffn::glu(env, &sh.w, sh.act, &h, batch.len())?;
                         add_into(&mut y, &out);
