@@ -32,6 +32,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use sluice_kernels::GgmlType;
 use sluice_models::blocks::ffn::Activation;
+use sluice_models::blocks::mla::MlaShape;
 use sluice_models::blocks::moe::{Router, ScoreFn};
 use sluice_models::blocks::{head, Batch, Env};
 use sluice_models::plan::{DecoderPlan, DeviceForward, PlanAttn, PlanFfn};
@@ -460,6 +461,8 @@ pub struct GpuDecoder {
     graphs: std::sync::atomic::AtomicBool,
     /// The decode kernel's staging.
     mvt1: Mvt1Staging,
+    /// The plan's MLA layers' shape (`DecoderPlan::mla_shape`; checked to be every one's).
+    mla: Option<MlaShape>,
     plan: DecoderPlan,
     f: Funcs,
     layers: Vec<DLayer>,
@@ -538,12 +541,12 @@ impl GpuDecoder {
         }
         for (il, l) in plan.layers.iter().enumerate() {
             let missing = match l.attn {
-                PlanAttn::Dsv4(_) => {
+                PlanAttn::Dsv4 { .. } => {
                     Some("DeepSeek V4 attention (sliding window, compressed rows, sinks)")
                 }
-                PlanAttn::Kda(_) => Some("Kimi delta attention"),
-                PlanAttn::Pooled(_) => Some("pooled latent attention"),
-                PlanAttn::Gqa { .. } | PlanAttn::Mla(_) => None,
+                PlanAttn::Kda { .. } => Some("Kimi delta attention"),
+                PlanAttn::Pooled { .. } => Some("pooled latent attention"),
+                PlanAttn::Gqa { .. } | PlanAttn::Mla { .. } => None,
             };
             if let Some(what) = missing {
                 return Err(format!("layer {il}: {what} has no GPU kernels yet"));
@@ -574,16 +577,14 @@ impl GpuDecoder {
             ));
         }
         for (il, l) in plan.layers.iter().enumerate() {
-            let PlanAttn::Mla(w) = &l.attn else {
+            let PlanAttn::Mla { w, shape: s } = &l.attn else {
                 continue;
             };
-            let s = plan
-                .mla
-                .as_ref()
-                .ok_or_else(|| format!("layer {il}: an MLA layer without the plan's MLA shape"))?;
-            // The kernels' view of the latent cache (one KV head of [c | k_rope], values c)
-            // and the per-head products' shapes.
+            // The kernels' view of the latent cache (one KV head of [c | k_rope], values c),
+            // one shape for every MLA layer (the scratch buffers'), and the per-head
+            // products' shapes.
             let ok = sh.n_head_kv == 1
+                && plan.mla_shape() == Some(*s)
                 && sh.n_head == s.n_head
                 && sh.head_dim == s.row()
                 && sh.head_dim_v == s.kv_lora
@@ -874,11 +875,11 @@ impl GpuDecoder {
                     inv_freq: up.norm(inv_freq)?,
                     window: window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
                 },
-                PlanAttn::Dsv4(_) | PlanAttn::Kda(_) | PlanAttn::Pooled(_) => {
+                PlanAttn::Dsv4 { .. } | PlanAttn::Kda { .. } | PlanAttn::Pooled { .. } => {
                     unreachable!("checked: GQA and MLA layers only")
                 }
-                PlanAttn::Mla(w) => {
-                    let nh = plan.mla.as_ref().expect("checked").n_head;
+                PlanAttn::Mla { w, shape } => {
+                    let nh = shape.n_head;
                     DAttn::Mla {
                         q_a: up.mat(&w.q_a)?,
                         q_a_norm: up.norm(&w.q_a_norm)?,
@@ -937,6 +938,7 @@ impl GpuDecoder {
                 !std::env::var("SLUICE_CUDA_GRAPHS").is_ok_and(|v| v == "0"),
             ),
             mvt1,
+            mla: plan.mla_shape(),
             plan,
             f,
             layers,
@@ -1632,7 +1634,7 @@ impl DeviceForward for GpuDecoder {
             });
         }
         p.check_length(&batch.positions)?;
-        let mla = p.mla;
+        let mla = self.mla;
         let heads = mla.map_or(0, |m| m.n_head);
         let kv = self.kv(state, pos0)?;
         let kvt = usize::from(kv.f32);
@@ -1672,9 +1674,7 @@ impl DeviceForward for GpuDecoder {
         let q_width = mla.map_or(hd, |m| hd.max(m.nope + m.rope));
         let q = addr(&stream, &mut sc.q, n * nh * q_width)?;
         // MLA's buffers (one element when there is no MLA layer).
-        let ml = |f: &dyn Fn(&sluice_models::blocks::mla::MlaShape) -> usize| {
-            mla.as_ref().map_or(1, |m| n * f(m))
-        };
+        let ml = |f: &dyn Fn(&MlaShape) -> usize| mla.as_ref().map_or(1, |m| n * f(m));
         let qa = addr(&stream, &mut sc.qa, ml(&|m| m.q_lora))?;
         let qan = addr(&stream, &mut sc.qan, ml(&|m| m.q_lora))?;
         let kva = addr(&stream, &mut sc.kva, ml(&|m| m.row()))?;

@@ -12,7 +12,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{json_ids, qwen3moe_tokens, same_bits};
-use sluice_engine::models::plan::PlanOnCpu;
+use sluice_engine::models::plan::{PlanAttn, PlanOnCpu};
 use sluice_engine::{Logits, Model};
 
 fn fixture(rel: &str) -> PathBuf {
@@ -96,7 +96,7 @@ fn glm_dsa_plan_gives_the_architectures_bits_up_to_its_top_k() {
         let top_k = plan
             .max_positions
             .expect("the plan stops at the indexer's top-k");
-        assert!(plan.mla.is_some(), "{name}: MLA shape");
+        assert!(plan.mla_shape().is_some(), "{name}: MLA shape");
         plan_gives_the_bits(&path, &ids[..top_k], &[top_k, 3]);
         let mut m = Model::load(&path).unwrap();
         m.set_device_forward(Box::new(PlanOnCpu(plan)));
@@ -129,7 +129,10 @@ fn deepseek4_plan_gives_the_architectures_bits() {
         let path = fixture(&format!("deepseek4/{name}"));
         let m = Model::load(&path).unwrap();
         let plan = m.plan().expect("deepseek4 has a decoder plan");
-        assert!(plan.hyper.is_some() && plan.dsv4.is_some(), "{name}");
+        assert!(
+            plan.hyper.is_some() && matches!(plan.layers[0].attn, PlanAttn::Dsv4 { .. }),
+            "{name}"
+        );
         plan_gives_the_bits(&path, &ids, &[200, 7]);
     }
 }
@@ -145,7 +148,12 @@ fn glm5next_plan_gives_the_architectures_bits() {
         let path = fixture(&format!("glm5next/{name}"));
         let m = Model::load(&path).unwrap();
         let plan = m.plan().expect("glm5next has a decoder plan");
-        assert!(plan.kda.is_some() && plan.pooled.is_some(), "{name}");
+        let has = |f: fn(&PlanAttn) -> bool| plan.layers.iter().any(|l| f(&l.attn));
+        assert!(
+            has(|a| matches!(a, PlanAttn::Kda { .. }))
+                && has(|a| matches!(a, PlanAttn::Pooled { .. })),
+            "{name}"
+        );
         plan_gives_the_bits(&path, &toks, &[200, 7]);
     }
 }

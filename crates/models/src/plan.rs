@@ -33,17 +33,9 @@ pub struct DecoderPlan {
     /// The attention as a kernel sees it (for MLA layers: absorbed, one KV head of
     /// `kv_lora + rope` values whose first `kv_lora` are the values), and the RMS norms' eps.
     pub shape: AttnShape,
-    /// The MLA layers' own shape (None: no MLA layer).
-    pub mla: Option<MlaShape>,
     /// The plan equals the model only for sequences of at most this many positions (a
     /// sparse indexer that selects every visible token up to its top-k; None: any length).
     pub max_positions: Option<usize>,
-    /// The DeepSeek V4 attention layers' shape (None: no such layer).
-    pub dsv4: Option<Dsv4Shape>,
-    /// The Kimi delta attention layers' shape (None: no such layer).
-    pub kda: Option<KdaShape>,
-    /// The pooled latent attention layers' shape (None: no such layer).
-    pub pooled: Option<PooledShape>,
     /// A hyper-connection residual (None: the plain residual `x += block(x)`).
     pub hyper: Option<PlanHyper>,
     /// Token embedding table `[n_vocab, n_embd]`, rows multiplied by `embd_scale`.
@@ -83,6 +75,14 @@ pub struct PlanShared {
 }
 
 impl DecoderPlan {
+    /// The shape of the plan's MLA layers (the first one's; None: no MLA layer).
+    pub fn mla_shape(&self) -> Option<MlaShape> {
+        self.layers.iter().find_map(|l| match &l.attn {
+            PlanAttn::Mla { shape, .. } => Some(*shape),
+            _ => None,
+        })
+    }
+
     /// Whether a batch at `positions` stays within the length the plan holds for
     /// (`max_positions`); the error names both.
     pub fn check_length(&self, positions: &[usize]) -> Result<(), ModelError> {
@@ -113,7 +113,7 @@ impl DecoderPlan {
                 PlanAttn::Gqa { w: a, .. } => {
                     vec![("q", &a.wq), ("k", &a.wk), ("v", &a.wv), ("o", &a.wo)]
                 }
-                PlanAttn::Mla(a) => vec![
+                PlanAttn::Mla { w: a, .. } => vec![
                     ("q_a", &a.q_a),
                     ("q_b", &a.q_b),
                     ("kv_a", &a.kv_a),
@@ -121,7 +121,7 @@ impl DecoderPlan {
                     ("v_b", &a.v_b),
                     ("o", &a.out),
                 ],
-                PlanAttn::Dsv4(a) => {
+                PlanAttn::Dsv4 { w: a, .. } => {
                     let mut v = vec![
                         ("q_a", &a.q_a),
                         ("q_b", &a.q_b),
@@ -142,7 +142,7 @@ impl DecoderPlan {
                     }
                     v
                 }
-                PlanAttn::Kda(a) => vec![
+                PlanAttn::Kda { w: a, .. } => vec![
                     ("kda q", &a.q),
                     ("kda k", &a.k),
                     ("kda v", &a.v),
@@ -154,7 +154,7 @@ impl DecoderPlan {
                     ("kda o", &a.out),
                 ],
                 // (k_b and v_b are stacked per head, not whole matrices.)
-                PlanAttn::Pooled(a) => {
+                PlanAttn::Pooled { w: a, .. } => {
                     let mut v = vec![
                         ("q_a", &a.q_a),
                         ("q_b", &a.q_b),
@@ -235,20 +235,36 @@ pub enum PlanAttn {
     },
     /// Multi-head latent attention over every visible position
     /// ([`crate::blocks::mla::attention`] without a selection; interleaved-pair RoPE on the
-    /// rope slices, the latent cache row `[c | k_rope]`), shaped by [`DecoderPlan::mla`].
-    Mla(MlaWeights),
+    /// rope slices, the latent cache row `[c | k_rope]`).
+    Mla { w: Box<MlaWeights>, shape: MlaShape },
     /// DeepSeek V4 attention ([`crate::blocks::dsv4_attention::attention`]: q-LoRA, one
     /// shared key/value latent, partial RoPE, sinks, a sliding window plus compressed rows
-    /// (ratio 4 with the lightning indexer, or 128), grouped low-rank output), shaped by
-    /// [`DecoderPlan::dsv4`].
-    Dsv4(Box<Dsv4AttnWeights>),
+    /// (ratio 4 with the lightning indexer, or 128), grouped low-rank output).
+    Dsv4 {
+        w: Box<Dsv4AttnWeights>,
+        shape: Dsv4Shape,
+    },
     /// Kimi delta attention ([`crate::blocks::kda::kda`]: a recurrent state per head, a
-    /// short convolution), shaped by [`DecoderPlan::kda`].
-    Kda(Box<KdaWeights>),
+    /// short convolution).
+    Kda { w: Box<KdaWeights>, shape: KdaShape },
     /// NoPE latent attention with a pooled sparse indexer
     /// ([`crate::blocks::mla_pooled::pooled_attention`]; a shared layer reuses the previous
-    /// full layer's selection), shaped by [`DecoderPlan::pooled`].
-    Pooled(Box<PooledWeights>),
+    /// full layer's selection).
+    Pooled {
+        w: Box<PooledWeights>,
+        shape: PooledShape,
+    },
+}
+
+impl PlanAttn {
+    /// Whether the layer keeps state that only continues or restarts at position 0 (a
+    /// window, a compressor carry, a recurrence: DeepSeek V4, KDA and pooled attention).
+    fn sequential(&self) -> bool {
+        matches!(
+            self,
+            PlanAttn::Dsv4 { .. } | PlanAttn::Kda { .. } | PlanAttn::Pooled { .. }
+        )
+    }
 }
 
 /// The feed-forward half of a block.
@@ -331,16 +347,17 @@ impl DeviceForward for PlanOnCpu {
         let pos0 = batch.positions.first().copied().unwrap_or(0);
         // MLA, DeepSeek V4, KDA and pooled layers keep their state here (the KV cache only
         // counts positions).
-        let sequential = p.dsv4.is_some() || p.kda.is_some() || p.pooled.is_some();
-        if (p.mla.is_some() || sequential) && state.device.is_none() {
+        let sequential = p.layers.iter().any(|l| l.attn.sequential());
+        let mla_layers = p.mla_shape().is_some();
+        if (mla_layers || sequential) && state.device.is_none() {
             state.device = Some(Box::new(PlanCpuState {
                 mla: vec![MlaState::default(); p.layers.len()],
                 dsv4: vec![LayerState::default(); p.layers.len()],
                 kda: p
                     .layers
                     .iter()
-                    .map(|l| match (&l.attn, &p.kda) {
-                        (PlanAttn::Kda(_), Some(s)) => Some(KdaState::new(s)),
+                    .map(|l| match &l.attn {
+                        PlanAttn::Kda { shape, .. } => Some(KdaState::new(shape)),
                         _ => None,
                     })
                     .collect(),
@@ -420,10 +437,7 @@ impl DeviceForward for PlanOnCpu {
                     *window,
                     &h,
                 )?,
-                PlanAttn::Mla(w) => {
-                    let s = p.mla.as_ref().ok_or_else(|| {
-                        ModelError::Compute(format!("{}: MLA layer without a shape", p.arch))
-                    })?;
+                PlanAttn::Mla { w, shape: s } => {
                     let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
                     // Rows past the batch's start belong to positions a truncation dropped
                     // (device state is indexed by position, `SeqState::device`).
@@ -431,33 +445,18 @@ impl DeviceForward for PlanOnCpu {
                     let qr = mla::query_residual(env, w, s, &h, batch.len())?;
                     mla::attention(env, batch, w, s, &mut st.mla[il], &h, &qr, None, f16)?
                 }
-                PlanAttn::Dsv4(w) => {
-                    let s = p.dsv4.as_ref().ok_or_else(|| {
-                        ModelError::Compute(format!(
-                            "{}: DeepSeek V4 attention without a shape",
-                            p.arch
-                        ))
-                    })?;
+                PlanAttn::Dsv4 { w, shape: s } => {
                     let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
                     dsv4_attention::attention(env, batch, w, s, &mut st.dsv4[il], &h, f16)?
                 }
-                PlanAttn::Kda(w) => {
-                    let s = p.kda.as_ref().ok_or_else(|| {
-                        ModelError::Compute(format!("{}: KDA layer without a shape", p.arch))
-                    })?;
+                PlanAttn::Kda { w, shape: s } => {
                     let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
                     let ks = st.kda[il].as_mut().ok_or_else(|| {
                         ModelError::Compute(format!("{}: layer {il} has no KDA state", p.arch))
                     })?;
                     kda::kda(env, w, s, ks, &h, batch.len())?
                 }
-                PlanAttn::Pooled(w) => {
-                    let s = p.pooled.as_ref().ok_or_else(|| {
-                        ModelError::Compute(format!(
-                            "{}: pooled attention layer without a shape",
-                            p.arch
-                        ))
-                    })?;
+                PlanAttn::Pooled { w, shape: s } => {
                     let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
                     let (y, sel) = mla_pooled::pooled_attention(
                         env,

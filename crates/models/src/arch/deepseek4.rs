@@ -557,7 +557,10 @@ impl Architecture for DeepSeek4 {
             .iter()
             .map(|l| PlanLayer {
                 attn_norm: l.attn_norm.clone(),
-                attn: PlanAttn::Dsv4(Box::new(l.attn.clone())),
+                attn: PlanAttn::Dsv4 {
+                    w: Box::new(l.attn.clone()),
+                    shape: *s,
+                },
                 post_attn_norm: None,
                 ffn_norm: l.ffn_norm.clone(),
                 ffn: PlanFfn::moe(
@@ -585,11 +588,7 @@ impl Architecture for DeepSeek4 {
                 scale: 1.0 / (s.head_dim as f32).sqrt(),
                 rms_eps: s.rms_eps,
             },
-            mla: None,
             max_positions: None,
-            dsv4: Some(*s),
-            kda: None,
-            pooled: None,
             hyper: Some(PlanHyper {
                 shape: self.hc,
                 head: HyperHead::Learned(self.hc_head.clone()),

@@ -488,8 +488,14 @@ impl Architecture for Glm5Next {
             .map(|l| PlanLayer {
                 attn_norm: l.attn_norm.clone(),
                 attn: match &l.mixer {
-                    Mixer::Kda(w) => PlanAttn::Kda(w.clone()),
-                    Mixer::Pooled(w) => PlanAttn::Pooled(w.clone()),
+                    Mixer::Kda(w) => PlanAttn::Kda {
+                        w: w.clone(),
+                        shape: self.kda,
+                    },
+                    Mixer::Pooled(w) => PlanAttn::Pooled {
+                        w: w.clone(),
+                        shape: self.pooled,
+                    },
                 },
                 post_attn_norm: None,
                 ffn_norm: l.ffn_norm.clone(),
@@ -529,11 +535,7 @@ impl Architecture for Glm5Next {
                 scale: 1.0 / (ps.head_k as f32).sqrt(),
                 rms_eps: self.rms_eps,
             },
-            mla: None,
             max_positions: None,
-            dsv4: None,
-            kda: Some(self.kda),
-            pooled: Some(self.pooled),
             hyper: Some(PlanHyper {
                 shape: self.hc,
                 head: HyperHead::Mean,

@@ -439,7 +439,10 @@ impl Architecture for GlmDsa {
             .iter()
             .map(|l| PlanLayer {
                 attn_norm: l.attn_norm.clone(),
-                attn: PlanAttn::Mla(l.attn.clone()),
+                attn: PlanAttn::Mla {
+                    w: Box::new(l.attn.clone()),
+                    shape: self.shape,
+                },
                 post_attn_norm: None,
                 ffn_norm: l.ffn_norm.clone(),
                 ffn: match &l.ffn {
@@ -474,11 +477,7 @@ impl Architecture for GlmDsa {
                 scale: s.scale,
                 rms_eps: self.rms_eps,
             },
-            mla: Some(*s),
             max_positions: top_k,
-            dsv4: None,
-            kda: None,
-            pooled: None,
             hyper: None,
             embd: self.token_embd.clone(),
             embd_scale: 1.0,

@@ -18,7 +18,7 @@ use crate::weights::Mat;
 use crate::ModelError;
 
 /// Shape constants of every MLA layer of a model.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MlaShape {
     pub n_head: usize,
     pub q_lora: usize,
