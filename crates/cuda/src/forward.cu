@@ -440,8 +440,8 @@ __device__ __forceinline__ float block_sum(float v) {
     return s;
 }
 
-// out[i] = x[src] * rsqrt(mean(x[src]^2) + eps) * w for row i (src = rows ? rows[i] : i);
-// one block per row.
+// out[i] = x[src] * rsqrt(mean(x[src]^2) + eps) * w for row i (src = rows ? rows[i] : i; w
+// null: unweighted); one block per row.
 //
 // The row kernels here take restrict pointers (their buffers never overlap) and unroll
 // their loops, so the compiler may keep a thread's loads in flight together; each thread
@@ -457,7 +457,8 @@ extern "C" __global__ void rms_norm_rows(const float* __restrict__ x,
     for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += xr[i] * xr[i];
     ss = block_sum(ss);
     const float s = rsqrtf(ss / (float)cols + eps);
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[(size_t)r * cols + i] = xr[i] * s * w[i];
+    for (int i = threadIdx.x; i < cols; i += blockDim.x)
+        out[(size_t)r * cols + i] = w ? xr[i] * s * w[i] : xr[i] * s;
 }
 
 // Residual step of one row (one block per row): x += (post ? rms_norm(o) * post : o),
@@ -698,10 +699,11 @@ KV_KERNELS(f32, float)
 // softmax, 1: sigmoid, 2: sqrt(softplus)), the k experts with the largest score + bias[e]
 // (bias null: the score alone; ties to the lower index) into ids, their scores into wts,
 // renormalised to sum 1 if norm, then times scale (sluice_models::blocks::moe::Router:
-// Softmax is score 0 without bias, scale 1; Biased the others).
+// Softmax is score 0 without bias, scale 1; Biased the others; Hash takes its experts from
+// `table` by the token ids, see below).
 extern "C" __global__ void topk_route(const float* logits, const float* bias, int n_expert,
                                       int k, int score, int norm, float scale, int* ids,
-                                      float* wts) {
+                                      float* wts, const int* table, const int* tokens) {
     const int t = blockIdx.x;
     const int lane = threadIdx.x;
     const float* l = logits + (size_t)t * n_expert;
@@ -736,6 +738,34 @@ extern "C" __global__ void topk_route(const float* logits, const float* bias, in
                 pr[i] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
             }
         }
+    }
+    // A hashed router (table given): the token's k experts from table[token * k + slot],
+    // their scores as weights.
+    if (table) {
+        const int* row = table + (size_t)tokens[t] * k;
+        float chosen = 0.0f;
+        for (int s = 0; s < k; s++) {
+            const int id = row[s];
+            float mine = 0.0f;
+#pragma unroll
+            for (int i = 0; i < ROUTER_MAX / 32; i++)
+                if (lane + 32 * i == id) mine = pr[i];
+            const float w = __shfl_sync(0xffffffffu, mine, id & 31);
+            if (lane == 0) {
+                ids[t * k + s] = id;
+                wts[t * k + s] = w;
+            }
+            chosen += w;
+        }
+        if (lane == 0 && (norm || scale != 1.0f)) {
+            for (int s = 0; s < k; s++) {
+                float w = wts[t * k + s];
+                if (norm) w = w / chosen;
+                if (scale != 1.0f) w = w * scale;
+                wts[t * k + s] = w;
+            }
+        }
+        return;
     }
     // What the choice compares: the score plus the bias; NEG_INF past n_expert and for
     // experts already chosen.
@@ -833,12 +863,21 @@ extern "C" __global__ void __launch_bounds__(1024)
     }
 }
 
-// g[i] = act(g[i]) * u[i]: act 0 = SiLU, 1 = GELU (tanh form, as sluice_kernels::act).
-extern "C" __global__ void glu_act(float* g, const float* u, long long n, int act) {
+// g[i] = act(g[i]) * u[i]: act 0 = SiLU, 1 = GELU (tanh form, as sluice_kernels::act), 2 =
+// SiLU with the gate clamped above at `limit` and the up value to [-limit, limit]
+// (DeepSeek V4's clamped SwiGLU).
+extern "C" __global__ void glu_act(float* g, const float* u, long long n, int act,
+                                   float limit) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float x = g[i];
+    float x = g[i];
     float a;
+    if (act == 2) {
+        x = fminf(x, limit);
+        a = x / (1.0f + expf(-x));
+        g[i] = a * fminf(fmaxf(u[i], -limit), limit);
+        return;
+    }
     if (act == 0) {
         a = x / (1.0f + expf(-x));
     } else {
@@ -926,5 +965,541 @@ extern "C" __global__ void mla_q_join(const float* __restrict__ qabs,
         const float c = (float)cs, sf = (float)sn;
         out[kl + 2 * j] = a * c - b * sf;
         out[kl + 2 * j + 1] = b * c + a * sf;
+    }
+}
+
+// ---- DeepSeek V4 (sluice_models::blocks::hyper, blocks::dsv4_attention) ----------------
+
+// Most residual streams of a hyper-connection.
+#define HC_MAX 8
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// x[t][i] = e[t] for every stream i < hc (grid n x column blocks): the embedding copied
+// into each stream.
+extern "C" __global__ void hc_expand(const float* __restrict__ src, float* __restrict__ x,
+                                     int e, int hc) {
+    const int t = blockIdx.x;
+    const int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= e) return;
+    const float v = src[(size_t)t * e + j];
+    for (int i = 0; i < hc; i++) x[((size_t)t * hc + i) * e + j] = v;
+}
+
+// The mix of one token's streams (grid n, at least HC_MAX * HC_MAX threads): m[t] holds
+// `nseg` partial projections of its RMS-normalised concatenated streams (`rms_norm_rows`
+// without weights, then the hc_*_fn product split into column segments), summed in segment
+// order. pre_i = sigmoid(m_i scale[0] + base_i) + eps; h[t] = sum_i pre_i x[t][i] (in stream
+// order), then RMS-normed with `norm` unless norm is null (the head's collapse). With `pc`
+// (a block, m has (2 + hc) hc values): post_i = 2 sigmoid(m[hc + i] scale[1] + base[hc + i])
+// and comb (src * hc + dst) = Sinkhorn of m[2 hc + k] scale[2] + base[2 hc + k] (softmax
+// over each row + eps, a column pass, then iters - 1 row and column passes, every
+// denominator + eps; a thread per row or column, each sum in index order), stored to
+// pc[t] = [post | comb] for hc_post. Without pc, m has hc values.
+extern "C" __global__ void hc_pre(const float* __restrict__ m, const float* __restrict__ base,
+                                  const float* __restrict__ scale, const float* __restrict__ x,
+                                  float* __restrict__ pc, const float* __restrict__ norm,
+                                  float* __restrict__ h, int hc, int e, int iters, int nseg,
+                                  float eps, float rms_eps) {
+    __shared__ float mv[(2 + HC_MAX) * HC_MAX];
+    __shared__ float pre[HC_MAX];
+    __shared__ float c[HC_MAX * HC_MAX];
+    const int t = blockIdx.x;
+    const int k = threadIdx.x;
+    const int n_out = pc ? (2 + hc) * hc : hc;
+    const float* mt = m + (size_t)t * nseg * n_out;
+    if (k < n_out) {
+        float v = 0.0f;
+        for (int s = 0; s < nseg; s++) v += mt[(size_t)s * n_out + k];
+        mv[k] = v;
+    }
+    __syncthreads();
+    if (k < hc) pre[k] = sigmoidf_(mv[k] * scale[0] + base[k]) + eps;
+    if (pc) {
+        float* out = pc + (size_t)t * (hc + hc * hc);
+        if (k < hc) out[k] = 2.0f * sigmoidf_(mv[hc + k] * scale[1] + base[hc + k]);
+        if (k < hc * hc) c[k] = mv[2 * hc + k] * scale[2] + base[2 * hc + k];
+        __syncthreads();
+        if (k < hc) {
+            float* row = c + k * hc;
+            float mx = NEG_INF;
+            for (int d = 0; d < hc; d++) mx = fmaxf(mx, row[d]);
+            float sum = 0.0f;
+            for (int d = 0; d < hc; d++) {
+                row[d] = expf(row[d] - mx);
+                sum += row[d];
+            }
+            const float inv = 1.0f / sum;
+            for (int d = 0; d < hc; d++) row[d] = row[d] * inv + eps;
+        }
+        __syncthreads();
+        for (int it = 0; it < (iters > 1 ? iters : 1); it++) {
+            if (it > 0) {
+                if (k < hc) {
+                    float* row = c + k * hc;
+                    float sum = 0.0f;
+                    for (int d = 0; d < hc; d++) sum += row[d];
+                    for (int d = 0; d < hc; d++) row[d] /= sum + eps;
+                }
+                __syncthreads();
+            }
+            if (k < hc) {
+                float sum = 0.0f;
+                for (int r = 0; r < hc; r++) sum += c[r * hc + k];
+                for (int r = 0; r < hc; r++) c[r * hc + k] /= sum + eps;
+            }
+            __syncthreads();
+        }
+        if (k < hc * hc) out[hc + k] = c[k];
+    }
+    __syncthreads();
+    const float* xt = x + (size_t)t * hc * e;
+    float* ht = h + (size_t)t * e;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < e; j += blockDim.x) {
+        float v = 0.0f;
+        for (int i = 0; i < hc; i++) v += pre[i] * xt[(size_t)i * e + j];
+        ht[j] = v;
+        ss += v * v;
+    }
+    if (!norm) return;
+    ss = block_sum(ss);
+    const float s = rsqrtf(ss / (float)e + rms_eps);
+    for (int j = threadIdx.x; j < e; j += blockDim.x) ht[j] = ht[j] * s * norm[j];
+}
+
+// A block's output y put back into the streams (grid n x column blocks): x[t][dst] =
+// post[dst] y[t] + sum_src comb[src][dst] x[t][src] (pc[t] = [post | comb] from hc_pre).
+extern "C" __global__ void hc_post(float* __restrict__ x, const float* __restrict__ y,
+                                   const float* __restrict__ pc, int hc, int e) {
+    const int t = blockIdx.x;
+    const int j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= e) return;
+    const float* p = pc + (size_t)t * (hc + hc * hc);
+    float* xt = x + (size_t)t * hc * e;
+    float xs[HC_MAX];
+    for (int i = 0; i < hc; i++) xs[i] = xt[(size_t)i * e + j];
+    const float yv = y[(size_t)t * e + j];
+    for (int d = 0; d < hc; d++) {
+        float o = p[d] * yv;
+        for (int s = 0; s < hc; s++) o += p[hc + s * hc + d] * xs[s];
+        xt[(size_t)d * e + j] = o;
+    }
+}
+
+// Rotate the trailing n_rot dims of a row as interleaved pairs by pos * inv_freq (inverse:
+// by -angle), each thread its own pairs.
+__device__ __forceinline__ void rope_tail_row(float* r, int hd, int n_rot, float p,
+                                              const float* inv_freq, bool inverse) {
+    const int off = hd - n_rot;
+    for (int j = threadIdx.x; j < (n_rot >> 1); j += blockDim.x) {
+        const float a = r[off + 2 * j], b = r[off + 2 * j + 1];
+        double sn, cs;
+        sincos((double)(p * inv_freq[j]), &sn, &cs);
+        const float c = (float)cs;
+        const float sf = inverse ? -(float)sn : (float)sn;
+        r[off + 2 * j] = a * c - b * sf;
+        r[off + 2 * j + 1] = b * c + a * sf;
+    }
+}
+
+// Per (token, head) of x (grid n x n_heads, rows [t][head][hd]): flags & 1: an unweighted
+// RMS norm over the head; then the interleaved RoPE of its trailing n_rot dims at pos[t]
+// (flags & 2: the inverse rotation, the attention output's de-rotation).
+extern "C" __global__ void dsv4_heads(float* __restrict__ x, const int* __restrict__ pos,
+                                      const float* __restrict__ inv_freq, int n_heads, int hd,
+                                      int n_rot, int flags, float eps) {
+    float* r = x + ((size_t)blockIdx.x * n_heads + blockIdx.y) * hd;
+    if (flags & 1) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += r[i] * r[i];
+        ss = block_sum(ss);
+        const float s = rsqrtf(ss / (float)hd + eps);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) r[i] = r[i] * s;
+        __syncthreads();
+    }
+    rope_tail_row(r, hd, n_rot, (float)pos[blockIdx.x], inv_freq, (flags & 2) != 0);
+}
+
+// The shared key/value row of each token (grid n, in place): RMS norm with `norm`, the
+// interleaved RoPE of the trailing n_rot dims, then f16 rounding when `round` (the cache
+// type's precision; the rows stay f32).
+extern "C" __global__ void dsv4_kv_prep(float* __restrict__ kv, const float* __restrict__ norm,
+                                        const int* __restrict__ pos,
+                                        const float* __restrict__ inv_freq, int hd, int n_rot,
+                                        int round, float eps) {
+    float* r = kv + (size_t)blockIdx.x * hd;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += r[i] * r[i];
+    ss = block_sum(ss);
+    const float s = rsqrtf(ss / (float)hd + eps);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) r[i] = r[i] * s * norm[i];
+    __syncthreads();
+    rope_tail_row(r, hd, n_rot, (float)pos[blockIdx.x], inv_freq, false);
+    if (!round) return;
+    __syncthreads();
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) r[i] = h2f(f2h(r[i]));
+}
+
+// Most values of one compressed row a thread keeps (hd <= 2 * DSV4_PAIRS * 256).
+#define DSV4_PAIRS 2
+
+// A KV compressor's rows (grid n, 256 threads): token t at position p = pos[t] ends a block
+// when (p + 1) % ratio == 0; then the row (p + 1) / ratio - 1 of `rows` is, per column j,
+// the softmax over the pooled entries of (z + ape[q % ratio]) times c: for coff 2 the
+// previous block's positions at column j (from the second block on), then this block's at
+// column hd + j; for coff 1 this block's at j. An entry at q comes from the batch
+// (c[q - pos0]) or, before it, from the carry ring (rc[q % (coff ratio)]). The row is then
+// RMS-normed with `norm`, its trailing n_rot dims roped at the block start, rounded to f16
+// when `round` (sluice_models::blocks::dsv4_attention::compress_step).
+extern "C" __global__ void __launch_bounds__(256)
+    dsv4_compress(const float* __restrict__ c, const float* __restrict__ z,
+                  const float* __restrict__ rc, const float* __restrict__ rz,
+                  const float* __restrict__ ape, const float* __restrict__ norm,
+                  const int* __restrict__ pos, const float* __restrict__ inv_freq,
+                  float* __restrict__ rows, int ratio, int hd, int coff, int n_rot, int round,
+                  float eps) {
+    const int t = blockIdx.x;
+    const int p = pos[t];
+    if ((p + 1) % ratio != 0) return;
+    const int pos0 = pos[0];
+    const int width = coff * hd, slots = coff * ratio;
+    const int start = p + 1 - ratio;
+    const int n_prev = (coff == 2 && start >= ratio) ? ratio : 0;
+    const int cur_off = (coff == 2) ? hd : 0;
+    float* out = rows + (size_t)((p + 1) / ratio - 1) * hd;
+    float v[2 * DSV4_PAIRS];
+    float ss = 0.0f;
+#pragma unroll
+    for (int u = 0; u < DSV4_PAIRS; u++) {
+        for (int w = 0; w < 2; w++) {
+            const int j = 2 * (threadIdx.x + u * 256) + w;
+            float acc = 0.0f;
+            if (j < hd) {
+                // Entry e: q = start - ratio + e (previous block) or start + e - n_prev.
+                float mx = NEG_INF;
+                for (int en = 0; en < n_prev + ratio; en++) {
+                    const int q = (en < n_prev) ? start - ratio + en : start + en - n_prev;
+                    const int col = ((en < n_prev) ? 0 : cur_off) + j;
+                    const float zz = (q >= pos0 ? z[(size_t)(q - pos0) * width + col]
+                                                : rz[(size_t)(q % slots) * width + col]) +
+                                     ape[(size_t)(q % ratio) * width + col];
+                    mx = fmaxf(mx, zz);
+                }
+                float sum = 0.0f;
+                for (int en = 0; en < n_prev + ratio; en++) {
+                    const int q = (en < n_prev) ? start - ratio + en : start + en - n_prev;
+                    const int col = ((en < n_prev) ? 0 : cur_off) + j;
+                    const float zz = (q >= pos0 ? z[(size_t)(q - pos0) * width + col]
+                                                : rz[(size_t)(q % slots) * width + col]) +
+                                     ape[(size_t)(q % ratio) * width + col];
+                    sum += expf(zz - mx);
+                }
+                const float inv = 1.0f / sum;
+                for (int en = 0; en < n_prev + ratio; en++) {
+                    const int q = (en < n_prev) ? start - ratio + en : start + en - n_prev;
+                    const int col = ((en < n_prev) ? 0 : cur_off) + j;
+                    const bool in_batch = q >= pos0;
+                    const float zz = (in_batch ? z[(size_t)(q - pos0) * width + col]
+                                               : rz[(size_t)(q % slots) * width + col]) +
+                                     ape[(size_t)(q % ratio) * width + col];
+                    const float cv = in_batch ? c[(size_t)(q - pos0) * width + col]
+                                              : rc[(size_t)(q % slots) * width + col];
+                    acc += (expf(zz - mx) * inv) * cv;
+                }
+            }
+            v[2 * u + w] = acc;
+            ss += acc * acc;
+        }
+    }
+    ss = block_sum(ss);
+    const float s = rsqrtf(ss / (float)hd + eps);
+    const int off = hd - n_rot;
+    double sn, cs;
+#pragma unroll
+    for (int u = 0; u < DSV4_PAIRS; u++) {
+        const int j = 2 * (threadIdx.x + u * 256);
+        if (j >= hd) continue;
+        float a = v[2 * u] * s * norm[j], b = v[2 * u + 1] * s * norm[j + 1];
+        if (j >= off) {
+            sincos((double)((float)start * inv_freq[(j - off) >> 1]), &sn, &cs);
+            const float co = (float)cs, si = (float)sn;
+            const float a2 = a * co - b * si;
+            b = b * co + a * si;
+            a = a2;
+        }
+        if (round) {
+            a = h2f(f2h(a));
+            b = h2f(f2h(b));
+        }
+        out[j] = a;
+        out[j + 1] = b;
+    }
+}
+
+// The carry of the last `slots` tokens of the batch (grid n): row t of c (and z, when given)
+// to slot pos[t] % slots of rc (rz), for t >= n - slots. Queued after every kernel that
+// reads the ring for this batch.
+extern "C" __global__ void dsv4_ring_store(const float* __restrict__ c,
+                                           const float* __restrict__ z, float* __restrict__ rc,
+                                           float* __restrict__ rz, const int* __restrict__ pos,
+                                           int width, int slots, int n) {
+    const int t = blockIdx.x;
+    if (t < n - slots) return;
+    const size_t s = (size_t)(pos[t] % slots) * width;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        rc[s + i] = c[(size_t)t * width + i];
+        if (z) rz[s + i] = z[(size_t)t * width + i];
+    }
+}
+
+// Most indexer query values (heads x head size) one block keeps in shared memory.
+#define IDX_MAX_Q 8192
+
+// The lightning indexer's score of every compressed row each token sees (grid n x blocks,
+// a warp per row, rows strided over the grid): row r < (p + 1) / ratio of `rows`, score =
+// sum over heads h, in order, of (max(q_h . k_r, 0) / sqrt(ihd)) * (w_h / sqrt(n_head));
+// into scores[t * stride + r].
+extern "C" __global__ void __launch_bounds__(256)
+    dsv4_index_scores(const float* __restrict__ iq, const float* __restrict__ wh,
+                      const float* __restrict__ rows, const int* __restrict__ pos,
+                      float* __restrict__ scores, int n_head, int ihd, int ratio, int stride) {
+    __shared__ float qs[IDX_MAX_Q];
+    const int t = blockIdx.x;
+    const int n_rows = (pos[t] + 1) / ratio;
+    const int qn = n_head * ihd;
+    for (int i = threadIdx.x; i < qn; i += blockDim.x) qs[i] = iq[(size_t)t * qn + i];
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const int warps = blockDim.x >> 5;
+    const float ks = 1.0f / sqrtf((float)ihd), ws = 1.0f / sqrtf((float)n_head);
+    for (int r = blockIdx.y * warps + (threadIdx.x >> 5); r < n_rows; r += gridDim.y * warps) {
+        const float* k = rows + (size_t)r * ihd;
+        float acc = 0.0f;
+        for (int h = 0; h < n_head; h++) {
+            float d = 0.0f;
+            for (int i = lane; i < ihd; i += 32) d += qs[h * ihd + i] * k[i];
+            d = warp_sum(d);
+            acc += (fmaxf(d, 0.0f) * ks) * (wh[(size_t)t * n_head + h] * ws);
+        }
+        if (lane == 0) scores[(size_t)t * stride + r] = acc;
+    }
+}
+
+// A float's bits as an unsigned key in f32::total_cmp order.
+__device__ __forceinline__ unsigned ordered_key(float f) {
+    const unsigned b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+#define TOPK_THREADS 256
+
+// Exclusive prefix sum of v over the block (TOPK_THREADS threads); *total gets the sum.
+__device__ __forceinline__ int block_scan(int v, int* total) {
+    __shared__ int ws[TOPK_THREADS / 32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads();
+    if (lane == 31) ws[w] = x;
+    __syncthreads();
+    int before = 0, all = 0;
+    for (int i = 0; i < TOPK_THREADS / 32; i++) {
+        if (i < w) before += ws[i];
+        all += ws[i];
+    }
+    *total = all;
+    return before + x - v;
+}
+
+// The compressed rows each token's attention reads (grid n, TOPK_THREADS threads): of the n =
+// (p + 1) / ratio rows it sees, all when n <= k, else the k with the largest scores (ties to
+// the lower index, sluice_models::ops::top_k), in ascending row order, into sel[t * k ..],
+// their count into nsel[t]. The k-th largest key is found by a radix select over the
+// scores' ordered bits, 8 at a time.
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
+    dsv4_topk(const float* __restrict__ scores, const int* __restrict__ pos,
+              int* __restrict__ sel, int* __restrict__ nsel, int ratio, int stride, int k) {
+    __shared__ int hist[256];
+    __shared__ unsigned s_prefix;
+    __shared__ int s_need;
+    const int t = blockIdx.x;
+    const int n = (pos[t] + 1) / ratio;
+    int* out = sel + (size_t)t * k;
+    if (n <= k) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = i;
+        if (threadIdx.x == 0) nsel[t] = n;
+        return;
+    }
+    const float* sc = scores + (size_t)t * stride;
+    // The k-th largest key: fixed from the top byte down; `need` = how many of the keys
+    // with the prefix fixed so far still belong to the top k.
+    if (threadIdx.x == 0) {
+        s_prefix = 0;
+        s_need = k;
+    }
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        const unsigned prefix = s_prefix;
+        const unsigned hi_mask = (shift == 24) ? 0u : (0xffffffffu << (shift + 8));
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const unsigned key = ordered_key(sc[i]);
+            if ((key & hi_mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int need = s_need;
+            int b = 255;
+            for (; b > 0; b--) {
+                if (hist[b] >= need) break;
+                need -= hist[b];
+            }
+            s_prefix = prefix | ((unsigned)b << shift);
+            s_need = need;
+        }
+        __syncthreads();
+    }
+    const unsigned kth = s_prefix;
+    const int ties = s_need;  // keys equal to kth that are taken, lowest indices first
+    int eq_before = 0, out_before = 0;
+    for (int base = 0; base < n; base += blockDim.x) {
+        const int i = base + threadIdx.x;
+        const unsigned key = (i < n) ? ordered_key(sc[i]) : 0u;
+        const int gt = (i < n) && key > kth;
+        const int eq = (i < n) && key == kth;
+        int eq_total, out_total;
+        const int eq_rank = eq_before + block_scan(eq, &eq_total);
+        const int take = gt || (eq && eq_rank < ties);
+        const int at = out_before + block_scan(take, &out_total);
+        if (take) out[at] = i;
+        eq_before += eq_total;
+        out_before += out_total;
+    }
+    if (threadIdx.x == 0) nsel[t] = k;
+}
+
+// DeepSeek V4 attention of query head h of token t (grid n x nh, ATT_THREADS threads): the
+// keys are the raw rows of positions lo..=p (lo = p + 1 - window, at least 0: rows at or
+// past the batch's first position from `kb`, the batch's own prepared rows, earlier ones
+// from the ring `ring[q % window]`), then the compressed rows it sees (ratio 0: none; `sel`
+// given: nsel[t] rows sel[t * top_k + i]; else rows 0 .. (p + 1) / ratio). Softmax of
+// (q . k) * scale with the head's sink as one more logit (whose value is 0), times the
+// keys (K = V); online over tiles of keys like `attend`.
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+    dsv4_attention(const float* __restrict__ q, const float* __restrict__ kb,
+                   const float* __restrict__ ring, const float* __restrict__ rows,
+                   const int* __restrict__ sel, const int* __restrict__ nsel,
+                   const float* __restrict__ sinks, float* __restrict__ out,
+                   const int* __restrict__ pos, int nh, int hd, int window, int ratio,
+                   int top_k, float scale) {
+    __shared__ float qs[ATT_MAX_D];
+    __shared__ float sc[ATT_TILE];
+    __shared__ const float* kp[ATT_TILE];
+    __shared__ float red[32];
+    const int t = blockIdx.x;
+    const int h = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int p = pos[t], pos0 = pos[0];
+    const int lo = (p + 1 > window) ? p + 1 - window : 0;
+    const int nw = p + 1 - lo;
+    const int nc = (ratio == 0) ? 0 : (sel ? nsel[t] : (p + 1) / ratio);
+    const int total = nw + nc;
+    const float* qh = q + ((size_t)t * nh + h) * hd;
+    for (int i = tid; i < hd; i += ATT_THREADS) qs[i] = qh[i];
+    const int nv = (hd + ATT_THREADS - 1) / ATT_THREADS;
+    float acc[ATT_V_PER_THREAD];
+#pragma unroll
+    for (int u = 0; u < ATT_V_PER_THREAD; u++) acc[u] = 0.0f;
+    // The sink: a logit whose value row is 0.
+    float m = sinks[h], l = 1.0f;
+    __syncthreads();
+    for (int j0 = 0; j0 < total; j0 += ATT_TILE) {
+        const int tn = min(ATT_TILE, total - j0);
+        float tmax = NEG_INF;
+        // Key pointers first, then a warp per key: lanes take dims lane, lane + 32, ...
+        // (coalesced), four partial sums, a warp sum.
+        for (int j = tid; j < tn; j += ATT_THREADS) {
+            const int jj = j0 + j;
+            const float* kr;
+            if (jj < nw) {
+                const int qp = lo + jj;
+                kr = (qp >= pos0) ? kb + (size_t)(qp - pos0) * hd
+                                  : ring + (size_t)(qp % window) * hd;
+            } else {
+                const int r = sel ? sel[(size_t)t * top_k + (jj - nw)] : jj - nw;
+                kr = rows + (size_t)r * hd;
+            }
+            kp[j] = kr;
+        }
+        __syncthreads();
+        const int lane = tid & 31;
+        for (int j = tid >> 5; j < tn; j += ATT_THREADS / 32) {
+            const float* kr = kp[j];
+            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+            int i = lane;
+            for (; i + 96 < hd; i += 128) {
+                s0 += qs[i] * kr[i];
+                s1 += qs[i + 32] * kr[i + 32];
+                s2 += qs[i + 64] * kr[i + 64];
+                s3 += qs[i + 96] * kr[i + 96];
+            }
+            for (; i < hd; i += 32) s0 += qs[i] * kr[i];
+            const float d = warp_sum((s0 + s1) + (s2 + s3)) * scale;
+            if (lane == 0) sc[j] = d;
+            tmax = fmaxf(tmax, d);
+        }
+        tmax = warp_max(tmax);
+        if ((tid & 31) == 0) red[tid >> 5] = tmax;
+        __syncthreads();
+        float bm = NEG_INF;
+        for (int w = 0; w < ATT_THREADS / 32; w++) bm = fmaxf(bm, red[w]);
+        const float mn = fmaxf(m, bm);
+        float ts = 0.0f;
+        for (int j = tid; j < tn; j += ATT_THREADS) {
+            const float ev = __expf(sc[j] - mn);
+            sc[j] = ev;
+            ts += ev;
+        }
+        __syncthreads();
+        ts = warp_sum(ts);
+        if ((tid & 31) == 0) red[tid >> 5] = ts;
+        __syncthreads();
+        float bs = 0.0f;
+        for (int w = 0; w < ATT_THREADS / 32; w++) bs += red[w];
+        const float corr = __expf(m - mn);
+        l = l * corr + bs;
+        m = mn;
+#pragma unroll
+        for (int u = 0; u < ATT_V_PER_THREAD; u++) {
+            if (u >= nv) break;
+            const int d = tid + u * ATT_THREADS;
+            float v = 0.0f;
+            if (d < hd) {
+                float v0 = 0.0f, v1 = 0.0f, v2 = 0.0f, v3 = 0.0f;
+                int j = 0;
+                for (; j + 3 < tn; j += 4) {
+                    v0 += sc[j] * kp[j][d];
+                    v1 += sc[j + 1] * kp[j + 1][d];
+                    v2 += sc[j + 2] * kp[j + 2][d];
+                    v3 += sc[j + 3] * kp[j + 3][d];
+                }
+                for (; j < tn; j++) v0 += sc[j] * kp[j][d];
+                v = (v0 + v1) + (v2 + v3);
+            }
+            acc[u] = acc[u] * corr + v;
+        }
+        __syncthreads();
+    }
+    const float inv = 1.0f / l;
+    float* oh = out + ((size_t)t * nh + h) * hd;
+#pragma unroll
+    for (int u = 0; u < ATT_V_PER_THREAD; u++) {
+        const int d = tid + u * ATT_THREADS;
+        if (u < nv && d < hd) oh[d] = acc[u] * inv;
     }
 }

@@ -31,11 +31,13 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use sluice_kernels::GgmlType;
+use sluice_models::blocks::dsv4_attention::Dsv4Shape;
 use sluice_models::blocks::ffn::Activation;
+use sluice_models::blocks::hyper::HcShape;
 use sluice_models::blocks::mla::MlaShape;
 use sluice_models::blocks::moe::{Router, ScoreFn};
 use sluice_models::blocks::{head, Batch, Env};
-use sluice_models::plan::{DecoderPlan, DeviceForward, PlanAttn, PlanFfn};
+use sluice_models::plan::{DecoderPlan, DeviceForward, HyperHead, PlanAttn, PlanFfn};
 use sluice_models::state::{ExtraState, SeqState};
 use sluice_models::weights::{Mat, Stacked};
 use sluice_models::ModelError;
@@ -58,6 +60,9 @@ const MAX_EXPERTS: usize = 1024;
 const GRAPHS_KEPT: usize = 8;
 /// Threads of one attention block (`ATT_THREADS` of `forward.cu`).
 const ATT_THREADS: u32 = 256;
+/// Blocks per token of the lightning indexer's scores (rows strided over them; a fixed
+/// count, so a captured decode step replays at any position).
+const INDEX_BLOCKS: u32 = 64;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -83,7 +88,7 @@ enum DFfn {
         gate: DMat,
         up: DMat,
         down: DMat,
-        act: i32,
+        act: Act,
     },
     Moe {
         router: DMat,
@@ -94,12 +99,14 @@ enum DFfn {
         parts: [DMat; 3],
         /// Index of the first of this layer's entries in the pointer table.
         tab_index: usize,
-        act: i32,
+        act: Act,
         /// `topk_route`'s score function (0 softmax, 1 sigmoid, 2 sqrt-softplus), the
         /// selection bias (0: none), renormalisation and scale.
         score: i32,
         bias: u64,
         scale: f32,
+        /// A hashed router's token -> experts table (`[n_vocab][k]` i32; 0: none).
+        table: u64,
         /// The shared expert (added to the routed sum).
         shared: Option<Box<DShared>>,
     },
@@ -110,7 +117,61 @@ struct DShared {
     gate: DMat,
     up: DMat,
     down: DMat,
-    act: i32,
+    act: Act,
+}
+
+/// `glu_act`'s activation id and its clamp limit ([`act_id`]).
+type Act = (i32, f32);
+
+/// One hyper-connection mix in VRAM: the projection of the normalised streams, its bias
+/// and scales.
+struct DHc {
+    /// The projection's `nseg` column segments, each its own `[n_out, cols / nseg]` matrix
+    /// (re-laid out at upload; one pointer-table entry each): a decode step's projection is
+    /// spread over `nseg` times the blocks, and a segment's sums do not depend on the
+    /// chunk, so neither do their sum's bits (`hc_pre` adds them in segment order).
+    proj: DMat,
+    nseg: usize,
+    base: u64,
+    scale: u64,
+}
+
+/// A DeepSeek V4 KV compressor (the attention's or the indexer's).
+struct DComp {
+    ratio: usize,
+    head_dim: usize,
+    coff: usize,
+    kv: DMat,
+    gate: DMat,
+    ape: u64,
+    norm: u64,
+}
+
+/// A DeepSeek V4 layer's lightning indexer.
+struct DIndexer {
+    n_head: usize,
+    head_dim: usize,
+    top_k: usize,
+    q_b: DMat,
+    proj: DMat,
+    comp: DComp,
+}
+
+/// DeepSeek V4 attention of one layer (`out_a` with one pointer-table entry per output
+/// group, `rows` a group's).
+struct DDsv4 {
+    q_a: DMat,
+    q_a_norm: u64,
+    q_b: DMat,
+    kv: DMat,
+    kv_norm: u64,
+    sinks: u64,
+    out_a: DMat,
+    out_b: DMat,
+    rope: u64,
+    rope_compress: u64,
+    comp: Option<DComp>,
+    indexer: Option<DIndexer>,
 }
 
 enum DAttn {
@@ -137,6 +198,8 @@ enum DAttn {
         out: DMat,
         inv_freq: u64,
     },
+    /// DeepSeek V4 attention (sliding window, compressed rows, sinks).
+    Dsv4(Box<DDsv4>),
 }
 
 struct DLayer {
@@ -146,6 +209,8 @@ struct DLayer {
     ffn_norm: u64,
     ffn: DFfn,
     post_ffn: u64,
+    /// Hyper-connection mixes around the attention and feed-forward halves.
+    hc: Option<[DHc; 2]>,
 }
 
 /// Parameter kinds of every `forward.cu` kernel, in order: `P` a device address (u64), `L`
@@ -164,13 +229,23 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("qk_norm_rope", "PPPPPPIIIF"),
     ("kv_store_", "PPPPPII"),
     ("attention_", "PPPPPIIIIFI"),
-    ("topk_route", "PPIIIIFPP"),
+    ("topk_route", "PPIIIIFPPPP"),
     ("moe_chunks", "PIIPP"),
-    ("glu_act", "PPLI"),
+    ("glu_act", "PPLIF"),
     ("moe_combine", "PPPPII"),
     ("mla_kv_prep", "PPPPPPIIF"),
     ("mla_q_split", "PPIII"),
     ("mla_q_join", "PPPPPIIII"),
+    ("hc_expand", "PPII"),
+    ("hc_pre", "PPPPPPPIIIIFF"),
+    ("hc_post", "PPPII"),
+    ("dsv4_heads", "PPPIIIIF"),
+    ("dsv4_kv_prep", "PPPPIIIF"),
+    ("dsv4_compress", "PPPPPPPPPIIIIIF"),
+    ("dsv4_ring_store", "PPPPPIII"),
+    ("dsv4_index_scores", "PPPPPIIII"),
+    ("dsv4_topk", "PPPPIII"),
+    ("dsv4_attention", "PPPPPPPPPIIIIIF"),
 ];
 
 /// Whether the tensor-core products (`mvt_*`, f16 operands) take weights of `ty`: every
@@ -273,6 +348,16 @@ struct Funcs {
     mla_kv_prep: Kernel,
     mla_q_split: Kernel,
     mla_q_join: Kernel,
+    hc_expand: Kernel,
+    hc_pre: Kernel,
+    hc_post: Kernel,
+    dsv4_heads: Kernel,
+    dsv4_kv_prep: Kernel,
+    dsv4_compress: Kernel,
+    dsv4_ring_store: Kernel,
+    dsv4_index_scores: Kernel,
+    dsv4_topk: Kernel,
+    dsv4_attention: Kernel,
 }
 
 /// Routed experts kept in VRAM by (layer, unit) when they are not resident whole.
@@ -373,6 +458,23 @@ struct Scratch {
     ov: Option<CudaSlice<f32>>,
     /// The shared expert's output.
     sh: Option<CudaSlice<f32>>,
+    /// Hyper-connections: the normalised streams, their mix projection, post and comb.
+    hcf: Option<CudaSlice<f32>>,
+    hcm: Option<CudaSlice<f32>>,
+    hcpc: Option<CudaSlice<f32>>,
+    /// DeepSeek V4: compressor products (kv, gate) of the attention's and the indexer's
+    /// compressors, indexer queries and head weights, row scores, the selected rows and
+    /// their counts, the grouped output's low-rank values.
+    cc: Option<CudaSlice<f32>>,
+    cz: Option<CudaSlice<f32>>,
+    ic: Option<CudaSlice<f32>>,
+    iz: Option<CudaSlice<f32>>,
+    iq: Option<CudaSlice<f32>>,
+    wh: Option<CudaSlice<f32>>,
+    scores: Option<CudaSlice<f32>>,
+    sel: Option<CudaSlice<i32>>,
+    nsel: Option<CudaSlice<i32>>,
+    dz: Option<CudaSlice<f32>>,
     g: Option<CudaSlice<f32>>,
     u: Option<CudaSlice<f32>>,
     dd: Option<CudaSlice<f32>>,
@@ -396,15 +498,84 @@ fn addr<T: cudarc::driver::DeviceRepr>(
 
 /// One sequence's KV cache in VRAM: per layer `[n_ctx][n_head_kv * head_dim]` keys and
 /// values, f16 (llama.cpp's default cache; the CPU path rounds to f16 the same way) or f32
-/// as the sequence's host cache says (`--kv-f32`).
+/// as the sequence's host cache says (`--kv-f32`); DeepSeek V4 layers keep [`Dsv4Kv`]
+/// instead.
 pub struct GpuKv {
     k: Vec<CudaSlice<u8>>,
     v: Vec<CudaSlice<u8>>,
+    /// Per layer: DeepSeek V4 attention's state (None for other layers).
+    dsv4: Vec<Option<Dsv4Kv>>,
+    /// The position the sequential state (DeepSeek V4's windows and compressor carry)
+    /// continues at (usize::MAX while a call runs, or after one failed).
+    next: usize,
     n_ctx: usize,
     f32: bool,
     stream: Arc<CudaStream>,
     /// False when a copy failed (the next forward call reports it).
     ok: bool,
+}
+
+/// A compressor's state in VRAM: the carry of the last `coff * ratio` positions' kv and
+/// gate products (slot `p % (coff * ratio)`), and every emitted row (f32, rounded to f16
+/// with an f16 cache).
+struct CompKv {
+    rc: CudaSlice<f32>,
+    rz: CudaSlice<f32>,
+    rows: CudaSlice<f32>,
+}
+
+/// One DeepSeek V4 layer's state in VRAM: the ring of the last `window` key rows (slot
+/// `p % window`), the compressor's and the indexer's.
+struct Dsv4Kv {
+    ring: CudaSlice<f32>,
+    comp: Option<CompKv>,
+    index: Option<CompKv>,
+}
+
+/// Device addresses of one layer's [`Dsv4Kv`] (0 where absent): ring, then (carry kv, carry
+/// gate, rows) of the compressor and of the indexer.
+#[derive(Clone, Copy, Default)]
+struct Dsv4Ptrs {
+    ring: u64,
+    comp: [u64; 3],
+    index: [u64; 3],
+}
+
+impl Dsv4Kv {
+    fn ptrs(&self, stream: &Arc<CudaStream>) -> Dsv4Ptrs {
+        let c = |c: &Option<CompKv>| {
+            c.as_ref().map_or([0; 3], |c| {
+                [
+                    c.rc.device_ptr(stream).0,
+                    c.rz.device_ptr(stream).0,
+                    c.rows.device_ptr(stream).0,
+                ]
+            })
+        };
+        Dsv4Ptrs {
+            ring: self.ring.device_ptr(stream).0,
+            comp: c(&self.comp),
+            index: c(&self.index),
+        }
+    }
+
+    fn copy(&self, stream: &Arc<CudaStream>) -> Option<Dsv4Kv> {
+        let c = |c: &Option<CompKv>| -> Option<Option<CompKv>> {
+            match c {
+                None => Some(None),
+                Some(c) => Some(Some(CompKv {
+                    rc: stream.clone_dtod(&c.rc).ok()?,
+                    rz: stream.clone_dtod(&c.rz).ok()?,
+                    rows: stream.clone_dtod(&c.rows).ok()?,
+                })),
+            }
+        };
+        Some(Dsv4Kv {
+            ring: stream.clone_dtod(&self.ring).ok()?,
+            comp: c(&self.comp)?,
+            index: c(&self.index)?,
+        })
+    }
 }
 
 impl ExtraState for GpuKv {
@@ -413,11 +584,21 @@ impl ExtraState for GpuKv {
             src.iter().map(|s| self.stream.clone_dtod(s).ok()).collect()
         };
         let (k, v) = (copy(&self.k), copy(&self.v));
+        let dsv4: Option<Vec<Option<Dsv4Kv>>> = self
+            .dsv4
+            .iter()
+            .map(|d| match d {
+                None => Some(None),
+                Some(d) => d.copy(&self.stream).map(Some),
+            })
+            .collect();
         let synced = self.stream.synchronize().is_ok();
-        let ok = self.ok && synced && k.is_some() && v.is_some();
+        let ok = self.ok && synced && k.is_some() && v.is_some() && dsv4.is_some();
         Box::new(GpuKv {
             k: k.unwrap_or_default(),
             v: v.unwrap_or_default(),
+            dsv4: dsv4.unwrap_or_default(),
+            next: self.next,
             n_ctx: self.n_ctx,
             f32: self.f32,
             stream: self.stream.clone(),
@@ -463,6 +644,10 @@ pub struct GpuDecoder {
     mvt1: Mvt1Staging,
     /// The plan's MLA layers' shape (`DecoderPlan::mla_shape`; checked to be every one's).
     mla: Option<MlaShape>,
+    /// The plan's DeepSeek V4 layers' shape (checked to be every one's).
+    dsv4: Option<Dsv4Shape>,
+    /// The hyper-connection residual's shape and head mix.
+    hyper: Option<(HcShape, DHc)>,
     plan: DecoderPlan,
     f: Funcs,
     layers: Vec<DLayer>,
@@ -499,32 +684,198 @@ pub enum ExpertPlacement {
     Cached,
 }
 
-fn act_id(a: Activation) -> Option<i32> {
+/// `glu_act`'s activation id and clamp limit.
+fn act_id(a: Activation) -> Act {
     match a {
-        Activation::Silu => Some(0),
-        Activation::GeluTanh => Some(1),
-        Activation::SiluClamped { .. } => None,
+        Activation::Silu => (0, 0.0),
+        Activation::GeluTanh => (1, 0.0),
+        Activation::SiluClamped { limit } => (2, limit),
     }
 }
 
-/// `topk_route`'s (score function id, selection bias, renormalise, scale) for a router;
-/// None for hashed routing (no kernel).
-fn router_kind(r: &Router) -> Option<(i32, Option<&[f32]>, bool, f32)> {
+/// What `topk_route` takes of a router.
+struct RouterKind<'a> {
+    /// Score function id (0 softmax, 1 sigmoid, 2 sqrt-softplus).
+    score: i32,
+    bias: Option<&'a [f32]>,
+    norm: bool,
+    scale: f32,
+    /// A hashed router's `[n_vocab][k]` experts.
+    table: Option<&'a [u32]>,
+}
+
+fn router_kind(r: &Router) -> RouterKind<'_> {
     let score = |f: ScoreFn| match f {
         ScoreFn::Softmax => 0,
         ScoreFn::Sigmoid => 1,
         ScoreFn::SqrtSoftplus => 2,
     };
     match r {
-        Router::Softmax { norm } => Some((0, None, *norm, 1.0)),
+        Router::Softmax { norm } => RouterKind {
+            score: 0,
+            bias: None,
+            norm: *norm,
+            scale: 1.0,
+            table: None,
+        },
         Router::Biased {
             score: f,
             bias,
             norm,
             scale,
-        } => Some((score(*f), Some(&bias[..]), *norm, *scale)),
-        Router::Hash { .. } => None,
+        } => RouterKind {
+            score: score(*f),
+            bias: Some(&bias[..]),
+            norm: *norm,
+            scale: *scale,
+            table: None,
+        },
+        Router::Hash {
+            table,
+            score: f,
+            norm,
+            scale,
+        } => RouterKind {
+            score: score(*f),
+            bias: None,
+            norm: *norm,
+            scale: *scale,
+            table: Some(&table[..]),
+        },
     }
+}
+
+/// The shape of the plan's DeepSeek V4 layers (the first one's).
+fn dsv4_shape(plan: &DecoderPlan) -> Option<Dsv4Shape> {
+    plan.layers.iter().find_map(|l| match &l.attn {
+        PlanAttn::Dsv4 { shape, .. } => Some(*shape),
+        _ => None,
+    })
+}
+
+/// Most residual streams, widest compressed row, most indexer query values and widest
+/// DeepSeek V4 head the kernels take (`HC_MAX`, `2 * DSV4_PAIRS * 256`, `IDX_MAX_Q`,
+/// `ATT_MAX_V` of forward.cu).
+const HC_MAX: usize = 8;
+const DSV4_MAX_COMP: usize = 1024;
+const IDX_MAX_Q: usize = 8192;
+
+/// Column segments a hyper-connection projection of `cols` columns of `ty` is split into:
+/// the most of 32, 16, .. 2 whose segments are whole multiples of the decode kernel's step
+/// (MVT_STEP columns) and of the format's blocks; 1 (no split) otherwise.
+fn hc_segments(ty: GgmlType, cols: usize) -> usize {
+    let Some(row) = ty.row_bytes(cols as u64) else {
+        return 1;
+    };
+    [32, 16, 8, 4, 2]
+        .into_iter()
+        .find(|&n| {
+            cols.is_multiple_of(n)
+                && (cols / n).is_multiple_of(MVT_STEP)
+                && ty.row_bytes((cols / n) as u64).map(|b| b * n as u64) == Some(row)
+        })
+        .unwrap_or(1)
+}
+
+/// Why DeepSeek V4 attention layer `il` does not fit the kernels, if it does not.
+fn check_dsv4(
+    il: usize,
+    w: &sluice_models::blocks::dsv4_attention::Dsv4AttnWeights,
+    s: &Dsv4Shape,
+    first: &Dsv4Shape,
+) -> Result<(), String> {
+    let bad = |what: String| Err(format!("layer {il}: DeepSeek V4 attention: {what}"));
+    let same = (
+        s.n_embd, s.n_head, s.head_dim, s.n_rot, s.q_lora, s.o_groups, s.o_lora,
+    ) == (
+        first.n_embd,
+        first.n_head,
+        first.head_dim,
+        first.n_rot,
+        first.q_lora,
+        first.o_groups,
+        first.o_lora,
+    ) && s.window == first.window;
+    if !same {
+        return bad("its shape differs from the first layer's".into());
+    }
+    let (nh, hd) = (s.n_head, s.head_dim);
+    if hd > MAX_HEAD_DIM_V || hd == 0 || s.n_rot == 0 || !s.n_rot.is_multiple_of(2) || s.n_rot > hd
+    {
+        return bad(format!(
+            "heads of {hd} with {} roped dims (the kernel takes even rotations within heads up to {MAX_HEAD_DIM_V})",
+            s.n_rot
+        ));
+    }
+    if s.window == 0 || s.o_groups == 0 || !(nh * hd).is_multiple_of(s.o_groups) {
+        return bad(format!(
+            "window {}, {} output groups over {nh} heads of {hd}",
+            s.window, s.o_groups
+        ));
+    }
+    if w.rope.len() != s.n_rot / 2
+        || w.rope_compress.len() != s.n_rot / 2
+        || w.sinks.len() != nh
+        || w.kv_norm.len() != hd
+        || w.q_a_norm.len() != s.q_lora
+    {
+        return bad("RoPE tables, sinks or norms of the wrong length".into());
+    }
+    let shapes = (
+        w.q_a.rows,
+        w.q_b.rows,
+        w.q_b.cols,
+        w.kv.rows,
+        w.out_a.rows,
+        w.out_a.cols,
+    ) == (
+        s.q_lora,
+        nh * hd,
+        s.q_lora,
+        hd,
+        s.o_groups * s.o_lora,
+        nh * hd / s.o_groups,
+    ) && (w.out_b.rows, w.out_b.cols) == (s.n_embd, s.o_groups * s.o_lora);
+    if !shapes {
+        return bad("projection shapes do not match its shape".into());
+    }
+    let comp_ok = |c: &sluice_models::blocks::dsv4_attention::CompressorWeights| {
+        c.ratio > 0
+            && (c.coff == 1 || c.coff == 2)
+            && c.head_dim <= DSV4_MAX_COMP
+            && c.head_dim.is_multiple_of(2)
+            && c.head_dim >= s.n_rot
+            && c.ape.len() == c.ratio * c.coff * c.head_dim
+            && c.norm.len() == c.head_dim
+            && (c.kv.rows, c.gate.rows) == (c.coff * c.head_dim, c.coff * c.head_dim)
+    };
+    if let Some(c) = &w.comp {
+        if !comp_ok(c) || c.head_dim != hd {
+            return bad(format!(
+                "a compressor of ratio {} rows of {} (the kernel takes rows of the head size, up to {DSV4_MAX_COMP})",
+                c.ratio, c.head_dim
+            ));
+        }
+    }
+    match (&w.indexer, &w.comp) {
+        (None, _) => {}
+        (Some(ix), Some(c)) => {
+            let ok = comp_ok(&ix.comp)
+                && ix.comp.ratio == c.ratio
+                && ix.comp.head_dim == ix.head_dim
+                && ix.n_head * ix.head_dim <= IDX_MAX_Q
+                && ix.top_k > 0
+                && (ix.q_b.rows, ix.proj.rows) == (ix.n_head * ix.head_dim, ix.n_head);
+            if !ok {
+                return bad(format!(
+                    "an indexer of {} heads of {} (top {}) the kernels do not take",
+                    ix.n_head, ix.head_dim, ix.top_k
+                ));
+            }
+        }
+        (Some(_), None) => return bad("an indexer without a compressor".into()),
+    }
+    Ok(())
 }
 
 impl GpuDecoder {
@@ -533,29 +884,83 @@ impl GpuDecoder {
     pub fn check(plan: &DecoderPlan) -> Result<(), String> {
         // Parts of a plan this backend has no kernels for: said first, so the reason names
         // the part, not a head size.
-        if let Some(h) = &plan.hyper {
-            return Err(format!(
-                "hyper-connections ({} residual streams) have no GPU kernels yet",
-                h.shape.n_hc
-            ));
-        }
         for (il, l) in plan.layers.iter().enumerate() {
             let missing = match l.attn {
-                PlanAttn::Dsv4 { .. } => {
-                    Some("DeepSeek V4 attention (sliding window, compressed rows, sinks)")
-                }
                 PlanAttn::Kda { .. } => Some("Kimi delta attention"),
                 PlanAttn::Pooled { .. } => Some("pooled latent attention"),
-                PlanAttn::Gqa { .. } | PlanAttn::Mla { .. } => None,
+                PlanAttn::Gqa { .. } | PlanAttn::Mla { .. } | PlanAttn::Dsv4 { .. } => None,
             };
             if let Some(what) = missing {
                 return Err(format!("layer {il}: {what} has no GPU kernels yet"));
             }
+        }
+        if let Some(h) = &plan.hyper {
+            let hc = h.shape.n_hc;
+            if hc == 0 || hc > HC_MAX || h.shape.n_embd != plan.n_embd {
+                return Err(format!(
+                    "hyper-connections of {hc} streams (the kernels take 1 to {HC_MAX})"
+                ));
+            }
+            let w_ok = |w: &sluice_models::blocks::hyper::HcWeights, n_out: usize, n_scale| {
+                (w.proj.rows, w.proj.cols, w.base.len(), w.scale.len())
+                    == (n_out, hc * plan.n_embd, n_out, n_scale)
+            };
+            match &h.head {
+                HyperHead::Learned(w) if w_ok(w, hc, 1) => {}
+                HyperHead::Learned(_) => {
+                    return Err("the hyper-connection head's shapes do not match".into())
+                }
+                HyperHead::Mean => {
+                    return Err("a mean hyper-connection head has no GPU kernel yet".into())
+                }
+            }
+            for (il, l) in plan.layers.iter().enumerate() {
+                match &l.hc {
+                    Some(w) if w.iter().all(|w| w_ok(w, (2 + hc) * hc, 3)) => {}
+                    _ => {
+                        return Err(format!(
+                            "layer {il}: hyper-connection mixes missing or of the wrong shape"
+                        ))
+                    }
+                }
+            }
+        } else if plan.layers.iter().any(|l| l.hc.is_some()) {
+            return Err("hyper-connection mixes without the residual's shape".into());
+        }
+        if let Some(first) = dsv4_shape(plan) {
+            for (il, l) in plan.layers.iter().enumerate() {
+                match &l.attn {
+                    PlanAttn::Dsv4 { w, shape } => check_dsv4(il, w, shape, &first)?,
+                    _ => {
+                        return Err(format!(
+                            "layer {il}: DeepSeek V4 layers mixed with other attention"
+                        ))
+                    }
+                }
+            }
+            let sh = &plan.shape;
+            if (sh.n_head, sh.n_head_kv, sh.head_dim, sh.head_dim_v)
+                != (first.n_head, 1, first.head_dim, first.head_dim)
+            {
+                return Err(
+                    "DeepSeek V4: the plan's attention shape differs from its layers'".into(),
+                );
+            }
+        }
+        for (il, l) in plan.layers.iter().enumerate() {
             if let PlanFfn::Moe { moe, .. } = &l.ffn {
-                if router_kind(&moe.router).is_none() {
-                    return Err(format!(
-                        "layer {il}: hash routing has no GPU kernels (only softmax and biased routers)"
-                    ));
+                if let Some(t) = router_kind(&moe.router).table {
+                    if t.len() != plan.n_vocab * moe.k
+                        || t.iter().any(|&x| x as usize >= moe.n_expert)
+                    {
+                        return Err(format!(
+                            "layer {il}: a hash router table of {} entries for {} tokens x top-{} of {} experts",
+                            t.len(),
+                            plan.n_vocab,
+                            moe.k,
+                            moe.n_expert
+                        ));
+                    }
                 }
             }
         }
@@ -612,25 +1017,13 @@ impl GpuDecoder {
         }
         for (il, l) in plan.layers.iter().enumerate() {
             match &l.ffn {
-                PlanFfn::Dense { act, .. } => {
-                    act_id(*act).ok_or_else(|| format!("layer {il}: activation {act:?}"))?;
-                }
-                PlanFfn::Moe {
-                    moe,
-                    experts,
-                    shared,
-                } => {
-                    let (n_expert, k, act) = (&moe.n_expert, &moe.k, &moe.act);
-                    act_id(*act).ok_or_else(|| format!("layer {il}: activation {act:?}"))?;
+                PlanFfn::Dense { .. } => {}
+                PlanFfn::Moe { moe, experts, .. } => {
+                    let (n_expert, k) = (&moe.n_expert, &moe.k);
                     if *n_expert > MAX_EXPERTS || *k == 0 || k > n_expert {
                         return Err(format!("layer {il}: top-{k} of {n_expert} experts"));
                     }
-                    if let Some(sh) = shared {
-                        act_id(sh.act).ok_or_else(|| {
-                            format!("layer {il}: shared expert activation {:?}", sh.act)
-                        })?;
-                    }
-                    if let Some((_, Some(bias), ..)) = router_kind(&moe.router) {
+                    if let Some(bias) = router_kind(&moe.router).bias {
                         if bias.len() != *n_expert {
                             return Err(format!(
                                 "layer {il}: a router bias of {} values for {n_expert} experts",
@@ -731,6 +1124,16 @@ impl GpuDecoder {
             mla_kv_prep: load("mla_kv_prep")?,
             mla_q_split: load("mla_q_split")?,
             mla_q_join: load("mla_q_join")?,
+            hc_expand: load("hc_expand")?,
+            hc_pre: load("hc_pre")?,
+            hc_post: load("hc_post")?,
+            dsv4_heads: load("dsv4_heads")?,
+            dsv4_kv_prep: load("dsv4_kv_prep")?,
+            dsv4_compress: load("dsv4_compress")?,
+            dsv4_ring_store: load("dsv4_ring_store")?,
+            dsv4_index_scores: load("dsv4_index_scores")?,
+            dsv4_topk: load("dsv4_topk")?,
+            dsv4_attention: load("dsv4_attention")?,
         };
         // What the weights need, against what the backend may hold.
         let dense: u64 = plan
@@ -785,6 +1188,22 @@ impl GpuDecoder {
         let output = up.mat(&plan.output)?;
         let output_norm = up.norm(&plan.output_norm)?;
         let (mut ff_dense, mut ff_moe, mut k_max, mut n_expert_max) = (0, 0, 0, 0);
+        // One segment count for every hyper-connection projection (the call header has one
+        // chunk table for them); a count that splits one splits the others (powers of two).
+        let hc_nseg = plan
+            .layers
+            .iter()
+            .flat_map(|l| l.hc.iter().flat_map(|w| w.iter()))
+            .chain(match &plan.hyper {
+                Some(h) => match &h.head {
+                    HyperHead::Learned(w) => Some(w),
+                    HyperHead::Mean => None,
+                },
+                None => None,
+            })
+            .map(|w| hc_segments(w.proj.ty, w.proj.cols))
+            .min()
+            .unwrap_or(1);
         let mut layers = Vec::with_capacity(plan.layers.len());
         for l in &plan.layers {
             let ffn = match &l.ffn {
@@ -794,7 +1213,7 @@ impl GpuDecoder {
                         gate: up.mat(&w.gate)?,
                         up: up.mat(&w.up)?,
                         down: up.mat(&w.down)?,
-                        act: act_id(*act).expect("checked"),
+                        act: act_id(*act),
                     }
                 }
                 PlanFfn::Moe {
@@ -804,7 +1223,7 @@ impl GpuDecoder {
                 } => {
                     let (router_w, n_expert, k, act) =
                         (&moe.router_w, &moe.n_expert, &moe.k, &moe.act);
-                    let (score, bias, nm, scale) = router_kind(&moe.router).expect("checked");
+                    let rk = router_kind(&moe.router);
                     ff_moe = ff_moe.max(st[0].rows);
                     k_max = k_max.max(*k);
                     n_expert_max = n_expert_max.max(*n_expert);
@@ -836,27 +1255,35 @@ impl GpuDecoder {
                                 gate: up.mat(&sh.w.gate)?,
                                 up: up.mat(&sh.w.up)?,
                                 down: up.mat(&sh.w.down)?,
-                                act: act_id(sh.act).expect("checked"),
+                                act: act_id(sh.act),
                             }))
                         }
                         None => None,
                     };
-                    let bias = match bias {
+                    let bias = match rk.bias {
                         Some(b) => up.norm(b)?,
+                        None => 0,
+                    };
+                    let table = match rk.table {
+                        Some(t) => {
+                            let v: Vec<i32> = t.iter().map(|&x| x as i32).collect();
+                            up.ints(&v)?
+                        }
                         None => 0,
                     };
                     DFfn::Moe {
                         router,
-                        norm: nm,
-                        score,
+                        norm: rk.norm,
+                        score: rk.score,
                         bias,
-                        scale,
+                        scale: rk.scale,
+                        table,
                         shared,
                         n_expert: *n_expert,
                         k: *k,
                         parts: [parts[0], parts[1], parts[2]],
                         tab_index,
-                        act: act_id(*act).expect("checked"),
+                        act: act_id(*act),
                     }
                 }
             };
@@ -875,8 +1302,47 @@ impl GpuDecoder {
                     inv_freq: up.norm(inv_freq)?,
                     window: window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
                 },
-                PlanAttn::Dsv4 { .. } | PlanAttn::Kda { .. } | PlanAttn::Pooled { .. } => {
-                    unreachable!("checked: GQA and MLA layers only")
+                PlanAttn::Kda { .. } | PlanAttn::Pooled { .. } => {
+                    unreachable!("checked: GQA, MLA and DeepSeek V4 layers only")
+                }
+                PlanAttn::Dsv4 { w, shape } => {
+                    let mut comp = |c: &sluice_models::blocks::dsv4_attention::CompressorWeights| -> Result<DComp, String> {
+                        Ok(DComp {
+                            ratio: c.ratio,
+                            head_dim: c.head_dim,
+                            coff: c.coff,
+                            kv: up.mat(&c.kv)?,
+                            gate: up.mat(&c.gate)?,
+                            ape: up.norm(&c.ape)?,
+                            norm: up.norm(&c.norm)?,
+                        })
+                    };
+                    let c = w.comp.as_ref().map(&mut comp).transpose()?;
+                    let ix = match &w.indexer {
+                        Some(ix) => Some(DIndexer {
+                            n_head: ix.n_head,
+                            head_dim: ix.head_dim,
+                            top_k: ix.top_k,
+                            comp: comp(&ix.comp)?,
+                            q_b: up.mat(&ix.q_b)?,
+                            proj: up.mat(&ix.proj)?,
+                        }),
+                        None => None,
+                    };
+                    DAttn::Dsv4(Box::new(DDsv4 {
+                        q_a: up.mat(&w.q_a)?,
+                        q_a_norm: up.norm(&w.q_a_norm)?,
+                        q_b: up.mat(&w.q_b)?,
+                        kv: up.mat(&w.kv)?,
+                        kv_norm: up.norm(&w.kv_norm)?,
+                        sinks: up.norm(&w.sinks)?,
+                        out_a: up.heads(&w.out_a, shape.o_groups)?,
+                        out_b: up.mat(&w.out_b)?,
+                        rope: up.norm(&w.rope)?,
+                        rope_compress: up.norm(&w.rope_compress)?,
+                        comp: c,
+                        indexer: ix,
+                    }))
                 }
                 PlanAttn::Mla { w, shape } => {
                     let nh = shape.n_head;
@@ -893,6 +1359,10 @@ impl GpuDecoder {
                     }
                 }
             };
+            let hc = match &l.hc {
+                Some(w) => Some([up.hc(&w[0], hc_nseg)?, up.hc(&w[1], hc_nseg)?]),
+                None => None,
+            };
             layers.push(DLayer {
                 attn_norm: up.norm(&l.attn_norm)?,
                 attn,
@@ -900,8 +1370,16 @@ impl GpuDecoder {
                 ffn_norm: up.norm(&l.ffn_norm)?,
                 ffn,
                 post_ffn: up.opt_norm(&l.post_ffn_norm)?,
+                hc,
             });
         }
+        let hyper = match &plan.hyper {
+            Some(h) => match &h.head {
+                HyperHead::Learned(w) => Some((h.shape, up.hc(w, hc_nseg)?)),
+                HyperHead::Mean => unreachable!("checked: a learned head"),
+            },
+            None => None,
+        };
         let Uploader {
             owned,
             norms,
@@ -939,6 +1417,8 @@ impl GpuDecoder {
             ),
             mvt1,
             mla: plan.mla_shape(),
+            dsv4: dsv4_shape(&plan),
+            hyper,
             plan,
             f,
             layers,
@@ -1201,6 +1681,51 @@ impl Uploader<'_> {
         Ok(a)
     }
 
+    /// Upload integers (a hash router's table); their device address.
+    fn ints(&mut self, v: &[i32]) -> Result<u64, String> {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.bytes(&bytes)
+    }
+
+    /// Upload a hyper-connection mix, its projection in `nseg` column segments ([`DHc`];
+    /// [`hc_segments`] of it or fewer).
+    fn hc(
+        &mut self,
+        w: &sluice_models::blocks::hyper::HcWeights,
+        nseg: usize,
+    ) -> Result<DHc, String> {
+        let m = &w.proj;
+        let row_bytes = m.ty.row_bytes(m.cols as u64).expect("checked") as usize;
+        let seg_cols = m.cols / nseg;
+        let seg_bytes = row_bytes / nseg;
+        let src = m.bytes(self.map);
+        // [nseg][rows][seg_bytes]: segment s of row r is bytes s * seg_bytes.. of the row.
+        let mut out = Vec::with_capacity(src.len());
+        for sg in 0..nseg {
+            for r in 0..m.rows {
+                let at = r * row_bytes + sg * seg_bytes;
+                out.extend_from_slice(&src[at..at + seg_bytes]);
+            }
+        }
+        let a = self.bytes(&out)?;
+        let first = self.tab.len();
+        for sg in 0..nseg {
+            self.tab.push(a + (sg * m.rows * seg_bytes) as u64);
+        }
+        Ok(DHc {
+            proj: DMat {
+                tab: first,
+                fi: kernel_format(m.ty, seg_cols).expect("checked"),
+                rows: m.rows,
+                cols: seg_cols,
+                row_bytes: seg_bytes as i64,
+            },
+            nseg,
+            base: self.norm(&w.base)?,
+            scale: self.norm(&w.scale)?,
+        })
+    }
+
     /// A norm's address, 0 (a null pointer for the kernels) when there is none.
     fn opt_norm(&mut self, v: &Option<Vec<f32>>) -> Result<u64, String> {
         match v {
@@ -1224,9 +1749,11 @@ fn i32_of(v: usize, what: &str) -> Result<i32, ModelError> {
     i32::try_from(v).map_err(|_| ModelError::Compute(format!("cuda: {what} {v} is too large")))
 }
 
-/// Byte layout of a call's header: tokens, positions, the three chunk counts, the logits'
-/// row map, the dense chunks (every token in order), the logits' row chunks and, for MLA,
-/// the per-head chunks (unit h: rows `t * n_head + h` of every token t).
+/// Byte layout of a call's header: tokens, positions, the four chunk counts, the logits'
+/// row map, the dense chunks (every token in order), the logits' row chunks, the per-head
+/// chunks (MLA's heads or DeepSeek V4's output groups; unit h: rows `t * heads + h` of every
+/// token t) and the per-segment chunks of the hyper-connection projections (the same with
+/// `segs` units).
 struct Header {
     bytes: Vec<u8>,
     tokens: usize,
@@ -1236,6 +1763,17 @@ struct Header {
     dense: usize,
     row_chunks: usize,
     head_chunks: usize,
+    seg_chunks: usize,
+}
+
+/// Chunks of `units` units per token: unit u takes rows `t * units + u` of every token t.
+fn unit_chunks(out: &mut Vec<u8>, n: usize, units: usize) {
+    for u in 0..units {
+        let of_unit: Vec<usize> = (0..n).map(|t| t * units + u).collect();
+        for c in of_unit.chunks(MVG_N) {
+            push_chunk(out, u, c);
+        }
+    }
 }
 
 fn chunk_bytes(out: &mut Vec<u8>, n: usize) {
@@ -1246,8 +1784,9 @@ fn chunk_bytes(out: &mut Vec<u8>, n: usize) {
 }
 
 impl Header {
-    /// `heads`: the MLA layers' head count (0: no MLA layer).
-    fn new(batch: &Batch<'_>, rows: &[usize], heads: usize) -> Header {
+    /// `heads`: the MLA layers' head count or DeepSeek V4's output groups (0: neither);
+    /// `segs`: the hyper-connection projections' column segments (0: none).
+    fn new(batch: &Batch<'_>, rows: &[usize], heads: usize, segs: usize) -> Header {
         let n = batch.len();
         let mut b: Vec<u8> = Vec::new();
         let tokens = b.len();
@@ -1262,6 +1801,7 @@ impl Header {
         b.extend_from_slice(&(n.div_ceil(MVG_N) as i32).to_le_bytes());
         b.extend_from_slice(&(rows.len().div_ceil(MVG_N) as i32).to_le_bytes());
         b.extend_from_slice(&((heads * n.div_ceil(MVG_N)) as i32).to_le_bytes());
+        b.extend_from_slice(&((segs * n.div_ceil(MVG_N)) as i32).to_le_bytes());
         let rowmap = b.len();
         for &r in rows {
             b.extend_from_slice(&(r as i32).to_le_bytes());
@@ -1272,12 +1812,9 @@ impl Header {
         let row_chunks = b.len();
         chunk_bytes(&mut b, rows.len());
         let head_chunks = b.len();
-        for h in 0..heads {
-            let of_head: Vec<usize> = (0..n).map(|t| t * heads + h).collect();
-            for c in of_head.chunks(MVG_N) {
-                push_chunk(&mut b, h, c);
-            }
-        }
+        unit_chunks(&mut b, n, heads);
+        let seg_chunks = b.len();
+        unit_chunks(&mut b, n, segs);
         Header {
             bytes: b,
             tokens,
@@ -1287,6 +1824,7 @@ impl Header {
             dense,
             row_chunks,
             head_chunks,
+            seg_chunks,
         }
     }
 }
@@ -1411,12 +1949,76 @@ impl GpuDecoder {
     }
 
     /// `g = act(g) * u` over `len` values.
-    fn glu(&self, g: u64, u: u64, len: usize, act: i32) -> Result<(), ModelError> {
+    fn glu(&self, g: u64, u: u64, len: usize, act: Act) -> Result<(), ModelError> {
         self.launch(
             &self.f.glu_act,
             (len.div_ceil(256) as u32, 1, 1),
             256,
-            &[A::P(g), A::P(u), A::L(len as i64), A::I(act)],
+            &[A::P(g), A::P(u), A::L(len as i64), A::I(act.0), A::F(act.1)],
+        )
+    }
+
+    /// The mix `w` of every token's hyper-connection streams `x` (`[n][hc][e]`): their
+    /// unweighted RMS norm into `hcf`, its projection's column segments into `hcm` (through
+    /// the per-segment chunk table `segs`: table, count, dense chunks, small), then `hc_pre`:
+    /// the
+    /// collapsed input into `h` (RMS-normed with `norm` unless 0) and, when `pc` is not 0,
+    /// post and comb into it for [`Self::hc_post`].
+    #[allow(clippy::too_many_arguments)]
+    fn hc_mix(
+        &self,
+        w: &DHc,
+        hs: &HcShape,
+        x: u64,
+        bufs: (u64, u64),
+        pc: u64,
+        norm: u64,
+        h: u64,
+        n: usize,
+        segs: (u64, u64, usize, bool),
+        eps: f32,
+    ) -> Result<(), ModelError> {
+        let (hcf, hcm) = bufs;
+        let (chunks, count, nd, small) = segs;
+        let width = hs.n_hc * hs.n_embd;
+        self.rms_norm(x, 0, hcf, 0, n, width, hs.rms_eps)?;
+        self.mv(&[(&w.proj, hcm)], chunks, count, nd * w.nseg, hcf, 1, small)?;
+        self.launch(
+            &self.f.hc_pre,
+            (n as u32, 1, 1),
+            256,
+            &[
+                A::P(hcm),
+                A::P(w.base),
+                A::P(w.scale),
+                A::P(x),
+                A::P(pc),
+                A::P(norm),
+                A::P(h),
+                A::I(hs.n_hc as i32),
+                A::I(i32_of(hs.n_embd, "n_embd")?),
+                A::I(i32_of(hs.sinkhorn_iters, "Sinkhorn iterations")?),
+                A::I(w.nseg as i32),
+                A::F(hs.eps),
+                A::F(eps),
+            ],
+        )
+    }
+
+    /// `x[t][dst] = post[dst] y[t] + sum_src comb[src][dst] x[t][src]` (`pc` from
+    /// [`Self::hc_mix`]).
+    fn hc_post(&self, hs: &HcShape, x: u64, y: u64, pc: u64, n: usize) -> Result<(), ModelError> {
+        self.launch(
+            &self.f.hc_post,
+            (n as u32, hs.n_embd.div_ceil(256) as u32, 1),
+            256,
+            &[
+                A::P(x),
+                A::P(y),
+                A::P(pc),
+                A::I(hs.n_hc as i32),
+                A::I(i32_of(hs.n_embd, "n_embd")?),
+            ],
         )
     }
 
@@ -1447,6 +2049,37 @@ impl GpuDecoder {
                 A::P(pos),
                 A::I(i32_of(kdim, "key row")?),
                 A::I(i32_of(vdim, "value row")?),
+            ],
+        )
+    }
+
+    /// The carry of the batch's last `slots` tokens (positions at `pos`): rows of `c` (and
+    /// `z` unless 0) to slot `position % slots` of `rc` (`rz`).
+    #[allow(clippy::too_many_arguments)]
+    fn ring_store(
+        &self,
+        c: u64,
+        z: u64,
+        rc: u64,
+        rz: u64,
+        pos: u64,
+        width: usize,
+        slots: usize,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        self.launch(
+            &self.f.dsv4_ring_store,
+            (n as u32, 1, 1),
+            256,
+            &[
+                A::P(c),
+                A::P(z),
+                A::P(rc),
+                A::P(rz),
+                A::P(pos),
+                A::I(i32_of(width, "carry row")?),
+                A::I(i32_of(slots, "carry slots")?),
+                A::I(n as i32),
             ],
         )
     }
@@ -1589,11 +2222,43 @@ impl GpuDecoder {
                     })
                     .collect()
             };
-            let k = alloc(sh.n_head_kv * sh.head_dim)?;
-            let v = alloc(sh.n_head_kv * sh.head_dim_v)?;
+            // DeepSeek V4 layers keep their own state instead (Dsv4Kv).
+            let (kd, vd) = if self.dsv4.is_some() {
+                (0, 0)
+            } else {
+                (sh.n_head_kv * sh.head_dim, sh.n_head_kv * sh.head_dim_v)
+            };
+            let k = alloc(kd)?;
+            let v = alloc(vd)?;
+            let zeros = |len: usize| -> Result<CudaSlice<f32>, ModelError> {
+                stream
+                    .alloc_zeros::<f32>(len.max(1))
+                    .map_err(|e| err("DeepSeek V4 state", e))
+            };
+            let comp = |c: &DComp| -> Result<CompKv, ModelError> {
+                let carry = c.coff * c.ratio * c.coff * c.head_dim;
+                Ok(CompKv {
+                    rc: zeros(carry)?,
+                    rz: zeros(carry)?,
+                    rows: zeros(n_ctx / c.ratio * c.head_dim)?,
+                })
+            };
+            let mut dsv4 = Vec::with_capacity(self.layers.len());
+            for l in &self.layers {
+                dsv4.push(match (&l.attn, &self.dsv4) {
+                    (DAttn::Dsv4(a), Some(s)) => Some(Dsv4Kv {
+                        ring: zeros(s.window * s.head_dim)?,
+                        comp: a.comp.as_ref().map(comp).transpose()?,
+                        index: a.indexer.as_ref().map(|ix| comp(&ix.comp)).transpose()?,
+                    }),
+                    _ => None,
+                });
+            }
             state.device = Some(Box::new(GpuKv {
                 k,
                 v,
+                dsv4,
+                next: 0,
                 n_ctx,
                 f32: want_f32,
                 stream: stream.clone(),
@@ -1635,9 +2300,36 @@ impl DeviceForward for GpuDecoder {
         }
         p.check_length(&batch.positions)?;
         let mla = self.mla;
-        let heads = mla.map_or(0, |m| m.n_head);
+        // Rows of the per-head (MLA) or per-group (DeepSeek V4 output) products.
+        let heads = mla
+            .map(|m| m.n_head)
+            .or(self.dsv4.map(|s| s.o_groups))
+            .unwrap_or(0);
         let kv = self.kv(state, pos0)?;
         let kvt = usize::from(kv.f32);
+        if self.dsv4.is_some() {
+            // Windows and compressor carry continue or restart at 0 (like PlanOnCpu).
+            if pos0 != 0 && pos0 != kv.next {
+                let held = if kv.next == usize::MAX {
+                    "no position (an earlier call failed)".to_string()
+                } else {
+                    format!("{} positions", kv.next)
+                };
+                return Err(ModelError::Compute(format!(
+                    "{}: the GPU attention state holds {held}, the batch starts at {pos0} (it cannot be truncated)",
+                    p.arch
+                )));
+            }
+            kv.next = usize::MAX;
+        }
+        let dsv4_ptrs: Vec<Dsv4Ptrs> = kv
+            .dsv4
+            .iter()
+            .map(|d| {
+                d.as_ref()
+                    .map_or_else(Dsv4Ptrs::default, |d| d.ptrs(&kv.stream))
+            })
+            .collect();
         let kv_ptrs: Vec<(u64, u64)> =
             kv.k.iter()
                 .zip(&kv.v)
@@ -1646,7 +2338,8 @@ impl DeviceForward for GpuDecoder {
         let stream = self.stream.clone();
         let mut sc = lock(&self.scratch);
         let sc = &mut *sc;
-        let hdr = Header::new(batch, rows, heads);
+        let segs = self.hyper.as_ref().map_or(0, |(_, w)| w.nseg);
+        let hdr = Header::new(batch, rows, heads, segs);
         let hb = addr(&stream, &mut sc.hdr, hdr.bytes.len())?;
         stream
             .memcpy_htod(
@@ -1666,17 +2359,67 @@ impl DeviceForward for GpuDecoder {
             hb + hdr.row_chunks as u64,
         );
         let (n_headc, head_chunks) = (hb + hdr.counts as u64 + 8, hb + hdr.head_chunks as u64);
+        let (n_segc, seg_chunks) = (hb + hdr.counts as u64 + 12, hb + hdr.seg_chunks as u64);
         let nd = n.div_ceil(MVG_N);
         let pairs = n * self.k_max;
         let moe_chunks_max = pairs / MVG_N + self.n_expert_max.min(pairs);
-        let x = addr(&stream, &mut sc.x, n * e)?;
+        let hs = self.hyper.as_ref().map(|(s, _)| *s);
+        let n_hc = hs.map_or(1, |s| s.n_hc);
+        let x = addr(&stream, &mut sc.x, n * n_hc * e)?;
         let h = addr(&stream, &mut sc.h, n * e)?;
+        let hyper_len = |f: &dyn Fn(usize) -> usize| hs.map_or(1, |s| n * f(s.n_hc));
+        let hcf = addr(&stream, &mut sc.hcf, hyper_len(&|hc| hc * e))?;
+        let hcm = addr(&stream, &mut sc.hcm, hyper_len(&|hc| segs * (2 + hc) * hc))?;
+        let hcpc = addr(&stream, &mut sc.hcpc, hyper_len(&|hc| hc + hc * hc))?;
         let q_width = mla.map_or(hd, |m| hd.max(m.nope + m.rope));
         let q = addr(&stream, &mut sc.q, n * nh * q_width)?;
         // MLA's buffers (one element when there is no MLA layer).
         let ml = |f: &dyn Fn(&MlaShape) -> usize| mla.as_ref().map_or(1, |m| n * f(m));
-        let qa = addr(&stream, &mut sc.qa, ml(&|m| m.q_lora))?;
-        let qan = addr(&stream, &mut sc.qan, ml(&|m| m.q_lora))?;
+        let q_lora = mla
+            .map(|m| m.q_lora)
+            .or(self.dsv4.map(|s| s.q_lora))
+            .unwrap_or(1);
+        let qa = addr(&stream, &mut sc.qa, n * q_lora)?;
+        let qan = addr(&stream, &mut sc.qan, n * q_lora)?;
+        // DeepSeek V4's buffers, sized for its widest compressor and indexer.
+        let (mut comp_w, mut idx_w, mut idx_q, mut idx_heads, mut top_max) = (1, 1, 1, 1, 1);
+        let mut idx_ratio = 0;
+        for l in &self.layers {
+            if let DAttn::Dsv4(a) = &l.attn {
+                if let Some(c) = &a.comp {
+                    comp_w = comp_w.max(c.coff * c.head_dim);
+                }
+                if let Some(ix) = &a.indexer {
+                    idx_w = idx_w.max(ix.comp.coff * ix.comp.head_dim);
+                    idx_q = idx_q.max(ix.n_head * ix.head_dim);
+                    idx_heads = idx_heads.max(ix.n_head);
+                    top_max = top_max.max(ix.top_k);
+                    idx_ratio = if idx_ratio == 0 {
+                        ix.comp.ratio
+                    } else {
+                        idx_ratio.min(ix.comp.ratio)
+                    };
+                }
+            }
+        }
+        let dsv4_len = |len: usize| if self.dsv4.is_some() { n * len } else { 1 };
+        let cc = addr(&stream, &mut sc.cc, dsv4_len(comp_w))?;
+        let cz = addr(&stream, &mut sc.cz, dsv4_len(comp_w))?;
+        let ic = addr(&stream, &mut sc.ic, dsv4_len(idx_w))?;
+        let iz = addr(&stream, &mut sc.iz, dsv4_len(idx_w))?;
+        let iq = addr(&stream, &mut sc.iq, dsv4_len(idx_q))?;
+        let wh = addr(&stream, &mut sc.wh, dsv4_len(idx_heads))?;
+        // Scores of the compressed rows the batch's last token sees, per token.
+        let last = *batch.positions.last().expect("n > 0");
+        let stride = (last + 1).checked_div(idx_ratio).unwrap_or(1).max(1);
+        let scores = addr(&stream, &mut sc.scores, dsv4_len(stride))?;
+        let selb = addr(&stream, &mut sc.sel, dsv4_len(top_max))?;
+        let nselb = addr(&stream, &mut sc.nsel, dsv4_len(1))?;
+        let dz = addr(
+            &stream,
+            &mut sc.dz,
+            dsv4_len(self.dsv4.map_or(1, |s| s.o_groups * s.o_lora)),
+        )?;
         let kva = addr(&stream, &mut sc.kva, ml(&|m| m.row()))?;
         let qn = addr(&stream, &mut sc.qn, ml(&|m| m.n_head * m.nope))?;
         let qabs = addr(&stream, &mut sc.qabs, ml(&|m| m.n_head * m.kv_lora))?;
@@ -1706,7 +2449,9 @@ impl DeviceForward for GpuDecoder {
         let small = n <= 8;
 
         let sc_ids = sc.ids.as_ref().expect("grown");
+        let seg_args = (seg_chunks, n_segc, nd, small);
         let run = || -> Result<(), ModelError> {
+            // With hyper-connections the embedding goes to `o`, then into every stream.
             self.launch(
                 &self.f.embed[self.embd.fi],
                 rows_n(n),
@@ -1715,18 +2460,29 @@ impl DeviceForward for GpuDecoder {
                     A::P(self.embd_ptr),
                     A::L(self.embd.row_bytes),
                     A::P(tokens),
-                    A::P(x),
+                    A::P(if hs.is_some() { o } else { x }),
                     A::I(ei),
                     A::F(p.embd_scale),
                 ],
             )?;
-            if let Some(l0) = self.layers.first() {
+            if let Some(hs) = &hs {
+                self.launch(
+                    &self.f.hc_expand,
+                    (n as u32, e.div_ceil(256) as u32, 1),
+                    256,
+                    &[A::P(o), A::P(x), A::I(ei), A::I(hs.n_hc as i32)],
+                )?;
+            } else if let Some(l0) = self.layers.first() {
                 self.rms_norm(x, l0.attn_norm, h, 0, n, e, eps)?;
             }
             let mut host_ids: Vec<i32> = Vec::new();
             for (il, l) in self.layers.iter().enumerate() {
                 // Attention.
                 let (kc, vc) = kv_ptrs[il];
+                if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
+                    let b = (hcf, hcm);
+                    self.hc_mix(&hw[0], hs, x, b, hcpc, l.attn_norm, h, n, seg_args, eps)?;
+                }
                 let wo = match &l.attn {
                     DAttn::Gqa {
                         wq,
@@ -1836,9 +2592,168 @@ impl DeviceForward for GpuDecoder {
                         self.mv(&[(v_b, ov)], head_chunks, n_headc, gy, att, 1, small)?;
                         (out, ov)
                     }
+                    DAttn::Dsv4(a) => {
+                        let s = self
+                            .dsv4
+                            .as_ref()
+                            .expect("checked: DeepSeek V4 has a shape");
+                        let dp = dsv4_ptrs[il];
+                        let nrot = s.n_rot as i32;
+                        let round = i32::from(kvt == 0);
+                        // Every product of the normed input.
+                        let mut from_h: Vec<(&DMat, u64)> = vec![(&a.q_a, qa), (&a.kv, k)];
+                        if let Some(c) = &a.comp {
+                            from_h.extend([(&c.kv, cc), (&c.gate, cz)]);
+                        }
+                        if let Some(ix) = &a.indexer {
+                            from_h.extend([(&ix.proj, wh), (&ix.comp.kv, ic), (&ix.comp.gate, iz)]);
+                        }
+                        self.mv(&from_h, dense, n_dense, nd, h, 1, small)?;
+                        self.rms_norm(qa, a.q_a_norm, qan, 0, n, s.q_lora, eps)?;
+                        let mut from_q: Vec<(&DMat, u64)> = vec![(&a.q_b, q)];
+                        if let Some(ix) = &a.indexer {
+                            from_q.push((&ix.q_b, iq));
+                        }
+                        self.mv(&from_q, dense, n_dense, nd, qan, 1, small)?;
+                        let heads =
+                            |buf: u64, n_heads: usize, dim: usize, freq: u64, flags: i32| {
+                                self.launch(
+                                    &self.f.dsv4_heads,
+                                    (n as u32, n_heads as u32, 1),
+                                    128,
+                                    &[
+                                        A::P(buf),
+                                        A::P(pos),
+                                        A::P(freq),
+                                        A::I(n_heads as i32),
+                                        A::I(dim as i32),
+                                        A::I(nrot),
+                                        A::I(flags),
+                                        A::F(eps),
+                                    ],
+                                )
+                            };
+                        heads(q, s.n_head, s.head_dim, a.rope, 1)?;
+                        self.launch(
+                            &self.f.dsv4_kv_prep,
+                            rows_n(n),
+                            256,
+                            &[
+                                A::P(k),
+                                A::P(a.kv_norm),
+                                A::P(pos),
+                                A::P(a.rope),
+                                A::I(s.head_dim as i32),
+                                A::I(nrot),
+                                A::I(round),
+                                A::F(eps),
+                            ],
+                        )?;
+                        let compress = |c: &DComp, cb: u64, zb: u64, st: [u64; 3]| {
+                            self.launch(
+                                &self.f.dsv4_compress,
+                                rows_n(n),
+                                256,
+                                &[
+                                    A::P(cb),
+                                    A::P(zb),
+                                    A::P(st[0]),
+                                    A::P(st[1]),
+                                    A::P(c.ape),
+                                    A::P(c.norm),
+                                    A::P(pos),
+                                    A::P(a.rope_compress),
+                                    A::P(st[2]),
+                                    A::I(c.ratio as i32),
+                                    A::I(c.head_dim as i32),
+                                    A::I(c.coff as i32),
+                                    A::I(nrot),
+                                    A::I(round),
+                                    A::F(eps),
+                                ],
+                            )?;
+                            let width = c.coff * c.head_dim;
+                            self.ring_store(cb, zb, st[0], st[1], pos, width, c.coff * c.ratio, n)
+                        };
+                        if let Some(c) = &a.comp {
+                            compress(c, cc, cz, dp.comp)?;
+                        }
+                        let (mut sel, mut nsel, mut top) = (0, 0, 0);
+                        if let Some(ix) = &a.indexer {
+                            heads(iq, ix.n_head, ix.head_dim, a.rope_compress, 0)?;
+                            compress(&ix.comp, ic, iz, dp.index)?;
+                            let ratio = ix.comp.ratio as i32;
+                            self.launch(
+                                &self.f.dsv4_index_scores,
+                                (n as u32, INDEX_BLOCKS, 1),
+                                256,
+                                &[
+                                    A::P(iq),
+                                    A::P(wh),
+                                    A::P(dp.index[2]),
+                                    A::P(pos),
+                                    A::P(scores),
+                                    A::I(ix.n_head as i32),
+                                    A::I(ix.head_dim as i32),
+                                    A::I(ratio),
+                                    A::I(i32_of(stride, "compressed rows")?),
+                                ],
+                            )?;
+                            self.launch(
+                                &self.f.dsv4_topk,
+                                rows_n(n),
+                                256,
+                                &[
+                                    A::P(scores),
+                                    A::P(pos),
+                                    A::P(selb),
+                                    A::P(nselb),
+                                    A::I(ratio),
+                                    A::I(i32_of(stride, "compressed rows")?),
+                                    A::I(ix.top_k as i32),
+                                ],
+                            )?;
+                            (sel, nsel, top) = (selb, nselb, ix.top_k);
+                        }
+                        let ratio = a.comp.as_ref().map_or(0, |c| c.ratio);
+                        self.launch(
+                            &self.f.dsv4_attention,
+                            (n as u32, s.n_head as u32, 1),
+                            ATT_THREADS,
+                            &[
+                                A::P(q),
+                                A::P(k),
+                                A::P(dp.ring),
+                                A::P(dp.comp[2]),
+                                A::P(sel),
+                                A::P(nsel),
+                                A::P(a.sinks),
+                                A::P(att),
+                                A::P(pos),
+                                A::I(s.n_head as i32),
+                                A::I(s.head_dim as i32),
+                                A::I(i32_of(s.window, "window")?),
+                                A::I(ratio as i32),
+                                A::I(top as i32),
+                                A::F(sh.scale),
+                            ],
+                        )?;
+                        // The window's ring after every read of it.
+                        self.ring_store(k, 0, dp.ring, 0, pos, s.head_dim, s.window, n)?;
+                        heads(att, s.n_head, s.head_dim, a.rope, 2)?;
+                        let gy = s.o_groups * nd;
+                        self.mv(&[(&a.out_a, dz)], head_chunks, n_headc, gy, att, 1, small)?;
+                        (&a.out_b, dz)
+                    }
                 };
                 self.mv(&[(wo.0, o)], dense, n_dense, nd, wo.1, 1, small)?;
-                self.residual(x, o, l.post_attn, l.ffn_norm, h, n, e, eps)?;
+                if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
+                    self.hc_post(hs, x, o, hcpc, n)?;
+                    let b = (hcf, hcm);
+                    self.hc_mix(&hw[1], hs, x, b, hcpc, l.ffn_norm, h, n, seg_args, eps)?;
+                } else {
+                    self.residual(x, o, l.post_attn, l.ffn_norm, h, n, e, eps)?;
+                }
                 // Feed-forward.
                 match &l.ffn {
                     DFfn::Dense {
@@ -1858,6 +2773,7 @@ impl DeviceForward for GpuDecoder {
                         score,
                         bias,
                         scale,
+                        table,
                         shared,
                         n_expert,
                         k: top,
@@ -1881,6 +2797,8 @@ impl DeviceForward for GpuDecoder {
                                 A::F(*scale),
                                 A::P(ids),
                                 A::P(wts),
+                                A::P(*table),
+                                A::P(tokens),
                             ],
                         )?;
                         let np = n * kk;
@@ -1974,11 +2892,23 @@ impl DeviceForward for GpuDecoder {
                         )?;
                     }
                 }
-                let next = self.layers.get(il + 1).map_or(0, |nl| nl.attn_norm);
-                self.residual(x, o, l.post_ffn, next, h, n, e, eps)?;
+                if let (Some(_), Some(hs)) = (&l.hc, &hs) {
+                    self.hc_post(hs, x, o, hcpc, n)?;
+                } else {
+                    let next = self.layers.get(il + 1).map_or(0, |nl| nl.attn_norm);
+                    self.residual(x, o, l.post_ffn, next, h, n, e, eps)?;
+                }
             }
             if nr > 0 {
-                self.rms_norm(x, self.output_norm, hsel, rowmap, nr, e, eps)?;
+                // Hyper-connections: the head's collapse of the streams first (into h).
+                let last = match &self.hyper {
+                    Some((hs, w)) => {
+                        self.hc_mix(w, hs, x, (hcf, hcm), 0, 0, h, n, seg_args, eps)?;
+                        h
+                    }
+                    None => x,
+                };
+                self.rms_norm(last, self.output_norm, hsel, rowmap, nr, e, eps)?;
                 self.mv(
                     &[(&self.output, lg)],
                     row_chunks,
@@ -2005,7 +2935,15 @@ impl DeviceForward for GpuDecoder {
             ];
             key.extend([rl, ids, wts, dd, chunks, nchunks, hsel, lg]);
             key.extend([qa, qan, kva, qn, qabs, qatt, ov, shb]);
+            key.extend([
+                hcf, hcm, hcpc, cc, cz, ic, iz, iq, wh, scores, selb, nselb, dz,
+            ]);
             key.extend(kv_ptrs.iter().flat_map(|&(a, b)| [a, b]));
+            key.extend(
+                dsv4_ptrs
+                    .iter()
+                    .flat_map(|d| [[d.ring, 0, 0], d.comp, d.index].into_iter().flatten()),
+            );
             let mut gc = lock(&self.graph);
             match gc.iter().position(|(k0, _)| *k0 == key) {
                 Some(i) => {
@@ -2054,6 +2992,13 @@ impl DeviceForward for GpuDecoder {
                 .map_err(|e| err("logits", e))?;
         }
         stream.synchronize().map_err(|e| err("forward", e))?;
+        if let Some(kv) = state
+            .device
+            .as_mut()
+            .and_then(|x| x.as_any_mut().downcast_mut::<GpuKv>())
+        {
+            kv.next = pos0 + n;
+        }
         {
             let mut g = self.d.lock();
             g.stats.forward_calls += 1;
@@ -2086,7 +3031,7 @@ mod tests {
             tokens: &tokens,
             positions: (7..26).collect(),
         };
-        let h = Header::new(&batch, &[18, 3], 3);
+        let h = Header::new(&batch, &[18, 3], 3, 2);
         let b = &h.bytes;
         assert_eq!(i32_at(b, h.tokens + 4 * 5), 105);
         assert_eq!(i32_at(b, h.pos + 4 * 18), 25);
@@ -2124,8 +3069,20 @@ mod tests {
             let rows: Vec<i32> = (0..19).map(|r| i32_at(b, at + 8 + 4 * r)).collect();
             assert_eq!(rows, (0..19).map(|t| t * 3 + hd as i32).collect::<Vec<_>>());
         }
-        assert_eq!(b.len(), h.head_chunks + 3 * CHUNK_BYTES);
-        assert_eq!(Header::new(&batch, &[18, 3], 0).bytes.len(), h.head_chunks);
+        // The hyper-connection segments: unit s, rows t * 2 + s.
+        assert_eq!(i32_at(b, h.counts + 12), 2);
+        assert_eq!(h.seg_chunks, h.head_chunks + 3 * CHUNK_BYTES);
+        for sg in 0..2usize {
+            let at = h.seg_chunks + sg * CHUNK_BYTES;
+            assert_eq!(i32_at(b, at), sg as i32);
+            let rows: Vec<i32> = (0..19).map(|r| i32_at(b, at + 8 + 4 * r)).collect();
+            assert_eq!(rows, (0..19).map(|t| t * 2 + sg as i32).collect::<Vec<_>>());
+        }
+        assert_eq!(b.len(), h.seg_chunks + 2 * CHUNK_BYTES);
+        assert_eq!(
+            Header::new(&batch, &[18, 3], 0, 0).bytes.len(),
+            h.head_chunks
+        );
     }
 
     /// The decode kernel's staging: steps of whole 512-column multiples, as many as asked,

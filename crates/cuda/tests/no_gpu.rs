@@ -79,6 +79,16 @@ fn kernels_compile_with_nvrtc() {
             "mla_kv_prep",
             "mla_q_split",
             "mla_q_join",
+            "hc_expand",
+            "hc_pre",
+            "hc_post",
+            "dsv4_heads",
+            "dsv4_kv_prep",
+            "dsv4_compress",
+            "dsv4_ring_store",
+            "dsv4_index_scores",
+            "dsv4_topk",
+            "dsv4_attention",
         ] {
             let name = format!(".entry {k}(");
             assert!(ptx.contains(&name), "{arch}: PTX lacks {name}");
@@ -104,10 +114,10 @@ fn kernels_compile_with_nvrtc() {
             );
             checked += 1;
         }
-        // Every format x (mvg, mvt, mvt1, embed), 2 x (kv_store, attention), 10 others.
+        // Every format x (mvg, mvt, mvt1, embed), 2 x (kv_store, attention), 20 others.
         let formats = sluice_cuda::FORMATS.len();
         assert!(formats >= 19, "the seeds' formats have kernels");
-        assert_eq!(checked, formats * 4 + 2 * 2 + 10, "{arch}: kernels checked");
+        assert_eq!(checked, formats * 4 + 2 * 2 + 20, "{arch}: kernels checked");
     }
 }
 
@@ -311,8 +321,8 @@ fn hook_covers_streamed_experts(slots_first: bool) {
 /// Which decoder plans the whole-forward GPU path takes, decided without a GPU: the
 /// qwen3moe fixture (head size 16, Q8_0) is taken; a matrix in a format without a kernel, a
 /// head wider than the attention kernel's and a top-k above the expert count are refused
-/// with the part named; so are plans with parts that have no kernels yet (DeepSeek V4's
-/// and GLM-5.3-Flash's hyper-connections and attention, a hashed router).
+/// with the part named; so are plans with parts that have no kernels yet (GLM-5.3-Flash's
+/// Kimi delta attention) and DeepSeek V4 plans past the kernels' limits.
 #[test]
 fn decoder_plans_the_gpu_takes() {
     use sluice_cuda::forward::GpuDecoder;
@@ -340,26 +350,69 @@ fn decoder_plans_the_gpu_takes() {
     let e = GpuDecoder::check(&p).unwrap_err();
     assert!(e.contains("layer 0: top-"), "{e}");
 
-    // DeepSeek V4's plan (hyper-connections, its own attention): refused, the part named.
+    // DeepSeek V4's plan (hyper-connections, its own attention, hashed and biased
+    // routers, clamped SwiGLU): the tiny fixture and a file with the real head size (512)
+    // are taken; parts past the kernels' limits are refused, named.
+    let dir = std::env::temp_dir().join(format!("sluice-no-gpu-ds4-{}", std::process::id()));
+    let wide = Model::load(&common::deepseek4_wide(&dir, 8)).unwrap();
+    let plan = wide.plan().expect("deepseek4 has a decoder plan");
+    assert_eq!(plan.shape.head_dim, 512);
+    GpuDecoder::check(&plan).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
     let ds = Model::load(&fixtures().join("deepseek4/a-f32.gguf")).unwrap();
-    let e = GpuDecoder::check(&ds.plan().expect("deepseek4 has a decoder plan")).unwrap_err();
-    assert!(e.contains("hyper-connections (4 residual streams)"), "{e}");
-    let mut p = ds.plan().unwrap();
-    p.hyper = None;
+    let plan = ds.plan().expect("deepseek4 has a decoder plan");
+    GpuDecoder::check(&plan).unwrap();
+    let mut p = plan.clone();
+    p.hyper.as_mut().unwrap().shape.n_hc = 9;
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(e.contains("hyper-connections of 9 streams"), "{e}");
+    let mut p = plan.clone();
+    p.layers[2].hc = None;
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(e.contains("layer 2: hyper-connection mixes"), "{e}");
+    let mut p = plan.clone();
+    if let PlanAttn::Dsv4 { shape, .. } = &mut p.layers[3].attn {
+        shape.window = 64;
+    }
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(
+        e.contains("layer 3: DeepSeek V4 attention: its shape differs"),
+        "{e}"
+    );
+    let mut p = plan.clone();
+    if let PlanAttn::Dsv4 { w, .. } = &mut p.layers[1].attn {
+        w.indexer.as_mut().unwrap().n_head = 200;
+    }
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(
+        e.contains("layer 1: DeepSeek V4 attention: an indexer of 200 heads"),
+        "{e}"
+    );
+    let mut p = plan.clone();
+    if let PlanAttn::Dsv4 { shape, .. } = &mut p.layers[0].attn {
+        shape.n_rot = 3;
+    }
     let e = GpuDecoder::check(&p).unwrap_err();
     assert!(e.contains("layer 0: DeepSeek V4 attention"), "{e}");
-    // GLM-5.3-Flash's (hyper-connections, Kimi delta attention first).
-    let g5 = Model::load(&fixtures().join("glm5next/a-f32.gguf")).unwrap();
-    let mut p = g5.plan().expect("glm5next has a decoder plan");
+    let mut p = plan.clone();
+    if let PlanFfn::Moe { moe, .. } = &mut p.layers[0].ffn {
+        let sluice_engine::models::blocks::moe::Router::Hash { table, .. } = &mut moe.router else {
+            panic!("layer 0 of the file is hash-routed")
+        };
+        table[5] = 8;
+    }
     let e = GpuDecoder::check(&p).unwrap_err();
-    assert!(e.contains("hyper-connections"), "{e}");
-    p.hyper = None;
+    assert!(e.contains("layer 0: a hash router table"), "{e}");
+    // GLM-5.3-Flash's (Kimi delta attention first).
+    let g5 = Model::load(&fixtures().join("glm5next/a-f32.gguf")).unwrap();
+    let p = g5.plan().expect("glm5next has a decoder plan");
     let e = GpuDecoder::check(&p).unwrap_err();
     assert!(e.contains("layer 0: Kimi delta attention"), "{e}");
 
     // GLM-DSA's plan (MLA, biased sigmoid router, shared experts): the tiny fixture's k_b
     // has 16 columns (no product kernel); GLM-5's latent widths (576-wide keys, 512-wide
-    // values) with kernel-sized matrices are taken; a hashed router is refused.
+    // values) with kernel-sized matrices are taken; a hashed router whose table does not
+    // cover the vocabulary is refused.
     let glm = Model::load(&fixtures().join("glm_dsa/a-f32.gguf")).unwrap();
     let plan = glm.plan().expect("glm-dsa has a decoder plan");
     let e = GpuDecoder::check(&plan).unwrap_err();
@@ -383,6 +436,9 @@ fn decoder_plans_the_gpu_takes() {
         };
     }
     let e = GpuDecoder::check(&p).unwrap_err();
-    assert!(e.contains("layer 1: hash routing"), "{e}");
+    assert!(
+        e.contains("layer 1: a hash router table of 8 entries"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -56,3 +56,54 @@ pub fn glm_dsa_wide_mla(dir: &Path) -> PathBuf {
     .unwrap();
     path
 }
+
+/// A small random-weight DeepSeek V4 file (`sluice_synth::deepseek4`) whose sizes the GPU
+/// kernels take: 4 layers (sliding window only, sliding only, CSA with the lightning indexer,
+/// HCA: the real schedule's first four), hidden 256, 4 heads of 512 (DeepSeek V4 Flash's head
+/// size, 64 roped), q-LoRA 256, 2 output groups of rank 256, window 16, 16 experts of 256
+/// (top-4; IQ2_XXS gate / up, Q2_K down; layer 0 hash-routed), indexer 4 heads of 64 (F16
+/// weights) choosing `index_top_k` compressed rows. Written under `dir`; its path.
+pub fn deepseek4_wide(dir: &Path, index_top_k: usize) -> PathBuf {
+    use sluice_synth::deepseek4::{self as ds, Dsv4Config, Dsv4Quant, Dsv4Shape};
+    let shape = Dsv4Shape {
+        layers: 4,
+        hidden: 256,
+        vocab: None,
+        heads: 4,
+        head_dim: 512,
+        rope_dim: 64,
+        q_lora: 256,
+        o_groups: 2,
+        o_lora: 256,
+        window: 16,
+        experts: 16,
+        top_k: 4,
+        expert_ff: 256,
+        hash_layers: 1,
+        index_heads: 4,
+        index_head_dim: 64,
+        index_top_k,
+        context: 4096,
+    };
+    let cfg = Dsv4Config {
+        shape,
+        quant: Dsv4Quant::Q2,
+        seed: 5,
+        name: "deepseek4 wide test".into(),
+    };
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join(format!("deepseek4-wide-top{index_top_k}.gguf"));
+    let plan = ds::plan(&cfg, Vocab::builtin()).unwrap();
+    let cancel = AtomicBool::new(false);
+    sluice_synth::write(
+        &plan,
+        &path,
+        &WriteOptions {
+            force: true,
+            progress: &|_| {},
+            cancel: &cancel,
+        },
+    )
+    .unwrap();
+    path
+}
