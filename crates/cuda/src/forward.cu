@@ -571,7 +571,8 @@ __device__ __forceinline__ void kv_store_rows(const float* k, const float* v, KT
 template <typename KT>
 __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* vc, float* out,
                                        const int* pos, int nh, int nkv, int hd, int hdv,
-                                       float scale, int window) {
+                                       float scale, int window, const int* sel,
+                                       const int* nsel, int top_k) {
     __shared__ float qs[ATT_MAX_D];
     __shared__ float sc[ATT_TILE];
     __shared__ float red[32];
@@ -582,6 +583,9 @@ __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* v
     const int tid = threadIdx.x;
     const int p = pos[t];
     const int lo = (window > 0 && p + 1 > window) ? p + 1 - window : 0;
+    // The keys: positions lo..=p, or the nsel[t] positions sel[t * top_k ..] (ascending).
+    const int* selp = sel ? sel + (size_t)t * top_k : nullptr;
+    const int total = sel ? nsel[t] : p + 1 - lo;
     const float* qh = q + ((size_t)t * nh + h) * hd;
     for (int i = tid; i < hd; i += ATT_THREADS) qs[i] = qh[i];
     const size_t kstride = (size_t)nkv * hd, vstride = (size_t)nkv * hdv;
@@ -597,11 +601,12 @@ __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* v
     for (int u = 0; u < ATT_V_PER_THREAD; u++) acc[u] = 0.0f;
     float m = NEG_INF, l = 0.0f;
     __syncthreads();
-    for (int j0 = lo; j0 <= p; j0 += ATT_TILE) {
-        const int tn = min(ATT_TILE, p + 1 - j0);
+    for (int j0 = 0; j0 < total; j0 += ATT_TILE) {
+        const int tn = min(ATT_TILE, total - j0);
         float tmax = NEG_INF;
         for (int j = tid; j < tn; j += ATT_THREADS) {
-            const KT* kr = kbase + (size_t)(j0 + j) * kstride;
+            const int kpos = selp ? selp[j0 + j] : lo + j0 + j;
+            const KT* kr = kbase + (size_t)kpos * kstride;
             float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
             int i = 0;
             for (; i + 3 < hd; i += 4) {
@@ -641,9 +646,9 @@ __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* v
             if (u >= nv) break;
             const int d = d0 + u * ATT_THREADS;
             float v = 0.0f;
-            if (d < hdv) {
+            if (d < hdv && !selp) {
                 float v0 = 0.0f, v1 = 0.0f, v2 = 0.0f, v3 = 0.0f;
-                const KT* vr = vbase + (size_t)j0 * vstride + d;
+                const KT* vr = vbase + (size_t)(lo + j0) * vstride + d;
                 const size_t st = (size_t)kg * vstride;
                 int j = grp;
                 for (; j + 3 * kg < tn; j += 4 * kg) {
@@ -653,6 +658,20 @@ __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* v
                     v3 += sc[j + 3 * kg] * kv_load(vr, (size_t)j * vstride + 3 * st);
                 }
                 for (; j < tn; j += kg) v0 += sc[j] * kv_load(vr, (size_t)j * vstride);
+                v = (v0 + v1) + (v2 + v3);
+            } else if (d < hdv) {
+                // Selected positions: the same sums, each key's row found through selp.
+                const KT* vr = vbase + d;
+                const int* tj = selp + j0;
+                float v0 = 0.0f, v1 = 0.0f, v2 = 0.0f, v3 = 0.0f;
+                int j = grp;
+                for (; j + 3 * kg < tn; j += 4 * kg) {
+                    v0 += sc[j] * kv_load(vr, (size_t)tj[j] * vstride);
+                    v1 += sc[j + kg] * kv_load(vr, (size_t)tj[j + kg] * vstride);
+                    v2 += sc[j + 2 * kg] * kv_load(vr, (size_t)tj[j + 2 * kg] * vstride);
+                    v3 += sc[j + 3 * kg] * kv_load(vr, (size_t)tj[j + 3 * kg] * vstride);
+                }
+                for (; j < tn; j += kg) v0 += sc[j] * kv_load(vr, (size_t)tj[j] * vstride);
                 v = (v0 + v1) + (v2 + v3);
             }
             if (kg > 1) {
@@ -686,8 +705,8 @@ __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* v
     extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                        \
         attention_##name(const float* q, const KT* kc, const KT* vc, float* out,              \
                          const int* pos, int nh, int nkv, int hd, int hdv, float scale,       \
-                         int window) {                                                        \
-        attend<KT>(q, kc, vc, out, pos, nh, nkv, hd, hdv, scale, window);                     \
+                         int window, const int* sel, const int* nsel, int top_k) {            \
+        attend<KT>(q, kc, vc, out, pos, nh, nkv, hd, hdv, scale, window, sel, nsel, top_k);   \
     }
 
 KV_KERNELS(f16, u16)
@@ -1105,7 +1124,8 @@ __device__ __forceinline__ void rope_tail_row(float* r, int hd, int n_rot, float
 
 // Per (token, head) of x (grid n x n_heads, rows [t][head][hd]): flags & 1: an unweighted
 // RMS norm over the head; then the interleaved RoPE of its trailing n_rot dims at pos[t]
-// (flags & 2: the inverse rotation, the attention output's de-rotation).
+// (flags & 2: the inverse rotation, the attention output's de-rotation; flags & 4: its
+// FIRST n_rot dims instead, GLM's DSA indexer queries).
 extern "C" __global__ void dsv4_heads(float* __restrict__ x, const int* __restrict__ pos,
                                       const float* __restrict__ inv_freq, int n_heads, int hd,
                                       int n_rot, int flags, float eps) {
@@ -1118,7 +1138,31 @@ extern "C" __global__ void dsv4_heads(float* __restrict__ x, const int* __restri
         for (int i = threadIdx.x; i < hd; i += blockDim.x) r[i] = r[i] * s;
         __syncthreads();
     }
-    rope_tail_row(r, hd, n_rot, (float)pos[blockIdx.x], inv_freq, (flags & 2) != 0);
+    rope_tail_row((flags & 4) ? r - (hd - n_rot) : r, hd, n_rot, (float)pos[blockIdx.x],
+                  inv_freq, (flags & 2) != 0);
+}
+
+// GLM's DSA indexer key of each token (grid n): LayerNorm (mean, variance over d) with
+// weight and bias, the interleaved RoPE of its FIRST n_rot dims at pos[t], stored (f32) to
+// keys[pos[t]] (sluice_models::blocks::dsa_indexer::select).
+extern "C" __global__ void dsa_key_prep(const float* __restrict__ ik,
+                                        const float* __restrict__ w,
+                                        const float* __restrict__ b,
+                                        const int* __restrict__ pos,
+                                        const float* __restrict__ inv_freq,
+                                        float* __restrict__ keys, int d, int n_rot, float eps) {
+    const int t = blockIdx.x;
+    const float* r = ik + (size_t)t * d;
+    float* out = keys + (size_t)pos[t] * d;
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) sum += r[i];
+    const float mean = block_sum(sum) / (float)d;
+    float var = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) var += (r[i] - mean) * (r[i] - mean);
+    const float inv = rsqrtf(block_sum(var) / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = (r[i] - mean) * inv * w[i] + b[i];
+    __syncthreads();
+    rope_tail_row(out - (d - n_rot), d, n_rot, (float)pos[t], inv_freq, false);
 }
 
 // The shared key/value row of each token (grid n, in place): RMS norm with `norm`, the

@@ -37,7 +37,7 @@ use sluice_models::blocks::hyper::HcShape;
 use sluice_models::blocks::mla::MlaShape;
 use sluice_models::blocks::moe::{Router, ScoreFn};
 use sluice_models::blocks::{head, Batch, Env};
-use sluice_models::plan::{DecoderPlan, DeviceForward, HyperHead, PlanAttn, PlanFfn};
+use sluice_models::plan::{DecoderPlan, DeviceForward, HyperHead, MlaSelect, PlanAttn, PlanFfn};
 use sluice_models::state::{ExtraState, SeqState};
 use sluice_models::weights::{Mat, Stacked};
 use sluice_models::ModelError;
@@ -157,6 +157,26 @@ struct DIndexer {
     comp: DComp,
 }
 
+/// The positions an MLA layer attends to (`sluice_models::plan::MlaSelect`).
+enum DSelect {
+    All,
+    Indexer(Box<DDsa>),
+    Previous,
+}
+
+/// GLM's DSA lightning indexer of one MLA layer.
+struct DDsa {
+    n_head: usize,
+    head_dim: usize,
+    top_k: usize,
+    q_b: DMat,
+    k: DMat,
+    k_norm: u64,
+    k_norm_bias: u64,
+    k_norm_eps: f32,
+    proj: DMat,
+}
+
 /// DeepSeek V4 attention of one layer (`out_a` with one pointer-table entry per output
 /// group, `rows` a group's).
 struct DDsv4 {
@@ -197,6 +217,7 @@ enum DAttn {
         v_b: DMat,
         out: DMat,
         inv_freq: u64,
+        select: DSelect,
     },
     /// DeepSeek V4 attention (sliding window, compressed rows, sinks).
     Dsv4(Box<DDsv4>),
@@ -228,7 +249,7 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("residual_norm", "PPPPPIF"),
     ("qk_norm_rope", "PPPPPPIIIF"),
     ("kv_store_", "PPPPPII"),
-    ("attention_", "PPPPPIIIIFI"),
+    ("attention_", "PPPPPIIIIFIPPI"),
     ("topk_route", "PPIIIIFPPPP"),
     ("moe_chunks", "PIIPP"),
     ("glu_act", "PPLIF"),
@@ -246,6 +267,7 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("dsv4_index_scores", "PPPPPIIII"),
     ("dsv4_topk", "PPPPIII"),
     ("dsv4_attention", "PPPPPPPPPIIIIIF"),
+    ("dsa_key_prep", "PPPPPPIIF"),
 ];
 
 /// Whether the tensor-core products (`mvt_*`, f16 operands) take weights of `ty`: every
@@ -358,6 +380,7 @@ struct Funcs {
     dsv4_index_scores: Kernel,
     dsv4_topk: Kernel,
     dsv4_attention: Kernel,
+    dsa_key_prep: Kernel,
 }
 
 /// Routed experts kept in VRAM by (layer, unit) when they are not resident whole.
@@ -471,6 +494,8 @@ struct Scratch {
     iz: Option<CudaSlice<f32>>,
     iq: Option<CudaSlice<f32>>,
     wh: Option<CudaSlice<f32>>,
+    /// GLM's DSA indexer keys of the batch before their LayerNorm.
+    ik: Option<CudaSlice<f32>>,
     scores: Option<CudaSlice<f32>>,
     sel: Option<CudaSlice<i32>>,
     nsel: Option<CudaSlice<i32>>,
@@ -505,6 +530,9 @@ pub struct GpuKv {
     v: Vec<CudaSlice<u8>>,
     /// Per layer: DeepSeek V4 attention's state (None for other layers).
     dsv4: Vec<Option<Dsv4Kv>>,
+    /// Per layer: the DSA indexer keys `[n_ctx][head_dim]` (f32) of MLA layers with their
+    /// own indexer.
+    dsa: Vec<Option<CudaSlice<f32>>>,
     /// The position the sequential state (DeepSeek V4's windows and compressor carry)
     /// continues at (usize::MAX while a call runs, or after one failed).
     next: usize,
@@ -592,12 +620,21 @@ impl ExtraState for GpuKv {
                 Some(d) => d.copy(&self.stream).map(Some),
             })
             .collect();
+        let dsa: Option<Vec<Option<CudaSlice<f32>>>> = self
+            .dsa
+            .iter()
+            .map(|d| match d {
+                None => Some(None),
+                Some(d) => self.stream.clone_dtod(d).ok().map(Some),
+            })
+            .collect();
         let synced = self.stream.synchronize().is_ok();
-        let ok = self.ok && synced && k.is_some() && v.is_some() && dsv4.is_some();
+        let ok = self.ok && synced && k.is_some() && v.is_some() && dsv4.is_some() && dsa.is_some();
         Box::new(GpuKv {
             k: k.unwrap_or_default(),
             v: v.unwrap_or_default(),
             dsv4: dsv4.unwrap_or_default(),
+            dsa: dsa.unwrap_or_default(),
             next: self.next,
             n_ctx: self.n_ctx,
             f32: self.f32,
@@ -982,9 +1019,30 @@ impl GpuDecoder {
             ));
         }
         for (il, l) in plan.layers.iter().enumerate() {
-            let PlanAttn::Mla { w, shape: s } = &l.attn else {
+            let PlanAttn::Mla {
+                w,
+                shape: s,
+                select,
+            } = &l.attn
+            else {
                 continue;
             };
+            if let MlaSelect::Indexer(ix) = select {
+                let ok = ix.n_head > 0
+                    && ix.n_head * ix.head_dim <= IDX_MAX_Q
+                    && ix.head_dim >= s.rope
+                    && ix.top_k > 0
+                    && ix.k_norm.len() == ix.head_dim
+                    && ix.k_norm_bias.len() == ix.head_dim
+                    && (ix.q_b.rows, ix.q_b.cols) == (ix.n_head * ix.head_dim, s.q_lora)
+                    && (ix.k.rows, ix.proj.rows) == (ix.head_dim, ix.n_head);
+                if !ok {
+                    return Err(format!(
+                        "layer {il}: a DSA indexer of {} heads of {} (top {}) the kernels do not take",
+                        ix.n_head, ix.head_dim, ix.top_k
+                    ));
+                }
+            }
             // The kernels' view of the latent cache (one KV head of [c | k_rope], values c),
             // one shape for every MLA layer (the scratch buffers'), and the per-head
             // products' shapes.
@@ -1134,6 +1192,7 @@ impl GpuDecoder {
             dsv4_index_scores: load("dsv4_index_scores")?,
             dsv4_topk: load("dsv4_topk")?,
             dsv4_attention: load("dsv4_attention")?,
+            dsa_key_prep: load("dsa_key_prep")?,
         };
         // What the weights need, against what the backend may hold.
         let dense: u64 = plan
@@ -1344,9 +1403,25 @@ impl GpuDecoder {
                         indexer: ix,
                     }))
                 }
-                PlanAttn::Mla { w, shape } => {
+                PlanAttn::Mla { w, shape, select } => {
                     let nh = shape.n_head;
+                    let select = match select {
+                        MlaSelect::All => DSelect::All,
+                        MlaSelect::Previous => DSelect::Previous,
+                        MlaSelect::Indexer(ix) => DSelect::Indexer(Box::new(DDsa {
+                            n_head: ix.n_head,
+                            head_dim: ix.head_dim,
+                            top_k: ix.top_k,
+                            q_b: up.mat(&ix.q_b)?,
+                            k: up.mat(&ix.k)?,
+                            k_norm: up.norm(&ix.k_norm)?,
+                            k_norm_bias: up.norm(&ix.k_norm_bias)?,
+                            k_norm_eps: ix.k_norm_eps,
+                            proj: up.mat(&ix.proj)?,
+                        })),
+                    };
                     DAttn::Mla {
+                        select,
                         q_a: up.mat(&w.q_a)?,
                         q_a_norm: up.norm(&w.q_a_norm)?,
                         q_b: up.mat(&w.q_b)?,
@@ -2084,7 +2159,9 @@ impl GpuDecoder {
         )
     }
 
-    /// Attention of `n` tokens' query heads `q` over the cache (`window` 0: global).
+    /// Attention of `n` tokens' query heads `q` over the cache (`window` 0: global; `select`:
+    /// (positions `[n][top_k]`, their counts, top_k), the positions each token attends to,
+    /// or (0, 0, 0) for all).
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
@@ -2096,8 +2173,10 @@ impl GpuDecoder {
         pos: u64,
         n: usize,
         window: i32,
+        select: (u64, u64, usize),
     ) -> Result<(), ModelError> {
         let sh = &self.plan.shape;
+        let (sel, nsel, top_k) = select;
         self.launch(
             &self.f.attention[kvt],
             (n as u32, sh.n_head as u32, 1),
@@ -2114,6 +2193,9 @@ impl GpuDecoder {
                 A::I(sh.head_dim_v as i32),
                 A::F(sh.scale),
                 A::I(window),
+                A::P(sel),
+                A::P(nsel),
+                A::I(i32_of(top_k, "top-k")?),
             ],
         )
     }
@@ -2254,10 +2336,21 @@ impl GpuDecoder {
                     _ => None,
                 });
             }
+            let mut dsa = Vec::with_capacity(self.layers.len());
+            for l in &self.layers {
+                dsa.push(match &l.attn {
+                    DAttn::Mla {
+                        select: DSelect::Indexer(ix),
+                        ..
+                    } => Some(zeros(n_ctx * ix.head_dim)?),
+                    _ => None,
+                });
+            }
             state.device = Some(Box::new(GpuKv {
                 k,
                 v,
                 dsv4,
+                dsa,
                 next: 0,
                 n_ctx,
                 f32: want_f32,
@@ -2330,6 +2423,11 @@ impl DeviceForward for GpuDecoder {
                     .map_or_else(Dsv4Ptrs::default, |d| d.ptrs(&kv.stream))
             })
             .collect();
+        let dsa_ptrs: Vec<u64> = kv
+            .dsa
+            .iter()
+            .map(|d| d.as_ref().map_or(0, |d| d.device_ptr(&kv.stream).0))
+            .collect();
         let kv_ptrs: Vec<(u64, u64)> =
             kv.k.iter()
                 .zip(&kv.v)
@@ -2384,7 +2482,20 @@ impl DeviceForward for GpuDecoder {
         // DeepSeek V4's buffers, sized for its widest compressor and indexer.
         let (mut comp_w, mut idx_w, mut idx_q, mut idx_heads, mut top_max) = (1, 1, 1, 1, 1);
         let mut idx_ratio = 0;
+        // GLM's DSA indexers: widest key; scores over every position (ratio 1).
+        let mut dsa_d = 0;
         for l in &self.layers {
+            if let DAttn::Mla {
+                select: DSelect::Indexer(ix),
+                ..
+            } = &l.attn
+            {
+                dsa_d = dsa_d.max(ix.head_dim);
+                idx_q = idx_q.max(ix.n_head * ix.head_dim);
+                idx_heads = idx_heads.max(ix.n_head);
+                top_max = top_max.max(ix.top_k);
+                idx_ratio = 1;
+            }
             if let DAttn::Dsv4(a) = &l.attn {
                 if let Some(c) = &a.comp {
                     comp_w = comp_w.max(c.coff * c.head_dim);
@@ -2407,14 +2518,17 @@ impl DeviceForward for GpuDecoder {
         let cz = addr(&stream, &mut sc.cz, dsv4_len(comp_w))?;
         let ic = addr(&stream, &mut sc.ic, dsv4_len(idx_w))?;
         let iz = addr(&stream, &mut sc.iz, dsv4_len(idx_w))?;
-        let iq = addr(&stream, &mut sc.iq, dsv4_len(idx_q))?;
-        let wh = addr(&stream, &mut sc.wh, dsv4_len(idx_heads))?;
+        // Indexer buffers (DeepSeek V4's or GLM's).
+        let idx_len = |len: usize| if idx_ratio > 0 { n * len } else { 1 };
+        let iq = addr(&stream, &mut sc.iq, idx_len(idx_q))?;
+        let wh = addr(&stream, &mut sc.wh, idx_len(idx_heads))?;
+        let ik = addr(&stream, &mut sc.ik, idx_len(dsa_d.max(1)))?;
         // Scores of the compressed rows the batch's last token sees, per token.
         let last = *batch.positions.last().expect("n > 0");
         let stride = (last + 1).checked_div(idx_ratio).unwrap_or(1).max(1);
-        let scores = addr(&stream, &mut sc.scores, dsv4_len(stride))?;
-        let selb = addr(&stream, &mut sc.sel, dsv4_len(top_max))?;
-        let nselb = addr(&stream, &mut sc.nsel, dsv4_len(1))?;
+        let scores = addr(&stream, &mut sc.scores, idx_len(stride))?;
+        let selb = addr(&stream, &mut sc.sel, idx_len(top_max))?;
+        let nselb = addr(&stream, &mut sc.nsel, idx_len(1))?;
         let dz = addr(
             &stream,
             &mut sc.dz,
@@ -2476,6 +2590,8 @@ impl DeviceForward for GpuDecoder {
                 self.rms_norm(x, l0.attn_norm, h, 0, n, e, eps)?;
             }
             let mut host_ids: Vec<i32> = Vec::new();
+            // The most recent DSA indexer's selection (positions, counts, top-k; zeros: all).
+            let mut mla_sel: (u64, u64, usize) = (0, 0, 0);
             for (il, l) in self.layers.iter().enumerate() {
                 // Attention.
                 let (kc, vc) = kv_ptrs[il];
@@ -2521,7 +2637,7 @@ impl DeviceForward for GpuDecoder {
                             ],
                         )?;
                         self.kv_store(kvt, k, v, kc, vc, pos, n, kdim, vdim)?;
-                        self.attention(kvt, q, kc, vc, att, pos, n, *window)?;
+                        self.attention(kvt, q, kc, vc, att, pos, n, *window, (0, 0, 0))?;
                         (wo, att)
                     }
                     DAttn::Mla {
@@ -2534,13 +2650,89 @@ impl DeviceForward for GpuDecoder {
                         v_b,
                         out,
                         inv_freq,
+                        select,
                     } => {
                         let m = mla.as_ref().expect("checked: MLA layers have a shape");
                         let (nope, rope, kl) = (m.nope as i32, m.rope as i32, m.kv_lora as i32);
                         let heads_grid = (n as u32, m.n_head as u32, 1);
-                        self.mv(&[(q_a, qa), (kv_a, kva)], dense, n_dense, nd, h, 1, small)?;
+                        let mut from_h: Vec<(&DMat, u64)> = vec![(q_a, qa), (kv_a, kva)];
+                        let mut from_q: Vec<(&DMat, u64)> = vec![(q_b, q)];
+                        if let DSelect::Indexer(ix) = select {
+                            from_h.extend([(&ix.k, ik), (&ix.proj, wh)]);
+                            from_q.push((&ix.q_b, iq));
+                        }
+                        self.mv(&from_h, dense, n_dense, nd, h, 1, small)?;
                         self.rms_norm(qa, *q_a_norm, qan, 0, n, m.q_lora, eps)?;
-                        self.mv(&[(q_b, q)], dense, n_dense, nd, qan, 1, small)?;
+                        self.mv(&from_q, dense, n_dense, nd, qan, 1, small)?;
+                        if let DSelect::Indexer(ix) = select {
+                            // GLM's DSA indexer: its queries and this batch's keys roped on
+                            // their first dims, every visible position scored, the top-k.
+                            let keys = dsa_ptrs[il];
+                            let (ih, id) = (ix.n_head as i32, ix.head_dim as i32);
+                            self.launch(
+                                &self.f.dsv4_heads,
+                                (n as u32, ix.n_head as u32, 1),
+                                128,
+                                &[
+                                    A::P(iq),
+                                    A::P(pos),
+                                    A::P(*inv_freq),
+                                    A::I(ih),
+                                    A::I(id),
+                                    A::I(rope),
+                                    A::I(4),
+                                    A::F(eps),
+                                ],
+                            )?;
+                            self.launch(
+                                &self.f.dsa_key_prep,
+                                rows_n(n),
+                                256,
+                                &[
+                                    A::P(ik),
+                                    A::P(ix.k_norm),
+                                    A::P(ix.k_norm_bias),
+                                    A::P(pos),
+                                    A::P(*inv_freq),
+                                    A::P(keys),
+                                    A::I(id),
+                                    A::I(rope),
+                                    A::F(ix.k_norm_eps),
+                                ],
+                            )?;
+                            let stride = i32_of(stride, "indexer rows")?;
+                            self.launch(
+                                &self.f.dsv4_index_scores,
+                                (n as u32, INDEX_BLOCKS, 1),
+                                256,
+                                &[
+                                    A::P(iq),
+                                    A::P(wh),
+                                    A::P(keys),
+                                    A::P(pos),
+                                    A::P(scores),
+                                    A::I(ih),
+                                    A::I(id),
+                                    A::I(1),
+                                    A::I(stride),
+                                ],
+                            )?;
+                            self.launch(
+                                &self.f.dsv4_topk,
+                                rows_n(n),
+                                256,
+                                &[
+                                    A::P(scores),
+                                    A::P(pos),
+                                    A::P(selb),
+                                    A::P(nselb),
+                                    A::I(1),
+                                    A::I(stride),
+                                    A::I(ix.top_k as i32),
+                                ],
+                            )?;
+                            mla_sel = (selb, nselb, ix.top_k);
+                        }
                         self.launch(
                             &self.f.mla_kv_prep,
                             rows_n(n),
@@ -2588,7 +2780,11 @@ impl DeviceForward for GpuDecoder {
                                 A::I(kl),
                             ],
                         )?;
-                        self.attention(kvt, qatt, kc, vc, att, pos, n, 0)?;
+                        let sel = match select {
+                            DSelect::All => (0, 0, 0),
+                            DSelect::Indexer(_) | DSelect::Previous => mla_sel,
+                        };
+                        self.attention(kvt, qatt, kc, vc, att, pos, n, 0, sel)?;
                         self.mv(&[(v_b, ov)], head_chunks, n_headc, gy, att, 1, small)?;
                         (out, ov)
                     }
@@ -2936,8 +3132,9 @@ impl DeviceForward for GpuDecoder {
             key.extend([rl, ids, wts, dd, chunks, nchunks, hsel, lg]);
             key.extend([qa, qan, kva, qn, qabs, qatt, ov, shb]);
             key.extend([
-                hcf, hcm, hcpc, cc, cz, ic, iz, iq, wh, scores, selb, nselb, dz,
+                hcf, hcm, hcpc, cc, cz, ic, iz, iq, wh, ik, scores, selb, nselb, dz,
             ]);
+            key.extend(dsa_ptrs.iter().copied());
             key.extend(kv_ptrs.iter().flat_map(|&(a, b)| [a, b]));
             key.extend(
                 dsv4_ptrs

@@ -89,6 +89,7 @@ fn kernels_compile_with_nvrtc() {
             "dsv4_index_scores",
             "dsv4_topk",
             "dsv4_attention",
+            "dsa_key_prep",
         ] {
             let name = format!(".entry {k}(");
             assert!(ptx.contains(&name), "{arch}: PTX lacks {name}");
@@ -114,10 +115,10 @@ fn kernels_compile_with_nvrtc() {
             );
             checked += 1;
         }
-        // Every format x (mvg, mvt, mvt1, embed), 2 x (kv_store, attention), 20 others.
+        // Every format x (mvg, mvt, mvt1, embed), 2 x (kv_store, attention), 21 others.
         let formats = sluice_cuda::FORMATS.len();
         assert!(formats >= 19, "the seeds' formats have kernels");
-        assert_eq!(checked, formats * 4 + 2 * 2 + 20, "{arch}: kernels checked");
+        assert_eq!(checked, formats * 4 + 2 * 2 + 21, "{arch}: kernels checked");
     }
 }
 
@@ -326,7 +327,7 @@ fn hook_covers_streamed_experts(slots_first: bool) {
 #[test]
 fn decoder_plans_the_gpu_takes() {
     use sluice_cuda::forward::GpuDecoder;
-    use sluice_engine::models::plan::{PlanAttn, PlanFfn};
+    use sluice_engine::models::plan::{MlaSelect, PlanAttn, PlanFfn};
     let m = Model::load(&fixtures().join("qwen3moe/a-q8_0.gguf")).unwrap();
     let plan = m.plan().expect("qwen3moe has a decoder plan");
     GpuDecoder::check(&plan).unwrap();
@@ -421,11 +422,21 @@ fn decoder_plans_the_gpu_takes() {
         "{e}"
     );
     let dir = std::env::temp_dir().join(format!("sluice-no-gpu-glm-{}", std::process::id()));
-    let wide = Model::load(&common::glm_dsa_wide_mla(&dir)).unwrap();
+    let wide = Model::load(&common::glm_dsa_wide_mla(&dir, 5, 64)).unwrap();
     let plan = wide.plan().expect("glm-dsa has a decoder plan");
     assert_eq!((plan.shape.head_dim, plan.shape.head_dim_v), (576, 512));
-    assert_eq!(plan.max_positions, Some(64));
+    assert_eq!(plan.max_positions, None);
     GpuDecoder::check(&plan).unwrap();
+    let mut p = plan.clone();
+    if let PlanAttn::Mla {
+        select: MlaSelect::Indexer(ix),
+        ..
+    } = &mut p.layers[1].attn
+    {
+        ix.n_head = 1000;
+    }
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(e.contains("layer 1: a DSA indexer of 1000 heads"), "{e}");
     let mut p = plan.clone();
     if let PlanFfn::Moe { moe, .. } = &mut p.layers[1].ffn {
         moe.router = sluice_engine::models::blocks::moe::Router::Hash {

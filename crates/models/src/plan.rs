@@ -12,6 +12,7 @@
 //! which of the plan's parts it has kernels for.
 
 use crate::blocks::attention::{AttnShape, GqaWeights};
+use crate::blocks::dsa_indexer::{IndexerState, IndexerWeights};
 use crate::blocks::dsv4_attention::{Dsv4AttnWeights, Dsv4Shape, LayerState};
 use crate::blocks::ffn::{Activation, GluWeights};
 use crate::blocks::hyper::{HcShape, HcWeights};
@@ -113,14 +114,24 @@ impl DecoderPlan {
                 PlanAttn::Gqa { w: a, .. } => {
                     vec![("q", &a.wq), ("k", &a.wk), ("v", &a.wv), ("o", &a.wo)]
                 }
-                PlanAttn::Mla { w: a, .. } => vec![
-                    ("q_a", &a.q_a),
-                    ("q_b", &a.q_b),
-                    ("kv_a", &a.kv_a),
-                    ("k_b", &a.k_b),
-                    ("v_b", &a.v_b),
-                    ("o", &a.out),
-                ],
+                PlanAttn::Mla { w: a, select, .. } => {
+                    let mut v = vec![
+                        ("q_a", &a.q_a),
+                        ("q_b", &a.q_b),
+                        ("kv_a", &a.kv_a),
+                        ("k_b", &a.k_b),
+                        ("v_b", &a.v_b),
+                        ("o", &a.out),
+                    ];
+                    if let MlaSelect::Indexer(ix) = select {
+                        v.extend([
+                            ("indexer q_b", &ix.q_b),
+                            ("indexer k", &ix.k),
+                            ("indexer proj", &ix.proj),
+                        ]);
+                    }
+                    v
+                }
                 PlanAttn::Dsv4 { w: a, .. } => {
                     let mut v = vec![
                         ("q_a", &a.q_a),
@@ -233,10 +244,14 @@ pub enum PlanAttn {
         /// Sliding window in positions (None = global attention).
         window: Option<usize>,
     },
-    /// Multi-head latent attention over every visible position
-    /// ([`crate::blocks::mla::attention`] without a selection; interleaved-pair RoPE on the
-    /// rope slices, the latent cache row `[c | k_rope]`).
-    Mla { w: Box<MlaWeights>, shape: MlaShape },
+    /// Multi-head latent attention ([`crate::blocks::mla::attention`]; interleaved-pair
+    /// RoPE on the rope slices, the latent cache row `[c | k_rope]`) over the positions
+    /// `select` names.
+    Mla {
+        w: Box<MlaWeights>,
+        shape: MlaShape,
+        select: MlaSelect,
+    },
     /// DeepSeek V4 attention ([`crate::blocks::dsv4_attention::attention`]: q-LoRA, one
     /// shared key/value latent, partial RoPE, sinks, a sliding window plus compressed rows
     /// (ratio 4 with the lightning indexer, or 128), grouped low-rank output).
@@ -254,6 +269,19 @@ pub enum PlanAttn {
         w: Box<PooledWeights>,
         shape: PooledShape,
     },
+}
+
+/// The positions an MLA layer's queries attend to.
+#[derive(Debug, Clone)]
+pub enum MlaSelect {
+    /// Every visible position (a plain MLA decoder).
+    All,
+    /// The top-k of the layer's own DSA lightning indexer
+    /// ([`crate::blocks::dsa_indexer::select`]; every visible position while they fit).
+    Indexer(Box<IndexerWeights>),
+    /// The most recent indexer layer's selection (GLM's IndexShare "shared" layers; every
+    /// visible position before any indexer layer).
+    Previous,
 }
 
 impl PlanAttn {
@@ -337,8 +365,8 @@ impl DeviceForward for PlanOnCpu {
         use crate::blocks::attention::gqa;
         use crate::blocks::moe::routed;
         use crate::blocks::{
-            add_into, check_finite, dsv4_attention, ffn, head, hyper, kda, mla, mla_pooled,
-            rms_norm_rows, Stage,
+            add_into, check_finite, dsa_indexer, dsv4_attention, ffn, head, hyper, kda, mla,
+            mla_pooled, rms_norm_rows, Stage,
         };
         let p = &self.0;
         let eps = p.shape.rms_eps;
@@ -352,6 +380,7 @@ impl DeviceForward for PlanOnCpu {
         if (mla_layers || sequential) && state.device.is_none() {
             state.device = Some(Box::new(PlanCpuState {
                 mla: vec![MlaState::default(); p.layers.len()],
+                index: vec![IndexerState::default(); p.layers.len()],
                 dsv4: vec![LayerState::default(); p.layers.len()],
                 kda: p
                     .layers
@@ -415,8 +444,10 @@ impl DeviceForward for PlanOnCpu {
             (Some(m), Some(h)) => hyper::post(x, y, &m, &h.shape),
             _ => add_into(x, y),
         };
-        // The previous full pooled layer's selection (a shared layer reuses it).
+        // The previous full pooled layer's selection (a shared layer reuses it), and the
+        // most recent MLA indexer's (per token; empty: every position).
         let mut prev_sel: Option<Selection> = None;
+        let mut mla_sel: Vec<Option<Vec<usize>>> = Vec::new();
         for (il, l) in p.layers.iter().enumerate() {
             let hc = l.hc.as_deref();
             let (mut h, mix) = take(&x, hc.map(|w| &w[0]))?;
@@ -437,13 +468,33 @@ impl DeviceForward for PlanOnCpu {
                     *window,
                     &h,
                 )?,
-                PlanAttn::Mla { w, shape: s } => {
+                PlanAttn::Mla {
+                    w,
+                    shape: s,
+                    select,
+                } => {
                     let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
                     // Rows past the batch's start belong to positions a truncation dropped
                     // (device state is indexed by position, `SeqState::device`).
                     st.mla[il].rows.truncate(pos0 * s.row());
                     let qr = mla::query_residual(env, w, s, &h, batch.len())?;
-                    mla::attention(env, batch, w, s, &mut st.mla[il], &h, &qr, None, f16)?
+                    if let MlaSelect::Indexer(ix) = select {
+                        st.index[il].keys.truncate(pos0 * ix.head_dim);
+                        mla_sel = dsa_indexer::select(
+                            env,
+                            batch,
+                            ix,
+                            &w.inv_freq,
+                            &mut st.index[il],
+                            &h,
+                            &qr,
+                        )?;
+                    }
+                    let sel = match select {
+                        MlaSelect::All => None,
+                        MlaSelect::Indexer(_) | MlaSelect::Previous => Some(&mla_sel[..]),
+                    };
+                    mla::attention(env, batch, w, s, &mut st.mla[il], &h, &qr, sel, f16)?
                 }
                 PlanAttn::Dsv4 { w, shape: s } => {
                     let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
@@ -544,6 +595,8 @@ impl DeviceForward for PlanOnCpu {
 #[derive(Clone, Default)]
 struct PlanCpuState {
     mla: Vec<MlaState>,
+    /// The DSA indexer keys of MLA layers with their own indexer.
+    index: Vec<IndexerState>,
     dsv4: Vec<LayerState>,
     kda: Vec<Option<KdaState>>,
     pooled: Vec<PooledState>,

@@ -9,12 +9,13 @@ use sluice_synth::{Vocab, WriteOptions};
 /// A small random-weight GLM-DSA file (`sluice_synth::glm_dsa`) whose MLA has GLM-5's latent
 /// widths (kv_lora 512, rope 64: the attention kernel's widest keys, 576, and values,
 /// 512) and whose other sizes the GPU kernels take (every product's columns a multiple
-/// of 32): 3 layers (1 dense), hidden 256, 4 heads (nope 64, v 64), 16 IQ2_XXS experts of
-/// 256 (top-4, biased sigmoid router, one shared expert), the DSA indexer's top-k 64 (the
-/// decoder plan holds for 64 positions). Written under `dir`; its path.
-pub fn glm_dsa_wide_mla(dir: &Path) -> PathBuf {
+/// of 32): `layers` layers (1 dense; GLM-5.2's IndexShare pattern: the first three run
+/// their DSA indexer, the next three reuse its selection), hidden 256, 4 heads (nope 64,
+/// v 64), 16 IQ2_XXS experts of 256 (top-4, biased sigmoid router, one shared expert), the
+/// indexer's top-k `index_top_k`. Written under `dir`; its path.
+pub fn glm_dsa_wide_mla(dir: &Path, layers: usize, index_top_k: usize) -> PathBuf {
     let shape = GlmDsaShape {
-        layers: 3,
+        layers,
         hidden: 256,
         vocab: None,
         heads: 4,
@@ -30,7 +31,7 @@ pub fn glm_dsa_wide_mla(dir: &Path) -> PathBuf {
         expert_ff: 256,
         index_heads: 4,
         index_head_dim: 64,
-        index_top_k: 64,
+        index_top_k,
         context: 4096,
         rope_base: 8e6,
     };
@@ -41,7 +42,7 @@ pub fn glm_dsa_wide_mla(dir: &Path) -> PathBuf {
         name: "glm-dsa wide MLA test".into(),
     };
     std::fs::create_dir_all(dir).unwrap();
-    let path = dir.join("glm-dsa-wide-mla.gguf");
+    let path = dir.join(format!("glm-dsa-wide-mla-{layers}-top{index_top_k}.gguf"));
     let plan = glm::plan(&cfg, Vocab::builtin()).unwrap();
     let cancel = AtomicBool::new(false);
     sluice_synth::write(

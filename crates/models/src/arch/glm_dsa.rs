@@ -27,7 +27,7 @@ use crate::blocks::moe::{
 use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
-use crate::plan::{DecoderPlan, PlanAttn, PlanFfn, PlanLayer, PlanShared};
+use crate::plan::{DecoderPlan, MlaSelect, PlanAttn, PlanFfn, PlanLayer, PlanShared};
 use crate::state::{ExtraState, SeqState};
 use crate::weights::{Mat, Stacked, Tensors};
 use crate::ModelError;
@@ -425,15 +425,9 @@ impl Architecture for GlmDsa {
         s
     }
 
-    /// The model as a plain MLA decoder, exact for sequences of at most the indexer's
-    /// top-k positions: up to there every token's selection is every visible token
-    /// ([`dsa_indexer::select`] returns None), so the indexer changes nothing (glm5.md 2.A).
+    /// The model as an MLA decoder whose full layers select positions with their DSA
+    /// indexer and whose shared layers reuse the last selection (exact at any length).
     fn plan(&self) -> Option<DecoderPlan> {
-        let top_k = self
-            .layers
-            .iter()
-            .filter_map(|l| l.indexer.as_ref().map(|ix| ix.top_k))
-            .min();
         let layers = self
             .layers
             .iter()
@@ -442,6 +436,11 @@ impl Architecture for GlmDsa {
                 attn: PlanAttn::Mla {
                     w: Box::new(l.attn.clone()),
                     shape: self.shape,
+                    // Full layers run their indexer, shared ones reuse the last selection.
+                    select: match &l.indexer {
+                        Some(ix) => MlaSelect::Indexer(Box::new(ix.clone())),
+                        None => MlaSelect::Previous,
+                    },
                 },
                 post_attn_norm: None,
                 ffn_norm: l.ffn_norm.clone(),
@@ -477,7 +476,7 @@ impl Architecture for GlmDsa {
                 scale: s.scale,
                 rms_eps: self.rms_eps,
             },
-            max_positions: top_k,
+            max_positions: None,
             hyper: None,
             embd: self.token_embd.clone(),
             embd_scale: 1.0,
