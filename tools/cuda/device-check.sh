@@ -39,6 +39,10 @@ if want tests; then
     run timeout 300 ./gpu_kernels --ignored --test-threads 1
     [ -n "${GEMMA:-}" ] && export SLUICE_GEMMA=$GEMMA SLUICE_REQUIRE_MODELS=1
     run timeout 300 ./gpu_logits --ignored --test-threads 1 --nocapture
+    # The same whole-forward checks with f32 operands (no tensor cores): DeepSeek V4's and
+    # GLM-DSA's discontinuous choices (router, indexer top-k) must then all agree with the
+    # reference; with f16 operands near-ties may flip (the tests say which bounds apply).
+    SLUICE_CUDA_MMA=0 run timeout 300 ./gpu_logits --ignored --test-threads 1 --nocapture deepseek4 glm_dsa
     T=$(python3 -c "import json;print(','.join(map(str,json.load(open('fixtures/qwen3moe/tokens.json'))['ids'])))")
     run ./sluice run -m fixtures/qwen3moe/a-q8_0.gguf --tokens "$T" -n 8 --temp 0 --gpu --stats
 fi

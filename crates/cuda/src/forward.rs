@@ -1,12 +1,15 @@
 //! The whole forward pass of a plain decoder on the GPU.
 //!
 //! Owns: [`GpuDecoder`], a `sluice_models::plan::DeviceForward` over a
-//! [`DecoderPlan`] (qwen3moe, gemma3, glm-dsa within its `max_positions`): every resident
+//! [`DecoderPlan`] (qwen3moe, gemma3, glm-dsa, deepseek4): every resident
 //! weight uploaded once at start; per forward call one upload of the batch's header (tokens,
 //! positions, chunk tables), then only kernel launches on one stream (`forward.cu`:
 //! embedding, norms, q/k norm + RoPE or absorbed MLA's latent rows and queries, an f16 KV
 //! cache in VRAM per sequence ([`GpuKv`], in `SeqState::device`; MLA's is one KV head of
-//! `[c | k_rope]` keys and `c` values), attention, the softmax or biased top-k router,
+//! `[c | k_rope]` keys and `c` values, plus GLM's DSA indexer keys; DeepSeek V4's is its
+//! window ring, compressor carry and compressed rows), attention (over every visible
+//! position, a DSA selection, or DeepSeek V4's window + chosen compressed rows with sinks),
+//! hyper-connection mixes, the softmax, biased or hashed top-k router,
 //! experts grouped by the device itself, the weight products - on tensor cores with f16
 //! operands for every format but F32 / BF16 (`mvt_*`), else f32 (`mvg_*`) - GLU, the
 //! weighted combine with the shared expert, the output head) and one download of the
