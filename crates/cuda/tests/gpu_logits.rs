@@ -201,6 +201,41 @@ fn qwen3moe_tokens() -> Vec<u32> {
 }
 
 /// Whether two runs' logits are the same bits.
+/// Per-position agreement of `gpu` with `oracle` (`[positions][n_vocab]`): the median and
+/// worst of max |gpu - oracle| / max |oracle|, the positions past 0.01 (position, value),
+/// and top-1 agreement where the oracle's margin exceeds 0.01 (clear, agree).
+struct Agreement {
+    median: f32,
+    worst: f32,
+    far: Vec<(usize, f32)>,
+    clear: usize,
+    agree: usize,
+}
+
+fn agreement(gpu: &[f32], oracle: &[f32], n_vocab: usize) -> Agreement {
+    let per_pos: Vec<f32> = gpu
+        .chunks(n_vocab)
+        .zip(oracle.chunks(n_vocab))
+        .map(|(a, o)| max_abs_diff(a, o) / max_abs(o))
+        .collect();
+    let far = per_pos
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|&(_, r)| r > 0.01)
+        .collect();
+    let mut rel = per_pos;
+    rel.sort_by(f32::total_cmp);
+    let (clear, agree) = top1_agreement(gpu, oracle, n_vocab, 0.01);
+    Agreement {
+        median: rel[rel.len() / 2],
+        worst: rel[rel.len() - 1],
+        far,
+        clear,
+        agree,
+    }
+}
+
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
@@ -513,21 +548,13 @@ fn glm_dsa_whole_forward_matches_reference() {
             "not the whole-forward path: {s:?}"
         );
         let (oracle, _, _) = logits(&path, &toks, toks.len(), Backend::Reference);
-        let per_pos: Vec<f32> = gpu
-            .chunks(n_vocab)
-            .zip(oracle.chunks(n_vocab))
-            .map(|(a, o)| max_abs_diff(a, o) / max_abs(o))
-            .collect();
-        let far: Vec<(usize, f32)> = per_pos
-            .iter()
-            .copied()
-            .enumerate()
-            .filter(|&(_, r)| r > 0.01)
-            .collect();
-        let mut rel = per_pos.clone();
-        rel.sort_by(f32::total_cmp);
-        let (median, worst) = (rel[rel.len() / 2], rel[rel.len() - 1]);
-        let (clear, agree) = top1_agreement(&gpu, &oracle, n_vocab, 0.01);
+        let Agreement {
+            median,
+            worst,
+            far,
+            clear,
+            agree,
+        } = agreement(&gpu, &oracle, n_vocab);
         eprintln!(
             "glm-dsa top-{top_k} whole forward ({} positions, {} operands): max |gpu - reference| / max |reference|: median {median:e}, worst {worst:e}; top-1 equal {agree}/{clear}; positions past 0.01: {far:?}",
             toks.len(),
@@ -656,21 +683,13 @@ fn deepseek4_whole_forward_matches_reference() {
             "{name}: not the whole-forward path: {s:?}"
         );
         let (oracle, _, _) = logits(path, &toks, 200, Backend::Reference);
-        let per_pos: Vec<f32> = gpu
-            .chunks(n_vocab)
-            .zip(oracle.chunks(n_vocab))
-            .map(|(a, o)| max_abs_diff(a, o) / max_abs(o))
-            .collect();
-        let far: Vec<(usize, f32)> = per_pos
-            .iter()
-            .copied()
-            .enumerate()
-            .filter(|&(_, r)| r > 0.01)
-            .collect();
-        let mut rel = per_pos.clone();
-        rel.sort_by(f32::total_cmp);
-        let (median, worst) = (rel[rel.len() / 2], rel[rel.len() - 1]);
-        let (clear, agree) = top1_agreement(&gpu, &oracle, n_vocab, 0.01);
+        let Agreement {
+            median,
+            worst,
+            far,
+            clear,
+            agree,
+        } = agreement(&gpu, &oracle, n_vocab);
         eprintln!(
             "deepseek4 {name} whole forward (200 positions): max |gpu - reference| / max |reference|: median {median:e}, worst {worst:e}; top-1 equal {agree}/{clear}; positions past 0.01: {far:?}"
         );

@@ -4,7 +4,22 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 
 use sluice_synth::glm_dsa::{self as glm, GlmDsaConfig, GlmDsaQuant, GlmDsaShape};
-use sluice_synth::{Vocab, WriteOptions};
+use sluice_synth::{Plan, Vocab, WriteOptions};
+
+/// Write a synthetic file's plan to `path` (replacing it).
+fn write(plan: &Plan, path: &Path) {
+    let cancel = AtomicBool::new(false);
+    sluice_synth::write(
+        plan,
+        path,
+        &WriteOptions {
+            force: true,
+            progress: &|_| {},
+            cancel: &cancel,
+        },
+    )
+    .unwrap();
+}
 
 /// A small random-weight GLM-DSA file (`sluice_synth::glm_dsa`) whose MLA has GLM-5's latent
 /// widths (kv_lora 512, rope 64: the attention kernel's widest keys, 576, and values,
@@ -44,17 +59,7 @@ pub fn glm_dsa_wide_mla(dir: &Path, layers: usize, index_top_k: usize) -> PathBu
     std::fs::create_dir_all(dir).unwrap();
     let path = dir.join(format!("glm-dsa-wide-mla-{layers}-top{index_top_k}.gguf"));
     let plan = glm::plan(&cfg, Vocab::builtin()).unwrap();
-    let cancel = AtomicBool::new(false);
-    sluice_synth::write(
-        &plan,
-        &path,
-        &WriteOptions {
-            force: true,
-            progress: &|_| {},
-            cancel: &cancel,
-        },
-    )
-    .unwrap();
+    write(&plan, &path);
     path
 }
 
@@ -95,16 +100,6 @@ pub fn deepseek4_wide(dir: &Path, index_top_k: usize) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let path = dir.join(format!("deepseek4-wide-top{index_top_k}.gguf"));
     let plan = ds::plan(&cfg, Vocab::builtin()).unwrap();
-    let cancel = AtomicBool::new(false);
-    sluice_synth::write(
-        &plan,
-        &path,
-        &WriteOptions {
-            force: true,
-            progress: &|_| {},
-            cancel: &cancel,
-        },
-    )
-    .unwrap();
+    write(&plan, &path);
     path
 }
