@@ -28,9 +28,8 @@ pub struct ModelArgs {
     #[arg(long = "kv-f32")]
     pub kv_f32: bool,
     /// Run on the GPU (CUDA, found at run time): the whole forward pass for qwen3moe,
-    /// gemma3 and glm-dsa (within its indexer's top-k positions: --ctx 2048 for GLM-5),
-    /// else the weight products only, with weights in VRAM. Without a usable GPU sluice
-    /// says why in one line and runs on the CPU.
+    /// gemma3, glm-dsa and deepseek4, else the weight products only, with weights in VRAM.
+    /// Without a usable GPU sluice says why in one line and runs on the CPU.
     #[arg(long)]
     pub gpu: bool,
     /// With --gpu: keep routed experts in a VRAM cache of SIZE bytes (e.g. 8G), a hard

@@ -66,6 +66,22 @@ const ATT_THREADS: u32 = 256;
 /// Blocks per token of the lightning indexer's scores (rows strided over them; a fixed
 /// count, so a captured decode step replays at any position).
 const INDEX_BLOCKS: u32 = 64;
+/// Most indexer scores held at once (floats; 256 MiB): longer prompts at longer contexts
+/// are scored in tiles of tokens.
+const SCORES_MAX: usize = 1 << 26;
+
+/// One layer's lightning indexer as `GpuDecoder::index_select` runs it: queries `iq`
+/// (`[n][n_head * head_dim]`, roped), head weights `wh` (`[n][n_head]`), the rows it scores
+/// (`[..][head_dim]`; token t sees `(pos + 1) / ratio` of them) and its top-k.
+struct IndexSelect {
+    iq: u64,
+    wh: u64,
+    n_head: usize,
+    head_dim: usize,
+    rows: u64,
+    ratio: usize,
+    top_k: usize,
+}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -875,7 +891,8 @@ fn check_dsv4(
         hd,
         s.o_groups * s.o_lora,
         nh * hd / s.o_groups,
-    ) && (w.out_b.rows, w.out_b.cols) == (s.n_embd, s.o_groups * s.o_lora);
+    ) && (w.out_b.rows, w.out_b.cols) == (s.n_embd, s.o_groups * s.o_lora)
+        && (w.q_a.cols, w.kv.cols) == (s.n_embd, s.n_embd);
     if !shapes {
         return bad("projection shapes do not match its shape".into());
     }
@@ -888,6 +905,7 @@ fn check_dsv4(
             && c.ape.len() == c.ratio * c.coff * c.head_dim
             && c.norm.len() == c.head_dim
             && (c.kv.rows, c.gate.rows) == (c.coff * c.head_dim, c.coff * c.head_dim)
+            && (c.kv.cols, c.gate.cols) == (s.n_embd, s.n_embd)
     };
     if let Some(c) = &w.comp {
         if !comp_ok(c) || c.head_dim != hd {
@@ -905,7 +923,8 @@ fn check_dsv4(
                 && ix.comp.head_dim == ix.head_dim
                 && ix.n_head * ix.head_dim <= IDX_MAX_Q
                 && ix.top_k > 0
-                && (ix.q_b.rows, ix.proj.rows) == (ix.n_head * ix.head_dim, ix.n_head);
+                && (ix.q_b.rows, ix.proj.rows) == (ix.n_head * ix.head_dim, ix.n_head)
+                && (ix.q_b.cols, ix.proj.cols) == (s.q_lora, s.n_embd);
             if !ok {
                 return bad(format!(
                     "an indexer of {} heads of {} (top {}) the kernels do not take",
@@ -964,6 +983,15 @@ impl GpuDecoder {
                     }
                 }
             }
+            if let Some(il) = plan
+                .layers
+                .iter()
+                .position(|l| l.post_attn_norm.is_some() || l.post_ffn_norm.is_some())
+            {
+                return Err(format!(
+                    "layer {il}: post-norms inside a hyper-connection residual have no GPU kernel"
+                ));
+            }
         } else if plan.layers.iter().any(|l| l.hc.is_some()) {
             return Err("hyper-connection mixes without the residual's shape".into());
         }
@@ -990,11 +1018,16 @@ impl GpuDecoder {
         for (il, l) in plan.layers.iter().enumerate() {
             if let PlanFfn::Moe { moe, .. } = &l.ffn {
                 if let Some(t) = router_kind(&moe.router).table {
+                    // A token's k experts must be distinct: the grouped products give a
+                    // chunk at most one row per token (the decode kernel's 8-row tile).
+                    let distinct =
+                        |row: &[u32]| row.iter().enumerate().all(|(i, x)| !row[..i].contains(x));
                     if t.len() != plan.n_vocab * moe.k
                         || t.iter().any(|&x| x as usize >= moe.n_expert)
+                        || !t.chunks(moe.k.max(1)).all(distinct)
                     {
                         return Err(format!(
-                            "layer {il}: a hash router table of {} entries for {} tokens x top-{} of {} experts",
+                            "layer {il}: a hash router table of {} entries for {} tokens x top-{} of {} distinct experts",
                             t.len(),
                             plan.n_vocab,
                             moe.k,
@@ -1038,7 +1071,8 @@ impl GpuDecoder {
                     && ix.k_norm.len() == ix.head_dim
                     && ix.k_norm_bias.len() == ix.head_dim
                     && (ix.q_b.rows, ix.q_b.cols) == (ix.n_head * ix.head_dim, s.q_lora)
-                    && (ix.k.rows, ix.proj.rows) == (ix.head_dim, ix.n_head);
+                    && (ix.k.rows, ix.proj.rows) == (ix.head_dim, ix.n_head)
+                    && (ix.k.cols, ix.proj.cols) == (plan.n_embd, plan.n_embd);
                 if !ok {
                     return Err(format!(
                         "layer {il}: a DSA indexer of {} heads of {} (top {}) the kernels do not take",
@@ -2131,6 +2165,60 @@ impl GpuDecoder {
         )
     }
 
+    /// An indexer's choice for each of `n` tokens (positions at `pos`): the scores of the
+    /// rows each sees into `scratch.0` (row stride `scratch.1`), then the top-k into
+    /// `scratch.3` (`[n][top_k]`) and the counts into `scratch.4`, in tiles of `scratch.2`
+    /// tokens (the scores buffer holds one tile). A token's scores and choice do not depend
+    /// on its tile.
+    fn index_select(
+        &self,
+        ix: &IndexSelect,
+        pos: u64,
+        scratch: (u64, usize, usize, u64, u64),
+        n: usize,
+    ) -> Result<(), ModelError> {
+        let (scores, stride, tile, sel, nsel) = scratch;
+        let stride_i = i32_of(stride, "indexer rows")?;
+        let qn = (ix.n_head * ix.head_dim) as u64;
+        let mut t0 = 0;
+        while t0 < n {
+            let m = tile.min(n - t0);
+            let t = t0 as u64;
+            self.launch(
+                &self.f.dsv4_index_scores,
+                (m as u32, INDEX_BLOCKS, 1),
+                256,
+                &[
+                    A::P(ix.iq + 4 * t * qn),
+                    A::P(ix.wh + 4 * t * ix.n_head as u64),
+                    A::P(ix.rows),
+                    A::P(pos + 4 * t),
+                    A::P(scores),
+                    A::I(ix.n_head as i32),
+                    A::I(ix.head_dim as i32),
+                    A::I(ix.ratio as i32),
+                    A::I(stride_i),
+                ],
+            )?;
+            self.launch(
+                &self.f.dsv4_topk,
+                (m as u32, 1, 1),
+                256,
+                &[
+                    A::P(scores),
+                    A::P(pos + 4 * t),
+                    A::P(sel + 4 * t * ix.top_k as u64),
+                    A::P(nsel + 4 * t),
+                    A::I(ix.ratio as i32),
+                    A::I(stride_i),
+                    A::I(i32_of(ix.top_k, "top-k")?),
+                ],
+            )?;
+            t0 += m;
+        }
+        Ok(())
+    }
+
     /// The carry of the batch's last `slots` tokens (positions at `pos`): rows of `c` (and
     /// `z` unless 0) to slot `position % slots` of `rc` (`rz`).
     #[allow(clippy::too_many_arguments)]
@@ -2529,7 +2617,10 @@ impl DeviceForward for GpuDecoder {
         // Scores of the compressed rows the batch's last token sees, per token.
         let last = *batch.positions.last().expect("n > 0");
         let stride = (last + 1).checked_div(idx_ratio).unwrap_or(1).max(1);
-        let scores = addr(&stream, &mut sc.scores, idx_len(stride))?;
+        // Tokens per launch of the scores and top-k: as many as keep the scores within
+        // SCORES_MAX floats (a long prompt at a long context does not scale the scratch).
+        let idx_tile = (SCORES_MAX / stride).clamp(1, n);
+        let scores = addr(&stream, &mut sc.scores, idx_len(stride) / n * idx_tile)?;
         let selb = addr(&stream, &mut sc.sel, idx_len(top_max))?;
         let nselb = addr(&stream, &mut sc.nsel, idx_len(1))?;
         let dz = addr(
@@ -2703,37 +2794,17 @@ impl DeviceForward for GpuDecoder {
                                     A::F(ix.k_norm_eps),
                                 ],
                             )?;
-                            let stride = i32_of(stride, "indexer rows")?;
-                            self.launch(
-                                &self.f.dsv4_index_scores,
-                                (n as u32, INDEX_BLOCKS, 1),
-                                256,
-                                &[
-                                    A::P(iq),
-                                    A::P(wh),
-                                    A::P(keys),
-                                    A::P(pos),
-                                    A::P(scores),
-                                    A::I(ih),
-                                    A::I(id),
-                                    A::I(1),
-                                    A::I(stride),
-                                ],
-                            )?;
-                            self.launch(
-                                &self.f.dsv4_topk,
-                                rows_n(n),
-                                256,
-                                &[
-                                    A::P(scores),
-                                    A::P(pos),
-                                    A::P(selb),
-                                    A::P(nselb),
-                                    A::I(1),
-                                    A::I(stride),
-                                    A::I(ix.top_k as i32),
-                                ],
-                            )?;
+                            let ix_sel = IndexSelect {
+                                iq,
+                                wh,
+                                n_head: ix.n_head,
+                                head_dim: ix.head_dim,
+                                rows: keys,
+                                ratio: 1,
+                                top_k: ix.top_k,
+                            };
+                            let scratch = (scores, stride, idx_tile, selb, nselb);
+                            self.index_select(&ix_sel, pos, scratch, n)?;
                             mla_sel = (selb, nselb, ix.top_k);
                         }
                         self.launch(
@@ -2881,37 +2952,17 @@ impl DeviceForward for GpuDecoder {
                         if let Some(ix) = &a.indexer {
                             heads(iq, ix.n_head, ix.head_dim, a.rope_compress, 0)?;
                             compress(&ix.comp, ic, iz, dp.index)?;
-                            let ratio = ix.comp.ratio as i32;
-                            self.launch(
-                                &self.f.dsv4_index_scores,
-                                (n as u32, INDEX_BLOCKS, 1),
-                                256,
-                                &[
-                                    A::P(iq),
-                                    A::P(wh),
-                                    A::P(dp.index[2]),
-                                    A::P(pos),
-                                    A::P(scores),
-                                    A::I(ix.n_head as i32),
-                                    A::I(ix.head_dim as i32),
-                                    A::I(ratio),
-                                    A::I(i32_of(stride, "compressed rows")?),
-                                ],
-                            )?;
-                            self.launch(
-                                &self.f.dsv4_topk,
-                                rows_n(n),
-                                256,
-                                &[
-                                    A::P(scores),
-                                    A::P(pos),
-                                    A::P(selb),
-                                    A::P(nselb),
-                                    A::I(ratio),
-                                    A::I(i32_of(stride, "compressed rows")?),
-                                    A::I(ix.top_k as i32),
-                                ],
-                            )?;
+                            let ix_sel = IndexSelect {
+                                iq,
+                                wh,
+                                n_head: ix.n_head,
+                                head_dim: ix.head_dim,
+                                rows: dp.index[2],
+                                ratio: ix.comp.ratio,
+                                top_k: ix.top_k,
+                            };
+                            let scratch = (scores, stride, idx_tile, selb, nselb);
+                            self.index_select(&ix_sel, pos, scratch, n)?;
                             (sel, nsel, top) = (selb, nselb, ix.top_k);
                         }
                         let ratio = a.comp.as_ref().map_or(0, |c| c.ratio);

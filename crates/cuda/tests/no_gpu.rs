@@ -404,6 +404,24 @@ fn decoder_plans_the_gpu_takes() {
     }
     let e = GpuDecoder::check(&p).unwrap_err();
     assert!(e.contains("layer 0: a hash router table"), "{e}");
+    // A token naming one expert twice (a chunk would hold two of its rows).
+    let mut p = plan.clone();
+    if let PlanFfn::Moe { moe, .. } = &mut p.layers[0].ffn {
+        let sluice_engine::models::blocks::moe::Router::Hash { table, .. } = &mut moe.router else {
+            panic!("layer 0 of the file is hash-routed")
+        };
+        table[1] = table[0];
+    }
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(e.contains("layer 0: a hash router table"), "{e}");
+    // Post-norms inside the hyper-connection residual (no kernel applies them there).
+    let mut p = plan.clone();
+    p.layers[2].post_ffn_norm = Some(vec![1.0; p.n_embd]);
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(
+        e.contains("layer 2: post-norms inside a hyper-connection"),
+        "{e}"
+    );
     // GLM-5.3-Flash's (Kimi delta attention first).
     let g5 = Model::load(&fixtures().join("glm5next/a-f32.gguf")).unwrap();
     let p = g5.plan().expect("glm5next has a decoder plan");
