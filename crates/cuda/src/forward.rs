@@ -943,15 +943,44 @@ impl GpuDecoder {
     pub fn check(plan: &DecoderPlan) -> Result<(), String> {
         // Parts of a plan this backend has no kernels for: said first, so the reason names
         // the part, not a head size.
+        if plan.lowrank.is_some() {
+            return Err(
+                "low-rank hyper-connections (Qwen3.8-Flash-Next's mixers) have no GPU kernels yet"
+                    .into(),
+            );
+        }
+        if plan.ple.is_some() || plan.layers.iter().any(|l| l.ple.is_some()) {
+            return Err("the PLE layer has no GPU kernels yet".into());
+        }
         for (il, l) in plan.layers.iter().enumerate() {
             let missing = match l.attn {
                 PlanAttn::Kda { .. } => Some("Kimi delta attention"),
                 PlanAttn::Pooled { .. } => Some("pooled latent attention"),
+                PlanAttn::Delta { .. } => Some("Gated DeltaNet"),
+                PlanAttn::Qsa { .. } => Some("QSA indexed attention"),
                 PlanAttn::Gqa { .. } | PlanAttn::Mla { .. } | PlanAttn::Dsv4 { .. } => None,
             };
             if let Some(what) = missing {
                 return Err(format!("layer {il}: {what} has no GPU kernels yet"));
             }
+            if let PlanFfn::Moe {
+                shared: Some(sh), ..
+            } = &l.ffn
+            {
+                if sh.gate.is_some() {
+                    return Err(format!(
+                        "layer {il}: a gated shared expert has no GPU kernel yet"
+                    ));
+                }
+            }
+            if l.hc_lowrank.is_some() || l.attn_norm.is_empty() || l.ffn_norm.is_empty() {
+                return Err(format!(
+                    "layer {il}: low-rank mixers or missing norms have no GPU kernels"
+                ));
+            }
+        }
+        if plan.output_norm.is_empty() {
+            return Err("a head without an output norm has no GPU kernel".into());
         }
         if let Some(h) = &plan.hyper {
             let hc = h.shape.n_hc;
@@ -1398,7 +1427,10 @@ impl GpuDecoder {
                     inv_freq: up.norm(inv_freq)?,
                     window: window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
                 },
-                PlanAttn::Kda { .. } | PlanAttn::Pooled { .. } => {
+                PlanAttn::Kda { .. }
+                | PlanAttn::Pooled { .. }
+                | PlanAttn::Delta { .. }
+                | PlanAttn::Qsa { .. } => {
                     unreachable!("checked: GQA, MLA and DeepSeek V4 layers only")
                 }
                 PlanAttn::Dsv4 { w, shape } => {

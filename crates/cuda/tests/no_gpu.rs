@@ -422,6 +422,10 @@ fn decoder_plans_the_gpu_takes() {
         e.contains("layer 2: post-norms inside a hyper-connection"),
         "{e}"
     );
+    // Qwen3.8-Flash-Next's (low-rank hyper-connection mixers first).
+    let q4 = Model::load(&fixtures().join("qwen4exp/a-f32.gguf")).unwrap();
+    let e = GpuDecoder::check(&q4.plan().expect("qwen4exp has a decoder plan")).unwrap_err();
+    assert!(e.contains("low-rank hyper-connections"), "{e}");
     // GLM-5.3-Flash's (Kimi delta attention first).
     let g5 = Model::load(&fixtures().join("glm5next/a-f32.gguf")).unwrap();
     let p = g5.plan().expect("glm5next has a decoder plan");

@@ -157,10 +157,41 @@ fn glm5next_plan_gives_the_architectures_bits() {
     }
 }
 
-/// Architectures outside the plan's shape (Qwen3.8-Flash-Next: per-layer embedding rows,
-/// compressed attention) have none: a device backend then runs only their weight products.
+/// Qwen3.8-Flash-Next as a plan (low-rank hyper-connection mixers in place of the norms,
+/// Gated DeltaNet and QSA layers, softmax MoE with a sigmoid-gated shared expert, the hashed
+/// n-gram PLE layer): the same bits as the architecture at every chunking, on the three
+/// fixtures and the one whose compress ratios are written, over the long prompt.
 #[test]
-fn architectures_outside_the_plan_have_none() {
-    let m = Model::load(&fixture("qwen4exp/a-f32.gguf")).unwrap();
-    assert!(m.plan().is_none(), "qwen4exp should have no decoder plan");
+fn qwen4exp_plan_gives_the_architectures_bits() {
+    let text = std::fs::read_to_string(fixture("qwen4exp/manifest.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let toks: Vec<u32> = v["prompts"]["long"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    for name in [
+        "a-f32.gguf",
+        "b-f32.gguf",
+        "c-f32.gguf",
+        "a-ratios-f32.gguf",
+    ] {
+        let path = fixture(&format!("qwen4exp/{name}"));
+        let m = Model::load(&path).unwrap();
+        let plan = m.plan().expect("qwen4exp has a decoder plan");
+        assert!(
+            plan.lowrank.is_some()
+                && plan
+                    .layers
+                    .iter()
+                    .any(|l| matches!(l.attn, PlanAttn::Delta { .. }))
+                && plan
+                    .layers
+                    .iter()
+                    .any(|l| matches!(l.attn, PlanAttn::Qsa { .. })),
+            "{name}"
+        );
+        plan_gives_the_bits(&path, &toks, &[toks.len(), 5]);
+    }
 }

@@ -1,25 +1,31 @@
-//! A plain decoder's whole forward pass as data, for backends that run it on a device.
+//! A decoder's whole forward pass as data, for backends that run it on a device.
 //!
-//! Owns: [`DecoderPlan`] (every weight of a pre-norm decoder - GQA, absorbed MLA or
-//! DeepSeek V4 attention, Kimi delta attention or pooled latent attention, dense GLU or
-//! routed MoE feed-forward layers with an optional shared expert, a plain or
-//! hyper-connection residual - as ranges of the mapped file, plus
-//! the hyper-parameters the CPU blocks use) and [`DeviceForward`], the interface a device
+//! Owns: [`DecoderPlan`] (every weight of a pre-norm decoder - GQA, absorbed MLA (with a
+//! DSA indexer's selection), DeepSeek V4 attention, Kimi delta attention, pooled latent
+//! attention, Gated DeltaNet or QSA, dense GLU or routed MoE feed-forward layers with an
+//! optional (gated) shared expert, a plain, hyper-connection or low-rank hyper-connection
+//! residual, a hashed n-gram PLE layer - as ranges of the mapped file, plus the
+//! hyper-parameters the CPU blocks use) and [`DeviceForward`], the interface a device
 //! backend implements to evaluate a batch with activations, KV cache and routing kept on the
-//! device. An architecture that fits this shape (qwen3moe, gemma3, glm-dsa up to its
-//! indexer's top-k positions, deepseek4, glm5next) returns a plan from
-//! [`crate::arch::Architecture::plan`]; the others run on the CPU blocks. A backend checks
-//! which of the plan's parts it has kernels for.
+//! device. Every architecture returns a plan from [`crate::arch::Architecture::plan`]
+//! (qwen3moe, gemma3, glm-dsa, deepseek4, glm5next, qwen4exp). A backend checks which of the
+//! plan's parts it has kernels for.
+
+use std::sync::Arc;
 
 use crate::blocks::attention::{AttnShape, GqaWeights};
+use crate::blocks::deltanet::{DeltaShape, DeltaState, DeltaWeights};
 use crate::blocks::dsa_indexer::{IndexerState, IndexerWeights};
 use crate::blocks::dsv4_attention::{Dsv4AttnWeights, Dsv4Shape, LayerState};
 use crate::blocks::ffn::{Activation, GluWeights};
 use crate::blocks::hyper::{HcShape, HcWeights};
+use crate::blocks::hyper_lowrank;
 use crate::blocks::kda::{KdaShape, KdaState, KdaWeights};
 use crate::blocks::mla::{MlaShape, MlaState, MlaWeights};
 use crate::blocks::mla_pooled::{PooledShape, PooledState, PooledWeights, Selection};
 use crate::blocks::moe::MoeWeights;
+use crate::blocks::ple::{NgramHash, PleRows, PleState, PleWeights};
+use crate::blocks::qsa::{QsaShape, QsaState, QsaWeights};
 use crate::blocks::{Batch, Env};
 use crate::state::SeqState;
 use crate::weights::{Mat, Stacked};
@@ -39,6 +45,12 @@ pub struct DecoderPlan {
     pub max_positions: Option<usize>,
     /// A hyper-connection residual (None: the plain residual `x += block(x)`).
     pub hyper: Option<PlanHyper>,
+    /// Low-rank hyper-connections in place of every norm (Qwen3.8-Flash-Next): then the
+    /// layers' `attn_norm` / `ffn_norm` and `output_norm` are empty and each half-block's
+    /// input is its [`PlanLayer::hc_lowrank`] mixer's.
+    pub lowrank: Option<PlanLowRank>,
+    /// The hashed n-gram PLE layer's hash and row source (with [`PlanLayer::ple`]).
+    pub ple: Option<PlanPle>,
     /// Token embedding table `[n_vocab, n_embd]`, rows multiplied by `embd_scale`.
     pub embd: Mat,
     pub embd_scale: f32,
@@ -58,6 +70,31 @@ pub struct PlanHyper {
     pub head: HyperHead,
 }
 
+/// Low-rank hyper-connections ([`crate::blocks::hyper_lowrank`]): `n_stream` streams per
+/// position (the embedding copied into each); the head's input is the output mixer's.
+#[derive(Debug, Clone)]
+pub struct PlanLowRank {
+    pub n_stream: usize,
+    pub head: hyper_lowrank::HcWeights,
+}
+
+/// A hashed n-gram PLE layer's shared parts ([`crate::blocks::ple`]): the hash of each
+/// position's token context and where the table's rows come from (the mapped file or the
+/// row tier).
+#[derive(Clone)]
+pub struct PlanPle {
+    pub hash: NgramHash,
+    pub rows: Arc<dyn PleRows>,
+}
+
+impl std::fmt::Debug for PlanPle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlanPle")
+            .field("hash", &self.hash)
+            .finish_non_exhaustive()
+    }
+}
+
 /// How the streams of a hyper-connection residual become one row before the head.
 #[derive(Debug, Clone)]
 pub enum HyperHead {
@@ -73,6 +110,9 @@ pub enum HyperHead {
 pub struct PlanShared {
     pub w: GluWeights,
     pub act: Activation,
+    /// `[1, n_embd]`: the output scaled by the sigmoid of this product of the input
+    /// (Qwen3.8-Flash-Next); None: unscaled.
+    pub gate: Option<Mat>,
 }
 
 impl DecoderPlan {
@@ -165,6 +205,21 @@ impl DecoderPlan {
                     ("kda o", &a.out),
                 ],
                 // (k_b and v_b are stacked per head, not whole matrices.)
+                PlanAttn::Delta { w: a, .. } => vec![
+                    ("delta qkv", &a.qkv),
+                    ("delta gate", &a.gate),
+                    ("delta beta", &a.beta),
+                    ("delta alpha", &a.alpha),
+                    ("delta o", &a.out),
+                ],
+                PlanAttn::Qsa { w: a, .. } => vec![
+                    ("q", &a.wq),
+                    ("k", &a.wk),
+                    ("v", &a.wv),
+                    ("o", &a.wo),
+                    ("indexer q", &a.idx_q),
+                    ("indexer k", &a.idx_k),
+                ],
                 PlanAttn::Pooled { w: a, .. } => {
                     let mut v = vec![
                         ("q_a", &a.q_a),
@@ -183,6 +238,19 @@ impl DecoderPlan {
                     v
                 }
             };
+            if let Some(hc) = &l.hc_lowrank {
+                for (half, w) in ["attention", "feed-forward"].iter().zip(hc.iter()) {
+                    out.push((format!("layer {il} {half} mixer down"), &w.down));
+                    out.push((format!("layer {il} {half} mixer up"), &w.up));
+                    if let Some(m) = &w.inject {
+                        out.push((format!("layer {il} {half} mixer inject"), m));
+                    }
+                }
+            }
+            if let Some(pw) = &l.ple {
+                out.push((format!("layer {il} PLE key"), &pw.key));
+                out.push((format!("layer {il} PLE value"), &pw.value));
+            }
             if let Some(hc) = &l.hc {
                 out.push((
                     format!("layer {il} attention hyper-connection"),
@@ -202,6 +270,9 @@ impl DecoderPlan {
                     out.push((format!("layer {il} router"), &moe.router_w));
                     if let Some(sh) = shared {
                         glu(&mut out, format!("layer {il} shared expert"), &sh.w);
+                        if let Some(g) = &sh.gate {
+                            out.push((format!("layer {il} shared expert gate"), g));
+                        }
                     }
                 }
             }
@@ -212,6 +283,10 @@ impl DecoderPlan {
         }) = &self.hyper
         {
             out.push(("output hyper-connection".to_string(), &w.proj));
+        }
+        if let Some(lr) = &self.lowrank {
+            out.push(("output mixer down".to_string(), &lr.head.down));
+            out.push(("output mixer up".to_string(), &lr.head.up));
         }
         out
     }
@@ -231,6 +306,10 @@ pub struct PlanLayer {
     /// The hyper-connection mixes around the attention and feed-forward halves (with
     /// [`DecoderPlan::hyper`]; None for a plain residual).
     pub hc: Option<Box<[HcWeights; 2]>>,
+    /// The low-rank mixers of the two halves (with [`DecoderPlan::lowrank`]).
+    pub hc_lowrank: Option<Box<[hyper_lowrank::HcWeights; 2]>>,
+    /// The PLE layer applied to the streams before this layer (with [`DecoderPlan::ple`]).
+    pub ple: Option<Box<PleWeights>>,
 }
 
 /// The attention half of a block.
@@ -269,6 +348,19 @@ pub enum PlanAttn {
         w: Box<PooledWeights>,
         shape: PooledShape,
     },
+    /// Gated DeltaNet ([`crate::blocks::deltanet::delta_net`]: a recurrent state per head,
+    /// a short convolution).
+    Delta {
+        w: Box<DeltaWeights>,
+        shape: DeltaShape,
+    },
+    /// QSA indexed attention ([`crate::blocks::qsa::qsa`]: GQA over the KV cache with a
+    /// block-pooled indexer), NEOX RoPE by `inv_freq`.
+    Qsa {
+        w: Box<QsaWeights>,
+        shape: QsaShape,
+        inv_freq: Vec<f32>,
+    },
 }
 
 /// The positions an MLA layer's queries attend to.
@@ -286,11 +378,16 @@ pub enum MlaSelect {
 
 impl PlanAttn {
     /// Whether the layer keeps state that only continues or restarts at position 0 (a
-    /// window, a compressor carry, a recurrence: DeepSeek V4, KDA and pooled attention).
+    /// window, a compressor carry, a recurrence: DeepSeek V4, KDA, pooled attention,
+    /// DeltaNet and QSA's pooled keys).
     fn sequential(&self) -> bool {
         matches!(
             self,
-            PlanAttn::Dsv4 { .. } | PlanAttn::Kda { .. } | PlanAttn::Pooled { .. }
+            PlanAttn::Dsv4 { .. }
+                | PlanAttn::Kda { .. }
+                | PlanAttn::Pooled { .. }
+                | PlanAttn::Delta { .. }
+                | PlanAttn::Qsa { .. }
         )
     }
 }
@@ -348,6 +445,14 @@ pub trait DeviceForward: Send + Sync {
     fn name(&self) -> &'static str;
 }
 
+/// How a half-block's output goes back into the residual (`PlanOnCpu`).
+enum Mix {
+    Plain,
+    Manifold(crate::blocks::hyper::HcMix),
+    /// The low-rank mixer's per-stream injection weights.
+    LowRank(Vec<f32>),
+}
+
 /// A [`DecoderPlan`] evaluated with the CPU blocks: the same operations in the same order
 /// as the architectures' own forward passes, so its logits equal theirs bit for bit when
 /// the plan describes the model faithfully (the test that a device backend is handed the
@@ -365,8 +470,8 @@ impl DeviceForward for PlanOnCpu {
         use crate::blocks::attention::gqa;
         use crate::blocks::moe::routed;
         use crate::blocks::{
-            add_into, check_finite, dsa_indexer, dsv4_attention, ffn, head, hyper, kda, mla,
-            mla_pooled, rms_norm_rows, Stage,
+            add_into, check_finite, deltanet, dsa_indexer, dsv4_attention, ffn, head, hyper, kda,
+            mla, mla_pooled, ple, qsa, rms_norm_rows, Stage,
         };
         let p = &self.0;
         let eps = p.shape.rms_eps;
@@ -391,6 +496,22 @@ impl DeviceForward for PlanOnCpu {
                     })
                     .collect(),
                 pooled: vec![PooledState::default(); p.layers.len()],
+                delta: p
+                    .layers
+                    .iter()
+                    .map(|l| match &l.attn {
+                        PlanAttn::Delta { shape, .. } => Some(DeltaState::new(shape)),
+                        _ => None,
+                    })
+                    .collect(),
+                qsa: vec![QsaState::default(); p.layers.len()],
+                ple: match (&p.ple, p.layers.iter().find_map(|l| l.ple.as_deref())) {
+                    (Some(pp), Some(w)) => {
+                        let streams = p.lowrank.as_ref().map_or(1, |lr| lr.n_stream);
+                        Some((PleState::new(&pp.hash, w, streams * e), pp.hash.eos))
+                    }
+                    _ => None,
+                },
                 next: 0,
             }));
         }
@@ -419,19 +540,47 @@ impl DeviceForward for PlanOnCpu {
         let emb = head::embed(env, &p.embd, batch, p.embd_scale)?;
         check_finite(&emb, e, &batch.positions, Stage::Embedding)?;
         // The residual: one stream per position, or `n_hc` copies of the embedding.
-        let n_hc = p.hyper.as_ref().map_or(1, |h| h.shape.n_hc);
+        let n_hc = match (&p.hyper, &p.lowrank) {
+            (Some(h), _) => h.shape.n_hc,
+            (None, Some(lr)) => lr.n_stream,
+            (None, None) => 1,
+        };
+        // The PLE rows depend only on the token ids: hinted before any layer runs.
+        let mut ple_ids: Option<(Vec<u64>, usize)> = None;
+        if let Some(pp) = &p.ple {
+            let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
+            if let Some((ps, _)) = &mut st.ple {
+                let (ids, ctx) = pp.hash.rows(&ps.ctx, batch.tokens);
+                pp.rows.prefetch(&ids);
+                ps.ctx = ctx;
+                ple_ids = Some((ids, e / pp.hash.n_heads()));
+            }
+        }
         let mut x = if n_hc == 1 {
             emb
         } else {
             emb.chunks(e).flat_map(|row| row.repeat(n_hc)).collect()
         };
         // A half-block's input: the residual, or its hyper-connection mix (kept for `put`).
-        let take = |x: &[f32], w: Option<&HcWeights>| -> Result<_, ModelError> {
-            match (w, &p.hyper) {
-                (None, None) => Ok((x.to_vec(), None)),
-                (Some(w), Some(h)) => {
+        let t_len = batch.len();
+        let take = |x: &[f32], l: &PlanLayer, half: usize| -> Result<_, ModelError> {
+            let w = l.hc.as_deref().map(|w| &w[half]);
+            let lw = l.hc_lowrank.as_deref().map(|w| &w[half]);
+            match (w, &p.hyper, lw, &p.lowrank) {
+                (None, None, None, None) => Ok((x.to_vec(), Mix::Plain)),
+                (Some(w), Some(h), None, None) => {
                     let mut m = hyper::pre(env, w, &h.shape, x)?;
-                    Ok((std::mem::take(&mut m.input), Some(m)))
+                    Ok((std::mem::take(&mut m.input), Mix::Manifold(m)))
+                }
+                (None, None, Some(w), Some(lr)) => {
+                    let (m, inj) = hyper_lowrank::hc_pre(env, w, lr.n_stream, e, eps, x, t_len)?;
+                    let inj = inj.ok_or_else(|| {
+                        ModelError::Compute(format!(
+                            "{}: a block's low-rank mixer has no injection weights",
+                            p.arch
+                        ))
+                    })?;
+                    Ok((m, Mix::LowRank(inj)))
                 }
                 _ => Err(ModelError::Compute(format!(
                     "{}: a layer's hyper-connections do not match the plan's",
@@ -440,18 +589,33 @@ impl DeviceForward for PlanOnCpu {
             }
         };
         // Put a half-block's output back: `x += y`, or the hyper-connection update.
-        let put = |x: &mut [f32], y: &[f32], mix: Option<hyper::HcMix>| match (mix, &p.hyper) {
-            (Some(m), Some(h)) => hyper::post(x, y, &m, &h.shape),
+        let put = |x: &mut [f32], y: &[f32], mix: Mix| match (mix, &p.hyper) {
+            (Mix::Manifold(m), Some(h)) => hyper::post(x, y, &m, &h.shape),
+            (Mix::LowRank(inj), _) => hyper_lowrank::hc_post(x, &inj, y, n_hc, e),
             _ => add_into(x, y),
+        };
+        // An RMS norm, unless the plan's low-rank mixers normalise (empty weights).
+        let norm = |h: &mut [f32], w: &[f32]| {
+            if !w.is_empty() {
+                rms_norm_rows(h, w, eps);
+            }
         };
         // The previous full pooled layer's selection (a shared layer reuses it), and the
         // most recent MLA indexer's (per token; empty: every position).
         let mut prev_sel: Option<Selection> = None;
         let mut mla_sel: Vec<Option<Vec<usize>>> = Vec::new();
         for (il, l) in p.layers.iter().enumerate() {
-            let hc = l.hc.as_deref();
-            let (mut h, mix) = take(&x, hc.map(|w| &w[0]))?;
-            rms_norm_rows(&mut h, &l.attn_norm, eps);
+            if let (Some(pw), Some((ids, width)), Some(pp)) = (&l.ple, &ple_ids, &p.ple) {
+                let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
+                let Some((ps, _)) = &mut st.ple else {
+                    return Err(ModelError::Compute(format!("{}: no PLE state", p.arch)));
+                };
+                let mut emb = vec![0.0f32; ids.len() * width];
+                pp.rows.gather(env.map, ids, &mut emb)?;
+                ple::ple_apply(env, pw, ps, n_hc, e, eps, &emb, &mut x, t_len)?;
+            }
+            let (mut h, mix) = take(&x, l, 0)?;
+            norm(&mut h, &l.attn_norm);
             let mut o = match &l.attn {
                 PlanAttn::Gqa {
                     w,
@@ -522,20 +686,47 @@ impl DeviceForward for PlanOnCpu {
                     prev_sel = Some(sel);
                     y
                 }
+                PlanAttn::Delta { w, shape: s } => {
+                    let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
+                    let ds = st.delta[il].as_mut().ok_or_else(|| {
+                        ModelError::Compute(format!("{}: layer {il} has no DeltaNet state", p.arch))
+                    })?;
+                    deltanet::delta_net(env, w, s, ds, &h, t_len)?
+                }
+                PlanAttn::Qsa {
+                    w,
+                    shape: s,
+                    inv_freq,
+                } => {
+                    let SeqState { kv, device, .. } = &mut *state;
+                    let st = crate::state::extra_as::<PlanCpuState>(device, p.arch)?;
+                    qsa::qsa(env, batch, kv, &mut st.qsa[il], il, w, s, inv_freq, &h)?
+                }
             };
             if let Some(w) = &l.post_attn_norm {
                 rms_norm_rows(&mut o, w, eps);
             }
             put(&mut x, &o, mix);
-            let (mut h, mix) = take(&x, hc.map(|w| &w[1]))?;
-            rms_norm_rows(&mut h, &l.ffn_norm, eps);
+            let (mut h, mix) = take(&x, l, 1)?;
+            norm(&mut h, &l.ffn_norm);
             let mut f = match &l.ffn {
                 PlanFfn::Dense { w, act } => ffn::glu(env, w, *act, &h, batch.len())?,
                 PlanFfn::Moe { moe, shared, .. } => {
                     let mut y = routed(env, batch, il, moe, &h)?;
                     if let Some(sh) = shared {
                         let out = ffn::glu(env, &sh.w, sh.act, &h, batch.len())?;
-                        add_into(&mut y, &out);
+                        match &sh.gate {
+                            None => add_into(&mut y, &out),
+                            // y += sigmoid(gate . h) * shared, per token.
+                            Some(g) => {
+                                let sg = env.linear(g, &h, t_len)?;
+                                for ((yr, shr), &gv) in y.chunks_mut(e).zip(out.chunks(e)).zip(&sg)
+                                {
+                                    let gv = 1.0 / (1.0 + (-gv).exp());
+                                    yr.iter_mut().zip(shr).for_each(|(a, &b)| *a += gv * b);
+                                }
+                            }
+                        }
                     }
                     y
                 }
@@ -546,9 +737,19 @@ impl DeviceForward for PlanOnCpu {
             put(&mut x, &f, mix);
             check_finite(&x, n_hc * e, &batch.positions, Stage::Layer(il))?;
         }
-        let logits = match &p.hyper {
-            None => head::logits(env, &x, rows, &p.output_norm, eps, &p.output)?,
-            Some(h) => {
+        let logits = match (&p.hyper, &p.lowrank) {
+            (None, Some(lr)) => {
+                // The output mixer in place of the output norm, then the head.
+                let w = n_hc * e;
+                let sel: Vec<f32> = rows
+                    .iter()
+                    .flat_map(|&r| x[r * w..(r + 1) * w].iter().copied())
+                    .collect();
+                let (m, _) = hyper_lowrank::hc_pre(env, &lr.head, n_hc, e, eps, &sel, rows.len())?;
+                env.linear(&p.output, &m, rows.len())?
+            }
+            (None, None) => head::logits(env, &x, rows, &p.output_norm, eps, &p.output)?,
+            (Some(h), _) => {
                 let w = n_hc * e;
                 let sel: Vec<f32> = rows
                     .iter()
@@ -600,6 +801,10 @@ struct PlanCpuState {
     dsv4: Vec<LayerState>,
     kda: Vec<Option<KdaState>>,
     pooled: Vec<PooledState>,
+    delta: Vec<Option<DeltaState>>,
+    qsa: Vec<QsaState>,
+    /// The PLE layer's token context and convolution history, and the hash's EOS id.
+    ple: Option<(PleState, u32)>,
     next: usize,
 }
 
@@ -608,6 +813,11 @@ impl PlanCpuState {
         self.dsv4.iter_mut().for_each(LayerState::clear);
         self.kda.iter_mut().flatten().for_each(KdaState::clear);
         self.pooled.iter_mut().for_each(PooledState::clear);
+        self.delta.iter_mut().flatten().for_each(DeltaState::clear);
+        self.qsa.iter_mut().for_each(QsaState::clear);
+        if let Some((ps, eos)) = &mut self.ple {
+            ps.clear(*eos);
+        }
         self.next = 0;
     }
 }

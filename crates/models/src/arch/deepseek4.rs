@@ -569,10 +569,13 @@ impl Architecture for DeepSeek4 {
                     Some(PlanShared {
                         w: l.shared.clone(),
                         act: l.shared_act,
+                        gate: None,
                     }),
                 ),
                 post_ffn_norm: None,
                 hc: Some(Box::new([l.hc_attn.clone(), l.hc_ffn.clone()])),
+                hc_lowrank: None,
+                ple: None,
             })
             .collect();
         Some(DecoderPlan {
@@ -593,6 +596,8 @@ impl Architecture for DeepSeek4 {
                 shape: self.hc,
                 head: HyperHead::Learned(self.hc_head.clone()),
             }),
+            lowrank: None,
+            ple: None,
             embd: self.token_embd.clone(),
             embd_scale: 1.0,
             output_norm: self.output_norm.clone(),

@@ -142,6 +142,8 @@ impl Architecture for Gemma3 {
                     },
                     post_ffn_norm: Some(l.post_ffn_norm.clone()),
                     hc: None,
+                    hc_lowrank: None,
+                    ple: None,
                 }
             })
             .collect();
@@ -152,6 +154,8 @@ impl Architecture for Gemma3 {
             shape: self.shape,
             max_positions: None,
             hyper: None,
+            lowrank: None,
+            ple: None,
             embd: self.token_embd.clone(),
             embd_scale: (self.cfg.n_embd as f32).sqrt(),
             output_norm: self.output_norm.clone(),

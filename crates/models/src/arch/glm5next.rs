@@ -514,11 +514,14 @@ impl Architecture for Glm5Next {
                         Some(PlanShared {
                             w: shared.clone(),
                             act: l.act_sh,
+                            gate: None,
                         }),
                     ),
                 },
                 post_ffn_norm: None,
                 hc: Some(Box::new([l.hc_attn.clone(), l.hc_ffn.clone()])),
+                hc_lowrank: None,
+                ple: None,
             })
             .collect();
         let ps = &self.pooled;
@@ -540,6 +543,8 @@ impl Architecture for Glm5Next {
                 shape: self.hc,
                 head: HyperHead::Mean,
             }),
+            lowrank: None,
+            ple: None,
             embd: self.token_embd.clone(),
             embd_scale: 1.0,
             output_norm: self.output_norm.clone(),

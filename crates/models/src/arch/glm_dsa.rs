@@ -455,11 +455,14 @@ impl Architecture for GlmDsa {
                         Some(PlanShared {
                             w: m.shared.clone(),
                             act: Activation::Silu,
+                            gate: None,
                         }),
                     ),
                 },
                 post_ffn_norm: None,
                 hc: None,
+                hc_lowrank: None,
+                ple: None,
             })
             .collect();
         let s = &self.shape;
@@ -478,6 +481,8 @@ impl Architecture for GlmDsa {
             },
             max_positions: None,
             hyper: None,
+            lowrank: None,
+            ple: None,
             embd: self.token_embd.clone(),
             embd_scale: 1.0,
             output_norm: self.output_norm.clone(),

@@ -152,6 +152,8 @@ impl Architecture for Qwen3Moe {
                     ffn: PlanFfn::moe(&l.moe, &l.experts, None),
                     post_ffn_norm: None,
                     hc: None,
+                    hc_lowrank: None,
+                    ple: None,
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -162,6 +164,8 @@ impl Architecture for Qwen3Moe {
             shape: self.shape,
             max_positions: None,
             hyper: None,
+            lowrank: None,
+            ple: None,
             embd: self.token_embd.clone(),
             embd_scale: 1.0,
             output_norm: self.output_norm.clone(),

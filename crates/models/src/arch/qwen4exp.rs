@@ -21,6 +21,7 @@ use sluice_kernels::dequantize_row;
 use sluice_tier::{RowTable, StreamableGroups, UnitGroup};
 
 use super::Architecture;
+use crate::blocks::attention::AttnShape;
 use crate::blocks::deltanet::{delta_net, DeltaShape, DeltaState, DeltaWeights};
 use crate::blocks::ffn::{glu, Activation, GluWeights};
 use crate::blocks::hyper_lowrank::{hc_post, hc_pre, HcWeights};
@@ -31,6 +32,7 @@ use crate::blocks::{head, Batch, Env};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
 use crate::ops::rope_inv_freq;
+use crate::plan::{DecoderPlan, PlanAttn, PlanFfn, PlanLayer, PlanLowRank, PlanPle, PlanShared};
 use crate::state::{ExtraState, SeqState};
 use crate::weights::{Mat, Stacked, Tensors};
 use crate::ModelError;
@@ -556,6 +558,81 @@ impl Architecture for Qwen4Exp {
                 })
                 .collect(),
         }
+    }
+
+    /// The model as a plan: low-rank hyper-connection mixers in place of the norms, Gated
+    /// DeltaNet and QSA layers, softmax MoE with the sigmoid-gated shared expert, the PLE
+    /// layer through the current row source (`PlanPle`).
+    fn plan(&self) -> Option<DecoderPlan> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| PlanLayer {
+                attn_norm: Vec::new(),
+                attn: match &l.mixer {
+                    Mixer::Delta(w) => PlanAttn::Delta {
+                        w: w.clone(),
+                        shape: self.delta,
+                    },
+                    Mixer::Qsa(w, sh) => PlanAttn::Qsa {
+                        w: w.clone(),
+                        shape: *sh,
+                        inv_freq: self.rope.clone(),
+                    },
+                },
+                post_attn_norm: None,
+                ffn_norm: Vec::new(),
+                ffn: PlanFfn::moe(
+                    &l.moe,
+                    &l.experts,
+                    Some(PlanShared {
+                        w: l.shared.clone(),
+                        act: Activation::Silu,
+                        gate: Some(l.shared_gate.clone()),
+                    }),
+                ),
+                post_ffn_norm: None,
+                hc: None,
+                hc_lowrank: Some(Box::new([l.hc_attn.clone(), l.hc_ffn.clone()])),
+                ple: l.ple.clone().map(Box::new),
+            })
+            .collect();
+        let qsa = self.layers.iter().find_map(|l| match &l.mixer {
+            Mixer::Qsa(_, sh) => Some(*sh),
+            Mixer::Delta(_) => None,
+        });
+        Some(DecoderPlan {
+            arch: NAME,
+            n_embd: self.cfg.n_embd,
+            n_vocab: self.cfg.n_vocab,
+            // The QSA layers' attention as a kernel would see it.
+            shape: AttnShape {
+                n_head: qsa.map_or(1, |q| q.n_head),
+                n_head_kv: self.n_head_kv,
+                head_dim: self.head_dim,
+                head_dim_v: self.head_dim,
+                scale: 1.0 / (self.head_dim as f32).sqrt(),
+                rms_eps: self.rms_eps,
+            },
+            max_positions: None,
+            hyper: None,
+            lowrank: Some(PlanLowRank {
+                n_stream: self.n_stream,
+                head: self.output_hc.clone(),
+            }),
+            ple: match (&self.hash, &self.rows) {
+                (Some(hash), Some(rows)) => Some(PlanPle {
+                    hash: hash.clone(),
+                    rows: rows.clone(),
+                }),
+                _ => None,
+            },
+            embd: self.token_embd.clone(),
+            embd_scale: 1.0,
+            output_norm: Vec::new(),
+            output: self.output.clone(),
+            layers,
+        })
     }
 
     fn new_state(&self, n_ctx: usize) -> SeqState {
