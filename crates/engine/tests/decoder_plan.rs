@@ -11,7 +11,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{json_ids, qwen3moe_tokens, same_bits};
+use common::{ids, json_ids, manifest_in, qwen3moe_tokens, same_bits};
 use sluice_engine::models::plan::{MlaSelect, PlanAttn, PlanOnCpu};
 use sluice_engine::{Logits, Model};
 
@@ -163,14 +163,7 @@ fn glm5next_plan_gives_the_architectures_bits() {
 /// fixtures and the one whose compress ratios are written, over the long prompt.
 #[test]
 fn qwen4exp_plan_gives_the_architectures_bits() {
-    let text = std::fs::read_to_string(fixture("qwen4exp/manifest.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let toks: Vec<u32> = v["prompts"]["long"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
+    let toks = ids(&manifest_in("qwen4exp")["prompts"]["long"]);
     for name in [
         "a-f32.gguf",
         "b-f32.gguf",

@@ -161,14 +161,7 @@ fn glm5next_fixture(name: &str) -> PathBuf {
 /// dense leading layer (no expert group), the long prompt of its oracle fixtures.
 #[test]
 fn streaming_logits_bit_identical_glm5next() {
-    let text = std::fs::read_to_string(glm5next_fixture("manifest.json")).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let toks: Vec<u32> = v["prompts"]["long"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
+    let toks = common::ids(&common::manifest_in("glm5next")["prompts"]["long"]);
     check_model_at(&glm5next_fixture("c-f32.gguf"), &toks);
 }
 
