@@ -27,6 +27,7 @@ use crate::blocks::moe::MoeWeights;
 use crate::blocks::ple::{NgramHash, PleRows, PleState, PleWeights};
 use crate::blocks::qsa::{QsaShape, QsaState, QsaWeights};
 use crate::blocks::{Batch, Env};
+use crate::config::ModelConfig;
 use crate::state::SeqState;
 use crate::weights::{Mat, Stacked};
 use crate::ModelError;
@@ -116,6 +117,35 @@ pub struct PlanShared {
 }
 
 impl DecoderPlan {
+    /// A plan of `cfg`'s model with a plain residual, exact at any length, an unscaled
+    /// embedding and no PLE layer: an architecture with more sets those fields with struct
+    /// update syntax (`DecoderPlan { hyper: .., ..DecoderPlan::new(..) }`), so a new field
+    /// touches only the architectures that use it.
+    pub fn new(
+        cfg: &ModelConfig,
+        shape: AttnShape,
+        embd: Mat,
+        output_norm: Vec<f32>,
+        output: Mat,
+        layers: Vec<PlanLayer>,
+    ) -> DecoderPlan {
+        DecoderPlan {
+            arch: cfg.arch,
+            n_embd: cfg.n_embd,
+            n_vocab: cfg.n_vocab,
+            shape,
+            max_positions: None,
+            hyper: None,
+            lowrank: None,
+            ple: None,
+            embd,
+            embd_scale: 1.0,
+            output_norm,
+            output,
+            layers,
+        }
+    }
+
     /// The shape of the plan's MLA layers (the first one's; None: no MLA layer).
     pub fn mla_shape(&self) -> Option<MlaShape> {
         self.layers.iter().find_map(|l| match &l.attn {
@@ -289,6 +319,31 @@ impl DecoderPlan {
             out.push(("output mixer up".to_string(), &lr.head.up));
         }
         out
+    }
+}
+
+impl PlanShared {
+    /// An ungated shared expert.
+    pub fn new(w: GluWeights, act: Activation) -> PlanShared {
+        PlanShared { w, act, gate: None }
+    }
+}
+
+impl PlanLayer {
+    /// A pre-norm block with none of the extras (post-norms, hyper-connection mixes, a PLE
+    /// layer), which an architecture that has them sets with struct update syntax.
+    pub fn new(attn_norm: Vec<f32>, attn: PlanAttn, ffn_norm: Vec<f32>, ffn: PlanFfn) -> PlanLayer {
+        PlanLayer {
+            attn_norm,
+            attn,
+            post_attn_norm: None,
+            ffn_norm,
+            ffn,
+            post_ffn_norm: None,
+            hc: None,
+            hc_lowrank: None,
+            ple: None,
+        }
     }
 }
 

@@ -556,53 +556,44 @@ impl Architecture for DeepSeek4 {
             .layers
             .iter()
             .map(|l| PlanLayer {
-                attn_norm: l.attn_norm.clone(),
-                attn: PlanAttn::Dsv4 {
-                    w: Box::new(l.attn.clone()),
-                    shape: *s,
-                },
-                post_attn_norm: None,
-                ffn_norm: l.ffn_norm.clone(),
-                ffn: PlanFfn::moe(
-                    &l.moe,
-                    &l.experts,
-                    Some(PlanShared {
-                        w: l.shared.clone(),
-                        act: l.shared_act,
-                        gate: None,
-                    }),
-                ),
-                post_ffn_norm: None,
                 hc: Some(Box::new([l.hc_attn.clone(), l.hc_ffn.clone()])),
-                hc_lowrank: None,
-                ple: None,
+                ..PlanLayer::new(
+                    l.attn_norm.clone(),
+                    PlanAttn::Dsv4 {
+                        w: Box::new(l.attn.clone()),
+                        shape: *s,
+                    },
+                    l.ffn_norm.clone(),
+                    PlanFfn::moe(
+                        &l.moe,
+                        &l.experts,
+                        Some(PlanShared::new(l.shared.clone(), l.shared_act)),
+                    ),
+                )
             })
             .collect();
+        // One shared key/value latent per position, as a kernel would see it.
+        let shape = AttnShape {
+            n_head: s.n_head,
+            n_head_kv: 1,
+            head_dim: s.head_dim,
+            head_dim_v: s.head_dim,
+            scale: 1.0 / (s.head_dim as f32).sqrt(),
+            rms_eps: s.rms_eps,
+        };
         Some(DecoderPlan {
-            arch: NAME,
-            n_embd: self.cfg.n_embd,
-            n_vocab: self.cfg.n_vocab,
-            // One shared key/value latent per position, as a kernel would see it.
-            shape: AttnShape {
-                n_head: s.n_head,
-                n_head_kv: 1,
-                head_dim: s.head_dim,
-                head_dim_v: s.head_dim,
-                scale: 1.0 / (s.head_dim as f32).sqrt(),
-                rms_eps: s.rms_eps,
-            },
-            max_positions: None,
             hyper: Some(PlanHyper {
                 shape: self.hc,
                 head: HyperHead::Learned(self.hc_head.clone()),
             }),
-            lowrank: None,
-            ple: None,
-            embd: self.token_embd.clone(),
-            embd_scale: 1.0,
-            output_norm: self.output_norm.clone(),
-            output: self.output.clone(),
-            layers,
+            ..DecoderPlan::new(
+                &self.cfg,
+                shape,
+                self.token_embd.clone(),
+                self.output_norm.clone(),
+                self.output.clone(),
+                layers,
+            )
         })
     }
 

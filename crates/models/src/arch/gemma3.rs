@@ -124,43 +124,38 @@ impl Architecture for Gemma3 {
             .map(|(il, l)| {
                 let swa = self.is_swa_layer(il);
                 PlanLayer {
-                    attn_norm: l.attn_norm.clone(),
-                    attn: PlanAttn::Gqa {
-                        w: l.attn.clone(),
-                        inv_freq: if swa {
-                            self.rope_swa.clone()
-                        } else {
-                            self.rope_global.clone()
-                        },
-                        window: swa.then_some(self.sliding_window),
-                    },
                     post_attn_norm: Some(l.post_attn_norm.clone()),
-                    ffn_norm: l.ffn_norm.clone(),
-                    ffn: PlanFfn::Dense {
-                        w: l.ffn.clone(),
-                        act: Activation::GeluTanh,
-                    },
                     post_ffn_norm: Some(l.post_ffn_norm.clone()),
-                    hc: None,
-                    hc_lowrank: None,
-                    ple: None,
+                    ..PlanLayer::new(
+                        l.attn_norm.clone(),
+                        PlanAttn::Gqa {
+                            w: l.attn.clone(),
+                            inv_freq: if swa {
+                                self.rope_swa.clone()
+                            } else {
+                                self.rope_global.clone()
+                            },
+                            window: swa.then_some(self.sliding_window),
+                        },
+                        l.ffn_norm.clone(),
+                        PlanFfn::Dense {
+                            w: l.ffn.clone(),
+                            act: Activation::GeluTanh,
+                        },
+                    )
                 }
             })
             .collect();
         Some(DecoderPlan {
-            arch: NAME,
-            n_embd: self.cfg.n_embd,
-            n_vocab: self.cfg.n_vocab,
-            shape: self.shape,
-            max_positions: None,
-            hyper: None,
-            lowrank: None,
-            ple: None,
-            embd: self.token_embd.clone(),
             embd_scale: (self.cfg.n_embd as f32).sqrt(),
-            output_norm: self.output_norm.clone(),
-            output: self.output.clone(),
-            layers,
+            ..DecoderPlan::new(
+                &self.cfg,
+                self.shape,
+                self.token_embd.clone(),
+                self.output_norm.clone(),
+                self.output.clone(),
+                layers,
+            )
         })
     }
 

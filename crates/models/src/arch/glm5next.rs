@@ -486,70 +486,61 @@ impl Architecture for Glm5Next {
             .layers
             .iter()
             .map(|l| PlanLayer {
-                attn_norm: l.attn_norm.clone(),
-                attn: match &l.mixer {
-                    Mixer::Kda(w) => PlanAttn::Kda {
-                        w: w.clone(),
-                        shape: self.kda,
-                    },
-                    Mixer::Pooled(w) => PlanAttn::Pooled {
-                        w: w.clone(),
-                        shape: self.pooled,
-                    },
-                },
-                post_attn_norm: None,
-                ffn_norm: l.ffn_norm.clone(),
-                ffn: match &l.ffn {
-                    Ffn::Dense(w) => PlanFfn::Dense {
-                        w: w.clone(),
-                        act: l.act_sh,
-                    },
-                    Ffn::Moe {
-                        moe,
-                        experts,
-                        shared,
-                    } => PlanFfn::moe(
-                        moe,
-                        experts,
-                        Some(PlanShared {
-                            w: shared.clone(),
-                            act: l.act_sh,
-                            gate: None,
-                        }),
-                    ),
-                },
-                post_ffn_norm: None,
                 hc: Some(Box::new([l.hc_attn.clone(), l.hc_ffn.clone()])),
-                hc_lowrank: None,
-                ple: None,
+                ..PlanLayer::new(
+                    l.attn_norm.clone(),
+                    match &l.mixer {
+                        Mixer::Kda(w) => PlanAttn::Kda {
+                            w: w.clone(),
+                            shape: self.kda,
+                        },
+                        Mixer::Pooled(w) => PlanAttn::Pooled {
+                            w: w.clone(),
+                            shape: self.pooled,
+                        },
+                    },
+                    l.ffn_norm.clone(),
+                    match &l.ffn {
+                        Ffn::Dense(w) => PlanFfn::Dense {
+                            w: w.clone(),
+                            act: l.act_sh,
+                        },
+                        Ffn::Moe {
+                            moe,
+                            experts,
+                            shared,
+                        } => PlanFfn::moe(
+                            moe,
+                            experts,
+                            Some(PlanShared::new(shared.clone(), l.act_sh)),
+                        ),
+                    },
+                )
             })
             .collect();
         let ps = &self.pooled;
+        // The pooled layers' latent attention as a kernel would see it (NoPE keys).
+        let shape = AttnShape {
+            n_head: ps.n_head,
+            n_head_kv: 1,
+            head_dim: ps.head_k,
+            head_dim_v: ps.head_v,
+            scale: 1.0 / (ps.head_k as f32).sqrt(),
+            rms_eps: self.rms_eps,
+        };
         Some(DecoderPlan {
-            arch: self.cfg.arch,
-            n_embd: self.cfg.n_embd,
-            n_vocab: self.cfg.n_vocab,
-            // The pooled layers' latent attention as a kernel would see it (NoPE keys).
-            shape: AttnShape {
-                n_head: ps.n_head,
-                n_head_kv: 1,
-                head_dim: ps.head_k,
-                head_dim_v: ps.head_v,
-                scale: 1.0 / (ps.head_k as f32).sqrt(),
-                rms_eps: self.rms_eps,
-            },
-            max_positions: None,
             hyper: Some(PlanHyper {
                 shape: self.hc,
                 head: HyperHead::Mean,
             }),
-            lowrank: None,
-            ple: None,
-            embd: self.token_embd.clone(),
-            embd_scale: 1.0,
-            output_norm: self.output_norm.clone(),
-            output: self.output.clone(),
-            layers,
+            ..DecoderPlan::new(
+                &self.cfg,
+                shape,
+                self.token_embd.clone(),
+                self.output_norm.clone(),
+                self.output.clone(),
+                layers,
+            )
         })
     }
 

@@ -431,64 +431,51 @@ impl Architecture for GlmDsa {
         let layers = self
             .layers
             .iter()
-            .map(|l| PlanLayer {
-                attn_norm: l.attn_norm.clone(),
-                attn: PlanAttn::Mla {
-                    w: Box::new(l.attn.clone()),
-                    shape: self.shape,
-                    // Full layers run their indexer, shared ones reuse the last selection.
-                    select: match &l.indexer {
-                        Some(ix) => MlaSelect::Indexer(Box::new(ix.clone())),
-                        None => MlaSelect::Previous,
+            .map(|l| {
+                PlanLayer::new(
+                    l.attn_norm.clone(),
+                    PlanAttn::Mla {
+                        w: Box::new(l.attn.clone()),
+                        shape: self.shape,
+                        // Full layers run their indexer, shared ones reuse the last pick.
+                        select: match &l.indexer {
+                            Some(ix) => MlaSelect::Indexer(Box::new(ix.clone())),
+                            None => MlaSelect::Previous,
+                        },
                     },
-                },
-                post_attn_norm: None,
-                ffn_norm: l.ffn_norm.clone(),
-                ffn: match &l.ffn {
-                    Ffn::Dense(w) => PlanFfn::Dense {
-                        w: w.clone(),
-                        act: Activation::Silu,
-                    },
-                    Ffn::Moe(m) => PlanFfn::moe(
-                        &m.moe,
-                        &m.experts,
-                        Some(PlanShared {
-                            w: m.shared.clone(),
+                    l.ffn_norm.clone(),
+                    match &l.ffn {
+                        Ffn::Dense(w) => PlanFfn::Dense {
+                            w: w.clone(),
                             act: Activation::Silu,
-                            gate: None,
-                        }),
-                    ),
-                },
-                post_ffn_norm: None,
-                hc: None,
-                hc_lowrank: None,
-                ple: None,
+                        },
+                        Ffn::Moe(m) => PlanFfn::moe(
+                            &m.moe,
+                            &m.experts,
+                            Some(PlanShared::new(m.shared.clone(), Activation::Silu)),
+                        ),
+                    },
+                )
             })
             .collect();
         let s = &self.shape;
-        Some(DecoderPlan {
-            arch: NAME,
-            n_embd: self.cfg.n_embd,
-            n_vocab: self.cfg.n_vocab,
-            // Absorbed MLA as a kernel sees it: one KV head of `[c | k_rope]`, values `c`.
-            shape: AttnShape {
-                n_head: s.n_head,
-                n_head_kv: 1,
-                head_dim: s.row(),
-                head_dim_v: s.kv_lora,
-                scale: s.scale,
-                rms_eps: self.rms_eps,
-            },
-            max_positions: None,
-            hyper: None,
-            lowrank: None,
-            ple: None,
-            embd: self.token_embd.clone(),
-            embd_scale: 1.0,
-            output_norm: self.output_norm.clone(),
-            output: self.output.clone(),
+        // Absorbed MLA as a kernel sees it: one KV head of `[c | k_rope]`, values `c`.
+        let shape = AttnShape {
+            n_head: s.n_head,
+            n_head_kv: 1,
+            head_dim: s.row(),
+            head_dim_v: s.kv_lora,
+            scale: s.scale,
+            rms_eps: self.rms_eps,
+        };
+        Some(DecoderPlan::new(
+            &self.cfg,
+            shape,
+            self.token_embd.clone(),
+            self.output_norm.clone(),
+            self.output.clone(),
             layers,
-        })
+        ))
     }
 
     fn forward(

@@ -140,38 +140,26 @@ impl Architecture for Qwen3Moe {
                 let Router::Softmax { .. } = l.moe.router else {
                     return None;
                 };
-                Some(PlanLayer {
-                    attn_norm: l.attn_norm.clone(),
-                    attn: PlanAttn::Gqa {
+                Some(PlanLayer::new(
+                    l.attn_norm.clone(),
+                    PlanAttn::Gqa {
                         w: l.attn.clone(),
                         inv_freq: self.rope.clone(),
                         window: None,
                     },
-                    post_attn_norm: None,
-                    ffn_norm: l.ffn_norm.clone(),
-                    ffn: PlanFfn::moe(&l.moe, &l.experts, None),
-                    post_ffn_norm: None,
-                    hc: None,
-                    hc_lowrank: None,
-                    ple: None,
-                })
+                    l.ffn_norm.clone(),
+                    PlanFfn::moe(&l.moe, &l.experts, None),
+                ))
             })
             .collect::<Option<Vec<_>>>()?;
-        Some(DecoderPlan {
-            arch: NAME,
-            n_embd: self.cfg.n_embd,
-            n_vocab: self.cfg.n_vocab,
-            shape: self.shape,
-            max_positions: None,
-            hyper: None,
-            lowrank: None,
-            ple: None,
-            embd: self.token_embd.clone(),
-            embd_scale: 1.0,
-            output_norm: self.output_norm.clone(),
-            output: self.output.clone(),
+        Some(DecoderPlan::new(
+            &self.cfg,
+            self.shape,
+            self.token_embd.clone(),
+            self.output_norm.clone(),
+            self.output.clone(),
             layers,
-        })
+        ))
     }
 
     fn forward(

@@ -568,54 +568,48 @@ impl Architecture for Qwen4Exp {
             .layers
             .iter()
             .map(|l| PlanLayer {
-                attn_norm: Vec::new(),
-                attn: match &l.mixer {
-                    Mixer::Delta(w) => PlanAttn::Delta {
-                        w: w.clone(),
-                        shape: self.delta,
-                    },
-                    Mixer::Qsa(w, sh) => PlanAttn::Qsa {
-                        w: w.clone(),
-                        shape: *sh,
-                        inv_freq: self.rope.clone(),
-                    },
-                },
-                post_attn_norm: None,
-                ffn_norm: Vec::new(),
-                ffn: PlanFfn::moe(
-                    &l.moe,
-                    &l.experts,
-                    Some(PlanShared {
-                        w: l.shared.clone(),
-                        act: Activation::Silu,
-                        gate: Some(l.shared_gate.clone()),
-                    }),
-                ),
-                post_ffn_norm: None,
-                hc: None,
                 hc_lowrank: Some(Box::new([l.hc_attn.clone(), l.hc_ffn.clone()])),
                 ple: l.ple.clone().map(Box::new),
+                // The mixers normalise: no norms.
+                ..PlanLayer::new(
+                    Vec::new(),
+                    match &l.mixer {
+                        Mixer::Delta(w) => PlanAttn::Delta {
+                            w: w.clone(),
+                            shape: self.delta,
+                        },
+                        Mixer::Qsa(w, sh) => PlanAttn::Qsa {
+                            w: w.clone(),
+                            shape: *sh,
+                            inv_freq: self.rope.clone(),
+                        },
+                    },
+                    Vec::new(),
+                    PlanFfn::moe(
+                        &l.moe,
+                        &l.experts,
+                        Some(PlanShared {
+                            gate: Some(l.shared_gate.clone()),
+                            ..PlanShared::new(l.shared.clone(), Activation::Silu)
+                        }),
+                    ),
+                )
             })
             .collect();
         let qsa = self.layers.iter().find_map(|l| match &l.mixer {
             Mixer::Qsa(_, sh) => Some(*sh),
             Mixer::Delta(_) => None,
         });
+        // The QSA layers' attention as a kernel would see it.
+        let shape = AttnShape {
+            n_head: qsa.map_or(1, |q| q.n_head),
+            n_head_kv: self.n_head_kv,
+            head_dim: self.head_dim,
+            head_dim_v: self.head_dim,
+            scale: 1.0 / (self.head_dim as f32).sqrt(),
+            rms_eps: self.rms_eps,
+        };
         Some(DecoderPlan {
-            arch: NAME,
-            n_embd: self.cfg.n_embd,
-            n_vocab: self.cfg.n_vocab,
-            // The QSA layers' attention as a kernel would see it.
-            shape: AttnShape {
-                n_head: qsa.map_or(1, |q| q.n_head),
-                n_head_kv: self.n_head_kv,
-                head_dim: self.head_dim,
-                head_dim_v: self.head_dim,
-                scale: 1.0 / (self.head_dim as f32).sqrt(),
-                rms_eps: self.rms_eps,
-            },
-            max_positions: None,
-            hyper: None,
             lowrank: Some(PlanLowRank {
                 n_stream: self.n_stream,
                 head: self.output_hc.clone(),
@@ -627,11 +621,15 @@ impl Architecture for Qwen4Exp {
                 }),
                 _ => None,
             },
-            embd: self.token_embd.clone(),
-            embd_scale: 1.0,
-            output_norm: Vec::new(),
-            output: self.output.clone(),
-            layers,
+            // The output mixer normalises: no output norm.
+            ..DecoderPlan::new(
+                &self.cfg,
+                shape,
+                self.token_embd.clone(),
+                Vec::new(),
+                self.output.clone(),
+                layers,
+            )
         })
     }
 
