@@ -704,6 +704,7 @@ pub struct GpuDecoder {
     dsv4: Option<Dsv4Shape>,
     /// The hyper-connection residual's shape and head mix.
     hyper: Option<(HcShape, DHc)>,
+    index_dims: IndexDims,
     plan: DecoderPlan,
     f: Funcs,
     layers: Vec<DLayer>,
@@ -801,12 +802,65 @@ fn router_kind(r: &Router) -> RouterKind<'_> {
     }
 }
 
-/// The shape of the plan's DeepSeek V4 layers (the first one's).
-fn dsv4_shape(plan: &DecoderPlan) -> Option<Dsv4Shape> {
-    plan.layers.iter().find_map(|l| match &l.attn {
-        PlanAttn::Dsv4 { shape, .. } => Some(*shape),
-        _ => None,
-    })
+/// Per-token widths of the compressor and indexer scratch, the widest over the layers
+/// (found once, when the decoder is built).
+#[derive(Debug, Clone, Copy)]
+struct IndexDims {
+    /// A DeepSeek V4 compressor's and its indexer compressor's products (`coff * head_dim`).
+    comp_w: usize,
+    idx_w: usize,
+    /// An indexer's queries (`n_head * head_dim`), head weights and top-k.
+    idx_q: usize,
+    idx_heads: usize,
+    top_max: usize,
+    /// GLM's DSA indexer keys (0: none).
+    dsa_d: usize,
+    /// Positions per scored row (the smallest; 1 for GLM's indexer, 0: no indexer).
+    ratio: usize,
+}
+
+impl IndexDims {
+    fn of(layers: &[DLayer]) -> IndexDims {
+        let mut d = IndexDims {
+            comp_w: 1,
+            idx_w: 1,
+            idx_q: 1,
+            idx_heads: 1,
+            top_max: 1,
+            dsa_d: 0,
+            ratio: 0,
+        };
+        for l in layers {
+            if let DAttn::Mla {
+                select: DSelect::Indexer(ix),
+                ..
+            } = &l.attn
+            {
+                d.dsa_d = d.dsa_d.max(ix.head_dim);
+                d.idx_q = d.idx_q.max(ix.n_head * ix.head_dim);
+                d.idx_heads = d.idx_heads.max(ix.n_head);
+                d.top_max = d.top_max.max(ix.top_k);
+                d.ratio = 1;
+            }
+            if let DAttn::Dsv4(a) = &l.attn {
+                if let Some(c) = &a.comp {
+                    d.comp_w = d.comp_w.max(c.coff * c.head_dim);
+                }
+                if let Some(ix) = &a.indexer {
+                    d.idx_w = d.idx_w.max(ix.comp.coff * ix.comp.head_dim);
+                    d.idx_q = d.idx_q.max(ix.n_head * ix.head_dim);
+                    d.idx_heads = d.idx_heads.max(ix.n_head);
+                    d.top_max = d.top_max.max(ix.top_k);
+                    d.ratio = if d.ratio == 0 {
+                        ix.comp.ratio
+                    } else {
+                        d.ratio.min(ix.comp.ratio)
+                    };
+                }
+            }
+        }
+        d
+    }
 }
 
 /// Most residual streams, widest compressed row, most indexer query values and widest
@@ -1024,7 +1078,7 @@ impl GpuDecoder {
         } else if plan.layers.iter().any(|l| l.hc.is_some()) {
             return Err("hyper-connection mixes without the residual's shape".into());
         }
-        if let Some(first) = dsv4_shape(plan) {
+        if let Some(first) = plan.dsv4_shape() {
             for (il, l) in plan.layers.iter().enumerate() {
                 match &l.attn {
                     PlanAttn::Dsv4 { w, shape } => check_dsv4(il, w, shape, &first)?,
@@ -1561,7 +1615,8 @@ impl GpuDecoder {
             ),
             mvt1,
             mla: plan.mla_shape(),
-            dsv4: dsv4_shape(&plan),
+            dsv4: plan.dsv4_shape(),
+            index_dims: IndexDims::of(&layers),
             hyper,
             plan,
             f,
@@ -2603,39 +2658,15 @@ impl DeviceForward for GpuDecoder {
         let qa = addr(&stream, &mut sc.qa, n * q_lora)?;
         let qan = addr(&stream, &mut sc.qan, n * q_lora)?;
         // DeepSeek V4's buffers, sized for its widest compressor and indexer.
-        let (mut comp_w, mut idx_w, mut idx_q, mut idx_heads, mut top_max) = (1, 1, 1, 1, 1);
-        let mut idx_ratio = 0;
-        // GLM's DSA indexers: widest key; scores over every position (ratio 1).
-        let mut dsa_d = 0;
-        for l in &self.layers {
-            if let DAttn::Mla {
-                select: DSelect::Indexer(ix),
-                ..
-            } = &l.attn
-            {
-                dsa_d = dsa_d.max(ix.head_dim);
-                idx_q = idx_q.max(ix.n_head * ix.head_dim);
-                idx_heads = idx_heads.max(ix.n_head);
-                top_max = top_max.max(ix.top_k);
-                idx_ratio = 1;
-            }
-            if let DAttn::Dsv4(a) = &l.attn {
-                if let Some(c) = &a.comp {
-                    comp_w = comp_w.max(c.coff * c.head_dim);
-                }
-                if let Some(ix) = &a.indexer {
-                    idx_w = idx_w.max(ix.comp.coff * ix.comp.head_dim);
-                    idx_q = idx_q.max(ix.n_head * ix.head_dim);
-                    idx_heads = idx_heads.max(ix.n_head);
-                    top_max = top_max.max(ix.top_k);
-                    idx_ratio = if idx_ratio == 0 {
-                        ix.comp.ratio
-                    } else {
-                        idx_ratio.min(ix.comp.ratio)
-                    };
-                }
-            }
-        }
+        let IndexDims {
+            comp_w,
+            idx_w,
+            idx_q,
+            idx_heads,
+            top_max,
+            dsa_d,
+            ratio: idx_ratio,
+        } = self.index_dims;
         let dsv4_len = |len: usize| if self.dsv4.is_some() { n * len } else { 1 };
         let cc = addr(&stream, &mut sc.cc, dsv4_len(comp_w))?;
         let cz = addr(&stream, &mut sc.cz, dsv4_len(comp_w))?;

@@ -154,6 +154,14 @@ impl DecoderPlan {
         })
     }
 
+    /// The shape of the plan's DeepSeek V4 layers (the first one's; None: no such layer).
+    pub fn dsv4_shape(&self) -> Option<Dsv4Shape> {
+        self.layers.iter().find_map(|l| match &l.attn {
+            PlanAttn::Dsv4 { shape, .. } => Some(*shape),
+            _ => None,
+        })
+    }
+
     /// Whether a batch at `positions` stays within the length the plan holds for
     /// (`max_positions`); the error names both.
     pub fn check_length(&self, positions: &[usize]) -> Result<(), ModelError> {
