@@ -758,36 +758,9 @@ extern "C" __global__ void topk_route(const float* logits, const float* bias, in
             }
         }
     }
-    // A hashed router (table given): the token's k experts from table[token * k + slot],
-    // their scores as weights.
-    if (table) {
-        const int* row = table + (size_t)tokens[t] * k;
-        float chosen = 0.0f;
-        for (int s = 0; s < k; s++) {
-            const int id = row[s];
-            float mine = 0.0f;
-#pragma unroll
-            for (int i = 0; i < ROUTER_MAX / 32; i++)
-                if (lane + 32 * i == id) mine = pr[i];
-            const float w = __shfl_sync(0xffffffffu, mine, id & 31);
-            if (lane == 0) {
-                ids[t * k + s] = id;
-                wts[t * k + s] = w;
-            }
-            chosen += w;
-        }
-        if (lane == 0 && (norm || scale != 1.0f)) {
-            for (int s = 0; s < k; s++) {
-                float w = wts[t * k + s];
-                if (norm) w = w / chosen;
-                if (scale != 1.0f) w = w * scale;
-                wts[t * k + s] = w;
-            }
-        }
-        return;
-    }
     // What the choice compares: the score plus the bias; NEG_INF past n_expert and for
-    // experts already chosen.
+    // experts already chosen. A hashed router (table given) takes the token's k experts
+    // from table[token * k + slot] instead; either way their scores are the weights.
     float sel[ROUTER_MAX / 32];
 #pragma unroll
     for (int i = 0; i < ROUTER_MAX / 32; i++) {
@@ -796,22 +769,27 @@ extern "C" __global__ void topk_route(const float* logits, const float* bias, in
     }
     float chosen_sum = 0.0f;
     for (int s = 0; s < k; s++) {
-        float bv = NEG_INF;
-        int bi = 0x7fffffff;
+        int bi;
+        if (table) {
+            bi = table[(size_t)tokens[t] * k + s];
+        } else {
+            float bv = NEG_INF;
+            bi = 0x7fffffff;
 #pragma unroll
-        for (int i = 0; i < ROUTER_MAX / 32; i++) {
-            if (sel[i] > bv) {
-                bv = sel[i];
-                bi = lane + 32 * i;
+            for (int i = 0; i < ROUTER_MAX / 32; i++) {
+                if (sel[i] > bv) {
+                    bv = sel[i];
+                    bi = lane + 32 * i;
+                }
             }
-        }
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                if (ov > bv || (ov == bv && oi < bi)) {
+                    bv = ov;
+                    bi = oi;
+                }
             }
         }
         // The chosen expert's score, from the lane that holds it.
