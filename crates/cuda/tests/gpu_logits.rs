@@ -212,6 +212,27 @@ struct Agreement {
     agree: usize,
 }
 
+impl Agreement {
+    /// The bounds the whole-forward tests set before their first run: the median position
+    /// within 2e-3 of the reference's max |logit|, every position within 0.1, top-1 equal
+    /// at >= 90% of the clear positions.
+    fn assert_a_priori(&self, what: &str) {
+        let Agreement {
+            median,
+            worst,
+            clear,
+            agree,
+            ..
+        } = *self;
+        assert!(median < 2e-3, "{what}: median {median} >= 2e-3");
+        assert!(worst < 0.1, "{what}: worst {worst} >= 0.1");
+        assert!(
+            agree * 10 >= clear * 9,
+            "{what}: top-1 equal at {agree} of {clear} clear positions"
+        );
+    }
+}
+
 fn agreement(gpu: &[f32], oracle: &[f32], n_vocab: usize) -> Agreement {
     let per_pos: Vec<f32> = gpu
         .chunks(n_vocab)
@@ -548,13 +569,14 @@ fn glm_dsa_whole_forward_matches_reference() {
             "not the whole-forward path: {s:?}"
         );
         let (oracle, _, _) = logits(&path, &toks, toks.len(), Backend::Reference);
+        let a = agreement(&gpu, &oracle, n_vocab);
         let Agreement {
             median,
             worst,
-            far,
+            ref far,
             clear,
             agree,
-        } = agreement(&gpu, &oracle, n_vocab);
+        } = a;
         eprintln!(
             "glm-dsa top-{top_k} whole forward ({} positions, {} operands): max |gpu - reference| / max |reference|: median {median:e}, worst {worst:e}; top-1 equal {agree}/{clear}; positions past 0.01: {far:?}",
             toks.len(),
@@ -567,12 +589,7 @@ fn glm_dsa_whole_forward_matches_reference() {
                 "top-{top_k}: top-1 equal at {agree} of {clear} clear positions"
             );
         } else {
-            assert!(median < 2e-3, "top-{top_k}: median {median} >= 2e-3");
-            assert!(worst < 0.1, "top-{top_k}: worst {worst} >= 0.1");
-            assert!(
-                agree * 10 >= clear * 9,
-                "top-{top_k}: top-1 equal at {agree} of {clear} clear positions"
-            );
+            a.assert_a_priori(&format!("top-{top_k}"));
         }
         let (one, _, _) = logits(&path, &toks, 1, Backend::Forward);
         assert!(
@@ -683,30 +700,32 @@ fn deepseek4_whole_forward_matches_reference() {
             "{name}: not the whole-forward path: {s:?}"
         );
         let (oracle, _, _) = logits(path, &toks, 200, Backend::Reference);
+        let a = agreement(&gpu, &oracle, n_vocab);
         let Agreement {
             median,
             worst,
-            far,
+            ref far,
             clear,
             agree,
-        } = agreement(&gpu, &oracle, n_vocab);
+        } = a;
         eprintln!(
             "deepseek4 {name} whole forward (200 positions): max |gpu - reference| / max |reference|: median {median:e}, worst {worst:e}; top-1 equal {agree}/{clear}; positions past 0.01: {far:?}"
         );
-        assert!(median < 2e-3, "{name}: median {median} >= 2e-3");
         if *flips && !f32_products {
+            // The a-priori bounds but for the worst position: at most 10% past 0.01.
+            assert!(median < 2e-3, "{name}: median {median} >= 2e-3");
             assert!(
                 far.len() * 10 <= toks.len(),
                 "{name}: {} positions past 0.01",
                 far.len()
             );
+            assert!(
+                agree * 10 >= clear * 9,
+                "{name}: top-1 equal at {agree} of {clear} clear positions"
+            );
         } else {
-            assert!(worst < 0.1, "{name}: worst {worst} >= 0.1");
+            a.assert_a_priori(&name);
         }
-        assert!(
-            agree * 10 >= clear * 9,
-            "{name}: top-1 equal at {agree} of {clear} clear positions"
-        );
         for chunk in [37, 1] {
             let (other, _, _) = logits(path, &toks, chunk, Backend::Forward);
             assert!(

@@ -395,25 +395,22 @@ fn decoder_plans_the_gpu_takes() {
     }
     let e = GpuDecoder::check(&p).unwrap_err();
     assert!(e.contains("layer 0: DeepSeek V4 attention"), "{e}");
-    let mut p = plan.clone();
-    if let PlanFfn::Moe { moe, .. } = &mut p.layers[0].ffn {
+    // Layer 0's hash table naming expert 8 of 8, or one expert twice for a token (a chunk
+    // would hold two of its rows).
+    let with_table = |edit: &dyn Fn(&mut Vec<u32>)| {
+        let mut p = plan.clone();
+        let PlanFfn::Moe { moe, .. } = &mut p.layers[0].ffn else {
+            panic!("layer 0 of the file is a MoE layer")
+        };
         let sluice_engine::models::blocks::moe::Router::Hash { table, .. } = &mut moe.router else {
             panic!("layer 0 of the file is hash-routed")
         };
-        table[5] = 8;
+        edit(table);
+        GpuDecoder::check(&p).unwrap_err()
+    };
+    for e in [with_table(&|t| t[5] = 8), with_table(&|t| t[1] = t[0])] {
+        assert!(e.contains("layer 0: a hash router table"), "{e}");
     }
-    let e = GpuDecoder::check(&p).unwrap_err();
-    assert!(e.contains("layer 0: a hash router table"), "{e}");
-    // A token naming one expert twice (a chunk would hold two of its rows).
-    let mut p = plan.clone();
-    if let PlanFfn::Moe { moe, .. } = &mut p.layers[0].ffn {
-        let sluice_engine::models::blocks::moe::Router::Hash { table, .. } = &mut moe.router else {
-            panic!("layer 0 of the file is hash-routed")
-        };
-        table[1] = table[0];
-    }
-    let e = GpuDecoder::check(&p).unwrap_err();
-    assert!(e.contains("layer 0: a hash router table"), "{e}");
     // Post-norms inside the hyper-connection residual (no kernel applies them there).
     let mut p = plan.clone();
     p.layers[2].post_ffn_norm = Some(vec![1.0; p.n_embd]);
