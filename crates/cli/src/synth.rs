@@ -389,6 +389,7 @@ fn qwen4exp_plan(args: &SynthArgs) -> Result<Plan> {
         anyhow::bail!("--quant '{q}': expected F32, Q8_0, Q4_K or Q6_K");
     }
     let cfg = synth::qwen4exp::Q4SynthConfig {
+        shape: synth::qwen4exp::Q4Shape::flash_next(),
         layers: args.layers.unwrap_or(synth::qwen4exp::LAYERS),
         quant,
         ple_quant: ty(&args.ple_quant, "--ple-quant")?,

@@ -885,10 +885,12 @@ extern "C" __global__ void glu_act(float* g, const float* u, long long n, int ac
 }
 
 // o[t] = sum over slots, in slot order, of wts[t k + s] * d[t k + s], plus the shared
-// expert's output sh[t] when given (grid n tokens x blocks of the columns).
+// expert's output sh[t] when given, times sigmoid(sg[t]) when its gate's logits sg are
+// given (grid n tokens x blocks of the columns).
 extern "C" __global__ void moe_combine(const float* __restrict__ d,
                                        const float* __restrict__ wts,
-                                       const float* __restrict__ sh, float* __restrict__ o,
+                                       const float* __restrict__ sh,
+                                       const float* __restrict__ sg, float* __restrict__ o,
                                        int k, int cols) {
     const int t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
@@ -896,7 +898,10 @@ extern "C" __global__ void moe_combine(const float* __restrict__ d,
     float v = 0.0f;
 #pragma unroll 8
     for (int s = 0; s < k; s++) v += d[((size_t)t * k + s) * cols + i] * wts[t * k + s];
-    if (sh) v = v + sh[(size_t)t * cols + i];
+    if (sh) {
+        const float w = sh[(size_t)t * cols + i];
+        v = sg ? v + (1.0f / (1.0f + expf(-sg[t]))) * w : v + w;
+    }
     o[(size_t)t * cols + i] = v;
 }
 
@@ -1281,7 +1286,8 @@ extern "C" __global__ void dsv4_ring_store(const float* __restrict__ c,
 // The lightning indexer's score of every compressed row each token sees (grid n x blocks,
 // a warp per row, rows strided over the grid): row r < (p + 1) / ratio of `rows`, score =
 // sum over heads h, in order, of (max(q_h . k_r, 0) / sqrt(ihd)) * (w_h / sqrt(n_head));
-// into scores[t * stride + r].
+// into scores[t * stride + r]. Without head weights (wh null, QSA's indexer): (sum over
+// heads of max(q_h . k_r, 0)) / sqrt(ihd).
 extern "C" __global__ void __launch_bounds__(256)
     dsv4_index_scores(const float* __restrict__ iq, const float* __restrict__ wh,
                       const float* __restrict__ rows, const int* __restrict__ pos,
@@ -1302,9 +1308,9 @@ extern "C" __global__ void __launch_bounds__(256)
             float d = 0.0f;
             for (int i = lane; i < ihd; i += 32) d += qs[h * ihd + i] * k[i];
             d = warp_sum(d);
-            acc += (fmaxf(d, 0.0f) * ks) * (wh[(size_t)t * n_head + h] * ws);
+            acc += wh ? (fmaxf(d, 0.0f) * ks) * (wh[(size_t)t * n_head + h] * ws) : fmaxf(d, 0.0f);
         }
-        if (lane == 0) scores[(size_t)t * stride + r] = acc;
+        if (lane == 0) scores[(size_t)t * stride + r] = wh ? acc : acc * ks;
     }
 }
 

@@ -47,7 +47,10 @@ use sluice_models::ModelError;
 use sluice_tier::Stop;
 
 use crate::lru::Lru;
+
+mod qwen4exp;
 use crate::{grow, kernel_format, Cuda, Device, Mma, FORMATS};
+use qwen4exp::{DDelta, DMix, DPle, DQsa, NextDims, NextScratch, Rows};
 
 /// Rows of X one chunk holds (`MVG_N` of `forward.cu`).
 const MVG_N: usize = 32;
@@ -131,12 +134,14 @@ enum DFfn {
     },
 }
 
-/// A MoE layer's shared expert: gate, up, down and its activation.
+/// A MoE layer's shared expert: gate, up, down and its activation, and the `[1, n_embd]`
+/// gate whose sigmoid scales its output (Qwen3.8-Flash-Next; None: unscaled).
 struct DShared {
     gate: DMat,
     up: DMat,
     down: DMat,
     act: Act,
+    scale: Option<DMat>,
 }
 
 /// `glu_act`'s activation id and its clamp limit ([`act_id`]).
@@ -240,6 +245,10 @@ enum DAttn {
     },
     /// DeepSeek V4 attention (sliding window, compressed rows, sinks).
     Dsv4(Box<DDsv4>),
+    /// Gated DeltaNet (a recurrent state per value head).
+    Delta(Box<DDelta>),
+    /// QSA indexed attention (gated GQA over the positions its indexer picks).
+    Qsa(Box<DQsa>),
 }
 
 struct DLayer {
@@ -251,6 +260,10 @@ struct DLayer {
     post_ffn: u64,
     /// Hyper-connection mixes around the attention and feed-forward halves.
     hc: Option<[DHc; 2]>,
+    /// Low-rank mixers of the two halves (in place of the norms).
+    lr: Option<[DMix; 2]>,
+    /// The PLE layer applied to the streams before this layer.
+    ple: Option<Box<DPle>>,
 }
 
 /// Parameter kinds of every `forward.cu` kernel, in order: `P` a device address (u64), `L`
@@ -272,7 +285,7 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("topk_route", "PPIIIIFPPPP"),
     ("moe_chunks", "PIIPP"),
     ("glu_act", "PPLIF"),
-    ("moe_combine", "PPPPII"),
+    ("moe_combine", "PPPPPII"),
     ("mla_kv_prep", "PPPPPPIIF"),
     ("mla_q_split", "PPIII"),
     ("mla_q_join", "PPPPPIIII"),
@@ -287,6 +300,18 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("dsv4_topk", "PPPPIII"),
     ("dsv4_attention", "PPPPPPPPPIIIIIF"),
     ("dsa_key_prep", "PPPPPPIIF"),
+    ("rms_groups", "PPPIF"),
+    ("lr_act", "PPIIF"),
+    ("lr_mix", "PPPII"),
+    ("lr_post", "PPPII"),
+    ("ple_gate", "PPPPI"),
+    ("conv_ring", "PPPPPPIII"),
+    ("gdn_rule", "PPPPPPPPPPIIIIIF"),
+    ("qsa_prep", "PPPPPPPPPPPPIIIIIIF"),
+    ("qsa_pool", "PPPPPIIIF"),
+    ("qsa_expand", "PPPPPIII"),
+    ("sig_mul", "PPL"),
+    ("rows_gather", "PPPI"),
 ];
 
 /// Whether the tensor-core products (`mvt_*`, f16 operands) take weights of `ty`: every
@@ -400,6 +425,19 @@ struct Funcs {
     dsv4_topk: Kernel,
     dsv4_attention: Kernel,
     dsa_key_prep: Kernel,
+    /// Qwen3.8-Flash-Next's parts (`qwen4exp.cu`, [`qwen4exp`]).
+    rms_groups: Kernel,
+    lr_act: Kernel,
+    lr_mix: Kernel,
+    lr_post: Kernel,
+    ple_gate: Kernel,
+    conv_ring: Kernel,
+    gdn_rule: Kernel,
+    qsa_prep: Kernel,
+    qsa_pool: Kernel,
+    qsa_expand: Kernel,
+    sig_mul: Kernel,
+    rows_gather: Kernel,
 }
 
 /// Routed experts kept in VRAM by (layer, unit) when they are not resident whole.
@@ -528,6 +566,8 @@ struct Scratch {
     chunks: Option<CudaSlice<u8>>,
     nchunks: Option<CudaSlice<i32>>,
     hdr: Option<CudaSlice<u8>>,
+    /// Qwen3.8-Flash-Next's parts' buffers.
+    next: NextScratch,
 }
 
 /// The device address of `b` after growing it to `len` elements.
@@ -552,8 +592,15 @@ pub struct GpuKv {
     /// Per layer: the DSA indexer keys `[n_ctx][head_dim]` (f32) of MLA layers with their
     /// own indexer.
     dsa: Vec<Option<CudaSlice<f32>>>,
-    /// The position the sequential state (DeepSeek V4's windows and compressor carry)
-    /// continues at (usize::MAX while a call runs, or after one failed).
+    /// Per layer: DeltaNet's or QSA's state ([`qwen4exp::layer_state`]; empty for others).
+    rec: Vec<Vec<CudaSlice<f32>>>,
+    /// Per layer: the PLE layer's convolution ring (None without one).
+    ple: Vec<Option<CudaSlice<f32>>>,
+    /// The PLE hash's context: the last `ngram - 1` token ids (EOS at a start).
+    ple_ctx: Vec<u32>,
+    /// The position the sequential state (DeepSeek V4's windows and compressor carry,
+    /// recurrent states, the PLE ring and context) continues at (usize::MAX while a call
+    /// runs, or after one failed).
     next: usize,
     n_ctx: usize,
     f32: bool,
@@ -639,21 +686,37 @@ impl ExtraState for GpuKv {
                 Some(d) => d.copy(&self.stream).map(Some),
             })
             .collect();
-        let dsa: Option<Vec<Option<CudaSlice<f32>>>> = self
-            .dsa
+        let opt = |src: &[Option<CudaSlice<f32>>]| -> Option<Vec<Option<CudaSlice<f32>>>> {
+            src.iter()
+                .map(|d| match d {
+                    None => Some(None),
+                    Some(d) => self.stream.clone_dtod(d).ok().map(Some),
+                })
+                .collect()
+        };
+        let (dsa, ple) = (opt(&self.dsa), opt(&self.ple));
+        let rec: Option<Vec<Vec<CudaSlice<f32>>>> = self
+            .rec
             .iter()
-            .map(|d| match d {
-                None => Some(None),
-                Some(d) => self.stream.clone_dtod(d).ok().map(Some),
-            })
+            .map(|l| l.iter().map(|b| self.stream.clone_dtod(b).ok()).collect())
             .collect();
         let synced = self.stream.synchronize().is_ok();
-        let ok = self.ok && synced && k.is_some() && v.is_some() && dsv4.is_some() && dsa.is_some();
+        let ok = self.ok
+            && synced
+            && k.is_some()
+            && v.is_some()
+            && dsv4.is_some()
+            && dsa.is_some()
+            && rec.is_some()
+            && ple.is_some();
         Box::new(GpuKv {
             k: k.unwrap_or_default(),
             v: v.unwrap_or_default(),
             dsv4: dsv4.unwrap_or_default(),
             dsa: dsa.unwrap_or_default(),
+            rec: rec.unwrap_or_default(),
+            ple: ple.unwrap_or_default(),
+            ple_ctx: self.ple_ctx.clone(),
             next: self.next,
             n_ctx: self.n_ctx,
             f32: self.f32,
@@ -704,7 +767,13 @@ pub struct GpuDecoder {
     dsv4: Option<Dsv4Shape>,
     /// The hyper-connection residual's shape and head mix.
     hyper: Option<(HcShape, DHc)>,
+    /// The low-rank residual's output mixer (its stream count is `next_dims.streams`).
+    lowrank: Option<DMix>,
+    /// Whether some layer keeps state that only continues or restarts at position 0
+    /// (DeepSeek V4's windows, DeltaNet's recurrence, the PLE convolution).
+    sequential: bool,
     index_dims: IndexDims,
+    next_dims: NextDims,
     plan: DecoderPlan,
     f: Funcs,
     layers: Vec<DLayer>,
@@ -813,7 +882,7 @@ struct IndexDims {
     idx_q: usize,
     idx_heads: usize,
     top_max: usize,
-    /// GLM's DSA indexer keys (0: none).
+    /// GLM's DSA indexer keys, QSA's raw indexer keys (0: none).
     dsa_d: usize,
     /// Positions per scored row (the smallest; 1 for GLM's indexer, 0: no indexer).
     ratio: usize,
@@ -842,6 +911,19 @@ impl IndexDims {
                 d.top_max = d.top_max.max(ix.top_k);
                 d.ratio = 1;
             }
+            if let DAttn::Qsa(a) = &l.attn {
+                let s = &a.shape;
+                if let Some(blocks) = s.budget.checked_div(s.ratio) {
+                    d.dsa_d = d.dsa_d.max(s.idx_dim);
+                    d.idx_q = d.idx_q.max(s.idx_heads * s.idx_dim);
+                    d.top_max = d.top_max.max(blocks);
+                    d.ratio = if d.ratio == 0 {
+                        s.ratio
+                    } else {
+                        d.ratio.min(s.ratio)
+                    };
+                }
+            }
             if let DAttn::Dsv4(a) = &l.attn {
                 if let Some(c) = &a.comp {
                     d.comp_w = d.comp_w.max(c.coff * c.head_dim);
@@ -867,6 +949,9 @@ impl IndexDims {
 /// DeepSeek V4 head the kernels take (`HC_MAX`, `2 * DSV4_PAIRS * 256`, `IDX_MAX_Q`,
 /// `ATT_MAX_V` of forward.cu).
 const HC_MAX: usize = 8;
+/// The most dynamic shared memory a block of any GPU this backend runs on may opt in to
+/// (Hopper's 227 KiB); the device's own limit is checked again when the decoder is built.
+const SMEM_OPTIN_MAX: usize = 227 * 1024;
 const DSV4_MAX_COMP: usize = 1024;
 const IDX_MAX_Q: usize = 8192;
 
@@ -997,45 +1082,33 @@ impl GpuDecoder {
     pub fn check(plan: &DecoderPlan) -> Result<(), String> {
         // Parts of a plan this backend has no kernels for: said first, so the reason names
         // the part, not a head size.
-        if plan.lowrank.is_some() {
-            return Err(
-                "low-rank hyper-connections (Qwen3.8-Flash-Next's mixers) have no GPU kernels yet"
-                    .into(),
-            );
-        }
-        if plan.ple.is_some() || plan.layers.iter().any(|l| l.ple.is_some()) {
-            return Err("the PLE layer has no GPU kernels yet".into());
-        }
         for (il, l) in plan.layers.iter().enumerate() {
             let missing = match l.attn {
                 PlanAttn::Kda { .. } => Some("Kimi delta attention"),
                 PlanAttn::Pooled { .. } => Some("pooled latent attention"),
-                PlanAttn::Delta { .. } => Some("Gated DeltaNet"),
-                PlanAttn::Qsa { .. } => Some("QSA indexed attention"),
-                PlanAttn::Gqa { .. } | PlanAttn::Mla { .. } | PlanAttn::Dsv4 { .. } => None,
+                PlanAttn::Gqa { .. }
+                | PlanAttn::Mla { .. }
+                | PlanAttn::Dsv4 { .. }
+                | PlanAttn::Delta { .. }
+                | PlanAttn::Qsa { .. } => None,
             };
             if let Some(what) = missing {
                 return Err(format!("layer {il}: {what} has no GPU kernels yet"));
             }
-            if let PlanFfn::Moe {
-                shared: Some(sh), ..
-            } = &l.ffn
-            {
-                if sh.gate.is_some() {
-                    return Err(format!(
-                        "layer {il}: a gated shared expert has no GPU kernel yet"
-                    ));
-                }
-            }
-            if l.hc_lowrank.is_some() || l.attn_norm.is_empty() || l.ffn_norm.is_empty() {
+            // Without low-rank mixers every half-block has its norm.
+            if plan.lowrank.is_none() && (l.attn_norm.is_empty() || l.ffn_norm.is_empty()) {
                 return Err(format!(
-                    "layer {il}: low-rank mixers or missing norms have no GPU kernels"
+                    "layer {il}: a block without its norms has no GPU kernel"
                 ));
             }
         }
-        if plan.output_norm.is_empty() {
+        if plan.lowrank.is_none() && plan.output_norm.is_empty() {
             return Err("a head without an output norm has no GPU kernel".into());
         }
+        if plan.lowrank.is_some() && plan.hyper.is_some() {
+            return Err("low-rank and learned hyper-connections together".into());
+        }
+        qwen4exp::check(plan, SMEM_OPTIN_MAX)?;
         if let Some(h) = &plan.hyper {
             let hc = h.shape.n_hc;
             if hc == 0 || hc > HC_MAX || h.shape.n_embd != plan.n_embd {
@@ -1313,7 +1386,28 @@ impl GpuDecoder {
             dsv4_topk: load("dsv4_topk")?,
             dsv4_attention: load("dsv4_attention")?,
             dsa_key_prep: load("dsa_key_prep")?,
+            rms_groups: load("rms_groups")?,
+            lr_act: load("lr_act")?,
+            lr_mix: load("lr_mix")?,
+            lr_post: load("lr_post")?,
+            ple_gate: load("ple_gate")?,
+            conv_ring: load("conv_ring")?,
+            gdn_rule: load("gdn_rule")?,
+            qsa_prep: load("qsa_prep")?,
+            qsa_pool: load("qsa_pool")?,
+            qsa_expand: load("qsa_expand")?,
+            sig_mul: load("sig_mul")?,
+            rows_gather: load("rows_gather")?,
         };
+        // DeltaNet's state lives in shared memory while a batch runs.
+        qwen4exp::check(&plan, smem_max)?;
+        f.gdn_rule
+            .f
+            .set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem_max as i32,
+            )
+            .map_err(|e| format!("kernel gdn_rule: {smem_max} bytes of shared memory: {e}"))?;
         // What the weights need, against what the backend may hold.
         let dense: u64 = plan
             .matrices()
@@ -1435,6 +1529,7 @@ impl GpuDecoder {
                                 up: up.mat(&sh.w.up)?,
                                 down: up.mat(&sh.w.down)?,
                                 act: act_id(sh.act),
+                                scale: sh.gate.as_ref().map(|g| up.mat(g)).transpose()?,
                             }))
                         }
                         None => None,
@@ -1481,11 +1576,12 @@ impl GpuDecoder {
                     inv_freq: up.norm(inv_freq)?,
                     window: window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
                 },
-                PlanAttn::Kda { .. }
-                | PlanAttn::Pooled { .. }
-                | PlanAttn::Delta { .. }
-                | PlanAttn::Qsa { .. } => {
-                    unreachable!("checked: GQA, MLA and DeepSeek V4 layers only")
+                PlanAttn::Kda { .. } | PlanAttn::Pooled { .. } => {
+                    unreachable!("checked: no KDA or pooled attention")
+                }
+                PlanAttn::Delta { w, shape } => DAttn::Delta(Box::new(up.delta(w, shape)?)),
+                PlanAttn::Qsa { w, shape, inv_freq } => {
+                    DAttn::Qsa(Box::new(up.qsa(w, shape, inv_freq)?))
                 }
                 PlanAttn::Dsv4 { w, shape } => {
                     let mut comp = |c: &sluice_models::blocks::dsv4_attention::CompressorWeights| -> Result<DComp, String> {
@@ -1561,7 +1657,14 @@ impl GpuDecoder {
                 Some(w) => Some([up.hc(&w[0], hc_nseg)?, up.hc(&w[1], hc_nseg)?]),
                 None => None,
             };
+            let lr = match &l.hc_lowrank {
+                Some(w) => Some([up.mix(&w[0])?, up.mix(&w[1])?]),
+                None => None,
+            };
+            let ple = l.ple.as_ref().map(|w| up.ple(w)).transpose()?.map(Box::new);
             layers.push(DLayer {
+                lr,
+                ple,
                 attn_norm: up.norm(&l.attn_norm)?,
                 attn,
                 post_attn: up.opt_norm(&l.post_attn_norm)?,
@@ -1578,6 +1681,11 @@ impl GpuDecoder {
             },
             None => None,
         };
+        let lowrank = plan
+            .lowrank
+            .as_ref()
+            .map(|lr| up.mix(&lr.head))
+            .transpose()?;
         let Uploader {
             owned,
             norms,
@@ -1618,6 +1726,11 @@ impl GpuDecoder {
             dsv4: plan.dsv4_shape(),
             index_dims: IndexDims::of(&layers),
             hyper,
+            lowrank,
+            sequential: plan.layers.iter().any(|l| {
+                matches!(l.attn, PlanAttn::Dsv4 { .. } | PlanAttn::Delta { .. }) || l.ple.is_some()
+            }),
+            next_dims: NextDims::of(&plan),
             plan,
             f,
             layers,
@@ -2277,7 +2390,12 @@ impl GpuDecoder {
                 256,
                 &[
                     A::P(ix.iq + 4 * t * qn),
-                    A::P(ix.wh + 4 * t * ix.n_head as u64),
+                    // (QSA's indexer has no head weights: a null pointer.)
+                    A::P(if ix.wh == 0 {
+                        0
+                    } else {
+                        ix.wh + 4 * t * ix.n_head as u64
+                    }),
                     A::P(ix.rows),
                     A::P(pos + 4 * t),
                     A::P(scores),
@@ -2473,8 +2591,15 @@ impl GpuDecoder {
             let stream = &self.stream;
             let esize = if want_f32 { 4 } else { 2 };
             let alloc = |dim: usize| -> Result<Vec<CudaSlice<u8>>, ModelError> {
-                (0..self.layers.len())
-                    .map(|_| {
+                self.layers
+                    .iter()
+                    .map(|l| {
+                        // DeltaNet layers keep no KV cache.
+                        let dim = if matches!(l.attn, DAttn::Delta(_)) {
+                            0
+                        } else {
+                            dim
+                        };
                         // SAFETY: attention reads only rows 0..=pos, each written by
                         // kv_store earlier in the same stream.
                         unsafe { stream.alloc::<u8>((n_ctx * dim * esize).max(1)) }
@@ -2524,11 +2649,33 @@ impl GpuDecoder {
                     _ => None,
                 });
             }
+            let rec = self
+                .layers
+                .iter()
+                .map(|l| qwen4exp::layer_state(stream, &l.attn, n_ctx))
+                .collect::<Result<Vec<_>, _>>()?;
+            let width = self.next_dims.streams * self.plan.n_embd;
+            let ple = self
+                .layers
+                .iter()
+                .map(|l| {
+                    l.ple
+                        .as_ref()
+                        .map(|w| qwen4exp::ple_state(stream, w, width))
+                        .transpose()
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let ple_ctx = self.plan.ple.as_ref().map_or(Vec::new(), |pp| {
+                vec![pp.hash.eos; pp.hash.ngram.saturating_sub(1)]
+            });
             state.device = Some(Box::new(GpuKv {
                 k,
                 v,
                 dsv4,
                 dsa,
+                rec,
+                ple,
+                ple_ctx,
                 next: 0,
                 n_ctx,
                 f32: want_f32,
@@ -2578,8 +2725,9 @@ impl DeviceForward for GpuDecoder {
             .unwrap_or(0);
         let kv = self.kv(state, pos0)?;
         let kvt = usize::from(kv.f32);
-        if self.dsv4.is_some() {
-            // Windows and compressor carry continue or restart at 0 (like PlanOnCpu).
+        if self.sequential {
+            // Windows, compressor carries, recurrent states and the PLE convolution
+            // continue or restart at 0 (like PlanOnCpu).
             if pos0 != 0 && pos0 != kv.next {
                 let held = if kv.next == usize::MAX {
                     "no position (an earlier call failed)".to_string()
@@ -2593,6 +2741,32 @@ impl DeviceForward for GpuDecoder {
             }
             kv.next = usize::MAX;
         }
+        // The PLE rows depend only on the token ids: hashed and gathered on the host (from
+        // the mapped file or the row tier), uploaded once per call below.
+        let ple_rows: Option<Vec<f32>> = match &p.ple {
+            Some(pp) if self.next_dims.ple > 0 => {
+                if pos0 == 0 {
+                    kv.ple_ctx = vec![pp.hash.eos; pp.hash.ngram.saturating_sub(1)];
+                }
+                let (ids, ctx) = pp.hash.rows(&kv.ple_ctx, batch.tokens);
+                pp.rows.prefetch(&ids);
+                kv.ple_ctx = ctx;
+                let mut rows = vec![0.0f32; n * self.next_dims.ple];
+                pp.rows.gather(env.map, &ids, &mut rows)?;
+                Some(rows)
+            }
+            _ => None,
+        };
+        let rec_ptrs: Vec<Vec<u64>> = kv
+            .rec
+            .iter()
+            .map(|l| l.iter().map(|b| b.device_ptr(&kv.stream).0).collect())
+            .collect();
+        let ple_ptrs: Vec<u64> = kv
+            .ple
+            .iter()
+            .map(|d| d.as_ref().map_or(0, |d| d.device_ptr(&kv.stream).0))
+            .collect();
         let dsv4_ptrs: Vec<Dsv4Ptrs> = kv
             .dsv4
             .iter()
@@ -2640,7 +2814,9 @@ impl DeviceForward for GpuDecoder {
         let pairs = n * self.k_max;
         let moe_chunks_max = pairs / MVG_N + self.n_expert_max.min(pairs);
         let hs = self.hyper.as_ref().map(|(s, _)| *s);
-        let n_hc = hs.map_or(1, |s| s.n_hc);
+        // Residual streams: a hyper-connection's, the low-rank mixers' (1: plain).
+        let lr_streams = self.lowrank.as_ref().map(|_| self.next_dims.streams);
+        let n_hc = hs.map_or(self.next_dims.streams, |s| s.n_hc);
         let x = addr(&stream, &mut sc.x, n * n_hc * e)?;
         let h = addr(&stream, &mut sc.h, n * e)?;
         let hyper_len = |f: &dyn Fn(usize) -> usize| hs.map_or(1, |s| n * f(s.n_hc));
@@ -2713,6 +2889,12 @@ impl DeviceForward for GpuDecoder {
         let nr = rows.len();
         let hsel = addr(&stream, &mut sc.hsel, nr.max(1) * e)?;
         let lg = addr(&stream, &mut sc.logits, nr.max(1) * nv)?;
+        let nb = sc.next.grow(&stream, &self.next_dims, e, n, nr)?;
+        if let (Some(rows), Some(pe)) = (&ple_rows, sc.next.pe.as_mut()) {
+            stream
+                .memcpy_htod(&rows[..], &mut pe.slice_mut(0..rows.len()))
+                .map_err(|e| err("PLE rows", e))?;
+        }
         let eps = sh.rms_eps;
         let ei = i32_of(e, "n_embd")?;
         let rows_n = |n: usize| (n as u32, 1u32, 1u32);
@@ -2721,6 +2903,22 @@ impl DeviceForward for GpuDecoder {
 
         let sc_ids = sc.ids.as_ref().expect("grown");
         let seg_args = (seg_chunks, n_segc, nd, small);
+        let dense_rows = Rows {
+            table: dense,
+            count: n_dense,
+            chunks: nd,
+            small,
+        };
+        // QSA's view of the shared buffers.
+        let qsa_bufs = qwen4exp::QsaBufs {
+            q,
+            k,
+            v,
+            att,
+            iq,
+            ik,
+            index: (scores, stride, idx_tile, selb, nselb),
+        };
         let run = || -> Result<(), ModelError> {
             // With hyper-connections the embedding goes to `o`, then into every stream.
             self.launch(
@@ -2731,17 +2929,21 @@ impl DeviceForward for GpuDecoder {
                     A::P(self.embd_ptr),
                     A::L(self.embd.row_bytes),
                     A::P(tokens),
-                    A::P(if hs.is_some() { o } else { x }),
+                    A::P(if hs.is_some() || lr_streams.is_some() {
+                        o
+                    } else {
+                        x
+                    }),
                     A::I(ei),
                     A::F(p.embd_scale),
                 ],
             )?;
-            if let Some(hs) = &hs {
+            if hs.is_some() || lr_streams.is_some() {
                 self.launch(
                     &self.f.hc_expand,
                     (n as u32, e.div_ceil(256) as u32, 1),
                     256,
-                    &[A::P(o), A::P(x), A::I(ei), A::I(hs.n_hc as i32)],
+                    &[A::P(o), A::P(x), A::I(ei), A::I(n_hc as i32)],
                 )?;
             } else if let Some(l0) = self.layers.first() {
                 self.rms_norm(x, l0.attn_norm, h, 0, n, e, eps)?;
@@ -2752,9 +2954,15 @@ impl DeviceForward for GpuDecoder {
             for (il, l) in self.layers.iter().enumerate() {
                 // Attention.
                 let (kc, vc) = kv_ptrs[il];
+                if let Some(w) = &l.ple {
+                    self.ple_layer(w, n_hc, x, ple_ptrs[il], pos, &nb, dense_rows, n, eps)?;
+                }
                 if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
                     let b = (hcf, hcm);
                     self.hc_mix(&hw[0], hs, x, b, hcpc, l.attn_norm, h, n, seg_args, eps)?;
+                }
+                if let Some(mx) = &l.lr {
+                    self.lr_mixer(&mx[0], n_hc, x, h, &nb, dense_rows, n, eps)?;
                 }
                 let wo = match &l.attn {
                     DAttn::Gqa {
@@ -3058,12 +3266,26 @@ impl DeviceForward for GpuDecoder {
                         self.mv(&[(&a.out_a, dz)], head_chunks, n_headc, gy, att, 1, small)?;
                         (&a.out_b, dz)
                     }
+                    DAttn::Delta(w) => {
+                        let st = &rec_ptrs[il];
+                        self.delta(w, (st[0], st[1]), pos, h, &nb, dense_rows, n)?;
+                        (&w.out, nb.dout)
+                    }
+                    DAttn::Qsa(w) => {
+                        let st = &rec_ptrs[il];
+                        let cache = (kc, vc);
+                        self.qsa(w, kvt, cache, st, pos, h, &qsa_bufs, &nb, dense_rows, n)?;
+                        (&w.wo, att)
+                    }
                 };
                 self.mv(&[(wo.0, o)], dense, n_dense, nd, wo.1, 1, small)?;
                 if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
                     self.hc_post(hs, x, o, hcpc, n)?;
                     let b = (hcf, hcm);
                     self.hc_mix(&hw[1], hs, x, b, hcpc, l.ffn_norm, h, n, seg_args, eps)?;
+                } else if let Some(mx) = &l.lr {
+                    self.lr_post(n_hc, x, o, nb.inj, n)?;
+                    self.lr_mixer(&mx[1], n_hc, x, h, &nb, dense_rows, n, eps)?;
                 } else {
                     self.residual(x, o, l.post_attn, l.ffn_norm, h, n, e, eps)?;
                 }
@@ -3137,6 +3359,9 @@ impl DeviceForward for GpuDecoder {
                             self.mv(&gu, dense, n_dense, nd, h, 1, small)?;
                             self.glu(g, u, n * sh.gate.rows, sh.act)?;
                             self.mv(&[(&sh.down, shb)], dense, n_dense, nd, g, 1, small)?;
+                            if let Some(sg) = &sh.scale {
+                                self.mv(&[(sg, nb.sg)], dense, n_dense, nd, h, 1, small)?;
+                            }
                         }
                         let len = np * parts[0].rows;
                         if self.units.is_some() {
@@ -3190,6 +3415,8 @@ impl DeviceForward for GpuDecoder {
                             self.mv(&[(&parts[2], dd)], chunks, nchunks, gy, g, 1, small)?;
                         }
                         let sh_or_null = if shared.is_some() { shb } else { 0 };
+                        let gated = shared.as_ref().is_some_and(|sh| sh.scale.is_some());
+                        let sg_or_null = if gated { nb.sg } else { 0 };
                         self.launch(
                             &self.f.moe_combine,
                             (n as u32, e.div_ceil(256) as u32, 1),
@@ -3198,6 +3425,7 @@ impl DeviceForward for GpuDecoder {
                                 A::P(dd),
                                 A::P(wts),
                                 A::P(sh_or_null),
+                                A::P(sg_or_null),
                                 A::P(o),
                                 A::I(kk as i32),
                                 A::I(ei),
@@ -3207,12 +3435,24 @@ impl DeviceForward for GpuDecoder {
                 }
                 if let (Some(_), Some(hs)) = (&l.hc, &hs) {
                     self.hc_post(hs, x, o, hcpc, n)?;
+                } else if l.lr.is_some() {
+                    self.lr_post(n_hc, x, o, nb.inj, n)?;
                 } else {
                     let next = self.layers.get(il + 1).map_or(0, |nl| nl.attn_norm);
                     self.residual(x, o, l.post_ffn, next, h, n, e, eps)?;
                 }
             }
-            if nr > 0 {
+            if let (true, Some(w)) = (nr > 0, &self.lowrank) {
+                // The output mixer normalises: it reads the logits rows' streams.
+                let head_rows = Rows {
+                    table: row_chunks,
+                    count: n_rowc,
+                    chunks: nr.div_ceil(MVG_N),
+                    small,
+                };
+                self.gather(x, rowmap, nb.xg, nr, n_hc * e)?;
+                self.lr_mixer(w, n_hc, nb.xg, hsel, &nb, head_rows, nr, eps)?;
+            } else if nr > 0 {
                 // Hyper-connections: the head's collapse of the streams first (into h).
                 let last = match &self.hyper {
                     Some((hs, w)) => {
@@ -3222,6 +3462,8 @@ impl DeviceForward for GpuDecoder {
                     None => x,
                 };
                 self.rms_norm(last, self.output_norm, hsel, rowmap, nr, e, eps)?;
+            }
+            if nr > 0 {
                 self.mv(
                     &[(&self.output, lg)],
                     row_chunks,
@@ -3252,6 +3494,9 @@ impl DeviceForward for GpuDecoder {
                 hcf, hcm, hcpc, cc, cz, ic, iz, iq, wh, ik, scores, selb, nselb, dz,
             ]);
             key.extend(dsa_ptrs.iter().copied());
+            key.extend(nb.all());
+            key.extend(rec_ptrs.iter().flatten().copied());
+            key.extend(ple_ptrs.iter().copied());
             key.extend(kv_ptrs.iter().flat_map(|&(a, b)| [a, b]));
             key.extend(
                 dsv4_ptrs

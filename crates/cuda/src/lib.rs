@@ -52,7 +52,11 @@ use sluice_models::compute::{Compute, Cpu, LinearJob, UnitKey};
 use sluice_tier::SlotMemory;
 
 /// The kernels' CUDA C source, without the lookup tables [`kernel_source`] puts first.
-const KERNEL_BODY: &str = concat!(include_str!("kernels.cu"), include_str!("forward.cu"));
+const KERNEL_BODY: &str = concat!(
+    include_str!("kernels.cu"),
+    include_str!("forward.cu"),
+    include_str!("qwen4exp.cu")
+);
 
 /// The whole CUDA C source NVRTC compiles: the formats' lookup tables, written from
 /// `sluice_kernels`' own (one copy of every grid in the project), then the kernels.

@@ -115,10 +115,10 @@ fn kernels_compile_with_nvrtc() {
             );
             checked += 1;
         }
-        // Every format x (mvg, mvt, mvt1, embed), 2 x (kv_store, attention), 21 others.
+        // Every format x (mvg, mvt, mvt1, embed), 2 x (kv_store, attention), 33 others.
         let formats = sluice_cuda::FORMATS.len();
         assert!(formats >= 19, "the seeds' formats have kernels");
-        assert_eq!(checked, formats * 4 + 2 * 2 + 21, "{arch}: kernels checked");
+        assert_eq!(checked, formats * 4 + 2 * 2 + 33, "{arch}: kernels checked");
     }
 }
 
@@ -419,10 +419,47 @@ fn decoder_plans_the_gpu_takes() {
         e.contains("layer 2: post-norms inside a hyper-connection"),
         "{e}"
     );
-    // Qwen3.8-Flash-Next's (low-rank hyper-connection mixers first).
+    // Qwen3.8-Flash-Next: the tiny fixture's mixers have 8-column products (no kernel); a
+    // file of kernel-sized matrices (low-rank mixers, PLE, DeltaNet, QSA with its indexer,
+    // the gated shared expert) is taken; shapes past the kernels' limits are refused.
     let q4 = Model::load(&fixtures().join("qwen4exp/a-f32.gguf")).unwrap();
     let e = GpuDecoder::check(&q4.plan().expect("qwen4exp has a decoder plan")).unwrap_err();
-    assert!(e.contains("low-rank hyper-connections"), "{e}");
+    assert!(
+        e.contains("layer 0 attention mixer up: F32 with 8 columns"),
+        "{e}"
+    );
+    let dir = std::env::temp_dir().join(format!("sluice-no-gpu-q4-{}", std::process::id()));
+    let q4 = Model::load(&common::qwen4exp_wide(&dir)).unwrap();
+    let plan = q4.plan().expect("qwen4exp has a decoder plan");
+    assert!(plan.lowrank.is_some() && plan.ple.is_some());
+    GpuDecoder::check(&plan).unwrap();
+    let mut p = plan.clone();
+    if let PlanAttn::Delta { shape, .. } = &mut p.layers[0].attn {
+        shape.d_v = 1024;
+    }
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(e.contains("layer 0: a Gated DeltaNet"), "{e}");
+    let mut p = plan.clone();
+    if let PlanAttn::Qsa { shape, .. } = &mut p.layers[3].attn {
+        shape.budget = 18;
+    }
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(e.contains("layer 3: a QSA layer"), "{e}");
+    let mut p = plan.clone();
+    p.layers[1].hc_lowrank.as_mut().unwrap()[1].inject = None;
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(
+        e.contains("layer 1: low-rank mixers of the wrong shape"),
+        "{e}"
+    );
+    let mut p = plan.clone();
+    p.ple = None;
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(
+        e.contains("layer 1: a PLE layer without the plan's hash"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
     // GLM-5.3-Flash's (Kimi delta attention first).
     let g5 = Model::load(&fixtures().join("glm5next/a-f32.gguf")).unwrap();
     let p = g5.plan().expect("glm5next has a decoder plan");

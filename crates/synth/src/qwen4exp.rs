@@ -38,9 +38,64 @@ pub const HEADS_PER_NGRAM: usize = 8;
 pub const NGRAM_BASE: u64 = 20_000_000;
 pub const PLE_SEED: u64 = 1234;
 
+/// The dimensions of a file: the real model's ([`Q4Shape::flash_next`]) or a smaller one
+/// with the same structure (tests whose kernels need particular sizes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Q4Shape {
+    pub hidden: usize,
+    pub streams: usize,
+    pub hc_rank: usize,
+    /// Vocabulary rows (the tokenizer's padded to this) and the PLE hash's EOS id.
+    pub vocab: usize,
+    pub eos: u32,
+    pub experts: usize,
+    pub top_k: usize,
+    pub expert_ff: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub gdn_k_heads: usize,
+    pub gdn_v_heads: usize,
+    pub gdn_dim: usize,
+    pub idx_heads: usize,
+    pub idx_dim: usize,
+    pub idx_budget: usize,
+    pub idx_ratio: usize,
+    /// The PLE table's head sizes are the primes from here up (the table's row count).
+    pub ngram_base: u64,
+}
+
+impl Q4Shape {
+    /// Qwen3.8-Flash-Next's own dimensions.
+    pub fn flash_next() -> Q4Shape {
+        Q4Shape {
+            hidden: HIDDEN,
+            streams: STREAMS,
+            hc_rank: HC_RANK,
+            vocab: VOCAB,
+            eos: EOS,
+            experts: EXPERTS,
+            top_k: TOP_K,
+            expert_ff: EXPERT_FF,
+            heads: HEADS,
+            kv_heads: KV_HEADS,
+            head_dim: HEAD_DIM,
+            gdn_k_heads: GDN_K_HEADS,
+            gdn_v_heads: GDN_V_HEADS,
+            gdn_dim: GDN_DIM,
+            idx_heads: IDX_HEADS,
+            idx_dim: IDX_DIM,
+            idx_budget: IDX_BUDGET,
+            idx_ratio: IDX_RATIO,
+            ngram_base: NGRAM_BASE,
+        }
+    }
+}
+
 /// What to generate.
 #[derive(Debug, Clone)]
 pub struct Q4SynthConfig {
+    pub shape: Q4Shape,
     pub layers: usize,
     /// Large matrices (experts, attention, embeddings, mixers).
     pub quant: GgmlType,
@@ -108,6 +163,7 @@ type MatFn<'a> = dyn FnMut(&mut Vec<PlannedTensor>, String, &[u64], f32) + 'a;
 /// Lay out the file.
 pub fn plan(cfg: &Q4SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
     let nl = cfg.layers;
+    let sh = &cfg.shape;
     if nl < 2 {
         return Err(SynthError::Config(
             "--layers must be >= 2 (the PLE layer is layer 1)".into(),
@@ -119,11 +175,11 @@ pub fn plan(cfg: &Q4SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
             cfg.ple_quant
         )));
     }
-    vocab.pad_to(VOCAB)?;
+    vocab.pad_to(sh.vocab)?;
     let a = "qwen4exp";
     let u = |v: usize| MetaValue::U32(v as u32);
     let nh = (NGRAM - 1) * HEADS_PER_NGRAM;
-    let sizes = head_primes(NGRAM_BASE, nh);
+    let sizes = head_primes(sh.ngram_base, nh);
     let offsets: Vec<u64> = sizes
         .iter()
         .scan(0u64, |acc, &s| {
@@ -134,7 +190,7 @@ pub fn plan(cfg: &Q4SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
         .collect();
     let total: u64 = sizes.iter().sum();
     let rows = total.div_ceil(128) * 128;
-    let row_w = HIDDEN / nh;
+    let row_w = sh.hidden / nh;
     let recurrent: Vec<bool> = (0..nl).map(|i| (i + 1) % 4 != 0).collect();
     let u64s = |v: &[u64]| {
         arr(
@@ -148,9 +204,9 @@ pub fn plan(cfg: &Q4SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
         ("general.name".into(), MetaValue::Str(cfg.name.clone())),
         (format!("{a}.block_count"), u(nl)),
         (format!("{a}.context_length"), u(262_144)),
-        (format!("{a}.embedding_length"), u(HIDDEN)),
-        (format!("{a}.attention.head_count"), u(HEADS)),
-        (format!("{a}.attention.head_count_kv"), u(KV_HEADS)),
+        (format!("{a}.embedding_length"), u(sh.hidden)),
+        (format!("{a}.attention.head_count"), u(sh.heads)),
+        (format!("{a}.attention.head_count_kv"), u(sh.kv_heads)),
         (
             format!("{a}.rope.dimension_sections"),
             arr(
@@ -163,24 +219,27 @@ pub fn plan(cfg: &Q4SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
             format!("{a}.attention.layer_norm_rms_epsilon"),
             MetaValue::F32(1e-6),
         ),
-        (format!("{a}.expert_count"), u(EXPERTS)),
-        (format!("{a}.expert_used_count"), u(TOP_K)),
-        (format!("{a}.attention.key_length"), u(HEAD_DIM)),
-        (format!("{a}.attention.value_length"), u(HEAD_DIM)),
+        (format!("{a}.expert_count"), u(sh.experts)),
+        (format!("{a}.expert_used_count"), u(sh.top_k)),
+        (format!("{a}.attention.key_length"), u(sh.head_dim)),
+        (format!("{a}.attention.value_length"), u(sh.head_dim)),
         (
             "general.file_type".into(),
             MetaValue::U32(crate::file_type(cfg.quant)),
         ),
-        (format!("{a}.expert_feed_forward_length"), u(EXPERT_FF)),
+        (format!("{a}.expert_feed_forward_length"), u(sh.expert_ff)),
         (
             format!("{a}.expert_shared_feed_forward_length"),
-            u(EXPERT_FF),
+            u(sh.expert_ff),
         ),
         (format!("{a}.ssm.conv_kernel"), u(4)),
-        (format!("{a}.ssm.state_size"), u(GDN_DIM)),
-        (format!("{a}.ssm.group_count"), u(GDN_K_HEADS)),
-        (format!("{a}.ssm.time_step_rank"), u(GDN_V_HEADS)),
-        (format!("{a}.ssm.inner_size"), u(GDN_V_HEADS * GDN_DIM)),
+        (format!("{a}.ssm.state_size"), u(sh.gdn_dim)),
+        (format!("{a}.ssm.group_count"), u(sh.gdn_k_heads)),
+        (format!("{a}.ssm.time_step_rank"), u(sh.gdn_v_heads)),
+        (
+            format!("{a}.ssm.inner_size"),
+            u(sh.gdn_v_heads * sh.gdn_dim),
+        ),
         (
             format!("{a}.attention.recurrent_layers"),
             arr(
@@ -189,19 +248,19 @@ pub fn plan(cfg: &Q4SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
             ),
         ),
         (format!("{a}.full_attention_interval"), u(4)),
-        (format!("{a}.rope.dimension_count"), u(HEAD_DIM / 4)),
-        (format!("{a}.hyper_connection.count"), u(STREAMS)),
-        (format!("{a}.hyper_connection.low_rank"), u(HC_RANK)),
-        (format!("{a}.attention.indexer.head_count"), u(IDX_HEADS)),
-        (format!("{a}.attention.indexer.key_length"), u(IDX_DIM)),
-        (format!("{a}.attention.indexer.top_k"), u(IDX_BUDGET)),
+        (format!("{a}.rope.dimension_count"), u(sh.head_dim / 4)),
+        (format!("{a}.hyper_connection.count"), u(sh.streams)),
+        (format!("{a}.hyper_connection.low_rank"), u(sh.hc_rank)),
+        (format!("{a}.attention.indexer.head_count"), u(sh.idx_heads)),
+        (format!("{a}.attention.indexer.key_length"), u(sh.idx_dim)),
+        (format!("{a}.attention.indexer.top_k"), u(sh.idx_budget)),
         (
             format!("{a}.attention.compress_ratios"),
             arr(
                 MetaType::I32,
                 recurrent
                     .iter()
-                    .map(|&r| MetaValue::I32(if r { 0 } else { IDX_RATIO as i32 }))
+                    .map(|&r| MetaValue::I32(if r { 0 } else { sh.idx_ratio as i32 }))
                     .collect(),
             ),
         ),
@@ -212,11 +271,11 @@ pub fn plan(cfg: &Q4SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
         (format!("{a}.ple.ngram_size"), u(NGRAM)),
         (format!("{a}.ple.heads_per_ngram"), u(HEADS_PER_NGRAM)),
         (format!("{a}.ple.conv_kernel"), u(4)),
-        (format!("{a}.ple.eos_token_id"), MetaValue::U32(EOS)),
+        (format!("{a}.ple.eos_token_id"), MetaValue::U32(sh.eos)),
         (format!("{a}.embedding_length_per_layer_input"), u(row_w)),
         (
             format!("{a}.ple.layer_multipliers"),
-            u64s(&multipliers(VOCAB as u64, NGRAM, PLE_SEED)),
+            u64s(&multipliers(sh.vocab as u64, NGRAM, PLE_SEED)),
         ),
         (format!("{a}.ple.head_offsets"), u64s(&offsets)),
         (format!("{a}.ple.head_vocab_sizes"), u64s(&sizes)),
@@ -226,7 +285,11 @@ pub fn plan(cfg: &Q4SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
 
     let mut tensors: Vec<PlannedTensor> = Vec::new();
     let mut fallbacks = Vec::new();
-    let (e, d, r) = (HIDDEN as u64, (STREAMS * HIDDEN) as u64, HC_RANK as u64);
+    let (e, d, r) = (
+        sh.hidden as u64,
+        (sh.streams * sh.hidden) as u64,
+        sh.hc_rank as u64,
+    );
     let sigma = |fan_in: u64| 1.0 / (fan_in as f32).sqrt();
     let mut mat = |t: &mut Vec<PlannedTensor>, name: String, dims: &[u64], sigma: f32| {
         let ty = type_for(cfg.quant, dims[0] as usize);
@@ -246,7 +309,7 @@ pub fn plan(cfg: &Q4SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
     };
     let ones = Fill::Ones;
     let t = &mut tensors;
-    mat(t, "token_embd.weight".into(), &[e, VOCAB as u64], 1.0);
+    mat(t, "token_embd.weight".into(), &[e, sh.vocab as u64], 1.0);
     let hc = |t: &mut Vec<PlannedTensor>, mat: &mut MatFn<'_>, p: &str, inject: bool| {
         t.push(f32t(format!("{p}_norm.weight"), &[d], ones));
         mat(t, format!("{p}_down.weight"), &[d, r], sigma(d));
@@ -254,7 +317,7 @@ pub fn plan(cfg: &Q4SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
         if inject {
             t.push(f32t(
                 format!("{p}_inject.weight"),
-                &[d, STREAMS as u64],
+                &[d, sh.streams as u64],
                 Fill::Random { sigma: sigma(d) },
             ));
         }
@@ -263,9 +326,9 @@ pub fn plan(cfg: &Q4SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
         let n = |x: &str| format!("blk.{il}.{x}.weight");
         hc(t, &mut mat, &format!("blk.{il}.hc_attn"), true);
         if rec {
-            let cd = (2 * GDN_K_HEADS * GDN_DIM + GDN_V_HEADS * GDN_DIM) as u64;
-            let vd = (GDN_V_HEADS * GDN_DIM) as u64;
-            let hv = GDN_V_HEADS as u64;
+            let cd = (2 * sh.gdn_k_heads * sh.gdn_dim + sh.gdn_v_heads * sh.gdn_dim) as u64;
+            let vd = (sh.gdn_v_heads * sh.gdn_dim) as u64;
+            let hv = sh.gdn_v_heads as u64;
             t.push(f32t(format!("blk.{il}.ssm_a"), &[hv], Fill::Const(-1.0)));
             t.push(f32t(n("ssm_conv1d"), &[4, cd], Fill::Random { sigma: 0.5 }));
             t.push(f32t(
@@ -285,25 +348,28 @@ pub fn plan(cfg: &Q4SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
             ));
             mat(t, n("attn_qkv"), &[e, cd], sigma(e));
             mat(t, n("attn_gate"), &[e, vd], sigma(e));
-            t.push(f32t(n("ssm_norm"), &[GDN_DIM as u64], ones));
+            t.push(f32t(n("ssm_norm"), &[sh.gdn_dim as u64], ones));
             mat(t, n("ssm_out"), &[vd, e], sigma(vd));
         } else {
-            let (q, kv) = ((HEADS * HEAD_DIM) as u64, (KV_HEADS * HEAD_DIM) as u64);
+            let (q, kv) = (
+                (sh.heads * sh.head_dim) as u64,
+                (sh.kv_heads * sh.head_dim) as u64,
+            );
             mat(t, n("attn_q"), &[e, 2 * q], sigma(e));
             mat(t, n("attn_k"), &[e, kv], sigma(e));
             mat(t, n("attn_v"), &[e, kv], sigma(e));
             mat(t, n("attn_output"), &[q, e], sigma(q));
-            t.push(f32t(n("attn_q_norm"), &[HEAD_DIM as u64], ones));
-            t.push(f32t(n("attn_k_norm"), &[HEAD_DIM as u64], ones));
+            t.push(f32t(n("attn_q_norm"), &[sh.head_dim as u64], ones));
+            t.push(f32t(n("attn_k_norm"), &[sh.head_dim as u64], ones));
             mat(
                 t,
                 n("indexer.q_proj"),
-                &[e, (IDX_HEADS * IDX_DIM) as u64],
+                &[e, (sh.idx_heads * sh.idx_dim) as u64],
                 sigma(e),
             );
-            mat(t, n("indexer.k_proj"), &[e, IDX_DIM as u64], sigma(e));
-            t.push(f32t(n("indexer.q_norm"), &[IDX_DIM as u64], ones));
-            t.push(f32t(n("indexer.k_norm"), &[IDX_DIM as u64], ones));
+            mat(t, n("indexer.k_proj"), &[e, sh.idx_dim as u64], sigma(e));
+            t.push(f32t(n("indexer.q_norm"), &[sh.idx_dim as u64], ones));
+            t.push(f32t(n("indexer.k_norm"), &[sh.idx_dim as u64], ones));
         }
         if il == 1 {
             mat(t, n("ple_key"), &[e, d], sigma(e));
@@ -314,7 +380,7 @@ pub fn plan(cfg: &Q4SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
             t.push(f32t(n("ple_conv1d"), &[4, d], Fill::Random { sigma: 0.5 }));
         }
         hc(t, &mut mat, &format!("blk.{il}.hc_ffn"), true);
-        let (x, ff) = (EXPERTS as u64, EXPERT_FF as u64);
+        let (x, ff) = (sh.experts as u64, sh.expert_ff as u64);
         t.push(f32t(
             n("ffn_gate_inp"),
             &[e, x],
@@ -333,7 +399,7 @@ pub fn plan(cfg: &Q4SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
         mat(t, n("ffn_down_shexp"), &[ff, e], sigma(ff));
     }
     hc(t, &mut mat, "output_hc", false);
-    mat(t, "output.weight".into(), &[e, VOCAB as u64], sigma(e));
+    mat(t, "output.weight".into(), &[e, sh.vocab as u64], sigma(e));
     t.push(PlannedTensor {
         spec: TensorSpec::new(
             "per_layer_token_embd.weight",

@@ -1,0 +1,900 @@
+//! Qwen3.8-Flash-Next's parts of the GPU forward pass (kernels in `qwen4exp.cu`).
+//!
+//! Owns: the low-rank hyper-connection mixers that replace every norm ([`DMix`]), the hashed
+//! n-gram PLE layer ([`DPle`]; its row ids are hashed and its rows gathered on the host,
+//! then uploaded per call), Gated DeltaNet ([`DDelta`]) and QSA indexed attention
+//! ([`DQsa`]) in VRAM; their shape checks ([`check`]); their per-call scratch
+//! ([`NextScratch`]) and per-sequence state ([`layer_state`], [`ple_state`]: the
+//! convolution rings, DeltaNet's recurrent matrices, QSA's raw and pooled indexer keys);
+//! and the launches that evaluate them, each the GPU form of a CPU block of
+//! `sluice_models::blocks` (`hyper_lowrank`, `ple`, `deltanet`, `qsa`). The gated shared
+//! expert is the caller's (`moe_combine` takes its gate's logits).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
+use sluice_models::blocks::deltanet::{DeltaShape, DeltaWeights};
+use sluice_models::blocks::hyper_lowrank::HcWeights;
+use sluice_models::blocks::ple::PleWeights;
+use sluice_models::blocks::qsa::{QsaShape, QsaWeights};
+use sluice_models::plan::{DecoderPlan, PlanAttn, PlanFfn};
+use sluice_models::ModelError;
+
+use super::{addr, err, i32_of, DAttn, DMat, GpuDecoder, IndexSelect, Uploader, A, IDX_MAX_Q};
+
+/// Threads of `gdn_rule` and the value columns each owns at most (`GDN_THREADS`,
+/// `GDN_COLS` of qwen4exp.cu).
+const GDN_THREADS: u32 = 128;
+const GDN_COLS: usize = 4;
+
+/// Where a product's rows come from: the chunk table, the address of its count, the
+/// chunks in the grid, whether every chunk has at most 8 rows (`GpuDecoder::mv`).
+#[derive(Clone, Copy)]
+pub(super) struct Rows {
+    pub table: u64,
+    pub count: u64,
+    pub chunks: usize,
+    pub small: bool,
+}
+
+/// A low-rank mixer in VRAM (`hyper_lowrank::HcWeights`).
+pub(super) struct DMix {
+    norm: u64,
+    down: DMat,
+    up: DMat,
+    inject: Option<DMat>,
+}
+
+/// The PLE layer in VRAM (`ple::PleWeights`).
+pub(super) struct DPle {
+    key: DMat,
+    value: DMat,
+    norm_key: u64,
+    norm_query: u64,
+    norm_conv: u64,
+    conv: u64,
+    kernel: usize,
+    dilation: usize,
+}
+
+/// A Gated DeltaNet layer in VRAM (`deltanet::DeltaWeights`).
+pub(super) struct DDelta {
+    qkv: DMat,
+    gate: DMat,
+    beta: DMat,
+    alpha: DMat,
+    pub out: DMat,
+    conv: u64,
+    dt_bias: u64,
+    a: u64,
+    norm: u64,
+    shape: DeltaShape,
+}
+
+/// A QSA layer in VRAM (`qsa::QsaWeights`).
+pub(super) struct DQsa {
+    wq: DMat,
+    wk: DMat,
+    wv: DMat,
+    pub wo: DMat,
+    idx_q: DMat,
+    idx_k: DMat,
+    q_norm: u64,
+    k_norm: u64,
+    idx_q_norm: u64,
+    idx_k_norm: u64,
+    inv_freq: u64,
+    pub shape: QsaShape,
+}
+
+impl Uploader<'_> {
+    pub(super) fn mix(&mut self, w: &HcWeights) -> Result<DMix, String> {
+        Ok(DMix {
+            norm: self.norm(&w.norm)?,
+            down: self.mat(&w.down)?,
+            up: self.mat(&w.up)?,
+            inject: w.inject.as_ref().map(|m| self.mat(m)).transpose()?,
+        })
+    }
+
+    pub(super) fn ple(&mut self, w: &PleWeights) -> Result<DPle, String> {
+        Ok(DPle {
+            key: self.mat(&w.key)?,
+            value: self.mat(&w.value)?,
+            norm_key: self.norm(&w.norm_key)?,
+            norm_query: self.norm(&w.norm_query)?,
+            norm_conv: self.norm(&w.norm_conv)?,
+            conv: self.norm(&w.conv)?,
+            kernel: w.kernel,
+            dilation: w.dilation,
+        })
+    }
+
+    pub(super) fn delta(&mut self, w: &DeltaWeights, shape: &DeltaShape) -> Result<DDelta, String> {
+        Ok(DDelta {
+            qkv: self.mat(&w.qkv)?,
+            gate: self.mat(&w.gate)?,
+            beta: self.mat(&w.beta)?,
+            alpha: self.mat(&w.alpha)?,
+            out: self.mat(&w.out)?,
+            conv: self.norm(&w.conv)?,
+            dt_bias: self.norm(&w.dt_bias)?,
+            a: self.norm(&w.a)?,
+            norm: self.norm(&w.norm)?,
+            shape: *shape,
+        })
+    }
+
+    pub(super) fn qsa(
+        &mut self,
+        w: &QsaWeights,
+        shape: &QsaShape,
+        inv_freq: &[f32],
+    ) -> Result<DQsa, String> {
+        Ok(DQsa {
+            wq: self.mat(&w.wq)?,
+            wk: self.mat(&w.wk)?,
+            wv: self.mat(&w.wv)?,
+            wo: self.mat(&w.wo)?,
+            idx_q: self.mat(&w.idx_q)?,
+            idx_k: self.mat(&w.idx_k)?,
+            q_norm: self.norm(&w.q_norm)?,
+            k_norm: self.norm(&w.k_norm)?,
+            idx_q_norm: self.norm(&w.idx_q_norm)?,
+            idx_k_norm: self.norm(&w.idx_k_norm)?,
+            inv_freq: self.norm(inv_freq)?,
+            shape: *shape,
+        })
+    }
+}
+
+/// Dynamic shared memory of `gdn_rule` for a head of `dk x dv` (the state, q and k).
+pub(super) fn gdn_smem(sh: &DeltaShape) -> usize {
+    4 * (sh.d_k * sh.d_v + 2 * sh.d_k)
+}
+
+/// The shapes these kernels assume, for `GpuDecoder::check` (the reason when not). `smem`:
+/// the dynamic shared memory a block may have.
+pub(super) fn check(plan: &DecoderPlan, smem: usize) -> Result<(), String> {
+    let e = plan.n_embd;
+    let s = plan.lowrank.as_ref().map_or(1, |lr| lr.n_stream);
+    if s == 0 {
+        return Err("low-rank hyper-connections of 0 streams".into());
+    }
+    let d = s * e;
+    let mix_ok = |w: &HcWeights, inject: bool| {
+        let r = w.down.rows;
+        r > 0
+            && w.norm.len() == d
+            && (w.down.cols, w.up.rows, w.up.cols) == (d, d, r)
+            && match &w.inject {
+                Some(m) => (m.rows, m.cols) == (s, d),
+                None => !inject,
+            }
+    };
+    if let Some(lr) = &plan.lowrank {
+        if !mix_ok(&lr.head, false) {
+            return Err("the output low-rank mixer's shapes do not match the streams".into());
+        }
+    }
+    for (il, l) in plan.layers.iter().enumerate() {
+        match (&l.hc_lowrank, &plan.lowrank) {
+            (Some(w), Some(_)) if w.iter().all(|w| mix_ok(w, true)) => {}
+            (None, None) => {}
+            (Some(_), Some(_)) => {
+                return Err(format!(
+                    "layer {il}: low-rank mixers of the wrong shape or without injection weights"
+                ))
+            }
+            _ => {
+                return Err(format!(
+                    "layer {il}: low-rank mixers do not match the plan's residual"
+                ))
+            }
+        }
+        if let Some(w) = &l.ple {
+            let Some(pp) = &plan.ple else {
+                return Err(format!("layer {il}: a PLE layer without the plan's hash"));
+            };
+            let heads = pp.hash.n_heads();
+            let width = heads * (e / heads.max(1));
+            let ok = heads > 0
+                && w.kernel > 0
+                && w.dilation > 0
+                && (w.key.rows, w.key.cols, w.value.rows, w.value.cols) == (d, width, e, width)
+                && w.norm_key.len() == d
+                && w.norm_query.len() == d
+                && w.norm_conv.len() == d
+                && w.conv.len() == d * w.kernel;
+            if !ok {
+                return Err(format!(
+                    "layer {il}: PLE layer shapes do not match the streams"
+                ));
+            }
+        }
+        if let PlanFfn::Moe {
+            shared: Some(sh), ..
+        } = &l.ffn
+        {
+            if let Some(g) = &sh.gate {
+                if (g.rows, g.cols) != (1, e) {
+                    return Err(format!(
+                        "layer {il}: a shared expert gate of {} x {}",
+                        g.rows, g.cols
+                    ));
+                }
+            }
+        }
+        match &l.attn {
+            PlanAttn::Delta { w, shape: sh } => {
+                let (hv, dk, dv) = (sh.n_v_heads, sh.d_k, sh.d_v);
+                let cd = sh.conv_dim();
+                let ok = sh.n_k_heads > 0
+                    && hv > 0
+                    && dk > 0
+                    && dv > 0
+                    && dv <= GDN_THREADS as usize * GDN_COLS
+                    && gdn_smem(sh) <= smem
+                    && sh.conv_kernel > 0
+                    && (w.qkv.rows, w.gate.rows, w.beta.rows, w.alpha.rows)
+                        == (cd, hv * dv, hv, hv)
+                    && (w.out.rows, w.out.cols) == (e, hv * dv)
+                    && w.conv.len() == cd * sh.conv_kernel
+                    && (w.dt_bias.len(), w.a.len(), w.norm.len()) == (hv, hv, dv);
+                if !ok {
+                    return Err(format!(
+                        "layer {il}: a Gated DeltaNet of {} key / {hv} value heads of {dk} x {dv} the kernels do not take (values up to {}, the state within {smem} bytes of shared memory)",
+                        sh.n_k_heads,
+                        GDN_THREADS as usize * GDN_COLS
+                    ));
+                }
+            }
+            PlanAttn::Qsa {
+                w,
+                shape: sh,
+                inv_freq,
+            } => {
+                let a = &plan.shape;
+                let (nh, hd, id) = (sh.n_head, sh.head_dim, sh.idx_dim);
+                let ok = (nh, sh.n_head_kv, hd, hd)
+                    == (a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v)
+                    && sh.n_rot.is_multiple_of(2)
+                    && sh.n_rot <= hd
+                    && inv_freq.len() == sh.n_rot / 2
+                    && (w.wq.rows, w.wk.rows, w.wv.rows)
+                        == (nh * 2 * hd, sh.n_head_kv * hd, sh.n_head_kv * hd)
+                    && (w.wo.rows, w.wo.cols) == (e, nh * hd)
+                    && (w.q_norm.len(), w.k_norm.len()) == (hd, hd)
+                    && (sh.ratio == 0
+                        || (sh.idx_heads > 0
+                            && sh.idx_heads * id <= IDX_MAX_Q
+                            && sh.n_rot <= id
+                            && sh.budget >= sh.ratio
+                            && sh.budget.is_multiple_of(sh.ratio)
+                            && (w.idx_q.rows, w.idx_k.rows) == (sh.idx_heads * id, id)
+                            && (w.idx_q_norm.len(), w.idx_k_norm.len()) == (id, id)));
+                if !ok {
+                    return Err(format!(
+                        "layer {il}: a QSA layer of {nh} heads of {hd} (rotating {}, indexer {} x {id}, ratio {}, budget {}) the kernels do not take",
+                        sh.n_rot, sh.idx_heads, sh.ratio, sh.budget
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Per-token widths of this module's scratch, the widest over the layers (1 where a part
+/// is absent), found once when the decoder is built.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct NextDims {
+    /// Residual streams (1: a plain residual) and the mixers' widest rank.
+    pub streams: usize,
+    rank: usize,
+    /// The PLE layer's gathered row width (0: no PLE layer).
+    pub ple: usize,
+    /// DeltaNet: the convolved q|k|v, the value heads' width, the value heads.
+    conv: usize,
+    dvw: usize,
+    hv: usize,
+    /// QSA: the [q | gate] rows, the gates, the positions a token may attend to.
+    qg: usize,
+    gate: usize,
+    kp: usize,
+}
+
+impl NextDims {
+    pub(super) fn of(plan: &DecoderPlan) -> NextDims {
+        let mut d = NextDims {
+            streams: plan.lowrank.as_ref().map_or(1, |lr| lr.n_stream),
+            rank: 1,
+            ple: 0,
+            conv: 1,
+            dvw: 1,
+            hv: 1,
+            qg: 1,
+            gate: 1,
+            kp: 1,
+        };
+        if let Some(lr) = &plan.lowrank {
+            d.rank = d.rank.max(lr.head.down.rows);
+        }
+        for l in &plan.layers {
+            for w in l.hc_lowrank.iter().flat_map(|w| w.iter()) {
+                d.rank = d.rank.max(w.down.rows);
+            }
+            if let Some(w) = &l.ple {
+                d.ple = d.ple.max(w.key.cols);
+            }
+            match &l.attn {
+                PlanAttn::Delta { shape: s, .. } => {
+                    d.conv = d.conv.max(s.conv_dim());
+                    d.dvw = d.dvw.max(s.n_v_heads * s.d_v);
+                    d.hv = d.hv.max(s.n_v_heads);
+                }
+                PlanAttn::Qsa { shape: s, .. } => {
+                    d.qg = d.qg.max(s.n_head * 2 * s.head_dim);
+                    d.gate = d.gate.max(s.n_head * s.head_dim);
+                    if s.ratio > 0 {
+                        d.kp = d.kp.max(s.budget + s.ratio - 1);
+                    }
+                }
+                _ => {}
+            }
+        }
+        d
+    }
+}
+
+/// Per-call device buffers of these parts, grown as needed.
+#[derive(Default)]
+pub(super) struct NextScratch {
+    xn: Option<CudaSlice<f32>>,
+    gw: Option<CudaSlice<f32>>,
+    u: Option<CudaSlice<f32>>,
+    inj: Option<CudaSlice<f32>>,
+    xg: Option<CudaSlice<f32>>,
+    pub pe: Option<CudaSlice<f32>>,
+    pk: Option<CudaSlice<f32>>,
+    pkn: Option<CudaSlice<f32>>,
+    pq: Option<CudaSlice<f32>>,
+    pv: Option<CudaSlice<f32>>,
+    gv: Option<CudaSlice<f32>>,
+    pn: Option<CudaSlice<f32>>,
+    cqkv: Option<CudaSlice<f32>>,
+    cconv: Option<CudaSlice<f32>>,
+    z: Option<CudaSlice<f32>>,
+    beta: Option<CudaSlice<f32>>,
+    alpha: Option<CudaSlice<f32>>,
+    dout: Option<CudaSlice<f32>>,
+    qg: Option<CudaSlice<f32>>,
+    gate: Option<CudaSlice<f32>>,
+    sg: Option<CudaSlice<f32>>,
+    psel: Option<CudaSlice<i32>>,
+    npsel: Option<CudaSlice<i32>>,
+}
+
+/// The addresses of [`NextScratch`]'s buffers for one call.
+#[derive(Clone, Copy)]
+pub(super) struct NextBufs {
+    /// Low-rank mixer: the normed streams, the per-element gates, the rank values, the
+    /// injection weights, the head's gathered rows.
+    pub xn: u64,
+    gw: u64,
+    u: u64,
+    pub inj: u64,
+    pub xg: u64,
+    /// PLE: the gathered rows, key products (raw, normed), the normed streams, the value,
+    /// the gated values and their norm.
+    pub pe: u64,
+    pk: u64,
+    pkn: u64,
+    pq: u64,
+    pv: u64,
+    gv: u64,
+    pn: u64,
+    /// DeltaNet: q|k|v before and after the convolution, the output gate, beta, alpha,
+    /// the gated-normed output.
+    cqkv: u64,
+    cconv: u64,
+    z: u64,
+    beta: u64,
+    alpha: u64,
+    pub dout: u64,
+    /// QSA: the [q | gate] rows, the gates, the positions and their counts.
+    qg: u64,
+    gate: u64,
+    psel: u64,
+    npsel: u64,
+    /// The shared expert gate's logits.
+    pub sg: u64,
+}
+
+impl NextBufs {
+    /// Every address (a captured graph's key).
+    pub(super) fn all(&self) -> [u64; 23] {
+        [
+            self.xn, self.gw, self.u, self.inj, self.xg, self.pe, self.pk, self.pkn, self.pq,
+            self.pv, self.gv, self.pn, self.cqkv, self.cconv, self.z, self.beta, self.alpha,
+            self.dout, self.qg, self.gate, self.psel, self.npsel, self.sg,
+        ]
+    }
+}
+
+impl NextScratch {
+    /// The buffers for `n` tokens and `nr` logits rows.
+    pub(super) fn grow(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        d: &NextDims,
+        e: usize,
+        n: usize,
+        nr: usize,
+    ) -> Result<NextBufs, ModelError> {
+        let se = d.streams * e;
+        let lr = d.streams > 1;
+        let one = |w: usize, on: bool| if on { n * w } else { 1 };
+        let ple = d.ple > 0;
+        Ok(NextBufs {
+            xn: addr(stream, &mut self.xn, one(se, lr))?,
+            gw: addr(stream, &mut self.gw, one(se, lr))?,
+            u: addr(stream, &mut self.u, one(d.rank, lr))?,
+            inj: addr(stream, &mut self.inj, one(d.streams, lr))?,
+            xg: addr(stream, &mut self.xg, if lr { nr.max(1) * se } else { 1 })?,
+            pe: addr(stream, &mut self.pe, one(d.ple, ple))?,
+            pk: addr(stream, &mut self.pk, one(se, ple))?,
+            pkn: addr(stream, &mut self.pkn, one(se, ple))?,
+            pq: addr(stream, &mut self.pq, one(se, ple))?,
+            pv: addr(stream, &mut self.pv, one(e, ple))?,
+            gv: addr(stream, &mut self.gv, one(se, ple))?,
+            pn: addr(stream, &mut self.pn, one(se, ple))?,
+            cqkv: addr(stream, &mut self.cqkv, n * d.conv)?,
+            cconv: addr(stream, &mut self.cconv, n * d.conv)?,
+            z: addr(stream, &mut self.z, n * d.dvw)?,
+            beta: addr(stream, &mut self.beta, n * d.hv)?,
+            alpha: addr(stream, &mut self.alpha, n * d.hv)?,
+            dout: addr(stream, &mut self.dout, n * d.dvw)?,
+            qg: addr(stream, &mut self.qg, n * d.qg)?,
+            gate: addr(stream, &mut self.gate, n * d.gate)?,
+            psel: addr(stream, &mut self.psel, n * d.kp)?,
+            npsel: addr(stream, &mut self.npsel, n)?,
+            sg: addr(stream, &mut self.sg, n)?,
+        })
+    }
+}
+
+/// One layer's attention state for a sequence of `n_ctx` positions, zeros (DeltaNet: the
+/// convolution ring of the last `kernel - 1` inputs, the recurrent matrices; QSA with an
+/// indexer: every position's raw key, every complete block's pooled key; else none).
+pub(super) fn layer_state(
+    stream: &Arc<CudaStream>,
+    attn: &DAttn,
+    n_ctx: usize,
+) -> Result<Vec<CudaSlice<f32>>, ModelError> {
+    let zeros = |len: usize| {
+        stream
+            .alloc_zeros::<f32>(len.max(1))
+            .map_err(|e| err("recurrent state", e))
+    };
+    match attn {
+        DAttn::Delta(w) => {
+            let s = &w.shape;
+            Ok(vec![
+                zeros((s.conv_kernel - 1) * s.conv_dim())?,
+                zeros(s.n_v_heads * s.d_k * s.d_v)?,
+            ])
+        }
+        DAttn::Qsa(w) if w.shape.ratio > 0 => {
+            let s = &w.shape;
+            Ok(vec![
+                zeros(n_ctx * s.idx_dim)?,
+                zeros((n_ctx / s.ratio + 1) * s.idx_dim)?,
+            ])
+        }
+        _ => Ok(Vec::new()),
+    }
+}
+
+/// The PLE layer's convolution ring for a sequence: the last `(kernel - 1) * dilation`
+/// normed gated values of every stream.
+pub(super) fn ple_state(
+    stream: &Arc<CudaStream>,
+    w: &DPle,
+    width: usize,
+) -> Result<CudaSlice<f32>, ModelError> {
+    stream
+        .alloc_zeros::<f32>(((w.kernel - 1) * w.dilation * width).max(1))
+        .map_err(|e| err("PLE state", e))
+}
+
+/// A QSA layer's view of the shared scratch: the q, k, v and attention buffers, the
+/// indexer's queries and keys, and the indexer scratch (scores, their row stride, tokens
+/// per tile, chosen blocks, their counts).
+pub(super) struct QsaBufs {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub att: u64,
+    pub iq: u64,
+    pub ik: u64,
+    pub index: (u64, usize, usize, u64, u64),
+}
+
+impl GpuDecoder {
+    /// `n` rows' low-rank mixer `w` over the streams `x` (`[n][s][e]`): the block input into
+    /// `h`, and the injection weights into `b.inj` when `w` has them.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn lr_mixer(
+        &self,
+        w: &DMix,
+        s: usize,
+        x: u64,
+        h: u64,
+        b: &NextBufs,
+        rows: Rows,
+        n: usize,
+        eps: f32,
+    ) -> Result<(), ModelError> {
+        let e = self.plan.n_embd;
+        let ei = i32_of(e, "n_embd")?;
+        let si = i32_of(s, "streams")?;
+        self.launch(
+            &self.f.rms_groups,
+            (n as u32, s as u32, 1),
+            256,
+            &[A::P(x), A::P(w.norm), A::P(b.xn), A::I(ei), A::F(eps)],
+        )?;
+        let mut first: Vec<(&DMat, u64)> = vec![(&w.down, b.u)];
+        if let Some(m) = &w.inject {
+            first.push((m, b.inj));
+        }
+        self.mv(
+            &first,
+            rows.table,
+            rows.count,
+            rows.chunks,
+            b.xn,
+            1,
+            rows.small,
+        )?;
+        let inj = if w.inject.is_some() { b.inj } else { 0 };
+        self.launch(
+            &self.f.lr_act,
+            (n as u32, 1, 1),
+            128,
+            &[
+                A::P(b.u),
+                A::P(inj),
+                A::I(i32_of(w.down.rows, "rank")?),
+                A::I(si),
+                A::F(1.0 / s as f32),
+            ],
+        )?;
+        self.mv(
+            &[(&w.up, b.gw)],
+            rows.table,
+            rows.count,
+            rows.chunks,
+            b.u,
+            1,
+            rows.small,
+        )?;
+        self.launch(
+            &self.f.lr_mix,
+            (n as u32, e.div_ceil(256) as u32, 1),
+            256,
+            &[A::P(b.gw), A::P(b.xn), A::P(h), A::I(ei), A::I(si)],
+        )
+    }
+
+    /// `x[t][st] += inj[t][st] * y[t]` for `n` tokens of `s` streams.
+    pub(super) fn lr_post(
+        &self,
+        s: usize,
+        x: u64,
+        y: u64,
+        inj: u64,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        let e = self.plan.n_embd;
+        self.launch(
+            &self.f.lr_post,
+            (n as u32, e.div_ceil(256) as u32, 1),
+            256,
+            &[
+                A::P(x),
+                A::P(y),
+                A::P(inj),
+                A::I(i32_of(e, "n_embd")?),
+                A::I(s as i32),
+            ],
+        )
+    }
+
+    /// The PLE layer `w` on the streams `x` (`[n][s][e]`) from the gathered rows in `b.pe`:
+    /// `x += G + silu(conv(norm(G)))`, the convolution reading the ring `hist` for
+    /// positions before the batch; the ring gets the batch's last values after.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn ple_layer(
+        &self,
+        w: &DPle,
+        s: usize,
+        x: u64,
+        hist: u64,
+        pos: u64,
+        b: &NextBufs,
+        rows: Rows,
+        n: usize,
+        eps: f32,
+    ) -> Result<(), ModelError> {
+        let e = self.plan.n_embd;
+        let ei = i32_of(e, "n_embd")?;
+        let width = s * e;
+        let norm = |src: u64, wt: u64, dst: u64| {
+            self.launch(
+                &self.f.rms_groups,
+                (n as u32, s as u32, 1),
+                256,
+                &[A::P(src), A::P(wt), A::P(dst), A::I(ei), A::F(eps)],
+            )
+        };
+        let (t, c, sm) = (rows.table, rows.count, rows.small);
+        self.mv(
+            &[(&w.key, b.pk), (&w.value, b.pv)],
+            t,
+            c,
+            rows.chunks,
+            b.pe,
+            1,
+            sm,
+        )?;
+        norm(b.pk, w.norm_key, b.pkn)?;
+        norm(x, w.norm_query, b.pq)?;
+        self.launch(
+            &self.f.ple_gate,
+            (n as u32, s as u32, 1),
+            256,
+            &[A::P(b.pkn), A::P(b.pq), A::P(b.pv), A::P(b.gv), A::I(ei)],
+        )?;
+        norm(b.gv, w.norm_conv, b.pn)?;
+        let wi = i32_of(width, "streams")?;
+        self.launch(
+            &self.f.conv_ring,
+            (n as u32, width.div_ceil(256) as u32, 1),
+            256,
+            &[
+                A::P(b.pn),
+                A::P(hist),
+                A::P(w.conv),
+                A::P(b.gv),
+                A::P(x),
+                A::P(pos),
+                A::I(wi),
+                A::I(w.kernel as i32),
+                A::I(w.dilation as i32),
+            ],
+        )?;
+        let slots = (w.kernel - 1) * w.dilation;
+        if slots > 0 {
+            self.ring_store(b.pn, 0, hist, 0, pos, width, slots, n)?;
+        }
+        Ok(())
+    }
+
+    /// Gated DeltaNet `w` of the block input `h` into `b.dout` (`[n][hv * dv]`, before the
+    /// output product); `st`: the layer's convolution ring and recurrent matrices.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn delta(
+        &self,
+        w: &DDelta,
+        st: (u64, u64),
+        pos: u64,
+        h: u64,
+        b: &NextBufs,
+        rows: Rows,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        let s = &w.shape;
+        let cd = s.conv_dim();
+        let parts = [
+            (&w.qkv, b.cqkv),
+            (&w.gate, b.z),
+            (&w.beta, b.beta),
+            (&w.alpha, b.alpha),
+        ];
+        self.mv(
+            &parts,
+            rows.table,
+            rows.count,
+            rows.chunks,
+            h,
+            1,
+            rows.small,
+        )?;
+        self.launch(
+            &self.f.conv_ring,
+            (n as u32, cd.div_ceil(256) as u32, 1),
+            256,
+            &[
+                A::P(b.cqkv),
+                A::P(st.0),
+                A::P(w.conv),
+                A::P(0),
+                A::P(b.cconv),
+                A::P(pos),
+                A::I(i32_of(cd, "DeltaNet channels")?),
+                A::I(s.conv_kernel as i32),
+                A::I(1),
+            ],
+        )?;
+        if s.conv_kernel > 1 {
+            self.ring_store(b.cqkv, 0, st.0, 0, pos, cd, s.conv_kernel - 1, n)?;
+        }
+        self.launch_smem(
+            &self.f.gdn_rule,
+            (s.n_v_heads as u32, 1, 1),
+            GDN_THREADS,
+            gdn_smem(s),
+            &[
+                A::P(b.cconv),
+                A::P(b.beta),
+                A::P(b.alpha),
+                A::P(b.z),
+                A::P(w.a),
+                A::P(w.dt_bias),
+                A::P(w.norm),
+                A::P(st.1),
+                A::P(b.dout),
+                A::P(pos),
+                A::I(n as i32),
+                A::I(s.n_k_heads as i32),
+                A::I(s.d_k as i32),
+                A::I(s.d_v as i32),
+                A::I(i32::from(s.gate_sigmoid)),
+                A::F(s.rms_eps),
+            ],
+        )
+    }
+
+    /// QSA attention `w` of the block input `h` into `bufs.att` (`[n][nh * hd]`, gated,
+    /// before the output product): the KV cache `cache` (`kvt` its type), the indexer's
+    /// state `st` (raw keys, pooled keys; empty without an indexer).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn qsa(
+        &self,
+        w: &DQsa,
+        kvt: usize,
+        cache: (u64, u64),
+        st: &[u64],
+        pos: u64,
+        h: u64,
+        bufs: &QsaBufs,
+        b: &NextBufs,
+        rows: Rows,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        let s = &w.shape;
+        let (nh, nkv, hd) = (s.n_head, s.n_head_kv, s.head_dim);
+        let indexed = s.ratio > 0;
+        let mut parts = vec![(&w.wq, b.qg), (&w.wk, bufs.k), (&w.wv, bufs.v)];
+        if indexed {
+            parts.extend([(&w.idx_q, bufs.iq), (&w.idx_k, bufs.ik)]);
+        }
+        self.mv(
+            &parts,
+            rows.table,
+            rows.count,
+            rows.chunks,
+            h,
+            1,
+            rows.small,
+        )?;
+        // With an indexer: its query heads and one more block storing the raw keys.
+        let blocks = nh + nkv + if indexed { s.idx_heads + 1 } else { 0 };
+        let keys = st.first().copied().unwrap_or(0);
+        self.launch(
+            &self.f.qsa_prep,
+            (n as u32, blocks as u32, 1),
+            128,
+            &[
+                A::P(b.qg),
+                A::P(bufs.q),
+                A::P(b.gate),
+                A::P(bufs.k),
+                A::P(bufs.iq),
+                A::P(bufs.ik),
+                A::P(keys),
+                A::P(w.q_norm),
+                A::P(w.k_norm),
+                A::P(w.idx_q_norm),
+                A::P(pos),
+                A::P(w.inv_freq),
+                A::I(nh as i32),
+                A::I(nkv as i32),
+                A::I(hd as i32),
+                A::I(s.idx_heads as i32),
+                A::I(s.idx_dim as i32),
+                A::I(s.n_rot as i32),
+                A::F(s.rms_eps),
+            ],
+        )?;
+        let (kdim, vdim) = (nkv * hd, nkv * hd);
+        self.kv_store(kvt, bufs.k, bufs.v, cache.0, cache.1, pos, n, kdim, vdim)?;
+        let mut sel = (0, 0, 0);
+        if indexed {
+            let pooled = st[1];
+            self.launch(
+                &self.f.qsa_pool,
+                (n as u32, 1, 1),
+                128,
+                &[
+                    A::P(keys),
+                    A::P(pooled),
+                    A::P(w.idx_k_norm),
+                    A::P(pos),
+                    A::P(w.inv_freq),
+                    A::I(s.idx_dim as i32),
+                    A::I(s.ratio as i32),
+                    A::I(s.n_rot as i32),
+                    A::F(s.rms_eps),
+                ],
+            )?;
+            let kb = s.budget / s.ratio;
+            let ix = IndexSelect {
+                iq: bufs.iq,
+                wh: 0,
+                n_head: s.idx_heads,
+                head_dim: s.idx_dim,
+                rows: pooled,
+                ratio: s.ratio,
+                top_k: kb,
+            };
+            self.index_select(&ix, pos, bufs.index, n)?;
+            let kp = s.budget + s.ratio - 1;
+            let (_, _, _, bsel, nb) = bufs.index;
+            self.launch(
+                &self.f.qsa_expand,
+                (n as u32, 1, 1),
+                128,
+                &[
+                    A::P(bsel),
+                    A::P(nb),
+                    A::P(pos),
+                    A::P(b.psel),
+                    A::P(b.npsel),
+                    A::I(s.ratio as i32),
+                    A::I(i32_of(kb, "QSA blocks")?),
+                    A::I(i32_of(kp, "QSA positions")?),
+                ],
+            )?;
+            sel = (b.psel, b.npsel, kp);
+        }
+        self.attention(kvt, bufs.q, cache.0, cache.1, bufs.att, pos, n, 0, sel)?;
+        let len = n * nh * hd;
+        self.launch(
+            &self.f.sig_mul,
+            (len.div_ceil(256) as u32, 1, 1),
+            256,
+            &[A::P(bufs.att), A::P(b.gate), A::L(len as i64)],
+        )
+    }
+
+    /// `out[i] = x[rows[i]]` for `n` rows of `cols`.
+    pub(super) fn gather(
+        &self,
+        x: u64,
+        rows: u64,
+        out: u64,
+        n: usize,
+        cols: usize,
+    ) -> Result<(), ModelError> {
+        self.launch(
+            &self.f.rows_gather,
+            (n as u32, 1, 1),
+            256,
+            &[A::P(x), A::P(rows), A::P(out), A::I(i32_of(cols, "row")?)],
+        )
+    }
+}
