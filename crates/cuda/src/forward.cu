@@ -1264,9 +1264,9 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
-// The carry of the last `slots` tokens of the batch (grid n): row t of c (and z, when given)
-// to slot pos[t] % slots of rc (rz), for t >= n - slots. Queued after every kernel that
-// reads the ring for this batch.
+// The carry of the last `slots` tokens of the batch (grid n x column blocks): row t of c (and
+// z, when given) to slot pos[t] % slots of rc (rz), for t >= n - slots. Queued after every
+// kernel that reads the ring for this batch.
 extern "C" __global__ void dsv4_ring_store(const float* __restrict__ c,
                                            const float* __restrict__ z, float* __restrict__ rc,
                                            float* __restrict__ rz, const int* __restrict__ pos,
@@ -1274,7 +1274,7 @@ extern "C" __global__ void dsv4_ring_store(const float* __restrict__ c,
     const int t = blockIdx.x;
     if (t < n - slots) return;
     const size_t s = (size_t)(pos[t] % slots) * width;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+    for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < width; i += gridDim.y * blockDim.x) {
         rc[s + i] = c[(size_t)t * width + i];
         if (z) rz[s + i] = z[(size_t)t * width + i];
     }

@@ -50,7 +50,7 @@ use crate::lru::Lru;
 
 mod qwen4exp;
 use crate::{grow, kernel_format, Cuda, Device, Mma, FORMATS};
-use qwen4exp::{DDelta, DMix, DPle, DQsa, NextDims, NextScratch, Rows};
+use qwen4exp::{DDelta, DFew, DMix, DPle, DQsa, NextDims, NextScratch, Rows};
 
 /// Rows of X one chunk holds (`MVG_N` of `forward.cu`).
 const MVG_N: usize = 32;
@@ -141,7 +141,7 @@ struct DShared {
     up: DMat,
     down: DMat,
     act: Act,
-    scale: Option<DMat>,
+    scale: Option<DFew>,
 }
 
 /// `glu_act`'s activation id and its clamp limit ([`act_id`]).
@@ -301,7 +301,7 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("dsv4_attention", "PPPPPPPPPIIIIIF"),
     ("dsa_key_prep", "PPPPPPIIF"),
     ("rms_groups", "PPPIF"),
-    ("lr_act", "PPIIF"),
+    ("lr_act", "PPPIIIF"),
     ("lr_mix", "PPPII"),
     ("lr_post", "PPPII"),
     ("ple_gate", "PPPPI"),
@@ -312,6 +312,7 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("qsa_expand", "PPPPPIII"),
     ("sig_mul", "PPL"),
     ("rows_gather", "PPPI"),
+    ("dot_rows_f32", "PPPII"),
 ];
 
 /// Whether the tensor-core products (`mvt_*`, f16 operands) take weights of `ty`: every
@@ -438,6 +439,7 @@ struct Funcs {
     qsa_expand: Kernel,
     sig_mul: Kernel,
     rows_gather: Kernel,
+    dot_rows_f32: Kernel,
 }
 
 /// Routed experts kept in VRAM by (layer, unit) when they are not resident whole.
@@ -1398,16 +1400,30 @@ impl GpuDecoder {
             qsa_expand: load("qsa_expand")?,
             sig_mul: load("sig_mul")?,
             rows_gather: load("rows_gather")?,
+            dot_rows_f32: load("dot_rows_f32")?,
         };
-        // DeltaNet's state lives in shared memory while a batch runs.
+        // DeltaNet's state lives in shared memory while a batch runs: the kernel may have
+        // what its widest head needs (the opt-in limit less the kernel's static shared
+        // memory is the driver's to check).
         qwen4exp::check(&plan, smem_max)?;
-        f.gdn_rule
-            .f
-            .set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem_max as i32,
-            )
-            .map_err(|e| format!("kernel gdn_rule: {smem_max} bytes of shared memory: {e}"))?;
+        let gdn_need = plan
+            .layers
+            .iter()
+            .filter_map(|l| match &l.attn {
+                PlanAttn::Delta { shape, .. } => Some(qwen4exp::gdn_smem(shape)),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        if gdn_need > 0 {
+            f.gdn_rule
+                .f
+                .set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    gdn_need as i32,
+                )
+                .map_err(|e| format!("kernel gdn_rule: {gdn_need} bytes of shared memory: {e}"))?;
+        }
         // What the weights need, against what the backend may hold.
         let dense: u64 = plan
             .matrices()
@@ -1477,6 +1493,15 @@ impl GpuDecoder {
             .map(|w| hc_segments(w.proj.ty, w.proj.cols))
             .min()
             .unwrap_or(1);
+        // The low-rank mixers' down products (a few hundred rows, the streams' width in
+        // columns) in column segments, one count for all (the call header's segment table).
+        let lr_nseg = plan
+            .layers
+            .iter()
+            .flat_map(|l| l.hc_lowrank.iter().flat_map(|w| w.iter()))
+            .map(|w| hc_segments(w.down.ty, w.down.cols))
+            .min()
+            .unwrap_or(1);
         let mut layers = Vec::with_capacity(plan.layers.len());
         for l in &plan.layers {
             let ffn = match &l.ffn {
@@ -1529,7 +1554,7 @@ impl GpuDecoder {
                                 up: up.mat(&sh.w.up)?,
                                 down: up.mat(&sh.w.down)?,
                                 act: act_id(sh.act),
-                                scale: sh.gate.as_ref().map(|g| up.mat(g)).transpose()?,
+                                scale: sh.gate.as_ref().map(|g| up.few(g)).transpose()?,
                             }))
                         }
                         None => None,
@@ -1658,7 +1683,7 @@ impl GpuDecoder {
                 None => None,
             };
             let lr = match &l.hc_lowrank {
-                Some(w) => Some([up.mix(&w[0])?, up.mix(&w[1])?]),
+                Some(w) => Some([up.mix(&w[0], lr_nseg)?, up.mix(&w[1], lr_nseg)?]),
                 None => None,
             };
             let ple = l.ple.as_ref().map(|w| up.ple(w)).transpose()?.map(Box::new);
@@ -1684,7 +1709,7 @@ impl GpuDecoder {
         let lowrank = plan
             .lowrank
             .as_ref()
-            .map(|lr| up.mix(&lr.head))
+            .map(|lr| up.mix(&lr.head, 1))
             .transpose()?;
         let Uploader {
             owned,
@@ -1730,7 +1755,7 @@ impl GpuDecoder {
             sequential: plan.layers.iter().any(|l| {
                 matches!(l.attn, PlanAttn::Dsv4 { .. } | PlanAttn::Delta { .. }) || l.ple.is_some()
             }),
-            next_dims: NextDims::of(&plan),
+            next_dims: NextDims::of(&plan, lr_nseg),
             plan,
             f,
             layers,
@@ -2006,7 +2031,20 @@ impl Uploader<'_> {
         w: &sluice_models::blocks::hyper::HcWeights,
         nseg: usize,
     ) -> Result<DHc, String> {
-        let m = &w.proj;
+        Ok(DHc {
+            proj: self.segments(&w.proj, nseg)?,
+            nseg,
+            base: self.norm(&w.base)?,
+            scale: self.norm(&w.scale)?,
+        })
+    }
+
+    /// Upload a matrix as `nseg` column segments, each its own `[rows, cols / nseg]` matrix
+    /// with a pointer-table entry (consecutive; the result's `cols` are a segment's): a
+    /// product through a per-segment chunk table (unit s: the s-th `cols / nseg` values of
+    /// each input row) gives every segment's partial sums, which a kernel adds in segment
+    /// order, so a short, wide product spreads over `nseg` times the blocks.
+    fn segments(&mut self, m: &Mat, nseg: usize) -> Result<DMat, String> {
         let row_bytes = m.ty.row_bytes(m.cols as u64).expect("checked") as usize;
         let seg_cols = m.cols / nseg;
         let seg_bytes = row_bytes / nseg;
@@ -2024,17 +2062,12 @@ impl Uploader<'_> {
         for sg in 0..nseg {
             self.tab.push(a + (sg * m.rows * seg_bytes) as u64);
         }
-        Ok(DHc {
-            proj: DMat {
-                tab: first,
-                fi: kernel_format(m.ty, seg_cols).expect("checked"),
-                rows: m.rows,
-                cols: seg_cols,
-                row_bytes: seg_bytes as i64,
-            },
-            nseg,
-            base: self.norm(&w.base)?,
-            scale: self.norm(&w.scale)?,
+        Ok(DMat {
+            tab: first,
+            fi: kernel_format(m.ty, seg_cols).expect("checked"),
+            rows: m.rows,
+            cols: seg_cols,
+            row_bytes: seg_bytes as i64,
         })
     }
 
@@ -2440,7 +2473,7 @@ impl GpuDecoder {
     ) -> Result<(), ModelError> {
         self.launch(
             &self.f.dsv4_ring_store,
-            (n as u32, 1, 1),
+            (n as u32, width.div_ceil(256).min(64) as u32, 1),
             256,
             &[
                 A::P(c),
@@ -2788,7 +2821,12 @@ impl DeviceForward for GpuDecoder {
         let stream = self.stream.clone();
         let mut sc = lock(&self.scratch);
         let sc = &mut *sc;
-        let segs = self.hyper.as_ref().map_or(0, |(_, w)| w.nseg);
+        // Column segments: the hyper-connection projections' or the low-rank mixers'.
+        let segs = match &self.hyper {
+            Some((_, w)) => w.nseg,
+            None if self.next_dims.segs > 1 => self.next_dims.segs,
+            None => 0,
+        };
         let hdr = Header::new(batch, rows, heads, segs);
         let hb = addr(&stream, &mut sc.hdr, hdr.bytes.len())?;
         stream
@@ -2909,6 +2947,12 @@ impl DeviceForward for GpuDecoder {
             chunks: nd,
             small,
         };
+        let seg_rows = Rows {
+            table: seg_chunks,
+            count: n_segc,
+            chunks: nd * segs,
+            small,
+        };
         // QSA's view of the shared buffers.
         let qsa_bufs = qwen4exp::QsaBufs {
             q,
@@ -2962,7 +3006,8 @@ impl DeviceForward for GpuDecoder {
                     self.hc_mix(&hw[0], hs, x, b, hcpc, l.attn_norm, h, n, seg_args, eps)?;
                 }
                 if let Some(mx) = &l.lr {
-                    self.lr_mixer(&mx[0], n_hc, x, h, &nb, dense_rows, n, eps)?;
+                    let rows = (dense_rows, seg_rows);
+                    self.lr_mixer(&mx[0], n_hc, x, h, &nb, rows, n, eps)?;
                 }
                 let wo = match &l.attn {
                     DAttn::Gqa {
@@ -3285,7 +3330,8 @@ impl DeviceForward for GpuDecoder {
                     self.hc_mix(&hw[1], hs, x, b, hcpc, l.ffn_norm, h, n, seg_args, eps)?;
                 } else if let Some(mx) = &l.lr {
                     self.lr_post(n_hc, x, o, nb.inj, n)?;
-                    self.lr_mixer(&mx[1], n_hc, x, h, &nb, dense_rows, n, eps)?;
+                    let rows = (dense_rows, seg_rows);
+                    self.lr_mixer(&mx[1], n_hc, x, h, &nb, rows, n, eps)?;
                 } else {
                     self.residual(x, o, l.post_attn, l.ffn_norm, h, n, e, eps)?;
                 }
@@ -3360,7 +3406,7 @@ impl DeviceForward for GpuDecoder {
                             self.glu(g, u, n * sh.gate.rows, sh.act)?;
                             self.mv(&[(&sh.down, shb)], dense, n_dense, nd, g, 1, small)?;
                             if let Some(sg) = &sh.scale {
-                                self.mv(&[(sg, nb.sg)], dense, n_dense, nd, h, 1, small)?;
+                                self.few(sg, h, nb.sg, dense_rows, n)?;
                             }
                         }
                         let len = np * parts[0].rows;
@@ -3451,7 +3497,9 @@ impl DeviceForward for GpuDecoder {
                     small,
                 };
                 self.gather(x, rowmap, nb.xg, nr, n_hc * e)?;
-                self.lr_mixer(w, n_hc, nb.xg, hsel, &nb, head_rows, nr, eps)?;
+                // (Its down product is not segmented: the rows are the logits rows.)
+                let rows = (head_rows, head_rows);
+                self.lr_mixer(w, n_hc, nb.xg, hsel, &nb, rows, nr, eps)?;
             } else if nr > 0 {
                 // Hyper-connections: the head's collapse of the streams first (into h).
                 let last = match &self.hyper {

@@ -5,8 +5,7 @@
 // there). Each mirrors a CPU block of sluice_models::blocks (named per kernel); sums keep
 // the CPU's order where a thread owns them.
 
-__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float silu_f(float x) { return x * sigmoidf_(x); }
 
 // out[r][g] = rms_norm(x[r][g]) * w[g] for every `e`-wide group g of row r (grid rows x
 // groups; w holds groups * e values, group g's from g * e): hyper_lowrank::rms_norm_grouped.
@@ -21,15 +20,20 @@ extern "C" __global__ void rms_groups(const float* __restrict__ x, const float* 
     for (int i = threadIdx.x; i < e; i += blockDim.x) out[base + i] = x[base + i] * s * wg[i];
 }
 
-// A low-rank mixer's activations (grid n): u[t][i] = silu(u[t][i] * inv_s) for its r
-// values, inj[t][j] = 2 sigmoid(inj[t][j] * inv_s) for its s values (inj null: none).
-extern "C" __global__ void lr_act(float* __restrict__ u, float* __restrict__ inj, int r, int s,
-                                  float inv_s) {
+// A low-rank mixer's activations (grid n): u[t][i] = silu(d * inv_s) of the sum d, in
+// segment order, of the down product's nseg partial sums part[t][seg][i], for its r values;
+// inj[t][j] = 2 sigmoid(inj[t][j] * inv_s) for its s values (inj null: none).
+extern "C" __global__ void lr_act(const float* __restrict__ part, float* __restrict__ u,
+                                  float* __restrict__ inj, int r, int s, int nseg, float inv_s) {
     const size_t t = blockIdx.x;
-    for (int i = threadIdx.x; i < r; i += blockDim.x) u[t * r + i] = silu_f(u[t * r + i] * inv_s);
+    for (int i = threadIdx.x; i < r; i += blockDim.x) {
+        float d = 0.0f;
+        for (int sg = 0; sg < nseg; sg++) d += part[(t * nseg + sg) * r + i];
+        u[t * r + i] = silu_f(d * inv_s);
+    }
     if (!inj) return;
     for (int j = threadIdx.x; j < s; j += blockDim.x)
-        inj[t * s + j] = 2.0f * sigmoid_f(inj[t * s + j] * inv_s);
+        inj[t * s + j] = 2.0f * sigmoidf_(inj[t * s + j] * inv_s);
 }
 
 // A low-rank mixer's block input (grid n x blocks of e): m[t][i] = (sum over the s streams,
@@ -41,7 +45,7 @@ extern "C" __global__ void lr_mix(const float* __restrict__ gw, const float* __r
     if (i >= e) return;
     const size_t base = (size_t)t * s * e + i;
     float a = 0.0f;
-    for (int st = 0; st < s; st++) a += sigmoid_f(gw[base + (size_t)st * e]) * xn[base + (size_t)st * e];
+    for (int st = 0; st < s; st++) a += sigmoidf_(gw[base + (size_t)st * e]) * xn[base + (size_t)st * e];
     m[(size_t)t * e + i] = a * (1.0f / (float)s);
 }
 
@@ -67,7 +71,7 @@ extern "C" __global__ void ple_gate(const float* __restrict__ k, const float* __
     for (int i = threadIdx.x; i < e; i += blockDim.x) d += k[o + i] * q[o + i];
     d = block_sum(d);
     const float c = d * (1.0f / sqrtf((float)e));
-    const float g = sigmoid_f(c == 0.0f ? 0.0f : copysignf(sqrtf(fmaxf(fabsf(c), 1e-6f)), c));
+    const float g = sigmoidf_(c == 0.0f ? 0.0f : copysignf(sqrtf(fmaxf(fabsf(c), 1e-6f)), c));
     for (int i = threadIdx.x; i < e; i += blockDim.x) gv[o + i] = g * v[(size_t)t * e + i];
 }
 
@@ -153,7 +157,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
             ks[i] = ks[i] * rk;
         }
         __syncthreads();
-        const float b = sigmoid_f(beta[(size_t)t * hv + j]);
+        const float b = sigmoidf_(beta[(size_t)t * hv + j]);
         const float x = alpha[(size_t)t * hv + j] + dt_bias[j];
         const float decay = expf(a[j] * (x > 20.0f ? x : log1pf(expf(x))));
         const float* v = row + 2 * hk * dk + j * dv;
@@ -188,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
             const int c = tid + u * GDN_THREADS;
             if (c >= dv) continue;
             const float zz = z[ob + c];
-            out[ob + c] = o[u] * r * norm[c] * (gate_sigmoid ? sigmoid_f(zz) : silu_f(zz));
+            out[ob + c] = o[u] * r * norm[c] * (gate_sigmoid ? sigmoidf_(zz) : silu_f(zz));
         }
         // qs / ks are rewritten by the next token (block_sum's barriers order the rest).
         __syncthreads();
@@ -305,12 +309,27 @@ extern "C" __global__ void qsa_expand(const int* __restrict__ bsel, const int* _
 extern "C" __global__ void sig_mul(float* __restrict__ x, const float* __restrict__ g,
                                    long long n) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= sigmoid_f(g[i]);
+    if (i < n) x[i] *= sigmoidf_(g[i]);
 }
 
-// out[i] = x[rows[i]] (grid rows, `cols` values each).
+// out[i] = x[rows[i]] (grid rows x blocks of the columns, `cols` values each).
 extern "C" __global__ void rows_gather(const float* __restrict__ x, const int* __restrict__ rows,
                                        float* __restrict__ out, int cols) {
     const float* src = x + (size_t)rows[blockIdx.x] * cols;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) out[(size_t)blockIdx.x * cols + i] = src[i];
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i < cols) out[(size_t)blockIdx.x * cols + i] = src[i];
+}
+
+// y[t][r] = w[r] . x[t] for a few long f32 rows (grid n x rows; a block per product, each
+// thread summing columns i = tid, tid + blockDim, .. in order, then block_sum): a low-rank
+// mixer's injection, DeltaNet's beta and alpha, the shared expert's gate.
+extern "C" __global__ void dot_rows_f32(const float* __restrict__ w, const float* __restrict__ x,
+                                        float* __restrict__ y, int rows, int cols) {
+    const int t = blockIdx.x, r = blockIdx.y;
+    const float* wr = w + (size_t)r * cols;
+    const float* xt = x + (size_t)t * cols;
+    float d = 0.0f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) d += wr[i] * xt[i];
+    d = block_sum(d);
+    if (threadIdx.x == 0) y[(size_t)t * rows + r] = d;
 }

@@ -13,14 +13,20 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
+use sluice_kernels::GgmlType;
 use sluice_models::blocks::deltanet::{DeltaShape, DeltaWeights};
 use sluice_models::blocks::hyper_lowrank::HcWeights;
 use sluice_models::blocks::ple::PleWeights;
 use sluice_models::blocks::qsa::{QsaShape, QsaWeights};
 use sluice_models::plan::{DecoderPlan, PlanAttn, PlanFfn};
+use sluice_models::weights::Mat;
 use sluice_models::ModelError;
 
 use super::{addr, err, i32_of, DAttn, DMat, GpuDecoder, IndexSelect, Uploader, A, IDX_MAX_Q};
+
+/// Threads of a block that reduces over one stream of a token (`rms_groups`, `ple_gate`):
+/// a decode step has one block per stream, so each is wide.
+const GROUP_THREADS: u32 = 1024;
 
 /// Threads of `gdn_rule` and the value columns each owns at most (`GDN_THREADS`,
 /// `GDN_COLS` of qwen4exp.cu).
@@ -37,12 +43,26 @@ pub(super) struct Rows {
     pub small: bool,
 }
 
-/// A low-rank mixer in VRAM (`hyper_lowrank::HcWeights`).
+/// A low-rank mixer in VRAM (`hyper_lowrank::HcWeights`): the down product in `nseg`
+/// column segments (`Uploader::segments`; 1: whole).
 pub(super) struct DMix {
     norm: u64,
     down: DMat,
+    nseg: usize,
     up: DMat,
-    inject: Option<DMat>,
+    inject: Option<DFew>,
+}
+
+/// Most rows a product of f32 weights may have to go through `dot_rows_f32` (a block per
+/// token and row) instead of the product kernels (a warp per row: a few long rows would
+/// keep a few warps busy).
+const FEW_ROWS: usize = 64;
+
+/// A product of few rows: f32 weights through `dot_rows_f32` (their address and shape),
+/// others through the product kernels.
+pub(super) enum DFew {
+    F32 { ptr: u64, rows: usize, cols: usize },
+    Mat(DMat),
 }
 
 /// The PLE layer in VRAM (`ple::PleWeights`).
@@ -61,8 +81,8 @@ pub(super) struct DPle {
 pub(super) struct DDelta {
     qkv: DMat,
     gate: DMat,
-    beta: DMat,
-    alpha: DMat,
+    beta: DFew,
+    alpha: DFew,
     pub out: DMat,
     conv: u64,
     dt_bias: u64,
@@ -88,13 +108,32 @@ pub(super) struct DQsa {
 }
 
 impl Uploader<'_> {
-    pub(super) fn mix(&mut self, w: &HcWeights) -> Result<DMix, String> {
+    /// A low-rank mixer, its down product in `nseg` column segments.
+    pub(super) fn mix(&mut self, w: &HcWeights, nseg: usize) -> Result<DMix, String> {
         Ok(DMix {
             norm: self.norm(&w.norm)?,
-            down: self.mat(&w.down)?,
+            down: if nseg > 1 {
+                self.segments(&w.down, nseg)?
+            } else {
+                self.mat(&w.down)?
+            },
+            nseg,
             up: self.mat(&w.up)?,
-            inject: w.inject.as_ref().map(|m| self.mat(m)).transpose()?,
+            inject: w.inject.as_ref().map(|m| self.few(m)).transpose()?,
         })
+    }
+
+    /// A product of few rows ([`DFew`]).
+    pub(super) fn few(&mut self, m: &Mat) -> Result<DFew, String> {
+        if m.ty == GgmlType::F32 && m.rows <= FEW_ROWS {
+            Ok(DFew::F32 {
+                ptr: self.bytes(m.bytes(self.map))?,
+                rows: m.rows,
+                cols: m.cols,
+            })
+        } else {
+            Ok(DFew::Mat(self.mat(m)?))
+        }
     }
 
     pub(super) fn ple(&mut self, w: &PleWeights) -> Result<DPle, String> {
@@ -114,8 +153,8 @@ impl Uploader<'_> {
         Ok(DDelta {
             qkv: self.mat(&w.qkv)?,
             gate: self.mat(&w.gate)?,
-            beta: self.mat(&w.beta)?,
-            alpha: self.mat(&w.alpha)?,
+            beta: self.few(&w.beta)?,
+            alpha: self.few(&w.alpha)?,
             out: self.mat(&w.out)?,
             conv: self.norm(&w.conv)?,
             dt_bias: self.norm(&w.dt_bias)?,
@@ -290,9 +329,11 @@ pub(super) fn check(plan: &DecoderPlan, smem: usize) -> Result<(), String> {
 /// is absent), found once when the decoder is built.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct NextDims {
-    /// Residual streams (1: a plain residual) and the mixers' widest rank.
+    /// Residual streams (1: a plain residual), the mixers' widest rank, and the column
+    /// segments of their down products.
     pub streams: usize,
     rank: usize,
+    pub segs: usize,
     /// The PLE layer's gathered row width (0: no PLE layer).
     pub ple: usize,
     /// DeltaNet: the convolved q|k|v, the value heads' width, the value heads.
@@ -306,10 +347,11 @@ pub(super) struct NextDims {
 }
 
 impl NextDims {
-    pub(super) fn of(plan: &DecoderPlan) -> NextDims {
+    pub(super) fn of(plan: &DecoderPlan, segs: usize) -> NextDims {
         let mut d = NextDims {
             streams: plan.lowrank.as_ref().map_or(1, |lr| lr.n_stream),
             rank: 1,
+            segs,
             ple: 0,
             conv: 1,
             dvw: 1,
@@ -352,6 +394,7 @@ impl NextDims {
 #[derive(Default)]
 pub(super) struct NextScratch {
     xn: Option<CudaSlice<f32>>,
+    ud: Option<CudaSlice<f32>>,
     gw: Option<CudaSlice<f32>>,
     u: Option<CudaSlice<f32>>,
     inj: Option<CudaSlice<f32>>,
@@ -379,9 +422,10 @@ pub(super) struct NextScratch {
 /// The addresses of [`NextScratch`]'s buffers for one call.
 #[derive(Clone, Copy)]
 pub(super) struct NextBufs {
-    /// Low-rank mixer: the normed streams, the per-element gates, the rank values, the
-    /// injection weights, the head's gathered rows.
+    /// Low-rank mixer: the normed streams, the down product's partial sums, the
+    /// per-element gates, the rank values, the injection weights, the head's gathered rows.
     pub xn: u64,
+    ud: u64,
     gw: u64,
     u: u64,
     pub inj: u64,
@@ -414,11 +458,11 @@ pub(super) struct NextBufs {
 
 impl NextBufs {
     /// Every address (a captured graph's key).
-    pub(super) fn all(&self) -> [u64; 23] {
+    pub(super) fn all(&self) -> [u64; 24] {
         [
-            self.xn, self.gw, self.u, self.inj, self.xg, self.pe, self.pk, self.pkn, self.pq,
-            self.pv, self.gv, self.pn, self.cqkv, self.cconv, self.z, self.beta, self.alpha,
-            self.dout, self.qg, self.gate, self.psel, self.npsel, self.sg,
+            self.xn, self.ud, self.gw, self.u, self.inj, self.xg, self.pe, self.pk, self.pkn,
+            self.pq, self.pv, self.gv, self.pn, self.cqkv, self.cconv, self.z, self.beta,
+            self.alpha, self.dout, self.qg, self.gate, self.psel, self.npsel, self.sg,
         ]
     }
 }
@@ -439,6 +483,7 @@ impl NextScratch {
         let ple = d.ple > 0;
         Ok(NextBufs {
             xn: addr(stream, &mut self.xn, one(se, lr))?,
+            ud: addr(stream, &mut self.ud, one(d.rank * d.segs.max(1), lr))?,
             gw: addr(stream, &mut self.gw, one(se, lr))?,
             u: addr(stream, &mut self.u, one(d.rank, lr))?,
             inj: addr(stream, &mut self.inj, one(d.streams, lr))?,
@@ -524,7 +569,8 @@ pub(super) struct QsaBufs {
 
 impl GpuDecoder {
     /// `n` rows' low-rank mixer `w` over the streams `x` (`[n][s][e]`): the block input into
-    /// `h`, and the injection weights into `b.inj` when `w` has them.
+    /// `h`, and the injection weights into `b.inj` when `w` has them. `rows`: the rows'
+    /// chunk table and the per-segment one (for a segmented down product).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn lr_mixer(
         &self,
@@ -533,42 +579,38 @@ impl GpuDecoder {
         x: u64,
         h: u64,
         b: &NextBufs,
-        rows: Rows,
+        rows: (Rows, Rows),
         n: usize,
         eps: f32,
     ) -> Result<(), ModelError> {
+        let (rows, seg) = rows;
         let e = self.plan.n_embd;
         let ei = i32_of(e, "n_embd")?;
         let si = i32_of(s, "streams")?;
         self.launch(
             &self.f.rms_groups,
             (n as u32, s as u32, 1),
-            256,
+            GROUP_THREADS,
             &[A::P(x), A::P(w.norm), A::P(b.xn), A::I(ei), A::F(eps)],
         )?;
-        let mut first: Vec<(&DMat, u64)> = vec![(&w.down, b.u)];
+        let down = if w.nseg > 1 { seg } else { rows };
+        let (t, c, sm) = (down.table, down.count, down.small);
+        self.mv(&[(&w.down, b.ud)], t, c, down.chunks, b.xn, 1, sm)?;
         if let Some(m) = &w.inject {
-            first.push((m, b.inj));
+            self.few(m, b.xn, b.inj, rows, n)?;
         }
-        self.mv(
-            &first,
-            rows.table,
-            rows.count,
-            rows.chunks,
-            b.xn,
-            1,
-            rows.small,
-        )?;
         let inj = if w.inject.is_some() { b.inj } else { 0 };
         self.launch(
             &self.f.lr_act,
             (n as u32, 1, 1),
             128,
             &[
+                A::P(b.ud),
                 A::P(b.u),
                 A::P(inj),
                 A::I(i32_of(w.down.rows, "rank")?),
                 A::I(si),
+                A::I(w.nseg as i32),
                 A::F(1.0 / s as f32),
             ],
         )?;
@@ -636,7 +678,7 @@ impl GpuDecoder {
             self.launch(
                 &self.f.rms_groups,
                 (n as u32, s as u32, 1),
-                256,
+                GROUP_THREADS,
                 &[A::P(src), A::P(wt), A::P(dst), A::I(ei), A::F(eps)],
             )
         };
@@ -655,7 +697,7 @@ impl GpuDecoder {
         self.launch(
             &self.f.ple_gate,
             (n as u32, s as u32, 1),
-            256,
+            GROUP_THREADS,
             &[A::P(b.pkn), A::P(b.pq), A::P(b.pv), A::P(b.gv), A::I(ei)],
         )?;
         norm(b.gv, w.norm_conv, b.pn)?;
@@ -698,12 +740,9 @@ impl GpuDecoder {
     ) -> Result<(), ModelError> {
         let s = &w.shape;
         let cd = s.conv_dim();
-        let parts = [
-            (&w.qkv, b.cqkv),
-            (&w.gate, b.z),
-            (&w.beta, b.beta),
-            (&w.alpha, b.alpha),
-        ];
+        self.few(&w.beta, h, b.beta, rows, n)?;
+        self.few(&w.alpha, h, b.alpha, rows, n)?;
+        let parts = [(&w.qkv, b.cqkv), (&w.gate, b.z)];
         self.mv(
             &parts,
             rows.table,
@@ -881,6 +920,35 @@ impl GpuDecoder {
         )
     }
 
+    /// `y = W x` for `n` rows of `x` (`rows`: their chunk table) of a few-row product.
+    pub(super) fn few(
+        &self,
+        w: &DFew,
+        x: u64,
+        y: u64,
+        rows: Rows,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        match w {
+            DFew::F32 { ptr, rows: r, cols } => self.launch(
+                &self.f.dot_rows_f32,
+                (n as u32, *r as u32, 1),
+                256,
+                &[
+                    A::P(*ptr),
+                    A::P(x),
+                    A::P(y),
+                    A::I(*r as i32),
+                    A::I(i32_of(*cols, "columns")?),
+                ],
+            ),
+            DFew::Mat(m) => {
+                let (t, c, sm) = (rows.table, rows.count, rows.small);
+                self.mv(&[(m, y)], t, c, rows.chunks, x, 1, sm)
+            }
+        }
+    }
+
     /// `out[i] = x[rows[i]]` for `n` rows of `cols`.
     pub(super) fn gather(
         &self,
@@ -892,7 +960,7 @@ impl GpuDecoder {
     ) -> Result<(), ModelError> {
         self.launch(
             &self.f.rows_gather,
-            (n as u32, 1, 1),
+            (n as u32, cols.div_ceil(256) as u32, 1),
             256,
             &[A::P(x), A::P(rows), A::P(out), A::I(i32_of(cols, "row")?)],
         )
