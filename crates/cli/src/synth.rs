@@ -452,6 +452,7 @@ fn glm5next_plan(args: &SynthArgs) -> Result<Plan> {
         anyhow::bail!("{f} does not apply to glm5next (only --layers and --experts)");
     }
     let cfg = synth::glm5next::G5SynthConfig {
+        shape: synth::glm5next::G5Shape::flash(),
         layers: args.layers.unwrap_or(synth::glm5next::LAYERS),
         experts: args.experts.unwrap_or(synth::glm5next::EXPERTS),
         quant,

@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use sluice_kernels::GgmlType;
+use sluice_models::blocks::attention::AttnShape;
 use sluice_models::blocks::dsv4_attention::Dsv4Shape;
 use sluice_models::blocks::ffn::Activation;
 use sluice_models::blocks::hyper::HcShape;
@@ -48,8 +49,10 @@ use sluice_tier::Stop;
 
 use crate::lru::Lru;
 
+mod glm5next;
 mod qwen4exp;
 use crate::{grow, kernel_format, Cuda, Device, Mma, FORMATS};
+use glm5next::{DKda, DPool};
 use qwen4exp::{DDelta, DFew, DMix, DPle, DQsa, NextDims, NextScratch, Rows};
 
 /// Rows of X one chunk holds (`MVG_N` of `forward.cu`).
@@ -181,10 +184,12 @@ struct DIndexer {
     comp: DComp,
 }
 
-/// The positions an MLA layer attends to (`sluice_models::plan::MlaSelect`).
+/// The positions an MLA layer attends to (`sluice_models::plan::MlaSelect`; a pooled
+/// layer's k-pool indexer, or its reuse of the previous full layer's selection).
 enum DSelect {
     All,
     Indexer(Box<DDsa>),
+    Pooled(Box<DPool>),
     Previous,
 }
 
@@ -249,6 +254,8 @@ enum DAttn {
     Delta(Box<DDelta>),
     /// QSA indexed attention (gated GQA over the positions its indexer picks).
     Qsa(Box<DQsa>),
+    /// Kimi delta attention (a recurrent state per head, per-channel decay).
+    Kda(Box<DKda>),
 }
 
 struct DLayer {
@@ -306,13 +313,17 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("lr_post", "PPPII"),
     ("ple_gate", "PPPPI"),
     ("conv_ring", "PPPPPPIII"),
-    ("gdn_rule", "PPPPPPPPPPIIIIIF"),
+    ("delta_rule", "PPPPPPPPPPPPIIIIIIIF"),
     ("qsa_prep", "PPPPPPPPPPPPIIIIIIF"),
     ("qsa_pool", "PPPPPIIIF"),
-    ("qsa_expand", "PPPPPIII"),
+    ("qsa_expand", "PPPPPIIII"),
     ("sig_mul", "PPL"),
     ("rows_gather", "PPPI"),
     ("dot_rows_f32", "PPPII"),
+    ("stream_mean", "PPII"),
+    ("kda_gate", "PPPIIFI"),
+    ("pool_prep", "PPPPPPPIFI"),
+    ("pool_make", "PPPPPIII"),
 ];
 
 /// Whether the tensor-core products (`mvt_*`, f16 operands) take weights of `ty`: every
@@ -433,13 +444,18 @@ struct Funcs {
     lr_post: Kernel,
     ple_gate: Kernel,
     conv_ring: Kernel,
-    gdn_rule: Kernel,
+    delta_rule: Kernel,
     qsa_prep: Kernel,
     qsa_pool: Kernel,
     qsa_expand: Kernel,
     sig_mul: Kernel,
     rows_gather: Kernel,
     dot_rows_f32: Kernel,
+    /// GLM-5.3-Flash's parts (`glm5next.cu`, [`glm5next`]).
+    stream_mean: Kernel,
+    kda_gate: Kernel,
+    pool_prep: Kernel,
+    pool_make: Kernel,
 }
 
 /// Routed experts kept in VRAM by (layer, unit) when they are not resident whole.
@@ -763,12 +779,17 @@ pub struct GpuDecoder {
     graphs: std::sync::atomic::AtomicBool,
     /// The decode kernel's staging.
     mvt1: Mvt1Staging,
-    /// The plan's MLA layers' shape (`DecoderPlan::mla_shape`; checked to be every one's).
+    /// The plan's MLA layers' shape (`DecoderPlan::mla_shape`; checked to be every one's),
+    /// or its pooled layers' absorbed view.
     mla: Option<MlaShape>,
+    /// The attention shape the kernels see (the plan's, or pooled layers' absorbed view).
+    attn: AttnShape,
+    /// Column segments of the hyper-connection projections.
+    hc_nseg: usize,
     /// The plan's DeepSeek V4 layers' shape (checked to be every one's).
     dsv4: Option<Dsv4Shape>,
-    /// The hyper-connection residual's shape and head mix.
-    hyper: Option<(HcShape, DHc)>,
+    /// The hyper-connection residual's shape and head mix (None: the streams' mean).
+    hyper: Option<(HcShape, Option<DHc>)>,
     /// The low-rank residual's output mixer (its stream count is `next_dims.streams`).
     lowrank: Option<DMix>,
     /// Whether some layer keeps state that only continues or restarts at position 0
@@ -912,6 +933,21 @@ impl IndexDims {
                 d.idx_heads = d.idx_heads.max(ix.n_head);
                 d.top_max = d.top_max.max(ix.top_k);
                 d.ratio = 1;
+            }
+            if let DAttn::Mla {
+                select: DSelect::Pooled(ix),
+                ..
+            } = &l.attn
+            {
+                d.dsa_d = d.dsa_d.max(ix.head_dim);
+                d.idx_q = d.idx_q.max(ix.n_head * ix.head_dim);
+                d.idx_heads = d.idx_heads.max(ix.n_head);
+                d.top_max = d.top_max.max(ix.keep);
+                d.ratio = if d.ratio == 0 {
+                    ix.kpool
+                } else {
+                    d.ratio.min(ix.kpool)
+                };
             }
             if let DAttn::Qsa(a) = &l.attn {
                 let s = &a.shape;
@@ -1082,21 +1118,7 @@ impl GpuDecoder {
     /// Whether `plan` can run on the GPU: every matrix in a format the kernels take, heads
     /// and routers within the kernels' limits. The reason when not.
     pub fn check(plan: &DecoderPlan) -> Result<(), String> {
-        // Parts of a plan this backend has no kernels for: said first, so the reason names
-        // the part, not a head size.
         for (il, l) in plan.layers.iter().enumerate() {
-            let missing = match l.attn {
-                PlanAttn::Kda { .. } => Some("Kimi delta attention"),
-                PlanAttn::Pooled { .. } => Some("pooled latent attention"),
-                PlanAttn::Gqa { .. }
-                | PlanAttn::Mla { .. }
-                | PlanAttn::Dsv4 { .. }
-                | PlanAttn::Delta { .. }
-                | PlanAttn::Qsa { .. } => None,
-            };
-            if let Some(what) = missing {
-                return Err(format!("layer {il}: {what} has no GPU kernels yet"));
-            }
             // Without low-rank mixers every half-block has its norm.
             if plan.lowrank.is_none() && (l.attn_norm.is_empty() || l.ffn_norm.is_empty()) {
                 return Err(format!(
@@ -1111,6 +1133,7 @@ impl GpuDecoder {
             return Err("low-rank and learned hyper-connections together".into());
         }
         qwen4exp::check(plan, SMEM_OPTIN_MAX)?;
+        glm5next::check(plan, SMEM_OPTIN_MAX)?;
         if let Some(h) = &plan.hyper {
             let hc = h.shape.n_hc;
             if hc == 0 || hc > HC_MAX || h.shape.n_embd != plan.n_embd {
@@ -1127,9 +1150,7 @@ impl GpuDecoder {
                 HyperHead::Learned(_) => {
                     return Err("the hyper-connection head's shapes do not match".into())
                 }
-                HyperHead::Mean => {
-                    return Err("a mean hyper-connection head has no GPU kernel yet".into())
-                }
+                HyperHead::Mean => {}
             }
             for (il, l) in plan.layers.iter().enumerate() {
                 match &l.hc {
@@ -1195,7 +1216,8 @@ impl GpuDecoder {
                 }
             }
         }
-        let sh = &plan.shape;
+        // (Pooled layers' attention as the absorbed kernels see it.)
+        let sh = &glm5next::kernel_attn_shape(plan);
         if sh.head_dim > MAX_HEAD_DIM
             || sh.head_dim_v > MAX_HEAD_DIM_V
             || !sh.head_dim.is_multiple_of(2)
@@ -1394,13 +1416,17 @@ impl GpuDecoder {
             lr_post: load("lr_post")?,
             ple_gate: load("ple_gate")?,
             conv_ring: load("conv_ring")?,
-            gdn_rule: load("gdn_rule")?,
+            delta_rule: load("delta_rule")?,
             qsa_prep: load("qsa_prep")?,
             qsa_pool: load("qsa_pool")?,
             qsa_expand: load("qsa_expand")?,
             sig_mul: load("sig_mul")?,
             rows_gather: load("rows_gather")?,
             dot_rows_f32: load("dot_rows_f32")?,
+            stream_mean: load("stream_mean")?,
+            kda_gate: load("kda_gate")?,
+            pool_prep: load("pool_prep")?,
+            pool_make: load("pool_make")?,
         };
         // DeltaNet's state lives in shared memory while a batch runs: the kernel may have
         // what its widest head needs (the opt-in limit less the kernel's static shared
@@ -1411,18 +1437,23 @@ impl GpuDecoder {
             .iter()
             .filter_map(|l| match &l.attn {
                 PlanAttn::Delta { shape, .. } => Some(qwen4exp::gdn_smem(shape)),
+                PlanAttn::Kda { shape, .. } => {
+                    Some(4 * (shape.head_dim.pow(2) + 3 * shape.head_dim))
+                }
                 _ => None,
             })
             .max()
             .unwrap_or(0);
         if gdn_need > 0 {
-            f.gdn_rule
+            f.delta_rule
                 .f
                 .set_attribute(
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     gdn_need as i32,
                 )
-                .map_err(|e| format!("kernel gdn_rule: {gdn_need} bytes of shared memory: {e}"))?;
+                .map_err(|e| {
+                    format!("kernel delta_rule: {gdn_need} bytes of shared memory: {e}")
+                })?;
         }
         // What the weights need, against what the backend may hold.
         let dense: u64 = plan
@@ -1601,9 +1632,24 @@ impl GpuDecoder {
                     inv_freq: up.norm(inv_freq)?,
                     window: window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
                 },
-                PlanAttn::Kda { .. } | PlanAttn::Pooled { .. } => {
-                    unreachable!("checked: no KDA or pooled attention")
-                }
+                PlanAttn::Kda { w, shape } => DAttn::Kda(Box::new(up.kda(w, shape)?)),
+                // Absorbed MLA without RoPE over the positions its k-pool indexer picks.
+                PlanAttn::Pooled { w, shape } => DAttn::Mla {
+                    select: match &w.indexer {
+                        Some(ix) => DSelect::Pooled(Box::new(up.pool(ix, shape)?)),
+                        None => DSelect::Previous,
+                    },
+                    q_a: up.mat(&w.q_a)?,
+                    q_a_norm: up.norm(&w.q_a_norm)?,
+                    q_b: up.mat(&w.q_b)?,
+                    kv_a: up.mat(&w.kv_a)?,
+                    kv_a_norm: up.norm(&w.kv_a_norm)?,
+                    k_b: up.stacked_heads(&w.k_b)?,
+                    v_b: up.stacked_heads(&w.v_b)?,
+                    out: up.mat(&w.out)?,
+                    // (No RoPE: never read.)
+                    inv_freq: up.norm(&[0.0])?,
+                },
                 PlanAttn::Delta { w, shape } => DAttn::Delta(Box::new(up.delta(w, shape)?)),
                 PlanAttn::Qsa { w, shape, inv_freq } => {
                     DAttn::Qsa(Box::new(up.qsa(w, shape, inv_freq)?))
@@ -1701,8 +1747,8 @@ impl GpuDecoder {
         }
         let hyper = match &plan.hyper {
             Some(h) => match &h.head {
-                HyperHead::Learned(w) => Some((h.shape, up.hc(w, hc_nseg)?)),
-                HyperHead::Mean => unreachable!("checked: a learned head"),
+                HyperHead::Learned(w) => Some((h.shape, Some(up.hc(w, hc_nseg)?))),
+                HyperHead::Mean => Some((h.shape, None)),
             },
             None => None,
         };
@@ -1747,13 +1793,23 @@ impl GpuDecoder {
                 !std::env::var("SLUICE_CUDA_GRAPHS").is_ok_and(|v| v == "0"),
             ),
             mvt1,
-            mla: plan.mla_shape(),
+            mla: plan
+                .mla_shape()
+                .or(plan.layers.iter().find_map(|l| match &l.attn {
+                    PlanAttn::Pooled { shape, .. } => Some(glm5next::pooled_mla_shape(shape)),
+                    _ => None,
+                })),
+            attn: glm5next::kernel_attn_shape(&plan),
+            hc_nseg,
             dsv4: plan.dsv4_shape(),
             index_dims: IndexDims::of(&layers),
             hyper,
             lowrank,
             sequential: plan.layers.iter().any(|l| {
-                matches!(l.attn, PlanAttn::Dsv4 { .. } | PlanAttn::Delta { .. }) || l.ple.is_some()
+                matches!(
+                    l.attn,
+                    PlanAttn::Dsv4 { .. } | PlanAttn::Delta { .. } | PlanAttn::Kda { .. }
+                ) || l.ple.is_some()
             }),
             next_dims: NextDims::of(&plan, lr_nseg),
             plan,
@@ -2504,7 +2560,7 @@ impl GpuDecoder {
         window: i32,
         select: (u64, u64, usize),
     ) -> Result<(), ModelError> {
-        let sh = &self.plan.shape;
+        let sh = &self.attn;
         let (sel, nsel, top_k) = select;
         self.launch(
             &self.f.attention[kvt],
@@ -2616,7 +2672,7 @@ impl GpuDecoder {
                     "cuda: this sequence has no KV cache on the GPU (it was started or restored without it)".into(),
                 ));
             }
-            let sh = &self.plan.shape;
+            let sh = &self.attn;
             // A length-limited plan never writes past its `max_positions` (`check_length`).
             let n_ctx = state
                 .n_ctx()
@@ -2627,8 +2683,8 @@ impl GpuDecoder {
                 self.layers
                     .iter()
                     .map(|l| {
-                        // DeltaNet layers keep no KV cache.
-                        let dim = if matches!(l.attn, DAttn::Delta(_)) {
+                        // DeltaNet and KDA layers keep no KV cache.
+                        let dim = if matches!(l.attn, DAttn::Delta(_) | DAttn::Kda(_)) {
                             0
                         } else {
                             dim
@@ -2738,7 +2794,7 @@ impl DeviceForward for GpuDecoder {
             return Ok(Vec::new());
         }
         let p = &self.plan;
-        let sh = p.shape;
+        let sh = self.attn;
         let (e, nv) = (p.n_embd, p.n_vocab);
         let (nh, nkv, hd, hdv) = (sh.n_head, sh.n_head_kv, sh.head_dim, sh.head_dim_v);
         let (kdim, vdim) = (nkv * hd, nkv * hdv);
@@ -2823,7 +2879,7 @@ impl DeviceForward for GpuDecoder {
         let sc = &mut *sc;
         // Column segments: the hyper-connection projections' or the low-rank mixers'.
         let segs = match &self.hyper {
-            Some((_, w)) => w.nseg,
+            Some(_) => self.hc_nseg,
             None if self.next_dims.segs > 1 => self.next_dims.segs,
             None => 0,
         };
@@ -3071,6 +3127,10 @@ impl DeviceForward for GpuDecoder {
                             from_h.extend([(&ix.k, ik), (&ix.proj, wh)]);
                             from_q.push((&ix.q_b, iq));
                         }
+                        if let DSelect::Pooled(ix) = select {
+                            from_h.extend([(&ix.k, ik), (&ix.gate, nb.pg), (&ix.proj, wh)]);
+                            from_q.push((ix.q_b(), iq));
+                        }
                         self.mv(&from_h, dense, n_dense, nd, h, 1, small)?;
                         self.rms_norm(qa, *q_a_norm, qan, 0, n, m.q_lora, eps)?;
                         self.mv(&from_q, dense, n_dense, nd, qan, 1, small)?;
@@ -3123,6 +3183,19 @@ impl DeviceForward for GpuDecoder {
                             self.index_select(&ix_sel, pos, scratch, n)?;
                             mla_sel = (selb, nselb, ix.top_k);
                         }
+                        if let DSelect::Pooled(ix) = select {
+                            // GLM-5.3-Flash's k-pool indexer: keys, gates and pools, the
+                            // pools' top-k, their positions and the tail.
+                            let bufs = glm5next::PoolBufs {
+                                iq,
+                                wh,
+                                ik,
+                                gt: nb.pg,
+                                index: (scores, stride, idx_tile, selb, nselb),
+                            };
+                            let st = &rec_ptrs[il];
+                            mla_sel = self.pool_select(ix, st, pos, &bufs, &nb, kvt == 0, n)?;
+                        }
                         self.launch(
                             &self.f.mla_kv_prep,
                             rows_n(n),
@@ -3172,7 +3245,7 @@ impl DeviceForward for GpuDecoder {
                         )?;
                         let sel = match select {
                             DSelect::All => (0, 0, 0),
-                            DSelect::Indexer(_) | DSelect::Previous => mla_sel,
+                            DSelect::Indexer(_) | DSelect::Pooled(_) | DSelect::Previous => mla_sel,
                         };
                         self.attention(kvt, qatt, kc, vc, att, pos, n, 0, sel)?;
                         self.mv(&[(v_b, ov)], head_chunks, n_headc, gy, att, 1, small)?;
@@ -3321,6 +3394,10 @@ impl DeviceForward for GpuDecoder {
                         let cache = (kc, vc);
                         self.qsa(w, kvt, cache, st, pos, h, &qsa_bufs, &nb, dense_rows, n)?;
                         (&w.wo, att)
+                    }
+                    DAttn::Kda(w) => {
+                        self.kda(w, &rec_ptrs[il], pos, h, &nb, dense_rows, n)?;
+                        (&w.out, nb.dout)
                     }
                 };
                 self.mv(&[(wo.0, o)], dense, n_dense, nd, wo.1, 1, small)?;
@@ -3503,8 +3580,12 @@ impl DeviceForward for GpuDecoder {
             } else if nr > 0 {
                 // Hyper-connections: the head's collapse of the streams first (into h).
                 let last = match &self.hyper {
-                    Some((hs, w)) => {
+                    Some((hs, Some(w))) => {
                         self.hc_mix(w, hs, x, (hcf, hcm), 0, 0, h, n, seg_args, eps)?;
+                        h
+                    }
+                    Some((hs, None)) => {
+                        self.stream_mean(x, h, hs.n_hc, n)?;
                         h
                     }
                     None => x,

@@ -55,7 +55,8 @@ use sluice_tier::SlotMemory;
 const KERNEL_BODY: &str = concat!(
     include_str!("kernels.cu"),
     include_str!("forward.cu"),
-    include_str!("qwen4exp.cu")
+    include_str!("qwen4exp.cu"),
+    include_str!("glm5next.cu")
 );
 
 /// The whole CUDA C source NVRTC compiles: the formats' lookup tables, written from

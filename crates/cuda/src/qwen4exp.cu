@@ -1,6 +1,8 @@
 // Kernels of Qwen3.8-Flash-Next's parts (`qwen4exp`): the low-rank hyper-connection mixers,
 // the hashed n-gram PLE layer, Gated DeltaNet and QSA indexed attention, and the causal
-// depthwise convolution over a per-sequence ring that DeltaNet and PLE share. Appended
+// depthwise convolution over a per-sequence ring that DeltaNet and PLE share (the
+// convolution, the delta rule and the block expansion serve GLM-5.3-Flash's KDA and pools
+// too). Appended
 // after forward.cu (block_sum, the indexer's scores and top-k, the attention come from
 // there). Each mirrors a CPU block of sluice_models::blocks (named per kernel); sums keep
 // the CPU's order where a thread owns them.
@@ -114,40 +116,46 @@ extern "C" __global__ void conv_ring(const float* __restrict__ in, const float* 
 // Most value columns one thread owns (dv <= GDN_THREADS * GDN_COLS).
 #define GDN_COLS 4
 
-// Gated DeltaNet's recurrence for value head j = blockIdx.x over the batch's n tokens in
-// order (deltanet::delta_net): q and k of key head j % hk from the convolved rows (L2
-// norms, q times 1 / sqrt(dk)), beta = sigmoid(beta), decay = exp(a * softplus(alpha +
-// dt_bias)); the delta rule on the head's [dk][dv] state (state, f32; zeros when the
-// batch starts at position 0), held in dynamic shared memory meanwhile, each thread owning
-// value columns and summing over the dk rows in order (sluice_kernels::delta_rule's two
-// passes); then the gated RMS norm out = rms(o) * norm * act(z) (act sigmoid or SiLU).
+// The delta rule of a linear-attention layer for value head j = blockIdx.x over the batch's
+// n tokens in order (Gated DeltaNet, deltanet::delta_net; Kimi delta attention, kda::kda):
+// q and k of key head j % hk (rows q + t * ts + (j % hk) * dk, likewise k; v + t * ts + j *
+// dv), L2-normed, q times 1 / sqrt(dk); beta = sigmoid(beta[t][j]); the state's rows decay
+// by exp(a[j] * softplus(g[t][j] + dt_bias[j])) (per_channel 0: DeltaNet's one rate per
+// head) or row i by exp(g[t][j * dk + i]) (per_channel 1: KDA's log-decay per key
+// channel); the rule on the head's [dk][dv] state (state, f32; zeros when the batch starts
+// at position 0), held in dynamic shared memory meanwhile, each thread owning value
+// columns and summing over the dk rows in order (sluice_kernels::delta_rule's two passes);
+// then the gated RMS norm out = rms(o) * norm * act(z) (act sigmoid or SiLU).
 extern "C" __global__ void __launch_bounds__(GDN_THREADS)
-    gdn_rule(const float* __restrict__ conv, const float* __restrict__ beta,
-             const float* __restrict__ alpha, const float* __restrict__ z,
-             const float* __restrict__ a, const float* __restrict__ dt_bias,
-             const float* __restrict__ norm, float* __restrict__ state, float* __restrict__ out,
-             const int* __restrict__ pos, int n, int hk, int dk, int dv, int gate_sigmoid,
-             float eps) {
+    delta_rule(const float* __restrict__ q, const float* __restrict__ k,
+               const float* __restrict__ v, const float* __restrict__ beta,
+               const float* __restrict__ g, const float* __restrict__ z,
+               const float* __restrict__ a, const float* __restrict__ dt_bias,
+               const float* __restrict__ norm, float* __restrict__ state,
+               float* __restrict__ out, const int* __restrict__ pos, int ts, int n, int hk,
+               int dk, int dv, int gate_sigmoid, int per_channel, float eps) {
     extern __shared__ float gdn_smem[];
-    float* S = gdn_smem;    // [dk][dv]
+    float* S = gdn_smem;  // [dk][dv]
     float* qs = S + (size_t)dk * dv;
     float* ks = qs + dk;
+    float* dec = ks + dk;
     const int j = blockIdx.x, hv = gridDim.x, kh = j % hk, tid = threadIdx.x;
-    const int cd = 2 * hk * dk + hv * dv;
     float* sg = state + (size_t)j * dk * dv;
     const bool fresh = pos[0] == 0;
     for (int i = tid; i < dk * dv; i += GDN_THREADS) S[i] = fresh ? 0.0f : sg[i];
     __syncthreads();
     const float q_scale = 1.0f / sqrtf((float)dk);
     for (int t = 0; t < n; t++) {
-        const float* row = conv + (size_t)t * cd;
+        const float* qr = q + (size_t)t * ts + kh * dk;
+        const float* kr = k + (size_t)t * ts + kh * dk;
         float sq = 0.0f, sk = 0.0f;
         for (int i = tid; i < dk; i += GDN_THREADS) {
-            const float qv = row[kh * dk + i], kv = row[hk * dk + kh * dk + i];
+            const float qv = qr[i], kv = kr[i];
             qs[i] = qv;
             ks[i] = kv;
             sq += qv * qv;
             sk += kv * kv;
+            if (per_channel) dec[i] = expf(g[((size_t)t * hv + j) * dk + i]);
         }
         sq = block_sum(sq);
         sk = block_sum(sk);
@@ -158,9 +166,12 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
         }
         __syncthreads();
         const float b = sigmoidf_(beta[(size_t)t * hv + j]);
-        const float x = alpha[(size_t)t * hv + j] + dt_bias[j];
-        const float decay = expf(a[j] * (x > 20.0f ? x : log1pf(expf(x))));
-        const float* v = row + 2 * hk * dk + j * dv;
+        float decay = 1.0f;
+        if (!per_channel) {
+            const float x = g[(size_t)t * hv + j] + dt_bias[j];
+            decay = expf(a[j] * (x > 20.0f ? x : log1pf(expf(x))));
+        }
+        const float* vr = v + (size_t)t * ts + j * dv;
         float o[GDN_COLS];
         float ss = 0.0f;
 #pragma unroll
@@ -170,11 +181,11 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
             if (c >= dv) continue;
             float kvs = 0.0f;
             for (int i = 0; i < dk; i++) {
-                const float s = S[(size_t)i * dv + c] * decay;
+                const float s = S[(size_t)i * dv + c] * (per_channel ? dec[i] : decay);
                 S[(size_t)i * dv + c] = s;
                 kvs += ks[i] * s;
             }
-            const float delta = b * (v[c] - kvs);
+            const float delta = b * (vr[c] - kvs);
             float acc = 0.0f;
             for (int i = 0; i < dk; i++) {
                 const float s = S[(size_t)i * dv + c] + ks[i] * delta;
@@ -194,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS)
             const float zz = z[ob + c];
             out[ob + c] = o[u] * r * norm[c] * (gate_sigmoid ? sigmoidf_(zz) : silu_f(zz));
         }
-        // qs / ks are rewritten by the next token (block_sum's barriers order the rest).
+        // qs / ks / dec are rewritten by the next token (block_sum's barriers order the rest).
         __syncthreads();
     }
     __syncthreads();
@@ -288,19 +299,20 @@ extern "C" __global__ void qsa_pool(const float* __restrict__ keys, float* __res
     rope_first(out, start, inv_freq, n_rot);
 }
 
-// QSA's positions per token (grid n): the tokens of its chosen blocks bsel[t * kb ..] (nb[t]
-// of them, ascending), then the incomplete block's tail (p + 1) / ratio * ratio ..= p, into
+// The positions a token attends to from its indexer's chosen blocks (grid n; QSA, and
+// GLM-5.3-Flash's pools): the tokens of the blocks bsel[t * kb ..] (nb[t] of them,
+// ascending), then, when `tail`, the incomplete block's (p + 1) / ratio * ratio ..= p, into
 // psel[t * kp ..], their count into np[t].
 extern "C" __global__ void qsa_expand(const int* __restrict__ bsel, const int* __restrict__ nb,
                                       const int* __restrict__ pos, int* __restrict__ psel,
-                                      int* __restrict__ np, int ratio, int kb, int kp) {
+                                      int* __restrict__ np, int ratio, int kb, int kp, int tail) {
     const int t = blockIdx.x, p = pos[t];
     const int nbk = nb[t];
     const int* bs = bsel + (size_t)t * kb;
     int* out = psel + (size_t)t * kp;
     for (int i = threadIdx.x; i < nbk * ratio; i += blockDim.x)
         out[i] = bs[i / ratio] * ratio + i % ratio;
-    const int tail0 = (p + 1) / ratio * ratio;
+    const int tail0 = tail ? (p + 1) / ratio * ratio : p + 1;
     for (int i = threadIdx.x; tail0 + i <= p; i += blockDim.x) out[nbk * ratio + i] = tail0 + i;
     if (threadIdx.x == 0) np[t] = nbk * ratio + (p + 1 - tail0);
 }

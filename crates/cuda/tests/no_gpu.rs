@@ -115,10 +115,10 @@ fn kernels_compile_with_nvrtc() {
             );
             checked += 1;
         }
-        // Every format x (mvg, mvt, mvt1, embed), 2 x (kv_store, attention), 34 others.
+        // Every format x (mvg, mvt, mvt1, embed), 2 x (kv_store, attention), 38 others.
         let formats = sluice_cuda::FORMATS.len();
         assert!(formats >= 19, "the seeds' formats have kernels");
-        assert_eq!(checked, formats * 4 + 2 * 2 + 34, "{arch}: kernels checked");
+        assert_eq!(checked, formats * 4 + 2 * 2 + 38, "{arch}: kernels checked");
     }
 }
 
@@ -460,11 +460,40 @@ fn decoder_plans_the_gpu_takes() {
         "{e}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
-    // GLM-5.3-Flash's (Kimi delta attention first).
+    // GLM-5.3-Flash: the tiny fixture's k_b has 16 columns (no product kernel); a file of
+    // kernel-sized matrices (hyper-connections with the mean head, KDA, pooled latent
+    // attention with its k-pool indexer) is taken; shapes past the kernels' limits are
+    // refused.
     let g5 = Model::load(&fixtures().join("glm5next/a-f32.gguf")).unwrap();
     let p = g5.plan().expect("glm5next has a decoder plan");
     let e = GpuDecoder::check(&p).unwrap_err();
-    assert!(e.contains("layer 0: Kimi delta attention"), "{e}");
+    assert!(
+        e.contains("layer 1 attention k_b: F32 with 16 columns"),
+        "{e}"
+    );
+    let dir = std::env::temp_dir().join(format!("sluice-no-gpu-g5-{}", std::process::id()));
+    let g5 = Model::load(&common::glm5next_wide(&dir)).unwrap();
+    let plan = g5.plan().expect("glm5next has a decoder plan");
+    GpuDecoder::check(&plan).unwrap();
+    let mut p = plan.clone();
+    if let PlanAttn::Kda { shape, .. } = &mut p.layers[0].attn {
+        shape.head_dim = 1024;
+    }
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(e.contains("layer 0: a Kimi delta attention"), "{e}");
+    let mut p = plan.clone();
+    if let PlanAttn::Pooled { shape, .. } = &mut p.layers[7].attn {
+        shape.kv_lora = 128;
+    }
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(e.contains("layer 7: pooled latent attention"), "{e}");
+    let mut p = plan.clone();
+    if let PlanAttn::Pooled { w, .. } = &mut p.layers[3].attn {
+        w.indexer = None;
+    }
+    let e = GpuDecoder::check(&p).unwrap_err();
+    assert!(e.contains("layer 3: a shared pooled layer before"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
 
     // GLM-DSA's plan (MLA, biased sigmoid router, shared experts): the tiny fixture's k_b
     // has 16 columns (no product kernel); GLM-5's latent widths (576-wide keys, 512-wide

@@ -35,9 +35,59 @@ pub const IDX_TOPK: usize = 2048;
 pub const KPOOL: usize = 4;
 pub const STREAMS: usize = 4;
 
+/// The dimensions of a file: the real model's ([`G5Shape::flash`]) or a smaller one with
+/// the same structure (tests whose kernels need particular sizes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct G5Shape {
+    pub hidden: usize,
+    pub vocab: usize,
+    /// Leading dense layers (at most `layers - 1` are written) and their width.
+    pub dense: usize,
+    pub ff: usize,
+    pub top_k: usize,
+    pub expert_ff: usize,
+    pub heads: usize,
+    pub kda_dim: usize,
+    pub q_lora: usize,
+    pub kv_lora: usize,
+    pub head_k: usize,
+    pub head_v: usize,
+    pub idx_heads: usize,
+    pub idx_dim: usize,
+    pub idx_topk: usize,
+    pub kpool: usize,
+    pub streams: usize,
+}
+
+impl G5Shape {
+    /// GLM-5.3-Flash's own dimensions.
+    pub fn flash() -> G5Shape {
+        G5Shape {
+            hidden: HIDDEN,
+            vocab: VOCAB,
+            dense: DENSE,
+            ff: FF,
+            top_k: TOP_K,
+            expert_ff: EXPERT_FF,
+            heads: HEADS,
+            kda_dim: KDA_DIM,
+            q_lora: Q_LORA,
+            kv_lora: KV_LORA,
+            head_k: HEAD_K,
+            head_v: HEAD_V,
+            idx_heads: IDX_HEADS,
+            idx_dim: IDX_DIM,
+            idx_topk: IDX_TOPK,
+            kpool: KPOOL,
+            streams: STREAMS,
+        }
+    }
+}
+
 /// What to generate.
 #[derive(Debug, Clone)]
 pub struct G5SynthConfig {
+    pub shape: G5Shape,
     pub layers: usize,
     pub experts: usize,
     /// Large matrices (experts, attention, embeddings).
@@ -58,20 +108,22 @@ pub fn is_kda(il: usize) -> bool {
 /// Lay out the file.
 pub fn plan(cfg: &G5SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
     let nl = cfg.layers;
+    let sh = &cfg.shape;
     if nl < 2 {
         return Err(SynthError::Config(
             "--layers must be >= 2 (a dense layer and a MoE layer)".into(),
         ));
     }
     let nx = cfg.experts;
-    if nx < TOP_K {
+    if nx < sh.top_k {
         return Err(SynthError::Config(format!(
-            "--experts must be >= top-k {TOP_K}"
+            "--experts must be >= top-k {}",
+            sh.top_k
         )));
     }
-    vocab.pad_to(VOCAB)?;
+    vocab.pad_to(sh.vocab)?;
     let a = "glm5-next";
-    let dense = DENSE.min(nl - 1);
+    let dense = sh.dense.min(nl - 1);
     let u = |v: usize| MetaValue::U32(v as u32);
     let f = MetaValue::F32;
     let per_layer_f = |v: f32| arr(MetaType::F32, vec![MetaValue::F32(v); nl]);
@@ -81,9 +133,9 @@ pub fn plan(cfg: &G5SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
         ("general.name".into(), MetaValue::Str(cfg.name.clone())),
         (format!("{a}.block_count"), u(nl)),
         (format!("{a}.context_length"), u(1 << 20)),
-        (format!("{a}.embedding_length"), u(HIDDEN)),
-        (format!("{a}.feed_forward_length"), u(FF)),
-        (format!("{a}.attention.head_count"), u(HEADS)),
+        (format!("{a}.embedding_length"), u(sh.hidden)),
+        (format!("{a}.feed_forward_length"), u(sh.ff)),
+        (format!("{a}.attention.head_count"), u(sh.heads)),
         (
             format!("{a}.attention.head_count_kv"),
             arr(
@@ -95,38 +147,38 @@ pub fn plan(cfg: &G5SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
         ),
         (format!("{a}.attention.layer_norm_rms_epsilon"), f(1e-5)),
         (format!("{a}.expert_count"), u(nx)),
-        (format!("{a}.expert_used_count"), u(TOP_K)),
+        (format!("{a}.expert_used_count"), u(sh.top_k)),
         (format!("{a}.expert_group_count"), u(1)),
         (format!("{a}.expert_group_used_count"), u(1)),
         (
             "general.file_type".into(),
             MetaValue::U32(crate::file_type(cfg.quant)),
         ),
-        (format!("{a}.vocab_size"), u(VOCAB)),
+        (format!("{a}.vocab_size"), u(sh.vocab)),
         (format!("{a}.attention.layer_norm_epsilon"), f(1e-6)),
         (format!("{a}.ssm.conv_kernel"), u(4)),
-        (format!("{a}.kda.head_dim"), u(KDA_DIM)),
+        (format!("{a}.kda.head_dim"), u(sh.kda_dim)),
         (format!("{a}.kda.gate_lower_bound"), f(-5.0)),
-        (format!("{a}.attention.q_lora_rank"), u(Q_LORA)),
-        (format!("{a}.attention.kv_lora_rank"), u(KV_LORA)),
+        (format!("{a}.attention.q_lora_rank"), u(sh.q_lora)),
+        (format!("{a}.attention.kv_lora_rank"), u(sh.kv_lora)),
         (format!("{a}.rope.dimension_count"), u(0)),
-        (format!("{a}.attention.key_length"), u(KV_LORA)),
-        (format!("{a}.attention.value_length"), u(KV_LORA)),
-        (format!("{a}.attention.key_length_mla"), u(HEAD_K)),
-        (format!("{a}.attention.value_length_mla"), u(HEAD_V)),
-        (format!("{a}.attention.indexer.head_count"), u(IDX_HEADS)),
-        (format!("{a}.attention.indexer.key_length"), u(IDX_DIM)),
-        (format!("{a}.attention.indexer.top_k"), u(IDX_TOPK)),
-        (format!("{a}.attention.indexer.kpool"), u(KPOOL)),
+        (format!("{a}.attention.key_length"), u(sh.kv_lora)),
+        (format!("{a}.attention.value_length"), u(sh.kv_lora)),
+        (format!("{a}.attention.key_length_mla"), u(sh.head_k)),
+        (format!("{a}.attention.value_length_mla"), u(sh.head_v)),
+        (format!("{a}.attention.indexer.head_count"), u(sh.idx_heads)),
+        (format!("{a}.attention.indexer.key_length"), u(sh.idx_dim)),
+        (format!("{a}.attention.indexer.top_k"), u(sh.idx_topk)),
+        (format!("{a}.attention.indexer.kpool"), u(sh.kpool)),
         (
             format!("{a}.attention.indexer.kpool_select_tail"),
             MetaValue::Bool(true),
         ),
-        (format!("{a}.hyper_connection.count"), u(STREAMS)),
+        (format!("{a}.hyper_connection.count"), u(sh.streams)),
         (format!("{a}.hyper_connection.sinkhorn_iterations"), u(20)),
         (format!("{a}.hyper_connection.epsilon"), f(1e-6)),
         (format!("{a}.leading_dense_block_count"), u(dense)),
-        (format!("{a}.expert_feed_forward_length"), u(EXPERT_FF)),
+        (format!("{a}.expert_feed_forward_length"), u(sh.expert_ff)),
         (format!("{a}.expert_shared_count"), u(1)),
         (format!("{a}.expert_weights_scale"), f(2.5)),
         (format!("{a}.expert_weights_norm"), MetaValue::Bool(true)),
@@ -139,7 +191,7 @@ pub fn plan(cfg: &G5SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
 
     let mut tensors: Vec<PlannedTensor> = Vec::new();
     let mut fallbacks = Vec::new();
-    let e = HIDDEN as u64;
+    let e = sh.hidden as u64;
     let sigma = |fan_in: u64| 1.0 / (fan_in as f32).sqrt();
     let mut mat = |t: &mut Vec<PlannedTensor>, name: String, dims: &[u64], sigma: f32| {
         let ty = type_for(cfg.quant, dims[0] as usize);
@@ -159,15 +211,15 @@ pub fn plan(cfg: &G5SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
     };
     let ones = Fill::Ones;
     let t = &mut tensors;
-    mat(t, "token_embd.weight".into(), &[e, VOCAB as u64], 1.0);
-    let n_mix = ((2 + STREAMS) * STREAMS) as u64;
-    let (inner, kd) = ((HEADS * KDA_DIM) as u64, KDA_DIM as u64);
+    mat(t, "token_embd.weight".into(), &[e, sh.vocab as u64], 1.0);
+    let n_mix = ((2 + sh.streams) * sh.streams) as u64;
+    let (inner, kd) = ((sh.heads * sh.kda_dim) as u64, sh.kda_dim as u64);
     for il in 0..nl {
         let n = |x: &str| format!("blk.{il}.{x}.weight");
         for p in ["hc_attn", "hc_ffn"] {
             t.push(f32t(
                 n(&format!("{p}_fn")),
-                &[STREAMS as u64 * e, n_mix],
+                &[sh.streams as u64 * e, n_mix],
                 Fill::Random { sigma: 0.02 },
             ));
             t.push(f32t(n(&format!("{p}_base")), &[n_mix], Fill::Const(0.0)));
@@ -188,12 +240,12 @@ pub fn plan(cfg: &G5SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
             mat(t, n("ssm_g_b"), &[kd, inner], sigma(kd));
             t.push(f32t(
                 n("ssm_beta"),
-                &[e, HEADS as u64],
+                &[e, sh.heads as u64],
                 Fill::Random { sigma: sigma(e) },
             ));
             t.push(f32t(
                 format!("blk.{il}.ssm_a"),
-                &[HEADS as u64],
+                &[sh.heads as u64],
                 Fill::Const(-1.0),
             ));
             t.push(f32t(
@@ -204,9 +256,9 @@ pub fn plan(cfg: &G5SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
             t.push(f32t(n("ssm_norm"), &[kd], ones));
             mat(t, n("attn_output"), &[inner, e], sigma(inner));
         } else {
-            let (ql, kvl) = (Q_LORA as u64, KV_LORA as u64);
-            let (h, hk, hv) = (HEADS as u64, HEAD_K as u64, HEAD_V as u64);
-            let (ih, id) = (IDX_HEADS as u64, IDX_DIM as u64);
+            let (ql, kvl) = (sh.q_lora as u64, sh.kv_lora as u64);
+            let (h, hk, hv) = (sh.heads as u64, sh.head_k as u64, sh.head_v as u64);
+            let (ih, id) = (sh.idx_heads as u64, sh.idx_dim as u64);
             mat(t, n("attn_q_a"), &[e, ql], sigma(e));
             t.push(f32t(n("attn_q_a_norm"), &[ql], ones));
             mat(t, n("attn_q_b"), &[ql, h * hk], sigma(ql));
@@ -231,17 +283,17 @@ pub fn plan(cfg: &G5SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
             ));
             t.push(f32t(
                 n("indexer_compressor_ape"),
-                &[id, KPOOL as u64],
+                &[id, sh.kpool as u64],
                 Fill::Random { sigma: 0.5 },
             ));
         }
         if il < dense {
-            let ff = FF as u64;
+            let ff = sh.ff as u64;
             mat(t, n("ffn_gate"), &[e, ff], sigma(e));
             mat(t, n("ffn_up"), &[e, ff], sigma(e));
             mat(t, n("ffn_down"), &[ff, e], sigma(ff));
         } else {
-            let (x, ff) = (nx as u64, EXPERT_FF as u64);
+            let (x, ff) = (nx as u64, sh.expert_ff as u64);
             t.push(f32t(
                 n("ffn_gate_inp"),
                 &[e, x],
@@ -261,7 +313,7 @@ pub fn plan(cfg: &G5SynthConfig, mut vocab: Vocab) -> Result<Plan, SynthError> {
         }
     }
     t.push(f32t("output_norm.weight".into(), &[e], ones));
-    mat(t, "output.weight".into(), &[e, VOCAB as u64], sigma(e));
+    mat(t, "output.weight".into(), &[e, sh.vocab as u64], sigma(e));
     Plan::from_parts(metadata, tensors, cfg.seed, fallbacks)
 }
 
@@ -275,6 +327,7 @@ mod tests {
     #[test]
     fn full_preset_matches_the_release_inventory() {
         let cfg = G5SynthConfig {
+            shape: G5Shape::flash(),
             layers: LAYERS,
             experts: EXPERTS,
             quant: GgmlType::Q8_0,

@@ -28,10 +28,11 @@ use super::{addr, err, i32_of, DAttn, DMat, GpuDecoder, IndexSelect, Uploader, A
 /// a decode step has one block per stream, so each is wide.
 const GROUP_THREADS: u32 = 1024;
 
-/// Threads of `gdn_rule` and the value columns each owns at most (`GDN_THREADS`,
-/// `GDN_COLS` of qwen4exp.cu).
+/// Threads of `delta_rule` and the value columns each owns at most (`GDN_THREADS`,
+/// `GDN_COLS` of qwen4exp.cu): the widest value head it takes.
 const GDN_THREADS: u32 = 128;
 const GDN_COLS: usize = 4;
+pub(super) const DV_MAX: usize = GDN_THREADS as usize * GDN_COLS;
 
 /// Where a product's rows come from: the chunk table, the address of its count, the
 /// chunks in the grid, whether every chunk has at most 8 rows (`GpuDecoder::mv`).
@@ -187,9 +188,10 @@ impl Uploader<'_> {
     }
 }
 
-/// Dynamic shared memory of `gdn_rule` for a head of `dk x dv` (the state, q and k).
+/// Dynamic shared memory of `delta_rule` for a head of `dk x dv` (the state, q, k and the
+/// rows' decay).
 pub(super) fn gdn_smem(sh: &DeltaShape) -> usize {
-    4 * (sh.d_k * sh.d_v + 2 * sh.d_k)
+    4 * (sh.d_k * sh.d_v + 3 * sh.d_k)
 }
 
 /// The shapes these kernels assume, for `GpuDecoder::check` (the reason when not). `smem`:
@@ -272,7 +274,7 @@ pub(super) fn check(plan: &DecoderPlan, smem: usize) -> Result<(), String> {
                     && hv > 0
                     && dk > 0
                     && dv > 0
-                    && dv <= GDN_THREADS as usize * GDN_COLS
+                    && dv <= DV_MAX
                     && gdn_smem(sh) <= smem
                     && sh.conv_kernel > 0
                     && (w.qkv.rows, w.gate.rows, w.beta.rows, w.alpha.rows)
@@ -284,7 +286,7 @@ pub(super) fn check(plan: &DecoderPlan, smem: usize) -> Result<(), String> {
                     return Err(format!(
                         "layer {il}: a Gated DeltaNet of {} key / {hv} value heads of {dk} x {dv} the kernels do not take (values up to {}, the state within {smem} bytes of shared memory)",
                         sh.n_k_heads,
-                        GDN_THREADS as usize * GDN_COLS
+                        DV_MAX
                     ));
                 }
             }
@@ -336,14 +338,20 @@ pub(super) struct NextDims {
     pub segs: usize,
     /// The PLE layer's gathered row width (0: no PLE layer).
     pub ple: usize,
-    /// DeltaNet: the convolved q|k|v, the value heads' width, the value heads.
+    /// DeltaNet and KDA: q|k|v before and after the convolutions, the value heads' width,
+    /// the value heads, their decay inputs (DeltaNet's per head, KDA's per channel), KDA's
+    /// low-rank gate values.
     conv: usize,
     dvw: usize,
     hv: usize,
+    chan: usize,
+    low: usize,
     /// QSA: the [q | gate] rows, the gates, the positions a token may attend to.
     qg: usize,
     gate: usize,
     kp: usize,
+    /// GLM-5.3-Flash's k-pool indexer: its gate logits per token.
+    pool_gates: usize,
 }
 
 impl NextDims {
@@ -356,9 +364,12 @@ impl NextDims {
             conv: 1,
             dvw: 1,
             hv: 1,
+            chan: 1,
+            low: 1,
             qg: 1,
             gate: 1,
             kp: 1,
+            pool_gates: 1,
         };
         if let Some(lr) = &plan.lowrank {
             d.rank = d.rank.max(lr.head.down.rows);
@@ -375,6 +386,18 @@ impl NextDims {
                     d.conv = d.conv.max(s.conv_dim());
                     d.dvw = d.dvw.max(s.n_v_heads * s.d_v);
                     d.hv = d.hv.max(s.n_v_heads);
+                    d.chan = d.chan.max(s.n_v_heads);
+                }
+                PlanAttn::Kda { shape: s, .. } => {
+                    d.conv = d.conv.max(3 * s.inner());
+                    d.dvw = d.dvw.max(s.inner());
+                    d.hv = d.hv.max(s.n_head);
+                    d.chan = d.chan.max(s.inner());
+                    d.low = d.low.max(s.head_dim);
+                }
+                PlanAttn::Pooled { shape: s, .. } if s.kpool > 0 => {
+                    d.kp = d.kp.max(s.pools_kept() * s.kpool + s.kpool - 1);
+                    d.pool_gates = d.pool_gates.max(s.idx_dim);
                 }
                 PlanAttn::Qsa { shape: s, .. } => {
                     d.qg = d.qg.max(s.n_head * 2 * s.head_dim);
@@ -412,6 +435,9 @@ pub(super) struct NextScratch {
     beta: Option<CudaSlice<f32>>,
     alpha: Option<CudaSlice<f32>>,
     dout: Option<CudaSlice<f32>>,
+    fl: Option<CudaSlice<f32>>,
+    gl: Option<CudaSlice<f32>>,
+    pg: Option<CudaSlice<f32>>,
     qg: Option<CudaSlice<f32>>,
     gate: Option<CudaSlice<f32>>,
     sg: Option<CudaSlice<f32>>,
@@ -439,30 +465,37 @@ pub(super) struct NextBufs {
     pv: u64,
     gv: u64,
     pn: u64,
-    /// DeltaNet: q|k|v before and after the convolution, the output gate, beta, alpha,
-    /// the gated-normed output.
-    cqkv: u64,
-    cconv: u64,
-    z: u64,
-    beta: u64,
-    alpha: u64,
+    /// DeltaNet / KDA: q|k|v before and after the convolution, the output gate, beta,
+    /// the decay inputs (DeltaNet's alpha, KDA's per-channel log-decay), the gated-normed
+    /// output.
+    pub cqkv: u64,
+    pub cconv: u64,
+    pub z: u64,
+    pub beta: u64,
+    pub alpha: u64,
     pub dout: u64,
+    /// KDA's forget-gate and output-gate low-rank values.
+    pub fl: u64,
+    pub gl: u64,
+    /// The k-pool indexer's gate logits.
+    pub pg: u64,
     /// QSA: the [q | gate] rows, the gates, the positions and their counts.
     qg: u64,
     gate: u64,
-    psel: u64,
-    npsel: u64,
+    pub psel: u64,
+    pub npsel: u64,
     /// The shared expert gate's logits.
     pub sg: u64,
 }
 
 impl NextBufs {
     /// Every address (a captured graph's key).
-    pub(super) fn all(&self) -> [u64; 24] {
+    pub(super) fn all(&self) -> [u64; 27] {
         [
             self.xn, self.ud, self.gw, self.u, self.inj, self.xg, self.pe, self.pk, self.pkn,
             self.pq, self.pv, self.gv, self.pn, self.cqkv, self.cconv, self.z, self.beta,
-            self.alpha, self.dout, self.qg, self.gate, self.psel, self.npsel, self.sg,
+            self.alpha, self.dout, self.fl, self.gl, self.pg, self.qg, self.gate, self.psel,
+            self.npsel, self.sg,
         ]
     }
 }
@@ -499,8 +532,11 @@ impl NextScratch {
             cconv: addr(stream, &mut self.cconv, n * d.conv)?,
             z: addr(stream, &mut self.z, n * d.dvw)?,
             beta: addr(stream, &mut self.beta, n * d.hv)?,
-            alpha: addr(stream, &mut self.alpha, n * d.hv)?,
+            alpha: addr(stream, &mut self.alpha, n * d.chan)?,
             dout: addr(stream, &mut self.dout, n * d.dvw)?,
+            fl: addr(stream, &mut self.fl, n * d.low)?,
+            gl: addr(stream, &mut self.gl, n * d.low)?,
+            pg: addr(stream, &mut self.pg, n * d.pool_gates)?,
             qg: addr(stream, &mut self.qg, n * d.qg)?,
             gate: addr(stream, &mut self.gate, n * d.gate)?,
             psel: addr(stream, &mut self.psel, n * d.kp)?,
@@ -531,6 +567,11 @@ pub(super) fn layer_state(
                 zeros(s.n_v_heads * s.d_k * s.d_v)?,
             ])
         }
+        DAttn::Kda(w) => super::glm5next::kda_state(stream, &w.shape),
+        DAttn::Mla {
+            select: super::DSelect::Pooled(ix),
+            ..
+        } => super::glm5next::pool_state(stream, ix, n_ctx),
         DAttn::Qsa(w) if w.shape.ratio > 0 => {
             let s = &w.shape;
             Ok(vec![
@@ -771,28 +812,101 @@ impl GpuDecoder {
         if s.conv_kernel > 1 {
             self.ring_store(b.cqkv, 0, st.0, 0, pos, cd, s.conv_kernel - 1, n)?;
         }
+        let (hk, dk) = (s.n_k_heads as u64, s.d_k as u64);
+        let q = b.cconv;
+        let (k, v) = (q + 4 * hk * dk, q + 8 * hk * dk);
+        let gates = (b.beta, b.alpha, b.z);
+        let st = (st.1, b.dout);
+        self.delta_rule(
+            s,
+            (q, k, v, cd),
+            gates,
+            (w.a, w.dt_bias),
+            w.norm,
+            st,
+            pos,
+            n,
+            false,
+        )
+    }
+
+    /// The delta rule (`delta_rule`) of `n` tokens for every value head of `sh`: q, k, v
+    /// rows at `qkv` (token stride `qkv.3` values), `gates`: beta, the decay inputs
+    /// (alpha, or the per-channel log-decay when `per_channel`) and the output gate; `ab`:
+    /// the per-head rate and dt bias (DeltaNet); `st`: the state and the output.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn delta_rule(
+        &self,
+        sh: &DeltaShape,
+        qkv: (u64, u64, u64, usize),
+        gates: (u64, u64, u64),
+        ab: (u64, u64),
+        norm: u64,
+        st: (u64, u64),
+        pos: u64,
+        n: usize,
+        per_channel: bool,
+    ) -> Result<(), ModelError> {
         self.launch_smem(
-            &self.f.gdn_rule,
-            (s.n_v_heads as u32, 1, 1),
+            &self.f.delta_rule,
+            (sh.n_v_heads as u32, 1, 1),
             GDN_THREADS,
-            gdn_smem(s),
+            gdn_smem(sh),
             &[
-                A::P(b.cconv),
-                A::P(b.beta),
-                A::P(b.alpha),
-                A::P(b.z),
-                A::P(w.a),
-                A::P(w.dt_bias),
-                A::P(w.norm),
+                A::P(qkv.0),
+                A::P(qkv.1),
+                A::P(qkv.2),
+                A::P(gates.0),
+                A::P(gates.1),
+                A::P(gates.2),
+                A::P(ab.0),
+                A::P(ab.1),
+                A::P(norm),
+                A::P(st.0),
                 A::P(st.1),
-                A::P(b.dout),
                 A::P(pos),
+                A::I(i32_of(qkv.3, "row stride")?),
                 A::I(n as i32),
-                A::I(s.n_k_heads as i32),
-                A::I(s.d_k as i32),
-                A::I(s.d_v as i32),
-                A::I(i32::from(s.gate_sigmoid)),
-                A::F(s.rms_eps),
+                A::I(sh.n_k_heads as i32),
+                A::I(sh.d_k as i32),
+                A::I(sh.d_v as i32),
+                A::I(i32::from(sh.gate_sigmoid)),
+                A::I(i32::from(per_channel)),
+                A::F(sh.rms_eps),
+            ],
+        )
+    }
+
+    /// The positions of `n` tokens from their indexer's chosen blocks (`bsel`, counts `nb`,
+    /// `kb` per token) of `ratio` tokens, with the incomplete block's tail when `tail`,
+    /// into `b.psel` (`kp` per token) and `b.npsel`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn expand(
+        &self,
+        bsel: u64,
+        nb: u64,
+        pos: u64,
+        b: &NextBufs,
+        ratio: usize,
+        kb: usize,
+        kp: usize,
+        tail: bool,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        self.launch(
+            &self.f.qsa_expand,
+            (n as u32, 1, 1),
+            128,
+            &[
+                A::P(bsel),
+                A::P(nb),
+                A::P(pos),
+                A::P(b.psel),
+                A::P(b.npsel),
+                A::I(ratio as i32),
+                A::I(i32_of(kb, "blocks")?),
+                A::I(i32_of(kp, "positions")?),
+                A::I(i32::from(tail)),
             ],
         )
     }
@@ -893,21 +1007,7 @@ impl GpuDecoder {
             self.index_select(&ix, pos, bufs.index, n)?;
             let kp = s.budget + s.ratio - 1;
             let (_, _, _, bsel, nb) = bufs.index;
-            self.launch(
-                &self.f.qsa_expand,
-                (n as u32, 1, 1),
-                128,
-                &[
-                    A::P(bsel),
-                    A::P(nb),
-                    A::P(pos),
-                    A::P(b.psel),
-                    A::P(b.npsel),
-                    A::I(s.ratio as i32),
-                    A::I(i32_of(kb, "QSA blocks")?),
-                    A::I(i32_of(kp, "QSA positions")?),
-                ],
-            )?;
+            self.expand(bsel, nb, pos, b, s.ratio, kb, kp, true, n)?;
             sel = (b.psel, b.npsel, kp);
         }
         self.attention(kvt, bufs.q, cache.0, cache.1, bufs.att, pos, n, 0, sel)?;

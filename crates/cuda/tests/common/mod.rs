@@ -149,3 +149,46 @@ pub fn qwen4exp_wide(dir: &Path) -> PathBuf {
     write(&plan, &path);
     path
 }
+
+/// A small random-weight GLM-5.3-Flash file (`sluice_synth::glm5next`) whose sizes the GPU
+/// kernels take: 8 layers (Kimi delta attention but on layers 3 and 7, pooled latent
+/// attention with the k-pool indexer there; layer 0 dense), 4 hyper-connection streams of
+/// 256, 4 heads (KDA heads of 64; latent 256, query / key heads of 64, values of 64), the
+/// indexer 4 heads of 64 keeping 4 pools of 4 tokens (so it selects from position 20 on,
+/// with the tail), 16 Q8_0 experts of 256 (top-4, biased sigmoid router, the shared
+/// expert), a 2048-token vocabulary. Written under `dir`; its path.
+pub fn glm5next_wide(dir: &Path) -> PathBuf {
+    use sluice_synth::glm5next::{self as g5, G5Shape, G5SynthConfig};
+    let shape = G5Shape {
+        hidden: 256,
+        vocab: 2048,
+        dense: 1,
+        ff: 512,
+        top_k: 4,
+        expert_ff: 256,
+        heads: 4,
+        kda_dim: 64,
+        q_lora: 128,
+        kv_lora: 256,
+        head_k: 64,
+        head_v: 64,
+        idx_heads: 4,
+        idx_dim: 64,
+        idx_topk: 16,
+        kpool: 4,
+        streams: 4,
+    };
+    let cfg = G5SynthConfig {
+        shape,
+        layers: 8,
+        experts: 16,
+        quant: sluice_kernels::GgmlType::Q8_0,
+        seed: 9,
+        name: "glm5next wide test".into(),
+    };
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("glm5next-wide.gguf");
+    let plan = g5::plan(&cfg, Vocab::builtin()).unwrap();
+    write(&plan, &path);
+    path
+}
