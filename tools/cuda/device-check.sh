@@ -42,7 +42,7 @@ if want tests; then
     # The same whole-forward checks with f32 operands (no tensor cores): DeepSeek V4's and
     # GLM-DSA's discontinuous choices (router, indexer top-k) must then all agree with the
     # reference; with f16 operands near-ties may flip (the tests say which bounds apply).
-    SLUICE_CUDA_MMA=0 run timeout 300 ./gpu_logits --ignored --test-threads 1 --nocapture deepseek4 glm_dsa
+    SLUICE_CUDA_MMA=0 run timeout 300 ./gpu_logits --ignored --test-threads 1 --nocapture deepseek4 glm_dsa glm5next qwen4exp
     T=$(python3 -c "import json;print(','.join(map(str,json.load(open('fixtures/qwen3moe/tokens.json'))['ids'])))")
     run ./sluice run -m fixtures/qwen3moe/a-q8_0.gguf --tokens "$T" -n 8 --temp 0 --gpu --stats
 fi

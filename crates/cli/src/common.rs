@@ -28,7 +28,8 @@ pub struct ModelArgs {
     #[arg(long = "kv-f32")]
     pub kv_f32: bool,
     /// Run on the GPU (CUDA, found at run time): the whole forward pass for qwen3moe,
-    /// gemma3, glm-dsa and deepseek4, else the weight products only, with weights in VRAM.
+    /// gemma3, glm-dsa, deepseek4, qwen4exp and glm5next (a plan past the kernels' limits:
+    /// the weight products only), with weights in VRAM.
     /// Without a usable GPU sluice says why in one line and runs on the CPU.
     #[arg(long)]
     pub gpu: bool,

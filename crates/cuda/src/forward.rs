@@ -1,7 +1,8 @@
 //! The whole forward pass of a plain decoder on the GPU.
 //!
 //! Owns: [`GpuDecoder`], a `sluice_models::plan::DeviceForward` over a
-//! [`DecoderPlan`] (qwen3moe, gemma3, glm-dsa, deepseek4): every resident
+//! [`DecoderPlan`] (qwen3moe, gemma3, glm-dsa, deepseek4; Qwen3.8-Flash-Next's and
+//! GLM-5.3-Flash's own parts in the `qwen4exp` and `glm5next` submodules): every resident
 //! weight uploaded once at start; per forward call one upload of the batch's header (tokens,
 //! positions, chunk tables), then only kernel launches on one stream (`forward.cu`:
 //! embedding, norms, q/k norm + RoPE or absorbed MLA's latent rows and queries, an f16 KV
