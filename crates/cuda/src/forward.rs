@@ -924,63 +924,48 @@ impl IndexDims {
             ratio: 0,
         };
         for l in layers {
-            if let DAttn::Mla {
-                select: DSelect::Indexer(ix),
-                ..
-            } = &l.attn
-            {
-                d.dsa_d = d.dsa_d.max(ix.head_dim);
-                d.idx_q = d.idx_q.max(ix.n_head * ix.head_dim);
-                d.idx_heads = d.idx_heads.max(ix.n_head);
-                d.top_max = d.top_max.max(ix.top_k);
-                d.ratio = 1;
-            }
-            if let DAttn::Mla {
-                select: DSelect::Pooled(ix),
-                ..
-            } = &l.attn
-            {
-                d.dsa_d = d.dsa_d.max(ix.head_dim);
-                d.idx_q = d.idx_q.max(ix.n_head * ix.head_dim);
-                d.idx_heads = d.idx_heads.max(ix.n_head);
-                d.top_max = d.top_max.max(ix.keep);
-                d.ratio = if d.ratio == 0 {
-                    ix.kpool
-                } else {
-                    d.ratio.min(ix.kpool)
-                };
-            }
-            if let DAttn::Qsa(a) = &l.attn {
-                let s = &a.shape;
-                if let Some(blocks) = s.budget.checked_div(s.ratio) {
-                    d.dsa_d = d.dsa_d.max(s.idx_dim);
-                    d.idx_q = d.idx_q.max(s.idx_heads * s.idx_dim);
-                    d.top_max = d.top_max.max(blocks);
-                    d.ratio = if d.ratio == 0 {
-                        s.ratio
-                    } else {
-                        d.ratio.min(s.ratio)
-                    };
+            match &l.attn {
+                DAttn::Mla {
+                    select: DSelect::Indexer(ix),
+                    ..
+                } => d.indexer(ix.n_head, ix.head_dim, ix.top_k, 1, ix.head_dim),
+                DAttn::Mla {
+                    select: DSelect::Pooled(ix),
+                    ..
+                } => d.indexer(ix.n_head, ix.head_dim, ix.keep, ix.kpool, ix.head_dim),
+                DAttn::Qsa(a) => {
+                    let s = &a.shape;
+                    if let Some(blocks) = s.budget.checked_div(s.ratio) {
+                        d.indexer(s.idx_heads, s.idx_dim, blocks, s.ratio, s.idx_dim);
+                    }
                 }
-            }
-            if let DAttn::Dsv4(a) = &l.attn {
-                if let Some(c) = &a.comp {
-                    d.comp_w = d.comp_w.max(c.coff * c.head_dim);
+                DAttn::Dsv4(a) => {
+                    if let Some(c) = &a.comp {
+                        d.comp_w = d.comp_w.max(c.coff * c.head_dim);
+                    }
+                    if let Some(ix) = &a.indexer {
+                        d.idx_w = d.idx_w.max(ix.comp.coff * ix.comp.head_dim);
+                        d.indexer(ix.n_head, ix.head_dim, ix.top_k, ix.comp.ratio, 0);
+                    }
                 }
-                if let Some(ix) = &a.indexer {
-                    d.idx_w = d.idx_w.max(ix.comp.coff * ix.comp.head_dim);
-                    d.idx_q = d.idx_q.max(ix.n_head * ix.head_dim);
-                    d.idx_heads = d.idx_heads.max(ix.n_head);
-                    d.top_max = d.top_max.max(ix.top_k);
-                    d.ratio = if d.ratio == 0 {
-                        ix.comp.ratio
-                    } else {
-                        d.ratio.min(ix.comp.ratio)
-                    };
-                }
+                _ => {}
             }
         }
         d
+    }
+
+    /// Widen the dims for an indexer of `heads` query heads of `dim`, choosing `top` rows
+    /// of `ratio` positions each, whose batch keys are `keys` wide (0: none in the scratch).
+    fn indexer(&mut self, heads: usize, dim: usize, top: usize, ratio: usize, keys: usize) {
+        self.idx_q = self.idx_q.max(heads * dim);
+        self.idx_heads = self.idx_heads.max(heads);
+        self.top_max = self.top_max.max(top);
+        self.dsa_d = self.dsa_d.max(keys);
+        self.ratio = if self.ratio == 0 {
+            ratio
+        } else {
+            self.ratio.min(ratio)
+        };
     }
 }
 

@@ -257,6 +257,87 @@ fn agreement(gpu: &[f32], oracle: &[f32], n_vocab: usize) -> Agreement {
     }
 }
 
+/// The whole-forward path's logits of `toks` on `path` in chunks of `chunk` (checked to be
+/// that path: no products-only jobs) against the reference forward's, the agreement
+/// printed under `what` with the operands' kind; (the GPU's logits, the agreement).
+fn whole_forward_vs_reference(
+    path: &Path,
+    toks: &[u32],
+    chunk: usize,
+    what: &str,
+) -> (Vec<f32>, Agreement) {
+    let (gpu, n_vocab, g) = logits(path, toks, chunk, Backend::Forward);
+    let s = g.unwrap().stats();
+    assert!(
+        s.forward_calls > 0 && s.gpu_jobs == 0,
+        "{what}: not the whole-forward path: {s:?}"
+    );
+    let (oracle, _, _) = logits(path, toks, toks.len(), Backend::Reference);
+    let a = agreement(&gpu, &oracle, n_vocab);
+    let f32_products = std::env::var("SLUICE_CUDA_MMA").as_deref() == Ok("0");
+    eprintln!(
+        "{what} whole forward ({} positions, {} operands): max |gpu - reference| / max |reference|: median {:e}, worst {:e}; top-1 equal {}/{}; positions past 0.01: {:?}",
+        toks.len(),
+        if f32_products { "f32" } else { "f16" },
+        a.median,
+        a.worst,
+        a.agree,
+        a.clear,
+        a.far
+    );
+    (gpu, a)
+}
+
+/// The whole-forward path's logits `gpu` of `toks` on `path` (in chunks of `chunk0`) keep
+/// their bits in chunks of 37 and of 1 and with the VRAM expert cache (a third of the
+/// experts), which must then miss.
+fn assert_forward_bits_hold(path: &Path, toks: &[u32], gpu: &[f32], chunk0: usize, what: &str) {
+    for chunk in [37, 1] {
+        let (other, _, _) = logits(path, toks, chunk, Backend::Forward);
+        assert!(
+            same_bits(gpu, &other),
+            "{what}: logits differ between chunks of {chunk0} and {chunk}"
+        );
+    }
+    let (cached, _, g) = logits(path, toks, chunk0, Backend::ForwardCache(3));
+    let s = g.unwrap().stats();
+    assert!(
+        s.expert_misses > 0,
+        "{what}: the VRAM expert cache was not used"
+    );
+    assert!(
+        same_bits(gpu, &cached),
+        "{what}: logits differ with the VRAM expert cache"
+    );
+}
+
+/// On the whole-forward path, a snapshot taken after `toks[..split]` and restored continues
+/// with the same bits, the state cannot be truncated, and a restart at 0 repeats the first
+/// run.
+fn assert_state_continues(path: &Path, toks: &[u32], split: usize) {
+    let mut m = Model::load(path).unwrap();
+    let c = Cuda::new(m.map.bytes()).unwrap();
+    let plan = m.plan().unwrap();
+    let dec = GpuDecoder::new(&c, plan, m.map.bytes(), ExpertPlacement::Resident).unwrap();
+    m.set_device_forward(Box::new(dec));
+    let mut st = m.new_state(256, true);
+    m.forward(&mut st, &toks[..split], Logits::Last).unwrap();
+    let snap = st.snapshot();
+    let a = m.forward(&mut st, &toks[split..], Logits::All).unwrap();
+    st.restore(&snap);
+    let b = m.forward(&mut st, &toks[split..], Logits::All).unwrap();
+    assert!(
+        same_bits(&a, &b),
+        "a restored snapshot continues differently"
+    );
+    assert!(!st.truncate(split / 2), "the state is not truncatable");
+    st.clear();
+    let again = m.forward(&mut st, &toks[..split], Logits::Last).unwrap();
+    st.clear();
+    let first = m.forward(&mut st, &toks[..split], Logits::Last).unwrap();
+    assert!(same_bits(&again, &first), "a restart at 0 differs");
+}
+
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
@@ -562,26 +643,14 @@ fn glm_dsa_whole_forward_matches_reference() {
         let path = common::glm_dsa_wide_mla(&dir, 5, top_k);
         let vocab = Model::load(&path).unwrap().cfg.n_vocab as u32;
         let toks: Vec<u32> = (0..n_tok).map(|i| (i * 37 + 11) % vocab).collect();
-        let (gpu, n_vocab, g) = logits(&path, &toks, 16, Backend::Forward);
-        let s = g.unwrap().stats();
-        assert!(
-            s.forward_calls > 0 && s.gpu_jobs == 0,
-            "not the whole-forward path: {s:?}"
-        );
-        let (oracle, _, _) = logits(&path, &toks, toks.len(), Backend::Reference);
-        let a = agreement(&gpu, &oracle, n_vocab);
+        let what = format!("glm-dsa top-{top_k}");
+        let (gpu, a) = whole_forward_vs_reference(&path, &toks, 16, &what);
         let Agreement {
             median,
-            worst,
-            ref far,
             clear,
             agree,
+            ..
         } = a;
-        eprintln!(
-            "glm-dsa top-{top_k} whole forward ({} positions, {} operands): max |gpu - reference| / max |reference|: median {median:e}, worst {worst:e}; top-1 equal {agree}/{clear}; positions past 0.01: {far:?}",
-            toks.len(),
-            if f32_products { "f32" } else { "f16" }
-        );
         if flips && !f32_products {
             assert!(median < 2e-2, "top-{top_k}: median {median} >= 2e-2");
             assert!(
@@ -602,7 +671,8 @@ fn glm_dsa_whole_forward_matches_reference() {
 
 /// The seeds' architectures (DeepSeek V4, GLM-DSA, GLM-5 Next, Qwen3.8-Flash-Next tiny
 /// fixtures) with their weight products on the GPU (the whole-forward path does not take
-/// them: their attention, routing and hyper-connections stay on the CPU), in the weight
+/// these files, whose products are narrower than its kernels': their attention, routing and
+/// hyper-connections stay on the CPU), in the weight
 /// formats the fixtures ship (F32, MXFP4 experts, Q8_0 projections, Q4_0 / Q4_1 / Q5_1 /
 /// IQ4_NL). The oracle is the reference forward (`RefCompute`: reference dequantization,
 /// f64 products) on the same file: both keep activations in f32, so only summation order
@@ -693,24 +763,15 @@ fn deepseek4_whole_forward_matches_reference() {
         let name = path.file_name().unwrap().to_string_lossy().to_string();
         let vocab = Model::load(path).unwrap().cfg.n_vocab as u32;
         let toks: Vec<u32> = (0..200u32).map(|i| (i * 37 + 11) % vocab).collect();
-        let (gpu, n_vocab, g) = logits(path, &toks, 64, Backend::Forward);
-        let s = g.unwrap().stats();
-        assert!(
-            s.forward_calls > 0 && s.gpu_jobs == 0,
-            "{name}: not the whole-forward path: {s:?}"
-        );
-        let (oracle, _, _) = logits(path, &toks, 200, Backend::Reference);
-        let a = agreement(&gpu, &oracle, n_vocab);
+        let what = format!("deepseek4 {name}");
+        let (gpu, a) = whole_forward_vs_reference(path, &toks, 64, &what);
         let Agreement {
             median,
-            worst,
             ref far,
             clear,
             agree,
+            ..
         } = a;
-        eprintln!(
-            "deepseek4 {name} whole forward (200 positions): max |gpu - reference| / max |reference|: median {median:e}, worst {worst:e}; top-1 equal {agree}/{clear}; positions past 0.01: {far:?}"
-        );
         if *flips && !f32_products {
             // The a-priori bounds but for the worst position: at most 10% past 0.01.
             assert!(median < 2e-3, "{name}: median {median} >= 2e-3");
@@ -726,50 +787,14 @@ fn deepseek4_whole_forward_matches_reference() {
         } else {
             a.assert_a_priori(&name);
         }
-        for chunk in [37, 1] {
-            let (other, _, _) = logits(path, &toks, chunk, Backend::Forward);
-            assert!(
-                same_bits(&gpu, &other),
-                "{name}: logits differ between chunks of 64 and {chunk}"
-            );
-        }
-        let (cached, _, g) = logits(path, &toks, 64, Backend::ForwardCache(3));
-        let s = g.unwrap().stats();
-        assert!(
-            s.expert_misses > 0,
-            "{name}: the VRAM expert cache was not used"
-        );
-        assert!(
-            same_bits(&gpu, &cached),
-            "{name}: logits differ with the VRAM expert cache"
-        );
+        assert_forward_bits_hold(path, &toks, &gpu, 64, &name);
     }
     // State: a snapshot restored continues with the same bits (the state cannot be
     // truncated); a restart at 0 repeats the first run.
     let path = &files[0].0;
-    let mut m = Model::load(path).unwrap();
-    let c = Cuda::new(m.map.bytes()).unwrap();
-    let plan = m.plan().unwrap();
-    let dec = GpuDecoder::new(&c, plan, m.map.bytes(), ExpertPlacement::Resident).unwrap();
-    m.set_device_forward(Box::new(dec));
-    let vocab = m.cfg.n_vocab as u32;
+    let vocab = Model::load(path).unwrap().cfg.n_vocab as u32;
     let toks: Vec<u32> = (0..160u32).map(|i| (i * 13 + 5) % vocab).collect();
-    let mut st = m.new_state(256, true);
-    m.forward(&mut st, &toks[..90], Logits::Last).unwrap();
-    let snap = st.snapshot();
-    let a = m.forward(&mut st, &toks[90..], Logits::All).unwrap();
-    st.restore(&snap);
-    let b = m.forward(&mut st, &toks[90..], Logits::All).unwrap();
-    assert!(
-        same_bits(&a, &b),
-        "a restored snapshot continues differently"
-    );
-    assert!(!st.truncate(50), "DeepSeek V4's state is not truncatable");
-    st.clear();
-    let again = m.forward(&mut st, &toks[..90], Logits::Last).unwrap();
-    st.clear();
-    let first = m.forward(&mut st, &toks[..90], Logits::Last).unwrap();
-    assert!(same_bits(&again, &first), "a restart at 0 differs");
+    assert_state_continues(path, &toks, 90);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -787,65 +812,13 @@ fn deepseek4_whole_forward_matches_reference() {
 #[ignore = "needs a CUDA device"]
 fn qwen4exp_whole_forward_matches_reference() {
     let dir = std::env::temp_dir().join(format!("sluice-gpu-q4-{}", std::process::id()));
-    let f32_products = std::env::var("SLUICE_CUDA_MMA").as_deref() == Ok("0");
     let path = common::qwen4exp_wide(&dir);
     let vocab = Model::load(&path).unwrap().cfg.n_vocab as u32;
     let toks: Vec<u32> = (0..120u32).map(|i| (i * 37 + 11) % vocab).collect();
-    let (gpu, n_vocab, g) = logits(&path, &toks, 16, Backend::Forward);
-    let s = g.unwrap().stats();
-    assert!(
-        s.forward_calls > 0 && s.gpu_jobs == 0,
-        "not the whole-forward path: {s:?}"
-    );
-    let (oracle, _, _) = logits(&path, &toks, toks.len(), Backend::Reference);
-    let a = agreement(&gpu, &oracle, n_vocab);
-    let Agreement {
-        median,
-        worst,
-        ref far,
-        clear,
-        agree,
-    } = a;
-    eprintln!(
-        "qwen4exp whole forward ({} positions, {} operands): max |gpu - reference| / max |reference|: median {median:e}, worst {worst:e}; top-1 equal {agree}/{clear}; positions past 0.01: {far:?}",
-        toks.len(),
-        if f32_products { "f32" } else { "f16" }
-    );
+    let (gpu, a) = whole_forward_vs_reference(&path, &toks, 16, "qwen4exp");
     a.assert_a_priori("qwen4exp");
-    for chunk in [37, 1] {
-        let (other, _, _) = logits(&path, &toks, chunk, Backend::Forward);
-        assert!(
-            same_bits(&gpu, &other),
-            "logits differ between chunks of 16 and {chunk}"
-        );
-    }
-    let (cached, _, g) = logits(&path, &toks, 16, Backend::ForwardCache(3));
-    let s = g.unwrap().stats();
-    assert!(s.expert_misses > 0, "the VRAM expert cache was not used");
-    assert!(
-        same_bits(&gpu, &cached),
-        "logits differ with the VRAM expert cache"
-    );
-    let mut m = Model::load(&path).unwrap();
-    let c = Cuda::new(m.map.bytes()).unwrap();
-    let plan = m.plan().unwrap();
-    let dec = GpuDecoder::new(&c, plan, m.map.bytes(), ExpertPlacement::Resident).unwrap();
-    m.set_device_forward(Box::new(dec));
-    let mut st = m.new_state(256, true);
-    m.forward(&mut st, &toks[..70], Logits::Last).unwrap();
-    let snap = st.snapshot();
-    let a = m.forward(&mut st, &toks[70..], Logits::All).unwrap();
-    st.restore(&snap);
-    let b = m.forward(&mut st, &toks[70..], Logits::All).unwrap();
-    assert!(
-        same_bits(&a, &b),
-        "a restored snapshot continues differently"
-    );
-    st.clear();
-    let again = m.forward(&mut st, &toks[..70], Logits::Last).unwrap();
-    st.clear();
-    let first = m.forward(&mut st, &toks[..70], Logits::Last).unwrap();
-    assert!(same_bits(&again, &first), "a restart at 0 differs");
+    assert_forward_bits_hold(&path, &toks, &gpu, 16, "qwen4exp");
+    assert_state_continues(&path, &toks, 70);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -872,26 +845,13 @@ fn glm5next_whole_forward_matches_reference() {
     let path = common::glm5next_wide(&dir);
     let vocab = Model::load(&path).unwrap().cfg.n_vocab as u32;
     let toks: Vec<u32> = (0..120u32).map(|i| (i * 37 + 11) % vocab).collect();
-    let (gpu, n_vocab, g) = logits(&path, &toks, 16, Backend::Forward);
-    let s = g.unwrap().stats();
-    assert!(
-        s.forward_calls > 0 && s.gpu_jobs == 0,
-        "not the whole-forward path: {s:?}"
-    );
-    let (oracle, _, _) = logits(&path, &toks, toks.len(), Backend::Reference);
-    let a = agreement(&gpu, &oracle, n_vocab);
+    let (gpu, a) = whole_forward_vs_reference(&path, &toks, 16, "glm5next");
     let Agreement {
         median,
-        worst,
-        ref far,
         clear,
         agree,
+        ..
     } = a;
-    eprintln!(
-        "glm5next whole forward ({} positions, {} operands): max |gpu - reference| / max |reference|: median {median:e}, worst {worst:e}; top-1 equal {agree}/{clear}; positions past 0.01: {far:?}",
-        toks.len(),
-        if f32_products { "f32" } else { "f16" }
-    );
     if f32_products {
         a.assert_a_priori("glm5next");
     } else {
@@ -901,39 +861,7 @@ fn glm5next_whole_forward_matches_reference() {
             "top-1 equal at {agree} of {clear} clear positions"
         );
     }
-    for chunk in [37, 1] {
-        let (other, _, _) = logits(&path, &toks, chunk, Backend::Forward);
-        assert!(
-            same_bits(&gpu, &other),
-            "logits differ between chunks of 16 and {chunk}"
-        );
-    }
-    let (cached, _, g) = logits(&path, &toks, 16, Backend::ForwardCache(3));
-    let s = g.unwrap().stats();
-    assert!(s.expert_misses > 0, "the VRAM expert cache was not used");
-    assert!(
-        same_bits(&gpu, &cached),
-        "logits differ with the VRAM expert cache"
-    );
-    let mut m = Model::load(&path).unwrap();
-    let c = Cuda::new(m.map.bytes()).unwrap();
-    let plan = m.plan().unwrap();
-    let dec = GpuDecoder::new(&c, plan, m.map.bytes(), ExpertPlacement::Resident).unwrap();
-    m.set_device_forward(Box::new(dec));
-    let mut st = m.new_state(256, true);
-    m.forward(&mut st, &toks[..70], Logits::Last).unwrap();
-    let snap = st.snapshot();
-    let a = m.forward(&mut st, &toks[70..], Logits::All).unwrap();
-    st.restore(&snap);
-    let b = m.forward(&mut st, &toks[70..], Logits::All).unwrap();
-    assert!(
-        same_bits(&a, &b),
-        "a restored snapshot continues differently"
-    );
-    st.clear();
-    let again = m.forward(&mut st, &toks[..70], Logits::Last).unwrap();
-    st.clear();
-    let first = m.forward(&mut st, &toks[..70], Logits::Last).unwrap();
-    assert!(same_bits(&again, &first), "a restart at 0 differs");
+    assert_forward_bits_hold(&path, &toks, &gpu, 16, "glm5next");
+    assert_state_continues(&path, &toks, 70);
     std::fs::remove_dir_all(&dir).unwrap();
 }

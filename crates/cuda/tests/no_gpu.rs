@@ -319,15 +319,27 @@ fn hook_covers_streamed_experts(slots_first: bool) {
     );
 }
 
+/// `GpuDecoder::check` refuses `plan` edited by `edit`, naming `what`.
+fn assert_refused(
+    plan: &sluice_engine::models::plan::DecoderPlan,
+    edit: impl FnOnce(&mut sluice_engine::models::plan::DecoderPlan),
+    what: &str,
+) {
+    let mut p = plan.clone();
+    edit(&mut p);
+    let e = sluice_cuda::forward::GpuDecoder::check(&p).expect_err(what);
+    assert!(e.contains(what), "{e}");
+}
+
 /// Which decoder plans the whole-forward GPU path takes, decided without a GPU: the
 /// qwen3moe fixture (head size 16, Q8_0) is taken; a matrix in a format without a kernel, a
 /// head wider than the attention kernel's and a top-k above the expert count are refused
-/// with the part named; so are plans with parts that have no kernels yet (GLM-5.3-Flash's
-/// Kimi delta attention) and DeepSeek V4 plans past the kernels' limits.
+/// with the part named; so are DeepSeek V4, Qwen3.8-Flash-Next and GLM-5.3-Flash plans past
+/// the kernels' limits, while kernel-sized files of each seed architecture are taken.
 #[test]
 fn decoder_plans_the_gpu_takes() {
     use sluice_cuda::forward::GpuDecoder;
-    use sluice_engine::models::plan::{MlaSelect, PlanAttn, PlanFfn};
+    use sluice_engine::models::plan::{DecoderPlan, MlaSelect, PlanAttn, PlanFfn};
     let m = Model::load(&fixtures().join("qwen3moe/a-q8_0.gguf")).unwrap();
     let plan = m.plan().expect("qwen3moe has a decoder plan");
     GpuDecoder::check(&plan).unwrap();
@@ -433,31 +445,30 @@ fn decoder_plans_the_gpu_takes() {
     let plan = q4.plan().expect("qwen4exp has a decoder plan");
     assert!(plan.lowrank.is_some() && plan.ple.is_some());
     GpuDecoder::check(&plan).unwrap();
-    let mut p = plan.clone();
-    if let PlanAttn::Delta { shape, .. } = &mut p.layers[0].attn {
-        shape.d_v = 1024;
-    }
-    let e = GpuDecoder::check(&p).unwrap_err();
-    assert!(e.contains("layer 0: a Gated DeltaNet"), "{e}");
-    let mut p = plan.clone();
-    if let PlanAttn::Qsa { shape, .. } = &mut p.layers[3].attn {
-        shape.budget = 18;
-    }
-    let e = GpuDecoder::check(&p).unwrap_err();
-    assert!(e.contains("layer 3: a QSA layer"), "{e}");
-    let mut p = plan.clone();
-    p.layers[1].hc_lowrank.as_mut().unwrap()[1].inject = None;
-    let e = GpuDecoder::check(&p).unwrap_err();
-    assert!(
-        e.contains("layer 1: low-rank mixers of the wrong shape"),
-        "{e}"
+    let delta_past_limit = |p: &mut DecoderPlan| {
+        if let PlanAttn::Delta { shape, .. } = &mut p.layers[0].attn {
+            shape.d_v = 1024;
+        }
+    };
+    assert_refused(&plan, delta_past_limit, "layer 0: a Gated DeltaNet");
+    let budget_not_blocks = |p: &mut DecoderPlan| {
+        if let PlanAttn::Qsa { shape, .. } = &mut p.layers[3].attn {
+            shape.budget = 18;
+        }
+    };
+    assert_refused(&plan, budget_not_blocks, "layer 3: a QSA layer");
+    let no_injection =
+        |p: &mut DecoderPlan| p.layers[1].hc_lowrank.as_mut().unwrap()[1].inject = None;
+    assert_refused(
+        &plan,
+        no_injection,
+        "layer 1: low-rank mixers of the wrong shape",
     );
-    let mut p = plan.clone();
-    p.ple = None;
-    let e = GpuDecoder::check(&p).unwrap_err();
-    assert!(
-        e.contains("layer 1: a PLE layer without the plan's hash"),
-        "{e}"
+    let no_hash = |p: &mut DecoderPlan| p.ple = None;
+    assert_refused(
+        &plan,
+        no_hash,
+        "layer 1: a PLE layer without the plan's hash",
     );
     std::fs::remove_dir_all(&dir).unwrap();
     // GLM-5.3-Flash: the tiny fixture's k_b has 16 columns (no product kernel); a file of
@@ -475,24 +486,24 @@ fn decoder_plans_the_gpu_takes() {
     let g5 = Model::load(&common::glm5next_wide(&dir)).unwrap();
     let plan = g5.plan().expect("glm5next has a decoder plan");
     GpuDecoder::check(&plan).unwrap();
-    let mut p = plan.clone();
-    if let PlanAttn::Kda { shape, .. } = &mut p.layers[0].attn {
-        shape.head_dim = 1024;
-    }
-    let e = GpuDecoder::check(&p).unwrap_err();
-    assert!(e.contains("layer 0: a Kimi delta attention"), "{e}");
-    let mut p = plan.clone();
-    if let PlanAttn::Pooled { shape, .. } = &mut p.layers[7].attn {
-        shape.kv_lora = 128;
-    }
-    let e = GpuDecoder::check(&p).unwrap_err();
-    assert!(e.contains("layer 7: pooled latent attention"), "{e}");
-    let mut p = plan.clone();
-    if let PlanAttn::Pooled { w, .. } = &mut p.layers[3].attn {
-        w.indexer = None;
-    }
-    let e = GpuDecoder::check(&p).unwrap_err();
-    assert!(e.contains("layer 3: a shared pooled layer before"), "{e}");
+    let kda_past_limit = |p: &mut DecoderPlan| {
+        if let PlanAttn::Kda { shape, .. } = &mut p.layers[0].attn {
+            shape.head_dim = 1024;
+        }
+    };
+    assert_refused(&plan, kda_past_limit, "layer 0: a Kimi delta attention");
+    let unlike_first = |p: &mut DecoderPlan| {
+        if let PlanAttn::Pooled { shape, .. } = &mut p.layers[7].attn {
+            shape.kv_lora = 128;
+        }
+    };
+    assert_refused(&plan, unlike_first, "layer 7: pooled latent attention");
+    let shared_first = |p: &mut DecoderPlan| {
+        if let PlanAttn::Pooled { w, .. } = &mut p.layers[3].attn {
+            w.indexer = None;
+        }
+    };
+    assert_refused(&plan, shared_first, "layer 3: a shared pooled layer before");
     std::fs::remove_dir_all(&dir).unwrap();
 
     // GLM-DSA's plan (MLA, biased sigmoid router, shared experts): the tiny fixture's k_b

@@ -330,26 +330,17 @@ impl GpuDecoder {
     ) -> Result<(), ModelError> {
         let s = &w.shape;
         let inner = s.inner();
-        let (t, c, sm) = (rows.table, rows.count, rows.small);
         // q, k, v side by side in the DeltaNet buffers: [3][n][inner] before and after the
         // convolutions.
         let part = |base: u64, i: usize| base + 4 * (i * n * inner) as u64;
         let raw = [part(b.cqkv, 0), part(b.cqkv, 1), part(b.cqkv, 2)];
         let conv = [part(b.cconv, 0), part(b.cconv, 1), part(b.cconv, 2)];
         let qkv = [(&w.q, raw[0]), (&w.k, raw[1]), (&w.v, raw[2])];
-        self.mv(&qkv, t, c, rows.chunks, h, 1, sm)?;
-        self.mv(
-            &[(&w.f_a, b.fl), (&w.g_a, b.gl)],
-            t,
-            c,
-            rows.chunks,
-            h,
-            1,
-            sm,
-        )?;
+        self.mv_rows(&qkv, rows, h)?;
+        self.mv_rows(&[(&w.f_a, b.fl), (&w.g_a, b.gl)], rows, h)?;
         self.few(&w.beta, h, b.beta, rows, n)?;
-        self.mv(&[(&w.f_b, b.alpha)], t, c, rows.chunks, b.fl, 1, sm)?;
-        self.mv(&[(&w.g_b, b.z)], t, c, rows.chunks, b.gl, 1, sm)?;
+        self.mv_rows(&[(&w.f_b, b.alpha)], rows, b.fl)?;
+        self.mv_rows(&[(&w.g_b, b.z)], rows, b.gl)?;
         let ii = i32_of(inner, "KDA width")?;
         self.launch(
             &self.f.kda_gate,

@@ -635,8 +635,7 @@ impl GpuDecoder {
             &[A::P(x), A::P(w.norm), A::P(b.xn), A::I(ei), A::F(eps)],
         )?;
         let down = if w.nseg > 1 { seg } else { rows };
-        let (t, c, sm) = (down.table, down.count, down.small);
-        self.mv(&[(&w.down, b.ud)], t, c, down.chunks, b.xn, 1, sm)?;
+        self.mv_rows(&[(&w.down, b.ud)], down, b.xn)?;
         if let Some(m) = &w.inject {
             self.few(m, b.xn, b.inj, rows, n)?;
         }
@@ -655,15 +654,7 @@ impl GpuDecoder {
                 A::F(1.0 / s as f32),
             ],
         )?;
-        self.mv(
-            &[(&w.up, b.gw)],
-            rows.table,
-            rows.count,
-            rows.chunks,
-            b.u,
-            1,
-            rows.small,
-        )?;
+        self.mv_rows(&[(&w.up, b.gw)], rows, b.u)?;
         self.launch(
             &self.f.lr_mix,
             (n as u32, e.div_ceil(256) as u32, 1),
@@ -723,16 +714,7 @@ impl GpuDecoder {
                 &[A::P(src), A::P(wt), A::P(dst), A::I(ei), A::F(eps)],
             )
         };
-        let (t, c, sm) = (rows.table, rows.count, rows.small);
-        self.mv(
-            &[(&w.key, b.pk), (&w.value, b.pv)],
-            t,
-            c,
-            rows.chunks,
-            b.pe,
-            1,
-            sm,
-        )?;
+        self.mv_rows(&[(&w.key, b.pk), (&w.value, b.pv)], rows, b.pe)?;
         norm(b.pk, w.norm_key, b.pkn)?;
         norm(x, w.norm_query, b.pq)?;
         self.launch(
@@ -784,15 +766,7 @@ impl GpuDecoder {
         self.few(&w.beta, h, b.beta, rows, n)?;
         self.few(&w.alpha, h, b.alpha, rows, n)?;
         let parts = [(&w.qkv, b.cqkv), (&w.gate, b.z)];
-        self.mv(
-            &parts,
-            rows.table,
-            rows.count,
-            rows.chunks,
-            h,
-            1,
-            rows.small,
-        )?;
+        self.mv_rows(&parts, rows, h)?;
         self.launch(
             &self.f.conv_ring,
             (n as u32, cd.div_ceil(256) as u32, 1),
@@ -935,15 +909,7 @@ impl GpuDecoder {
         if indexed {
             parts.extend([(&w.idx_q, bufs.iq), (&w.idx_k, bufs.ik)]);
         }
-        self.mv(
-            &parts,
-            rows.table,
-            rows.count,
-            rows.chunks,
-            h,
-            1,
-            rows.small,
-        )?;
+        self.mv_rows(&parts, rows, h)?;
         // With an indexer: its query heads and one more block storing the raw keys.
         let blocks = nh + nkv + if indexed { s.idx_heads + 1 } else { 0 };
         let keys = st.first().copied().unwrap_or(0);
@@ -1042,11 +1008,18 @@ impl GpuDecoder {
                     A::I(i32_of(*cols, "columns")?),
                 ],
             ),
-            DFew::Mat(m) => {
-                let (t, c, sm) = (rows.table, rows.count, rows.small);
-                self.mv(&[(m, y)], t, c, rows.chunks, x, 1, sm)
-            }
+            DFew::Mat(m) => self.mv_rows(&[(m, y)], rows, x),
         }
+    }
+
+    /// `y = W x` for every `(W, y)` of `parts` over the rows `rows` names.
+    pub(super) fn mv_rows(
+        &self,
+        parts: &[(&DMat, u64)],
+        rows: Rows,
+        x: u64,
+    ) -> Result<(), ModelError> {
+        self.mv(parts, rows.table, rows.count, rows.chunks, x, 1, rows.small)
     }
 
     /// `out[i] = x[rows[i]]` for `n` rows of `cols`.
