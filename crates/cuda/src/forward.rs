@@ -1118,8 +1118,9 @@ impl GpuDecoder {
         if plan.lowrank.is_some() && plan.hyper.is_some() {
             return Err("low-rank and learned hyper-connections together".into());
         }
-        qwen4exp::check(plan, SMEM_OPTIN_MAX)?;
-        glm5next::check(plan, SMEM_OPTIN_MAX)?;
+        let gdn_max = SMEM_OPTIN_MAX - qwen4exp::GDN_STATIC_SMEM;
+        qwen4exp::check(plan, gdn_max)?;
+        glm5next::check(plan, gdn_max)?;
         if let Some(h) = &plan.hyper {
             let hc = h.shape.n_hc;
             if hc == 0 || hc > HC_MAX || h.shape.n_embd != plan.n_embd {
@@ -1202,19 +1203,25 @@ impl GpuDecoder {
                 }
             }
         }
-        // (Pooled layers' attention as the absorbed kernels see it.)
+        // (Pooled layers' attention as the absorbed kernels see it; a plan of recurrent
+        // layers only has no attention shape to check.)
         let sh = &glm5next::kernel_attn_shape(plan);
-        if sh.head_dim > MAX_HEAD_DIM
-            || sh.head_dim_v > MAX_HEAD_DIM_V
-            || !sh.head_dim.is_multiple_of(2)
-            || sh.head_dim_v == 0
+        let attends = plan
+            .layers
+            .iter()
+            .any(|l| !matches!(l.attn, PlanAttn::Delta { .. } | PlanAttn::Kda { .. }));
+        if attends
+            && (sh.head_dim > MAX_HEAD_DIM
+                || sh.head_dim_v > MAX_HEAD_DIM_V
+                || !sh.head_dim.is_multiple_of(2)
+                || sh.head_dim_v == 0)
         {
             return Err(format!(
                 "head sizes {} / {} (the attention kernel takes even key sizes up to {MAX_HEAD_DIM}, values up to {MAX_HEAD_DIM_V})",
                 sh.head_dim, sh.head_dim_v
             ));
         }
-        if sh.n_head_kv == 0 || !sh.n_head.is_multiple_of(sh.n_head_kv) {
+        if attends && (sh.n_head_kv == 0 || !sh.n_head.is_multiple_of(sh.n_head_kv)) {
             return Err(format!(
                 "{} query heads over {} KV heads",
                 sh.n_head, sh.n_head_kv
@@ -1417,7 +1424,9 @@ impl GpuDecoder {
         // DeltaNet's state lives in shared memory while a batch runs: the kernel may have
         // what its widest head needs (the opt-in limit less the kernel's static shared
         // memory is the driver's to check).
-        qwen4exp::check(&plan, smem_max)?;
+        let gdn_max = smem_max.saturating_sub(qwen4exp::GDN_STATIC_SMEM);
+        qwen4exp::check(&plan, gdn_max)?;
+        glm5next::check(&plan, gdn_max)?;
         let gdn_need = plan
             .layers
             .iter()
@@ -1442,11 +1451,21 @@ impl GpuDecoder {
                 })?;
         }
         // What the weights need, against what the backend may hold.
-        let dense: u64 = plan
-            .matrices()
+        // (Pooled layers' per-head k_b / v_b are stacked tensors, outside `matrices`.)
+        let stacked: u64 = plan
+            .layers
             .iter()
-            .map(|(_, m)| m.range.len() as u64)
+            .map(|l| match &l.attn {
+                PlanAttn::Pooled { w, .. } => (w.k_b.range.len() + w.v_b.range.len()) as u64,
+                _ => 0,
+            })
             .sum();
+        let dense: u64 = stacked
+            + plan
+                .matrices()
+                .iter()
+                .map(|(_, m)| m.range.len() as u64)
+                .sum::<u64>();
         let routed: u64 = plan
             .layers
             .iter()

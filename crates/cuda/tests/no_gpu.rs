@@ -464,6 +464,14 @@ fn decoder_plans_the_gpu_takes() {
         no_injection,
         "layer 1: low-rank mixers of the wrong shape",
     );
+    let norm_beside = |p: &mut DecoderPlan| p.layers[2].ffn_norm = vec![1.0; p.n_embd];
+    assert_refused(&plan, norm_beside, "layer 2: norms beside low-rank mixers");
+    // A cut of recurrent layers only (the architecture's plan then has one query head
+    // over two KV heads: no attention shape to check) is taken.
+    let mut p = plan.clone();
+    p.layers.truncate(3);
+    p.shape.n_head = 1;
+    GpuDecoder::check(&p).unwrap();
     let no_hash = |p: &mut DecoderPlan| p.ple = None;
     assert_refused(
         &plan,

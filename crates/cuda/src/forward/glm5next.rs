@@ -174,6 +174,21 @@ pub(super) fn check(plan: &DecoderPlan, smem: usize) -> Result<(), String> {
         _ => None,
     });
     for (il, l) in plan.layers.iter().enumerate() {
+        // The kernels' attention shape is the pooled layers' absorbed view for the whole
+        // decoder: no other attention beside them.
+        if first.is_some()
+            && matches!(
+                l.attn,
+                PlanAttn::Gqa { .. }
+                    | PlanAttn::Mla { .. }
+                    | PlanAttn::Qsa { .. }
+                    | PlanAttn::Dsv4 { .. }
+            )
+        {
+            return Err(format!(
+                "layer {il}: pooled latent attention mixed with other attention"
+            ));
+        }
         match &l.attn {
             PlanAttn::Kda { w, shape: s } => {
                 let (h, d) = (s.n_head, s.head_dim);

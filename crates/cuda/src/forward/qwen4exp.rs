@@ -194,6 +194,10 @@ pub(super) fn gdn_smem(sh: &DeltaShape) -> usize {
     4 * (sh.d_k * sh.d_v + 3 * sh.d_k)
 }
 
+/// Shared memory `delta_rule` declares statically (`block_sum`'s partial sums), with room
+/// to spare: the dynamic part may have the opt-in limit less this.
+pub(super) const GDN_STATIC_SMEM: usize = 1024;
+
 /// The shapes these kernels assume, for `GpuDecoder::check` (the reason when not). `smem`:
 /// the dynamic shared memory a block may have.
 pub(super) fn check(plan: &DecoderPlan, smem: usize) -> Result<(), String> {
@@ -219,6 +223,16 @@ pub(super) fn check(plan: &DecoderPlan, smem: usize) -> Result<(), String> {
         }
     }
     for (il, l) in plan.layers.iter().enumerate() {
+        // The mixers normalise: the kernels apply no norm beside them.
+        let norms = !l.attn_norm.is_empty()
+            || !l.ffn_norm.is_empty()
+            || l.post_attn_norm.is_some()
+            || l.post_ffn_norm.is_some();
+        if plan.lowrank.is_some() && norms {
+            return Err(format!(
+                "layer {il}: norms beside low-rank mixers have no GPU kernel"
+            ));
+        }
         match (&l.hc_lowrank, &plan.lowrank) {
             (Some(w), Some(_)) if w.iter().all(|w| mix_ok(w, true)) => {}
             (None, None) => {}
@@ -331,8 +345,9 @@ pub(super) fn check(plan: &DecoderPlan, smem: usize) -> Result<(), String> {
 /// is absent), found once when the decoder is built.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct NextDims {
-    /// Residual streams (1: a plain residual), the mixers' widest rank, and the column
-    /// segments of their down products.
+    /// Whether the residual has low-rank mixers, its streams (1: a plain residual), the
+    /// mixers' widest rank, and the column segments of their down products.
+    lowrank: bool,
     pub streams: usize,
     rank: usize,
     pub segs: usize,
@@ -357,6 +372,7 @@ pub(super) struct NextDims {
 impl NextDims {
     pub(super) fn of(plan: &DecoderPlan, segs: usize) -> NextDims {
         let mut d = NextDims {
+            lowrank: plan.lowrank.is_some(),
             streams: plan.lowrank.as_ref().map_or(1, |lr| lr.n_stream),
             rank: 1,
             segs,
@@ -511,7 +527,7 @@ impl NextScratch {
         nr: usize,
     ) -> Result<NextBufs, ModelError> {
         let se = d.streams * e;
-        let lr = d.streams > 1;
+        let lr = d.lowrank;
         let one = |w: usize, on: bool| if on { n * w } else { 1 };
         let ple = d.ple > 0;
         Ok(NextBufs {
