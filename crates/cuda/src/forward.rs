@@ -35,7 +35,6 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use sluice_kernels::GgmlType;
-use sluice_models::blocks::attention::AttnShape;
 use sluice_models::blocks::dsv4_attention::Dsv4Shape;
 use sluice_models::blocks::ffn::Activation;
 use sluice_models::blocks::hyper::HcShape;
@@ -783,8 +782,6 @@ pub struct GpuDecoder {
     /// The plan's MLA layers' shape (`DecoderPlan::mla_shape`; checked to be every one's),
     /// or its pooled layers' absorbed view.
     mla: Option<MlaShape>,
-    /// The attention shape the kernels see (the plan's, or pooled layers' absorbed view).
-    attn: AttnShape,
     /// Column segments of the hyper-connection projections.
     hc_nseg: usize,
     /// The plan's DeepSeek V4 layers' shape (checked to be every one's).
@@ -1203,25 +1200,18 @@ impl GpuDecoder {
                 }
             }
         }
-        // (Pooled layers' attention as the absorbed kernels see it; a plan of recurrent
-        // layers only has no attention shape to check.)
-        let sh = &glm5next::kernel_attn_shape(plan);
-        let attends = plan
-            .layers
-            .iter()
-            .any(|l| !matches!(l.attn, PlanAttn::Delta { .. } | PlanAttn::Kda { .. }));
-        if attends
-            && (sh.head_dim > MAX_HEAD_DIM
-                || sh.head_dim_v > MAX_HEAD_DIM_V
-                || !sh.head_dim.is_multiple_of(2)
-                || sh.head_dim_v == 0)
+        let sh = &plan.shape;
+        if sh.head_dim > MAX_HEAD_DIM
+            || sh.head_dim_v > MAX_HEAD_DIM_V
+            || !sh.head_dim.is_multiple_of(2)
+            || sh.head_dim_v == 0
         {
             return Err(format!(
                 "head sizes {} / {} (the attention kernel takes even key sizes up to {MAX_HEAD_DIM}, values up to {MAX_HEAD_DIM_V})",
                 sh.head_dim, sh.head_dim_v
             ));
         }
-        if attends && (sh.n_head_kv == 0 || !sh.n_head.is_multiple_of(sh.n_head_kv)) {
+        if sh.n_head_kv == 0 || !sh.n_head.is_multiple_of(sh.n_head_kv) {
             return Err(format!(
                 "{} query heads over {} KV heads",
                 sh.n_head, sh.n_head_kv
@@ -1804,7 +1794,6 @@ impl GpuDecoder {
                     PlanAttn::Pooled { shape, .. } => Some(glm5next::pooled_mla_shape(shape)),
                     _ => None,
                 })),
-            attn: glm5next::kernel_attn_shape(&plan),
             hc_nseg,
             dsv4: plan.dsv4_shape(),
             index_dims: IndexDims::of(&layers),
@@ -2565,7 +2554,7 @@ impl GpuDecoder {
         window: i32,
         select: (u64, u64, usize),
     ) -> Result<(), ModelError> {
-        let sh = &self.attn;
+        let sh = &self.plan.shape;
         let (sel, nsel, top_k) = select;
         self.launch(
             &self.f.attention[kvt],
@@ -2677,7 +2666,7 @@ impl GpuDecoder {
                     "cuda: this sequence has no KV cache on the GPU (it was started or restored without it)".into(),
                 ));
             }
-            let sh = &self.attn;
+            let sh = &self.plan.shape;
             // A length-limited plan never writes past its `max_positions` (`check_length`).
             let n_ctx = state
                 .n_ctx()
@@ -2799,7 +2788,7 @@ impl DeviceForward for GpuDecoder {
             return Ok(Vec::new());
         }
         let p = &self.plan;
-        let sh = self.attn;
+        let sh = p.shape;
         let (e, nv) = (p.n_embd, p.n_vocab);
         let (nh, nkv, hd, hdv) = (sh.n_head, sh.n_head_kv, sh.head_dim, sh.head_dim_v);
         let (kdim, vdim) = (nkv * hd, nkv * hdv);

@@ -812,7 +812,7 @@ fn deepseek4_whole_forward_matches_reference() {
 #[ignore = "needs a CUDA device"]
 fn qwen4exp_whole_forward_matches_reference() {
     let dir = std::env::temp_dir().join(format!("sluice-gpu-q4-{}", std::process::id()));
-    let path = common::qwen4exp_wide(&dir);
+    let path = common::qwen4exp_wide(&dir, 4);
     let vocab = Model::load(&path).unwrap().cfg.n_vocab as u32;
     let toks: Vec<u32> = (0..120u32).map(|i| (i * 37 + 11) % vocab).collect();
     let (gpu, a) = whole_forward_vs_reference(&path, &toks, 16, "qwen4exp");

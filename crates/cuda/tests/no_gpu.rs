@@ -441,7 +441,7 @@ fn decoder_plans_the_gpu_takes() {
         "{e}"
     );
     let dir = std::env::temp_dir().join(format!("sluice-no-gpu-q4-{}", std::process::id()));
-    let q4 = Model::load(&common::qwen4exp_wide(&dir)).unwrap();
+    let q4 = Model::load(&common::qwen4exp_wide(&dir, 4)).unwrap();
     let plan = q4.plan().expect("qwen4exp has a decoder plan");
     assert!(plan.lowrank.is_some() && plan.ple.is_some());
     GpuDecoder::check(&plan).unwrap();
@@ -466,12 +466,10 @@ fn decoder_plans_the_gpu_takes() {
     );
     let norm_beside = |p: &mut DecoderPlan| p.layers[2].ffn_norm = vec![1.0; p.n_embd];
     assert_refused(&plan, norm_beside, "layer 2: norms beside low-rank mixers");
-    // A cut of recurrent layers only (the architecture's plan then has one query head
-    // over two KV heads: no attention shape to check) is taken.
-    let mut p = plan.clone();
-    p.layers.truncate(3);
-    p.shape.n_head = 1;
-    GpuDecoder::check(&p).unwrap();
+    // A cut of recurrent layers only (its plan's attention shape is no QSA layer's) is
+    // taken.
+    let cut = Model::load(&common::qwen4exp_wide(&dir, 3)).unwrap();
+    GpuDecoder::check(&cut.plan().expect("qwen4exp has a decoder plan")).unwrap();
     let no_hash = |p: &mut DecoderPlan| p.ple = None;
     assert_refused(
         &plan,

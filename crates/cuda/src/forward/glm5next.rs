@@ -5,12 +5,12 @@
 //! the pooled latent-attention layers ([`DPool`]: LayerNorm'd keys, gate logits and pools
 //! per sequence, the pools' scores and top-k through the shared indexer kernels, the
 //! positions through `qsa_expand`); the pooled layers' absorbed-MLA view
-//! ([`pooled_mla_shape`], [`kernel_attn_shape`]); and the shape checks of both
+//! ([`pooled_mla_shape`]; the plan's attention shape is already that view); and the shape
+//! checks of both
 //! ([`check`]). The pooled layers' attention is forward.rs's absorbed MLA path with no
 //! RoPE; the streams' mean before the head is `stream_mean`.
 
 use cudarc::driver::CudaSlice;
-use sluice_models::blocks::attention::AttnShape;
 use sluice_models::blocks::kda::{KdaShape, KdaWeights};
 use sluice_models::blocks::mla::MlaShape;
 use sluice_models::blocks::mla_pooled::{PooledIndexer, PooledShape};
@@ -146,26 +146,6 @@ pub(super) fn pooled_mla_shape(s: &PooledShape) -> MlaShape {
     }
 }
 
-/// The attention shape the kernels use: the plan's, or with pooled layers their absorbed
-/// view (one KV head of `kv_lora` keys and values; the scale of the `head_k` query heads).
-pub(super) fn kernel_attn_shape(plan: &DecoderPlan) -> AttnShape {
-    let pooled = plan.layers.iter().find_map(|l| match &l.attn {
-        PlanAttn::Pooled { shape, .. } => Some(*shape),
-        _ => None,
-    });
-    match pooled {
-        Some(s) => AttnShape {
-            n_head: s.n_head,
-            n_head_kv: 1,
-            head_dim: s.kv_lora,
-            head_dim_v: s.kv_lora,
-            scale: 1.0 / (s.head_k as f32).sqrt(),
-            rms_eps: plan.shape.rms_eps,
-        },
-        None => plan.shape,
-    }
-}
-
 /// The shapes these kernels assume, for `GpuDecoder::check` (the reason when not).
 pub(super) fn check(plan: &DecoderPlan, smem: usize) -> Result<(), String> {
     let e = plan.n_embd;
@@ -225,7 +205,11 @@ pub(super) fn check(plan: &DecoderPlan, smem: usize) -> Result<(), String> {
             }
             PlanAttn::Pooled { w, shape: s } => {
                 let dims = |s: &PooledShape| (s.n_head, s.q_lora, s.kv_lora, s.head_k, s.head_v);
+                // (The kernels take the plan's attention shape as the absorbed view.)
+                let a = &plan.shape;
                 let ok = first.as_ref().map(dims) == Some(dims(s))
+                    && (a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v)
+                        == (s.n_head, 1, s.kv_lora, s.kv_lora)
                     && s.n_head > 0
                     && s.kv_lora <= super::MAX_HEAD_DIM_V
                     && (w.q_a.rows, w.q_b.rows, w.q_b.cols)

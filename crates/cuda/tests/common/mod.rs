@@ -105,14 +105,15 @@ pub fn deepseek4_wide(dir: &Path, index_top_k: usize) -> PathBuf {
 }
 
 /// A small random-weight Qwen3.8-Flash-Next file (`sluice_synth::qwen4exp`) whose sizes the
-/// GPU kernels take (every product's columns a multiple of 32): 4 layers (Gated DeltaNet on
-/// 0-2, QSA on 3, the PLE layer before layer 1: the real schedule's first four), hidden 256
+/// GPU kernels take (every product's columns a multiple of 32): `layers` layers (Gated
+/// DeltaNet but on every 4th, QSA there, the PLE layer before layer 1: the real schedule;
+/// 4 layers: DeltaNet on 0-2, QSA on 3), hidden 256
 /// in 4 low-rank streams (rank 64), DeltaNet 2 key / 4 value heads of 64, QSA 4 heads of 128
 /// over 2 KV heads (32 roped) whose indexer (2 heads of 64) keeps 4 blocks of 4 (a budget of
 /// 16 positions, so it selects from position 19 on), 16 Q8_0 experts of 128 (top-4) and the
 /// gated shared expert, a 2048-token vocabulary, a PLE table of F32 rows (heads of ~1000
 /// rows). Written under `dir`; its path.
-pub fn qwen4exp_wide(dir: &Path) -> PathBuf {
+pub fn qwen4exp_wide(dir: &Path, layers: usize) -> PathBuf {
     use sluice_synth::qwen4exp::{self as q4, Q4Shape, Q4SynthConfig};
     let shape = Q4Shape {
         hidden: 256,
@@ -137,14 +138,14 @@ pub fn qwen4exp_wide(dir: &Path) -> PathBuf {
     };
     let cfg = Q4SynthConfig {
         shape,
-        layers: 4,
+        layers,
         quant: sluice_kernels::GgmlType::Q8_0,
         ple_quant: sluice_kernels::GgmlType::F32,
         seed: 7,
         name: "qwen4exp wide test".into(),
     };
     std::fs::create_dir_all(dir).unwrap();
-    let path = dir.join("qwen4exp-wide.gguf");
+    let path = dir.join(format!("qwen4exp-wide-{layers}.gguf"));
     let plan = q4::plan(&cfg, Vocab::builtin()).unwrap();
     write(&plan, &path);
     path

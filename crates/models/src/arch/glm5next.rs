@@ -519,12 +519,14 @@ impl Architecture for Glm5Next {
             })
             .collect();
         let ps = &self.pooled;
-        // The pooled layers' latent attention as a kernel would see it (NoPE keys).
+        // The pooled layers' latent attention as a kernel sees it, absorbed: one KV head of
+        // `kv_lora` keys (no RoPE part) whose values are those keys, the score scale of the
+        // `head_k`-wide query heads.
         let shape = AttnShape {
             n_head: ps.n_head,
             n_head_kv: 1,
-            head_dim: ps.head_k,
-            head_dim_v: ps.head_v,
+            head_dim: ps.kv_lora,
+            head_dim_v: ps.kv_lora,
             scale: 1.0 / (ps.head_k as f32).sqrt(),
             rms_eps: self.rms_eps,
         };

@@ -600,9 +600,10 @@ impl Architecture for Qwen4Exp {
             Mixer::Qsa(_, sh) => Some(*sh),
             Mixer::Delta(_) => None,
         });
-        // The QSA layers' attention as a kernel would see it.
+        // The QSA layers' attention as a kernel would see it (without one, as many query
+        // heads as KV heads: a consistent shape nothing attends with).
         let shape = AttnShape {
-            n_head: qsa.map_or(1, |q| q.n_head),
+            n_head: qsa.map_or(self.n_head_kv, |q| q.n_head),
             n_head_kv: self.n_head_kv,
             head_dim: self.head_dim,
             head_dim_v: self.head_dim,
