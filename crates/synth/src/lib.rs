@@ -23,7 +23,9 @@ use sluice_gguf::{GgmlType, GgufError, GgufFile, GgufWriter, MetaValue, TensorSp
 
 use blocks::{block_geometry, Fill, Rng};
 pub use vocab::Vocab;
-pub use write::{available_space, check_free_space, temp_path, write, write_to, WriteOptions};
+pub use write::{
+    available_space, check_free_space, temp_path, write, write_replacing, write_to, WriteOptions,
+};
 
 /// Free space kept on top of the file's size.
 pub const SPACE_MARGIN: u64 = 1 << 30;

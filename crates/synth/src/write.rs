@@ -232,6 +232,21 @@ pub struct WriteOptions<'a> {
     pub cancel: &'a AtomicBool,
 }
 
+/// [`write`] replacing any existing file, without progress reports or a way to cancel
+/// (tests, and files a program writes for itself).
+pub fn write_replacing(plan: &Plan, path: &Path) -> Result<(), SynthError> {
+    let cancel = AtomicBool::new(false);
+    write(
+        plan,
+        path,
+        &WriteOptions {
+            force: true,
+            progress: &|_| {},
+            cancel: &cancel,
+        },
+    )
+}
+
 /// Write `plan` to `path`: check free space, write `<path>.tmp`, sync, rename. On any error
 /// or cancellation the temporary file is removed.
 pub fn write(plan: &Plan, path: &Path, opts: &WriteOptions) -> Result<(), SynthError> {

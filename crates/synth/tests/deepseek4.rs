@@ -6,13 +6,12 @@
 //! weights are random by design: no oracle for the numbers.)
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 
 use sluice_gguf::{GgmlType, GgufFile};
 use sluice_models::{Logits, Model};
 use sluice_synth as synth;
 use sluice_synth::deepseek4::{self as ds4, Dsv4Config, Dsv4Preset, Dsv4Quant};
-use sluice_synth::{Vocab, WriteOptions};
+use sluice_synth::Vocab;
 
 fn tmp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("sluice-synth-ds4-{tag}-{}", std::process::id()));
@@ -33,17 +32,7 @@ fn cfg(quant: Dsv4Quant, layers: usize) -> Dsv4Config {
 
 fn write(cfg: &Dsv4Config, path: &Path) {
     let plan = ds4::plan(cfg, Vocab::builtin()).unwrap();
-    let cancel = AtomicBool::new(false);
-    synth::write(
-        &plan,
-        path,
-        &WriteOptions {
-            force: true,
-            progress: &|_| {},
-            cancel: &cancel,
-        },
-    )
-    .unwrap();
+    synth::write_replacing(&plan, path).unwrap();
     assert_eq!(std::fs::metadata(path).unwrap().len(), plan.file_size());
 }
 

@@ -7,13 +7,11 @@
 //! (llama.cpp loading these files is checked by hand: the synth note in README.md. The
 //! weights are random by design: no oracle for the numbers.)
 
-use std::sync::atomic::AtomicBool;
-
 use sluice_gguf::{GgmlType, GgufFile};
 use sluice_models::{Logits, Model};
 use sluice_synth as synth;
 use sluice_synth::glm_dsa::{self as glm, GlmDsaConfig, GlmDsaPreset, GlmDsaQuant};
-use sluice_synth::{Vocab, WriteOptions};
+use sluice_synth::Vocab;
 
 fn cfg(quant: GlmDsaQuant, preset: GlmDsaPreset) -> GlmDsaConfig {
     GlmDsaConfig {
@@ -34,17 +32,7 @@ fn tiny_files_load_and_give_finite_varied_logits() {
     ] {
         let path = dir.join(format!("{}.gguf", quant.name()));
         let plan = glm::plan(&cfg(quant, GlmDsaPreset::Tiny), Vocab::builtin()).unwrap();
-        let cancel = AtomicBool::new(false);
-        synth::write(
-            &plan,
-            &path,
-            &WriteOptions {
-                force: true,
-                progress: &|_| {},
-                cancel: &cancel,
-            },
-        )
-        .unwrap();
+        synth::write_replacing(&plan, &path).unwrap();
         let g = GgufFile::open(&path).unwrap();
         let ty = |n: &str| g.tensor(n).unwrap_or_else(|| panic!("{n}")).ty;
         assert_eq!(ty("blk.1.ffn_gate_exps.weight"), ex);

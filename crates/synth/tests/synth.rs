@@ -36,17 +36,7 @@ fn tiny(quant: GgmlType, seed: u64) -> SynthConfig {
 
 fn write_file(cfg: &SynthConfig, path: &Path) {
     let plan = Plan::new(cfg, Vocab::builtin()).unwrap();
-    let cancel = AtomicBool::new(false);
-    synth::write(
-        &plan,
-        path,
-        &WriteOptions {
-            force: true,
-            progress: &|_| {},
-            cancel: &cancel,
-        },
-    )
-    .unwrap();
+    synth::write_replacing(&plan, path).unwrap();
     assert_eq!(std::fs::metadata(path).unwrap().len(), plan.file_size());
     assert!(temps_of(path).is_empty());
 }

@@ -1,25 +1,9 @@
 //! Test files shared by the GPU test binaries.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 
 use sluice_synth::glm_dsa::{self as glm, GlmDsaConfig, GlmDsaQuant, GlmDsaShape};
-use sluice_synth::{Plan, Vocab, WriteOptions};
-
-/// Write a synthetic file's plan to `path` (replacing it).
-fn write(plan: &Plan, path: &Path) {
-    let cancel = AtomicBool::new(false);
-    sluice_synth::write(
-        plan,
-        path,
-        &WriteOptions {
-            force: true,
-            progress: &|_| {},
-            cancel: &cancel,
-        },
-    )
-    .unwrap();
-}
+use sluice_synth::Vocab;
 
 /// A small random-weight GLM-DSA file (`sluice_synth::glm_dsa`) whose MLA has GLM-5's latent
 /// widths (kv_lora 512, rope 64: the attention kernel's widest keys, 576, and values,
@@ -59,7 +43,7 @@ pub fn glm_dsa_wide_mla(dir: &Path, layers: usize, index_top_k: usize) -> PathBu
     std::fs::create_dir_all(dir).unwrap();
     let path = dir.join(format!("glm-dsa-wide-mla-{layers}-top{index_top_k}.gguf"));
     let plan = glm::plan(&cfg, Vocab::builtin()).unwrap();
-    write(&plan, &path);
+    sluice_synth::write_replacing(&plan, &path).unwrap();
     path
 }
 
@@ -100,7 +84,7 @@ pub fn deepseek4_wide(dir: &Path, index_top_k: usize) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let path = dir.join(format!("deepseek4-wide-top{index_top_k}.gguf"));
     let plan = ds::plan(&cfg, Vocab::builtin()).unwrap();
-    write(&plan, &path);
+    sluice_synth::write_replacing(&plan, &path).unwrap();
     path
 }
 
@@ -147,7 +131,7 @@ pub fn qwen4exp_wide(dir: &Path, layers: usize) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let path = dir.join(format!("qwen4exp-wide-{layers}.gguf"));
     let plan = q4::plan(&cfg, Vocab::builtin()).unwrap();
-    write(&plan, &path);
+    sluice_synth::write_replacing(&plan, &path).unwrap();
     path
 }
 
@@ -190,6 +174,6 @@ pub fn glm5next_wide(dir: &Path) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let path = dir.join("glm5next-wide.gguf");
     let plan = g5::plan(&cfg, Vocab::builtin()).unwrap();
-    write(&plan, &path);
+    sluice_synth::write_replacing(&plan, &path).unwrap();
     path
 }
