@@ -440,6 +440,15 @@ __device__ __forceinline__ float block_sum(float v) {
     return s;
 }
 
+// 1 / sqrt(mean(x^2) + eps) of the block's row x[0..n) (every thread gets it; each sums
+// its elements i = tid, tid + blockDim, .. in order, then block_sum).
+__device__ __forceinline__ float rms_inv(const float* x, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
+    ss = block_sum(ss);
+    return rsqrtf(ss / (float)n + eps);
+}
+
 // out[i] = x[src] * rsqrt(mean(x[src]^2) + eps) * w for row i (src = rows ? rows[i] : i; w
 // null: unweighted); one block per row.
 //
@@ -558,6 +567,39 @@ __device__ __forceinline__ void kv_store_rows(const float* k, const float* v, KT
 #define ATT_MAX_V 512
 #define ATT_V_PER_THREAD (ATT_MAX_V / ATT_THREADS)
 
+// One tile's softmax step of the online attention (`attend`, `dsv4_attention`; every
+// thread of the ATT_THREADS block takes part): `tmax` is the largest score this thread
+// wrote to the tile's sc[0..tn); the block's largest and the running maximum m give the new
+// maximum, each score becomes exp(score - maximum), their block sum is added to the running
+// sum l after it is rescaled; returns that rescaling factor (the caller's output sums take
+// it too). `red` is shared scratch of ATT_THREADS / 32 values.
+__device__ __forceinline__ float tile_softmax(float* sc, int tn, float tmax, float* red,
+                                              float& m, float& l) {
+    const int tid = threadIdx.x;
+    tmax = warp_max(tmax);
+    if ((tid & 31) == 0) red[tid >> 5] = tmax;
+    __syncthreads();
+    float bm = NEG_INF;
+    for (int w = 0; w < ATT_THREADS / 32; w++) bm = fmaxf(bm, red[w]);
+    const float mn = fmaxf(m, bm);
+    float ts = 0.0f;
+    for (int j = tid; j < tn; j += ATT_THREADS) {
+        const float e = __expf(sc[j] - mn);
+        sc[j] = e;
+        ts += e;
+    }
+    __syncthreads();  // red[] reads above are done; sc[] is complete
+    ts = warp_sum(ts);
+    if ((tid & 31) == 0) red[tid >> 5] = ts;
+    __syncthreads();
+    float bs = 0.0f;
+    for (int w = 0; w < ATT_THREADS / 32; w++) bs += red[w];
+    const float corr = (m == NEG_INF) ? 0.0f : __expf(m - mn);
+    l = l * corr + bs;
+    m = mn;
+    return corr;
+}
+
 // Query head h of token t (grid n x nh, ATT_THREADS threads): softmax over keys lo..=pos of
 // (q . k) * scale, times V; K/V rows [pos][nkv * hd]. Keys go in tiles of ATT_TILE: every
 // thread scores its own keys (a whole dot product each, four partial sums, so many rows are
@@ -620,27 +662,7 @@ __device__ __forceinline__ void attend(const float* q, const KT* kc, const KT* v
             sc[j] = d;
             tmax = fmaxf(tmax, d);
         }
-        tmax = warp_max(tmax);
-        if ((tid & 31) == 0) red[tid >> 5] = tmax;
-        __syncthreads();
-        float bm = NEG_INF;
-        for (int w = 0; w < ATT_THREADS / 32; w++) bm = fmaxf(bm, red[w]);
-        const float mn = fmaxf(m, bm);
-        float ts = 0.0f;
-        for (int j = tid; j < tn; j += ATT_THREADS) {
-            const float e = __expf(sc[j] - mn);
-            sc[j] = e;
-            ts += e;
-        }
-        __syncthreads();  // red[] reads above are done; sc[] is complete
-        ts = warp_sum(ts);
-        if ((tid & 31) == 0) red[tid >> 5] = ts;
-        __syncthreads();
-        float bs = 0.0f;
-        for (int w = 0; w < ATT_THREADS / 32; w++) bs += red[w];
-        const float corr = (m == NEG_INF) ? 0.0f : __expf(m - mn);
-        l = l * corr + bs;
-        m = mn;
+        const float corr = tile_softmax(sc, tn, tmax, red, m, l);
 #pragma unroll
         for (int u = 0; u < ATT_V_PER_THREAD; u++) {
             if (u >= nv) break;
@@ -862,7 +884,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 
 // g[i] = act(g[i]) * u[i]: act 0 = SiLU, 1 = GELU (tanh form, as sluice_kernels::act), 2 =
 // SiLU with the gate clamped above at `limit` and the up value to [-limit, limit]
-// (DeepSeek V4's clamped SwiGLU).
+// (DeepSeek V4's clamped SwiGLU), 3 = sigmoid (QSA's output gate).
 extern "C" __global__ void glu_act(float* g, const float* u, long long n, int act,
                                    float limit) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -877,6 +899,8 @@ extern "C" __global__ void glu_act(float* g, const float* u, long long n, int ac
     }
     if (act == 0) {
         a = x / (1.0f + expf(-x));
+    } else if (act == 3) {
+        a = 1.0f / (1.0f + expf(-x));
     } else {
         const float uu = 0.7978846f * (x + 0.044715f * x * x * x);
         a = x / (1.0f + expf(-2.0f * uu));
@@ -1114,10 +1138,7 @@ extern "C" __global__ void dsv4_heads(float* __restrict__ x, const int* __restri
                                       int n_rot, int flags, float eps) {
     float* r = x + ((size_t)blockIdx.x * n_heads + blockIdx.y) * hd;
     if (flags & 1) {
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += r[i] * r[i];
-        ss = block_sum(ss);
-        const float s = rsqrtf(ss / (float)hd + eps);
+        const float s = rms_inv(r, hd, eps);
         for (int i = threadIdx.x; i < hd; i += blockDim.x) r[i] = r[i] * s;
         __syncthreads();
     }
@@ -1156,10 +1177,7 @@ extern "C" __global__ void dsv4_kv_prep(float* __restrict__ kv, const float* __r
                                         const float* __restrict__ inv_freq, int hd, int n_rot,
                                         int round, float eps) {
     float* r = kv + (size_t)blockIdx.x * hd;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += r[i] * r[i];
-    ss = block_sum(ss);
-    const float s = rsqrtf(ss / (float)hd + eps);
+    const float s = rms_inv(r, hd, eps);
     for (int i = threadIdx.x; i < hd; i += blockDim.x) r[i] = r[i] * s * norm[i];
     __syncthreads();
     rope_tail_row(r, hd, n_rot, (float)pos[blockIdx.x], inv_freq, false);
@@ -1264,13 +1282,13 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
-// The carry of the last `slots` tokens of the batch (grid n x column blocks): row t of c (and
-// z, when given) to slot pos[t] % slots of rc (rz), for t >= n - slots. Queued after every
-// kernel that reads the ring for this batch.
-extern "C" __global__ void dsv4_ring_store(const float* __restrict__ c,
-                                           const float* __restrict__ z, float* __restrict__ rc,
-                                           float* __restrict__ rz, const int* __restrict__ pos,
-                                           int width, int slots, int n) {
+// A per-sequence ring of the last `slots` positions (DeepSeek V4's window and compressor
+// carries, the DeltaNet / KDA / PLE convolution histories; grid n x column blocks): row t of
+// c (and z, when given) to slot pos[t] % slots of rc (rz), for t >= n - slots. Queued after
+// every kernel that reads the ring for this batch.
+extern "C" __global__ void ring_store(const float* __restrict__ c, const float* __restrict__ z,
+                                      float* __restrict__ rc, float* __restrict__ rz,
+                                      const int* __restrict__ pos, int width, int slots, int n) {
     const int t = blockIdx.x;
     if (t < n - slots) return;
     const size_t s = (size_t)(pos[t] % slots) * width;
@@ -1481,27 +1499,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
             if (lane == 0) sc[j] = d;
             tmax = fmaxf(tmax, d);
         }
-        tmax = warp_max(tmax);
-        if ((tid & 31) == 0) red[tid >> 5] = tmax;
-        __syncthreads();
-        float bm = NEG_INF;
-        for (int w = 0; w < ATT_THREADS / 32; w++) bm = fmaxf(bm, red[w]);
-        const float mn = fmaxf(m, bm);
-        float ts = 0.0f;
-        for (int j = tid; j < tn; j += ATT_THREADS) {
-            const float ev = __expf(sc[j] - mn);
-            sc[j] = ev;
-            ts += ev;
-        }
-        __syncthreads();
-        ts = warp_sum(ts);
-        if ((tid & 31) == 0) red[tid >> 5] = ts;
-        __syncthreads();
-        float bs = 0.0f;
-        for (int w = 0; w < ATT_THREADS / 32; w++) bs += red[w];
-        const float corr = __expf(m - mn);
-        l = l * corr + bs;
-        m = mn;
+        const float corr = tile_softmax(sc, tn, tmax, red, m, l);
 #pragma unroll
         for (int u = 0; u < ATT_V_PER_THREAD; u++) {
             if (u >= nv) break;

@@ -150,6 +150,9 @@ struct DShared {
 /// `glu_act`'s activation id and its clamp limit ([`act_id`]).
 type Act = (i32, f32);
 
+/// `glu_act`'s sigmoid (`g = sigmoid(g) * u`: QSA's output gate).
+const ACT_SIGMOID: Act = (3, 0.0);
+
 /// One hyper-connection mix in VRAM: the projection of the normalised streams, its bias
 /// and scales.
 struct DHc {
@@ -302,7 +305,7 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("dsv4_heads", "PPPIIIIF"),
     ("dsv4_kv_prep", "PPPPIIIF"),
     ("dsv4_compress", "PPPPPPPPPIIIIIF"),
-    ("dsv4_ring_store", "PPPPPIII"),
+    ("ring_store", "PPPPPIII"),
     ("dsv4_index_scores", "PPPPPIIII"),
     ("dsv4_topk", "PPPPIII"),
     ("dsv4_attention", "PPPPPPPPPIIIIIF"),
@@ -317,7 +320,6 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("qsa_prep", "PPPPPPPPPPPPIIIIIIF"),
     ("qsa_pool", "PPPPPIIIF"),
     ("qsa_expand", "PPPPPIIII"),
-    ("sig_mul", "PPL"),
     ("rows_gather", "PPPI"),
     ("dot_rows_f32", "PPPII"),
     ("stream_mean", "PPII"),
@@ -432,7 +434,7 @@ struct Funcs {
     dsv4_heads: Kernel,
     dsv4_kv_prep: Kernel,
     dsv4_compress: Kernel,
-    dsv4_ring_store: Kernel,
+    ring_store: Kernel,
     dsv4_index_scores: Kernel,
     dsv4_topk: Kernel,
     dsv4_attention: Kernel,
@@ -448,7 +450,6 @@ struct Funcs {
     qsa_prep: Kernel,
     qsa_pool: Kernel,
     qsa_expand: Kernel,
-    sig_mul: Kernel,
     rows_gather: Kernel,
     dot_rows_f32: Kernel,
     /// GLM-5.3-Flash's parts (`glm5next.cu`, [`glm5next`]).
@@ -1388,7 +1389,7 @@ impl GpuDecoder {
             dsv4_heads: load("dsv4_heads")?,
             dsv4_kv_prep: load("dsv4_kv_prep")?,
             dsv4_compress: load("dsv4_compress")?,
-            dsv4_ring_store: load("dsv4_ring_store")?,
+            ring_store: load("ring_store")?,
             dsv4_index_scores: load("dsv4_index_scores")?,
             dsv4_topk: load("dsv4_topk")?,
             dsv4_attention: load("dsv4_attention")?,
@@ -1403,7 +1404,6 @@ impl GpuDecoder {
             qsa_prep: load("qsa_prep")?,
             qsa_pool: load("qsa_pool")?,
             qsa_expand: load("qsa_expand")?,
-            sig_mul: load("sig_mul")?,
             rows_gather: load("rows_gather")?,
             dot_rows_f32: load("dot_rows_f32")?,
             stream_mean: load("stream_mean")?,
@@ -1423,7 +1423,7 @@ impl GpuDecoder {
             .filter_map(|l| match &l.attn {
                 PlanAttn::Delta { shape, .. } => Some(qwen4exp::gdn_smem(shape)),
                 PlanAttn::Kda { shape, .. } => {
-                    Some(4 * (shape.head_dim.pow(2) + 3 * shape.head_dim))
+                    Some(qwen4exp::gdn_smem(&glm5next::delta_shape(shape)))
                 }
                 _ => None,
             })
@@ -2522,7 +2522,7 @@ impl GpuDecoder {
         n: usize,
     ) -> Result<(), ModelError> {
         self.launch(
-            &self.f.dsv4_ring_store,
+            &self.f.ring_store,
             (n as u32, width.div_ceil(256).min(64) as u32, 1),
             256,
             &[
@@ -3386,8 +3386,9 @@ impl DeviceForward for GpuDecoder {
                     DAttn::Qsa(w) => {
                         let st = &rec_ptrs[il];
                         let cache = (kc, vc);
-                        self.qsa(w, kvt, cache, st, pos, h, &qsa_bufs, &nb, dense_rows, n)?;
-                        (&w.wo, att)
+                        let y =
+                            self.qsa(w, kvt, cache, st, pos, h, &qsa_bufs, &nb, dense_rows, n)?;
+                        (&w.wo, y)
                     }
                     DAttn::Kda(w) => {
                         self.kda(w, &rec_ptrs[il], pos, h, &nb, dense_rows, n)?;

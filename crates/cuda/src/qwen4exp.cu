@@ -15,10 +15,7 @@ extern "C" __global__ void rms_groups(const float* __restrict__ x, const float* 
                                       float* __restrict__ out, int e, float eps) {
     const size_t base = ((size_t)blockIdx.x * gridDim.y + blockIdx.y) * e;
     const float* wg = w + (size_t)blockIdx.y * e;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < e; i += blockDim.x) ss += x[base + i] * x[base + i];
-    ss = block_sum(ss);
-    const float s = rsqrtf(ss / (float)e + eps);
+    const float s = rms_inv(x + base, e, eps);
     for (int i = threadIdx.x; i < e; i += blockDim.x) out[base + i] = x[base + i] * s * wg[i];
 }
 
@@ -81,7 +78,7 @@ extern "C" __global__ void ple_gate(const float* __restrict__ k, const float* __
 // over taps j < kernel, in order, of w[c][j] * val(p - (kernel - 1 - j) * dil)), val(q) the
 // channel's input at position q: 0 before the sequence, in[q - pos[0]] within the batch
 // (its positions are consecutive), else the ring's slot q % ((kernel - 1) * dil), which
-// dsv4_ring_store fills with the last positions after every read. gv null: out = y
+// ring_store fills with the last positions after every read. gv null: out = y
 // (DeltaNet's q|k|v); else out += gv + y (the PLE layer's residual update).
 extern "C" __global__ void conv_ring(const float* __restrict__ in, const float* __restrict__ ring,
                                      const float* __restrict__ w, const float* __restrict__ gv,
@@ -263,10 +260,7 @@ extern "C" __global__ void qsa_prep(const float* __restrict__ qg, float* __restr
             keys[(size_t)p * id + i] = ik[(size_t)t * id + i];
         return;
     }
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += x[i] * x[i];
-    ss = block_sum(ss);
-    const float s = rsqrtf(ss / (float)dim + eps);
+    const float s = rms_inv(x, dim, eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) x[i] = x[i] * s * nw[i];
     __syncthreads();
     rope_first(x, p, inv_freq, n_rot);
@@ -315,13 +309,6 @@ extern "C" __global__ void qsa_expand(const int* __restrict__ bsel, const int* _
     const int tail0 = tail ? (p + 1) / ratio * ratio : p + 1;
     for (int i = threadIdx.x; tail0 + i <= p; i += blockDim.x) out[nbk * ratio + i] = tail0 + i;
     if (threadIdx.x == 0) np[t] = nbk * ratio + (p + 1 - tail0);
-}
-
-// x[i] *= sigmoid(g[i]) (QSA's output gate).
-extern "C" __global__ void sig_mul(float* __restrict__ x, const float* __restrict__ g,
-                                   long long n) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= sigmoidf_(g[i]);
 }
 
 // out[i] = x[rows[i]] (grid rows x blocks of the columns, `cols` values each).

@@ -11,6 +11,7 @@
 //! RoPE; the streams' mean before the head is `stream_mean`.
 
 use cudarc::driver::CudaSlice;
+use sluice_models::blocks::deltanet::DeltaShape;
 use sluice_models::blocks::kda::{KdaShape, KdaWeights};
 use sluice_models::blocks::mla::MlaShape;
 use sluice_models::blocks::mla_pooled::{PooledIndexer, PooledShape};
@@ -131,6 +132,20 @@ impl Uploader<'_> {
     }
 }
 
+/// A KDA layer as the delta-rule kernel sees it: a DeltaNet of as many key as value heads,
+/// square, with the sigmoid-gated output norm.
+pub(super) fn delta_shape(s: &KdaShape) -> DeltaShape {
+    DeltaShape {
+        n_k_heads: s.n_head,
+        n_v_heads: s.n_head,
+        d_k: s.head_dim,
+        d_v: s.head_dim,
+        conv_kernel: s.conv_kernel,
+        rms_eps: s.rms_eps,
+        gate_sigmoid: true,
+    }
+}
+
 /// A pooled layer's attention as the absorbed-MLA kernels see it: latent rows of
 /// `kv_lora` values without a RoPE part.
 pub(super) fn pooled_mla_shape(s: &PooledShape) -> MlaShape {
@@ -173,15 +188,7 @@ pub(super) fn check(plan: &DecoderPlan, smem: usize) -> Result<(), String> {
             PlanAttn::Kda { w, shape: s } => {
                 let (h, d) = (s.n_head, s.head_dim);
                 let inner = s.inner();
-                let delta = sluice_models::blocks::deltanet::DeltaShape {
-                    n_k_heads: h,
-                    n_v_heads: h,
-                    d_k: d,
-                    d_v: d,
-                    conv_kernel: s.conv_kernel,
-                    rms_eps: s.rms_eps,
-                    gate_sigmoid: true,
-                };
+                let delta = delta_shape(s);
                 let ok = h > 0
                     && d > 0
                     && d <= super::qwen4exp::DV_MAX
@@ -356,35 +363,10 @@ impl GpuDecoder {
             ],
         )?;
         for i in 0..3 {
-            self.launch(
-                &self.f.conv_ring,
-                (n as u32, inner.div_ceil(256) as u32, 1),
-                256,
-                &[
-                    A::P(raw[i]),
-                    A::P(st[i]),
-                    A::P(w.conv[i]),
-                    A::P(0),
-                    A::P(conv[i]),
-                    A::P(pos),
-                    A::I(ii),
-                    A::I(s.conv_kernel as i32),
-                    A::I(1),
-                ],
-            )?;
-            if s.conv_kernel > 1 {
-                self.ring_store(raw[i], 0, st[i], 0, pos, inner, s.conv_kernel - 1, n)?;
-            }
+            let taps = (w.conv[i], s.conv_kernel, 1);
+            self.conv(raw[i], st[i], taps, 0, conv[i], pos, inner, n)?;
         }
-        let delta = sluice_models::blocks::deltanet::DeltaShape {
-            n_k_heads: s.n_head,
-            n_v_heads: s.n_head,
-            d_k: s.head_dim,
-            d_v: s.head_dim,
-            conv_kernel: s.conv_kernel,
-            rms_eps: s.rms_eps,
-            gate_sigmoid: true,
-        };
+        let delta = delta_shape(s);
         let (q, k, v) = (conv[0], conv[1], conv[2]);
         let (ab, st3) = ((w.a, 0), (st[3], b.dout));
         let gates = (b.beta, b.alpha, b.z);

@@ -22,7 +22,9 @@ use sluice_models::plan::{DecoderPlan, PlanAttn, PlanFfn};
 use sluice_models::weights::Mat;
 use sluice_models::ModelError;
 
-use super::{addr, err, i32_of, DAttn, DMat, GpuDecoder, IndexSelect, Uploader, A, IDX_MAX_Q};
+use super::{
+    addr, err, i32_of, DAttn, DMat, GpuDecoder, IndexSelect, Uploader, A, ACT_SIGMOID, IDX_MAX_Q,
+};
 
 /// Threads of a block that reduces over one stream of a token (`rms_groups`, `ple_gate`):
 /// a decode step has one block per stream, so each is wide.
@@ -740,26 +742,46 @@ impl GpuDecoder {
             &[A::P(b.pkn), A::P(b.pq), A::P(b.pv), A::P(b.gv), A::I(ei)],
         )?;
         norm(b.gv, w.norm_conv, b.pn)?;
-        let wi = i32_of(width, "streams")?;
+        let taps = (w.conv, w.kernel, w.dilation);
+        self.conv(b.pn, hist, taps, b.gv, x, pos, width, n)
+    }
+
+    /// The causal depthwise convolution of `n` tokens' rows `input` (`width` channels; taps
+    /// `(weights, kernel, dilation)`) over the batch and the per-sequence `ring` of earlier
+    /// positions, into `out` (`gv` null: SiLU of it; else `out += gv + SiLU`), then the
+    /// batch's last inputs into the ring: every read of the ring comes first.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn conv(
+        &self,
+        input: u64,
+        ring: u64,
+        taps: (u64, usize, usize),
+        gv: u64,
+        out: u64,
+        pos: u64,
+        width: usize,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        let (w, kernel, dil) = taps;
         self.launch(
             &self.f.conv_ring,
             (n as u32, width.div_ceil(256) as u32, 1),
             256,
             &[
-                A::P(b.pn),
-                A::P(hist),
-                A::P(w.conv),
-                A::P(b.gv),
-                A::P(x),
+                A::P(input),
+                A::P(ring),
+                A::P(w),
+                A::P(gv),
+                A::P(out),
                 A::P(pos),
-                A::I(wi),
-                A::I(w.kernel as i32),
-                A::I(w.dilation as i32),
+                A::I(i32_of(width, "convolution channels")?),
+                A::I(kernel as i32),
+                A::I(dil as i32),
             ],
         )?;
-        let slots = (w.kernel - 1) * w.dilation;
+        let slots = (kernel - 1) * dil;
         if slots > 0 {
-            self.ring_store(b.pn, 0, hist, 0, pos, width, slots, n)?;
+            self.ring_store(input, 0, ring, 0, pos, width, slots, n)?;
         }
         Ok(())
     }
@@ -783,25 +805,8 @@ impl GpuDecoder {
         self.few(&w.alpha, h, b.alpha, rows, n)?;
         let parts = [(&w.qkv, b.cqkv), (&w.gate, b.z)];
         self.mv_rows(&parts, rows, h)?;
-        self.launch(
-            &self.f.conv_ring,
-            (n as u32, cd.div_ceil(256) as u32, 1),
-            256,
-            &[
-                A::P(b.cqkv),
-                A::P(st.0),
-                A::P(w.conv),
-                A::P(0),
-                A::P(b.cconv),
-                A::P(pos),
-                A::I(i32_of(cd, "DeltaNet channels")?),
-                A::I(s.conv_kernel as i32),
-                A::I(1),
-            ],
-        )?;
-        if s.conv_kernel > 1 {
-            self.ring_store(b.cqkv, 0, st.0, 0, pos, cd, s.conv_kernel - 1, n)?;
-        }
+        let taps = (w.conv, s.conv_kernel, 1);
+        self.conv(b.cqkv, st.0, taps, 0, b.cconv, pos, cd, n)?;
         let (hk, dk) = (s.n_k_heads as u64, s.d_k as u64);
         let q = b.cconv;
         let (k, v) = (q + 4 * hk * dk, q + 8 * hk * dk);
@@ -901,9 +906,9 @@ impl GpuDecoder {
         )
     }
 
-    /// QSA attention `w` of the block input `h` into `bufs.att` (`[n][nh * hd]`, gated,
-    /// before the output product): the KV cache `cache` (`kvt` its type), the indexer's
-    /// state `st` (raw keys, pooled keys; empty without an indexer).
+    /// QSA attention `w` of the block input `h`, gated (`[n][nh * hd]`, before the output
+    /// product; its address is returned): the KV cache `cache` (`kvt` its type), the
+    /// indexer's state `st` (raw keys, pooled keys; empty without an indexer).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn qsa(
         &self,
@@ -917,7 +922,7 @@ impl GpuDecoder {
         b: &NextBufs,
         rows: Rows,
         n: usize,
-    ) -> Result<(), ModelError> {
+    ) -> Result<u64, ModelError> {
         let s = &w.shape;
         let (nh, nkv, hd) = (s.n_head, s.n_head_kv, s.head_dim);
         let indexed = s.ratio > 0;
@@ -993,13 +998,9 @@ impl GpuDecoder {
             sel = (b.psel, b.npsel, kp);
         }
         self.attention(kvt, bufs.q, cache.0, cache.1, bufs.att, pos, n, 0, sel)?;
-        let len = n * nh * hd;
-        self.launch(
-            &self.f.sig_mul,
-            (len.div_ceil(256) as u32, 1, 1),
-            256,
-            &[A::P(bufs.att), A::P(b.gate), A::L(len as i64)],
-        )
+        // The output gate: gate = sigmoid(gate) * attention, the output product's input.
+        self.glu(b.gate, bufs.att, n * nh * hd, ACT_SIGMOID)?;
+        Ok(b.gate)
     }
 
     /// `y = W x` for `n` rows of `x` (`rows`: their chunk table) of a few-row product.
