@@ -608,10 +608,7 @@ pub struct GpuKv {
     v: Vec<CudaSlice<u8>>,
     /// Per layer: DeepSeek V4 attention's state (None for other layers).
     dsv4: Vec<Option<Dsv4Kv>>,
-    /// Per layer: the DSA indexer keys `[n_ctx][head_dim]` (f32) of MLA layers with their
-    /// own indexer.
-    dsa: Vec<Option<CudaSlice<f32>>>,
-    /// Per layer: DeltaNet's or QSA's state ([`qwen4exp::layer_state`]; empty for others).
+    /// Per layer: the attention's own state ([`layer_state`]; empty for most).
     rec: Vec<Vec<CudaSlice<f32>>>,
     /// Per layer: the PLE layer's convolution ring (None without one).
     ple: Vec<Option<CudaSlice<f32>>>,
@@ -713,7 +710,7 @@ impl ExtraState for GpuKv {
                 })
                 .collect()
         };
-        let (dsa, ple) = (opt(&self.dsa), opt(&self.ple));
+        let ple = opt(&self.ple);
         let rec: Option<Vec<Vec<CudaSlice<f32>>>> = self
             .rec
             .iter()
@@ -725,14 +722,12 @@ impl ExtraState for GpuKv {
             && k.is_some()
             && v.is_some()
             && dsv4.is_some()
-            && dsa.is_some()
             && rec.is_some()
             && ple.is_some();
         Box::new(GpuKv {
             k: k.unwrap_or_default(),
             v: v.unwrap_or_default(),
             dsv4: dsv4.unwrap_or_default(),
-            dsa: dsa.unwrap_or_default(),
             rec: rec.unwrap_or_default(),
             ple: ple.unwrap_or_default(),
             ple_ctx: self.ple_ctx.clone(),
@@ -750,6 +745,50 @@ impl ExtraState for GpuKv {
 
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
+    }
+}
+
+/// One layer's own attention state for a sequence of `n_ctx` positions, zeros: GLM's DSA
+/// indexer keys (every position's, f32); DeltaNet's convolution ring of the last `kernel -
+/// 1` inputs and recurrent matrices; KDA's ([`glm5next::kda_state`]); QSA's raw keys of
+/// every position and pooled keys of every complete block (with an indexer); a k-pool
+/// indexer's ([`glm5next::pool_state`]); none for the others (DeepSeek V4's is
+/// [`Dsv4Kv`]).
+fn layer_state(
+    stream: &Arc<CudaStream>,
+    attn: &DAttn,
+    n_ctx: usize,
+) -> Result<Vec<CudaSlice<f32>>, ModelError> {
+    let zeros = |len: usize| {
+        stream
+            .alloc_zeros::<f32>(len.max(1))
+            .map_err(|e| err("attention state", e))
+    };
+    match attn {
+        DAttn::Mla {
+            select: DSelect::Indexer(ix),
+            ..
+        } => Ok(vec![zeros(n_ctx * ix.head_dim)?]),
+        DAttn::Mla {
+            select: DSelect::Pooled(ix),
+            ..
+        } => glm5next::pool_state(stream, ix, n_ctx),
+        DAttn::Delta(w) => {
+            let s = &w.shape;
+            Ok(vec![
+                zeros((s.conv_kernel - 1) * s.conv_dim())?,
+                zeros(s.n_v_heads * s.d_k * s.d_v)?,
+            ])
+        }
+        DAttn::Kda(w) => glm5next::kda_state(stream, &w.shape),
+        DAttn::Qsa(w) if w.shape.ratio > 0 => {
+            let s = &w.shape;
+            Ok(vec![
+                zeros(n_ctx * s.idx_dim)?,
+                zeros((n_ctx / s.ratio + 1) * s.idx_dim)?,
+            ])
+        }
+        _ => Ok(Vec::new()),
     }
 }
 
@@ -2355,10 +2394,9 @@ impl GpuDecoder {
 
     /// The mix `w` of every token's hyper-connection streams `x` (`[n][hc][e]`): their
     /// unweighted RMS norm into `hcf`, its projection's column segments into `hcm` (through
-    /// the per-segment chunk table `segs`: table, count, dense chunks, small), then `hc_pre`:
-    /// the
-    /// collapsed input into `h` (RMS-normed with `norm` unless 0) and, when `pc` is not 0,
-    /// post and comb into it for [`Self::hc_post`].
+    /// the per-segment chunk table `segs`), then `hc_pre`: the collapsed input into `h`
+    /// (RMS-normed with `norm` unless 0) and, when `pc` is not 0, post and comb into it for
+    /// [`Self::hc_post`].
     #[allow(clippy::too_many_arguments)]
     fn hc_mix(
         &self,
@@ -2370,14 +2408,13 @@ impl GpuDecoder {
         norm: u64,
         h: u64,
         n: usize,
-        segs: (u64, u64, usize, bool),
+        segs: Rows,
         eps: f32,
     ) -> Result<(), ModelError> {
         let (hcf, hcm) = bufs;
-        let (chunks, count, nd, small) = segs;
         let width = hs.n_hc * hs.n_embd;
         self.rms_norm(x, 0, hcf, 0, n, width, hs.rms_eps)?;
-        self.mv(&[(&w.proj, hcm)], chunks, count, nd * w.nseg, hcf, 1, small)?;
+        self.mv_rows(&[(&w.proj, hcm)], segs, hcf)?;
         self.launch(
             &self.f.hc_pre,
             (n as u32, 1, 1),
@@ -2652,6 +2689,12 @@ impl GpuDecoder {
         Ok(())
     }
 
+    /// `y = W x` for every `(W, y)` of `parts` over the rows `rows` names ([`Self::mv`] with
+    /// one row of X per output row).
+    fn mv_rows(&self, parts: &[(&DMat, u64)], rows: Rows, x: u64) -> Result<(), ModelError> {
+        self.mv(parts, rows.table, rows.count, rows.chunks, x, 1, rows.small)
+    }
+
     /// The sequence's KV cache in VRAM, made on its first call.
     fn kv<'s>(&self, state: &'s mut SeqState, pos0: usize) -> Result<&'s mut GpuKv, ModelError> {
         let want_f32 = !state.kv.f16();
@@ -2722,20 +2765,10 @@ impl GpuDecoder {
                     _ => None,
                 });
             }
-            let mut dsa = Vec::with_capacity(self.layers.len());
-            for l in &self.layers {
-                dsa.push(match &l.attn {
-                    DAttn::Mla {
-                        select: DSelect::Indexer(ix),
-                        ..
-                    } => Some(zeros(n_ctx * ix.head_dim)?),
-                    _ => None,
-                });
-            }
             let rec = self
                 .layers
                 .iter()
-                .map(|l| qwen4exp::layer_state(stream, &l.attn, n_ctx))
+                .map(|l| layer_state(stream, &l.attn, n_ctx))
                 .collect::<Result<Vec<_>, _>>()?;
             let width = self.next_dims.streams * self.plan.n_embd;
             let ple = self
@@ -2755,7 +2788,6 @@ impl GpuDecoder {
                 k,
                 v,
                 dsv4,
-                dsa,
                 rec,
                 ple,
                 ple_ctx,
@@ -2857,11 +2889,6 @@ impl DeviceForward for GpuDecoder {
                 d.as_ref()
                     .map_or_else(Dsv4Ptrs::default, |d| d.ptrs(&kv.stream))
             })
-            .collect();
-        let dsa_ptrs: Vec<u64> = kv
-            .dsa
-            .iter()
-            .map(|d| d.as_ref().map_or(0, |d| d.device_ptr(&kv.stream).0))
             .collect();
         let kv_ptrs: Vec<(u64, u64)> =
             kv.k.iter()
@@ -2990,7 +3017,6 @@ impl DeviceForward for GpuDecoder {
         let small = n <= 8;
 
         let sc_ids = sc.ids.as_ref().expect("grown");
-        let seg_args = (seg_chunks, n_segc, nd, small);
         let dense_rows = Rows {
             table: dense,
             count: n_dense,
@@ -3053,7 +3079,7 @@ impl DeviceForward for GpuDecoder {
                 }
                 if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
                     let b = (hcf, hcm);
-                    self.hc_mix(&hw[0], hs, x, b, hcpc, l.attn_norm, h, n, seg_args, eps)?;
+                    self.hc_mix(&hw[0], hs, x, b, hcpc, l.attn_norm, h, n, seg_rows, eps)?;
                 }
                 if let Some(mx) = &l.lr {
                     let rows = (dense_rows, seg_rows);
@@ -3131,7 +3157,7 @@ impl DeviceForward for GpuDecoder {
                         if let DSelect::Indexer(ix) = select {
                             // GLM's DSA indexer: its queries and this batch's keys roped on
                             // their first dims, every visible position scored, the top-k.
-                            let keys = dsa_ptrs[il];
+                            let keys = rec_ptrs[il][0];
                             let (ih, id) = (ix.n_head as i32, ix.head_dim as i32);
                             self.launch(
                                 &self.f.dsv4_heads,
@@ -3399,7 +3425,7 @@ impl DeviceForward for GpuDecoder {
                 if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
                     self.hc_post(hs, x, o, hcpc, n)?;
                     let b = (hcf, hcm);
-                    self.hc_mix(&hw[1], hs, x, b, hcpc, l.ffn_norm, h, n, seg_args, eps)?;
+                    self.hc_mix(&hw[1], hs, x, b, hcpc, l.ffn_norm, h, n, seg_rows, eps)?;
                 } else if let Some(mx) = &l.lr {
                     self.lr_post(n_hc, x, o, nb.inj, n)?;
                     let rows = (dense_rows, seg_rows);
@@ -3576,7 +3602,7 @@ impl DeviceForward for GpuDecoder {
                 // Hyper-connections: the head's collapse of the streams first (into h).
                 let last = match &self.hyper {
                     Some((hs, Some(w))) => {
-                        self.hc_mix(w, hs, x, (hcf, hcm), 0, 0, h, n, seg_args, eps)?;
+                        self.hc_mix(w, hs, x, (hcf, hcm), 0, 0, h, n, seg_rows, eps)?;
                         h
                     }
                     Some((hs, None)) => {
@@ -3617,7 +3643,6 @@ impl DeviceForward for GpuDecoder {
             key.extend([
                 hcf, hcm, hcpc, cc, cz, ic, iz, iq, wh, ik, scores, selb, nselb, dz,
             ]);
-            key.extend(dsa_ptrs.iter().copied());
             key.extend(nb.all());
             key.extend(rec_ptrs.iter().flatten().copied());
             key.extend(ple_ptrs.iter().copied());

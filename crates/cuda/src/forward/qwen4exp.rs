@@ -23,7 +23,7 @@ use sluice_models::weights::Mat;
 use sluice_models::ModelError;
 
 use super::{
-    addr, err, i32_of, DAttn, DMat, GpuDecoder, IndexSelect, Uploader, A, ACT_SIGMOID, IDX_MAX_Q,
+    addr, err, i32_of, DMat, GpuDecoder, IndexSelect, Uploader, A, ACT_SIGMOID, IDX_MAX_Q,
 };
 
 /// Threads of a block that reduces over one stream of a token (`rms_groups`, `ple_gate`):
@@ -91,7 +91,7 @@ pub(super) struct DDelta {
     dt_bias: u64,
     a: u64,
     norm: u64,
-    shape: DeltaShape,
+    pub shape: DeltaShape,
 }
 
 /// A QSA layer in VRAM (`qsa::QsaWeights`).
@@ -564,43 +564,6 @@ impl NextScratch {
     }
 }
 
-/// One layer's attention state for a sequence of `n_ctx` positions, zeros (DeltaNet: the
-/// convolution ring of the last `kernel - 1` inputs, the recurrent matrices; QSA with an
-/// indexer: every position's raw key, every complete block's pooled key; else none).
-pub(super) fn layer_state(
-    stream: &Arc<CudaStream>,
-    attn: &DAttn,
-    n_ctx: usize,
-) -> Result<Vec<CudaSlice<f32>>, ModelError> {
-    let zeros = |len: usize| {
-        stream
-            .alloc_zeros::<f32>(len.max(1))
-            .map_err(|e| err("recurrent state", e))
-    };
-    match attn {
-        DAttn::Delta(w) => {
-            let s = &w.shape;
-            Ok(vec![
-                zeros((s.conv_kernel - 1) * s.conv_dim())?,
-                zeros(s.n_v_heads * s.d_k * s.d_v)?,
-            ])
-        }
-        DAttn::Kda(w) => super::glm5next::kda_state(stream, &w.shape),
-        DAttn::Mla {
-            select: super::DSelect::Pooled(ix),
-            ..
-        } => super::glm5next::pool_state(stream, ix, n_ctx),
-        DAttn::Qsa(w) if w.shape.ratio > 0 => {
-            let s = &w.shape;
-            Ok(vec![
-                zeros(n_ctx * s.idx_dim)?,
-                zeros((n_ctx / s.ratio + 1) * s.idx_dim)?,
-            ])
-        }
-        _ => Ok(Vec::new()),
-    }
-}
-
 /// The PLE layer's convolution ring for a sequence: the last `(kernel - 1) * dilation`
 /// normed gated values of every stream.
 pub(super) fn ple_state(
@@ -1027,16 +990,6 @@ impl GpuDecoder {
             ),
             DFew::Mat(m) => self.mv_rows(&[(m, y)], rows, x),
         }
-    }
-
-    /// `y = W x` for every `(W, y)` of `parts` over the rows `rows` names.
-    pub(super) fn mv_rows(
-        &self,
-        parts: &[(&DMat, u64)],
-        rows: Rows,
-        x: u64,
-    ) -> Result<(), ModelError> {
-        self.mv(parts, rows.table, rows.count, rows.chunks, x, 1, rows.small)
     }
 
     /// `out[i] = x[rows[i]]` for `n` rows of `cols`.
