@@ -533,8 +533,8 @@ impl DeviceForward for PlanOnCpu {
         use crate::blocks::attention::gqa;
         use crate::blocks::moe::routed;
         use crate::blocks::{
-            add_into, check_finite, deltanet, dsa_indexer, dsv4_attention, ffn, head, hyper, kda,
-            mla, mla_pooled, ple, qsa, rms_norm_rows, Stage,
+            add_gated, add_into, check_finite, deltanet, dsa_indexer, dsv4_attention, ffn,
+            gather_rows, head, hyper, kda, mla, mla_pooled, ple, qsa, rms_norm_rows, Stage,
         };
         let p = &self.0;
         let eps = p.shape.rms_eps;
@@ -781,14 +781,7 @@ impl DeviceForward for PlanOnCpu {
                         match &sh.gate {
                             None => add_into(&mut y, &out),
                             // y += sigmoid(gate . h) * shared, per token.
-                            Some(g) => {
-                                let sg = env.linear(g, &h, t_len)?;
-                                for ((yr, shr), &gv) in y.chunks_mut(e).zip(out.chunks(e)).zip(&sg)
-                                {
-                                    let gv = 1.0 / (1.0 + (-gv).exp());
-                                    yr.iter_mut().zip(shr).for_each(|(a, &b)| *a += gv * b);
-                                }
-                            }
+                            Some(g) => add_gated(&mut y, &out, &env.linear(g, &h, t_len)?, e),
                         }
                     }
                     y
@@ -803,37 +796,16 @@ impl DeviceForward for PlanOnCpu {
         let logits = match (&p.hyper, &p.lowrank) {
             (None, Some(lr)) => {
                 // The output mixer in place of the output norm, then the head.
-                let w = n_hc * e;
-                let sel: Vec<f32> = rows
-                    .iter()
-                    .flat_map(|&r| x[r * w..(r + 1) * w].iter().copied())
-                    .collect();
+                let sel = gather_rows(&x, rows, n_hc * e);
                 let (m, _) = hyper_lowrank::hc_pre(env, &lr.head, n_hc, e, eps, &sel, rows.len())?;
                 env.linear(&p.output, &m, rows.len())?
             }
             (None, None) => head::logits(env, &x, rows, &p.output_norm, eps, &p.output)?,
             (Some(h), _) => {
-                let w = n_hc * e;
-                let sel: Vec<f32> = rows
-                    .iter()
-                    .flat_map(|&r| x[r * w..(r + 1) * w].iter().copied())
-                    .collect();
+                let sel = gather_rows(&x, rows, n_hc * e);
                 let collapsed = match &h.head {
                     HyperHead::Learned(w) => hyper::head(env, w, &h.shape, &sel)?,
-                    // In stream order, then times 1 / n_hc (glm5next's forward).
-                    HyperHead::Mean => {
-                        let inv = 1.0 / n_hc as f32;
-                        let mut out = Vec::with_capacity(rows.len() * e);
-                        for xs in sel.chunks(w) {
-                            let mut m = vec![0.0f32; e];
-                            for s in xs.chunks(e) {
-                                m.iter_mut().zip(s).for_each(|(a, &b)| *a += b);
-                            }
-                            m.iter_mut().for_each(|v| *v *= inv);
-                            out.extend_from_slice(&m);
-                        }
-                        out
-                    }
+                    HyperHead::Mean => hyper::mean(&sel, n_hc, e),
                 };
                 let all: Vec<usize> = (0..rows.len()).collect();
                 head::logits(env, &collapsed, &all, &p.output_norm, eps, &p.output)?

@@ -24,7 +24,7 @@ use crate::blocks::hyper::{self, HcShape, HcWeights};
 use crate::blocks::moe::{
     glu_unit_layer, link_lookahead, routed, MoeWeights, Router, ScoreFn, UnitMat,
 };
-use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
+use crate::blocks::{add_into, check_finite, gather_rows, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
 use crate::plan::{DecoderPlan, HyperHead, PlanAttn, PlanFfn, PlanHyper, PlanLayer, PlanShared};
@@ -660,10 +660,7 @@ impl Architecture for DeepSeek4 {
             // hc streams of width e per position.
             check_finite(&x, hc * e, &batch.positions, Stage::Layer(il))?;
         }
-        let mut sel = Vec::with_capacity(rows.len() * hc * e);
-        for &r in rows {
-            sel.extend_from_slice(&x[r * hc * e..(r + 1) * hc * e]);
-        }
+        let sel = gather_rows(&x, rows, hc * e);
         let h = hyper::head(env, &self.hc_head, &self.hc, &sel)?;
         let all: Vec<usize> = (0..rows.len()).collect();
         head::logits(env, &h, &all, &self.output_norm, eps, &self.output)

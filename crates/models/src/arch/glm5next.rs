@@ -30,7 +30,7 @@ use crate::blocks::mla_pooled::{
 use crate::blocks::moe::{
     glu_unit_layer, link_lookahead, routed, MoeWeights, Router, ScoreFn, UnitMat,
 };
-use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
+use crate::blocks::{add_into, check_finite, gather_rows, head, rms_norm_rows, Batch, Env, Stage};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
 use crate::plan::{DecoderPlan, HyperHead, PlanAttn, PlanFfn, PlanHyper, PlanLayer, PlanShared};
@@ -647,17 +647,7 @@ impl Architecture for Glm5Next {
             check_finite(&x, n_hc * e, &batch.positions, Stage::Layer(il))?;
         }
         // The head: the unweighted mean of the streams.
-        let mut h = Vec::with_capacity(rows.len() * e);
-        for &r in rows {
-            let xs = &x[r * n_hc * e..(r + 1) * n_hc * e];
-            let mut m = vec![0.0f32; e];
-            for s in xs.chunks(e) {
-                m.iter_mut().zip(s).for_each(|(a, &b)| *a += b);
-            }
-            let inv = 1.0 / n_hc as f32;
-            m.iter_mut().for_each(|v| *v *= inv);
-            h.extend_from_slice(&m);
-        }
+        let h = hyper::mean(&gather_rows(&x, rows, n_hc * e), n_hc, e);
         let all: Vec<usize> = (0..rows.len()).collect();
         head::logits(env, &h, &all, &self.output_norm, eps, &self.output)
     }

@@ -28,7 +28,7 @@ use crate::blocks::hyper_lowrank::{hc_post, hc_pre, HcWeights};
 use crate::blocks::moe::{glu_unit_layer, link_lookahead, routed, MoeWeights, Router, UnitMat};
 use crate::blocks::ple::{ple_apply, NgramHash, PleRows, PleState, PleWeights, TierRows};
 use crate::blocks::qsa::{qsa, QsaShape, QsaState, QsaWeights};
-use crate::blocks::{head, Batch, Env};
+use crate::blocks::{add_gated, gather_rows, head, Batch, Env};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
 use crate::ops::rope_inv_freq;
@@ -713,18 +713,10 @@ impl Architecture for Qwen4Exp {
             let mut y = routed(env, batch, il, &l.moe, &m)?;
             let sh = glu(env, &l.shared, Activation::Silu, &m, t_len)?;
             let sg = env.linear(&l.shared_gate, &m, t_len)?;
-            for ((yr, shr), &g) in y.chunks_mut(e).zip(sh.chunks(e)).zip(&sg) {
-                let g = 1.0 / (1.0 + (-g).exp());
-                for (a, &b) in yr.iter_mut().zip(shr) {
-                    *a += g * b;
-                }
-            }
+            add_gated(&mut y, &sh, &sg, e);
             hc_post(&mut x, &inj.expect("block mixers inject"), &y, s, e);
         }
-        let mut sel = Vec::with_capacity(rows.len() * d);
-        for &r in rows {
-            sel.extend_from_slice(&x[r * d..(r + 1) * d]);
-        }
+        let sel = gather_rows(&x, rows, d);
         let (m, _) = hc_pre(env, &self.output_hc, s, e, eps, &sel, rows.len())?;
         env.linear(&self.output, &m, rows.len())
     }

@@ -160,6 +160,22 @@ pub fn head(env: &Env<'_>, w: &HcWeights, s: &HcShape, x: &[f32]) -> Result<Vec<
     Ok(out)
 }
 
+/// The unweighted collapse (`[T, n_hc, e]` -> `[T, e]`; GLM-5.3-Flash's head): each
+/// position's streams summed in stream order, then times `1 / n_hc`.
+pub fn mean(x: &[f32], n_hc: usize, e: usize) -> Vec<f32> {
+    let inv = 1.0 / n_hc as f32;
+    let mut out = Vec::with_capacity(x.len() / n_hc);
+    for xs in x.chunks(n_hc * e) {
+        let mut m = vec![0.0f32; e];
+        for s in xs.chunks(e) {
+            m.iter_mut().zip(s).for_each(|(a, &b)| *a += b);
+        }
+        m.iter_mut().for_each(|v| *v *= inv);
+        out.extend_from_slice(&m);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

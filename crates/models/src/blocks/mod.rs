@@ -178,6 +178,24 @@ pub fn rms_norm_rows(x: &mut [f32], w: &[f32], eps: f32) {
     });
 }
 
+/// The rows `rows` of `x` (rows of `width` values), in that order.
+pub fn gather_rows(x: &[f32], rows: &[usize], width: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows.len() * width);
+    for &r in rows {
+        out.extend_from_slice(&x[r * width..(r + 1) * width]);
+    }
+    out
+}
+
+/// `y += sigmoid(g) * s` per position (`y`, `s`: rows of `e`; `g`: one gate logit a row):
+/// a shared expert's output `s` scaled by its sigmoid gate (Qwen3.8-Flash-Next).
+pub fn add_gated(y: &mut [f32], s: &[f32], g: &[f32], e: usize) {
+    for ((yr, sr), &gv) in y.chunks_mut(e).zip(s.chunks(e)).zip(g) {
+        let gv = 1.0 / (1.0 + (-gv).exp());
+        yr.iter_mut().zip(sr).for_each(|(a, &b)| *a += gv * b);
+    }
+}
+
 /// `x += y` element-wise (large chunks spread over the compute pool).
 pub fn add_into(x: &mut [f32], y: &[f32]) {
     const PIECE: usize = 4096;
