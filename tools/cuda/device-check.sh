@@ -32,7 +32,7 @@ for f in sluice sluice-old no_gpu gpu_kernels gpu_logits; do
     [ -e "$f.gz" ] && gunzip -f "$f.gz"
     chmod +x "$f" 2>/dev/null
 done
-export SLUICE_FIXTURES=$PWD/fixtures
+export SLUICE_FIXTURES=${SLUICE_FIXTURES:-$PWD/fixtures}
 
 if want tests; then
     run timeout 120 ./no_gpu --include-ignored --nocapture

@@ -13,7 +13,7 @@ for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"] + " " + m["executable"])')
-mkdir -p "$DEST/fixtures/qwen3moe" "$DEST/fixtures/gemma3"
+mkdir -p "$DEST"
 strip -o "$DEST/sluice" target/release/sluice
 gzip -9f "$DEST/sluice"
 if [ -n "${OLD:-}" ]; then
@@ -24,8 +24,16 @@ for b in "${BINS[@]}"; do
     strip -o "$DEST/${b%% *}" "${b#* }"
     gzip -9f "$DEST/${b%% *}"
 done
-cp tests/fixtures/qwen3moe/{a,b}-q8_0.gguf tests/fixtures/qwen3moe/{a,b}-f32.gguf \
-    tests/fixtures/qwen3moe/*.npy tests/fixtures/qwen3moe/tokens.json "$DEST/fixtures/qwen3moe/"
-cp tests/fixtures/gemma3/llama_greedy.json "$DEST/fixtures/gemma3/"
+# Every fixture directory a GPU test reads (gpu_logits, no_gpu: all six architectures'
+# files, their reference logits and tokens; tools/tests/pack-fixtures.sh keeps this list
+# complete). NO_FIXTURES=1 skips the copy where the repository travels with DEST (then run
+# device-check.sh with SLUICE_FIXTURES=path/to/tests/fixtures).
+GPU_FIXTURE_DIRS=(qwen3moe gemma3 deepseek4 qwen4exp glm5next glm_dsa)
+if [ -z "${NO_FIXTURES:-}" ]; then
+    for d in "${GPU_FIXTURE_DIRS[@]}"; do
+        mkdir -p "$DEST/fixtures/$d"
+        cp -r "tests/fixtures/$d/." "$DEST/fixtures/$d/"
+    done
+fi
 cp tools/cuda/device-check.sh "$DEST/"
 du -sh "$DEST"
