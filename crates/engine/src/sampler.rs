@@ -51,6 +51,28 @@ impl SamplerConfig {
             ..Default::default()
         }
     }
+
+    /// The one check `run`'s flags and the server's request fields both go through: a
+    /// setting outside its range is refused with a message naming it. A repeat penalty of
+    /// 0 (or below) would divide logits by zero or flip their sign, so it must be > 0.
+    pub fn validate(&self) -> Result<(), String> {
+        let p = self.repeat_penalty;
+        if !p.is_finite() || p <= 0.0 {
+            return Err(format!("repeat_penalty must be greater than 0 (got {p})"));
+        }
+        for (name, v) in [
+            ("temperature", self.temperature),
+            ("top_p", self.top_p),
+            ("min_p", self.min_p),
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !v.is_finite() {
+                return Err(format!("{name} must be a finite number (got {v})"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// xoshiro256** (Blackman & Vigna), seeded with splitmix64.
@@ -353,6 +375,24 @@ mod tests {
         }
         assert_eq!(s.sample(&[], &[]), 0);
         assert_eq!(s.sample(&[f32::NAN, f32::NAN], &[]), 0);
+    }
+
+    #[test]
+    fn validate_refuses_non_positive_repeat_penalty() {
+        for p in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            let c = SamplerConfig {
+                repeat_penalty: p,
+                ..Default::default()
+            };
+            let e = c.validate().unwrap_err();
+            assert!(e.contains("repeat_penalty"), "{e}");
+        }
+        assert!(SamplerConfig::default().validate().is_ok());
+        let c = SamplerConfig {
+            repeat_penalty: 0.5,
+            ..SamplerConfig::greedy()
+        };
+        assert!(c.validate().is_ok());
     }
 
     #[test]

@@ -269,6 +269,7 @@ impl Sampling {
         if let Some(p) = finite(self.repeat_penalty, "repeat_penalty", 0.0, 10.0)? {
             c.repeat_penalty = p;
         }
+        c.validate().map_err(|m| ApiError::bad_request(flavor, m))?;
         c.seed = self.seed.unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -401,5 +402,22 @@ mod tests {
         };
         let c = s.config(Flavor::OpenAi).unwrap();
         assert_eq!((c.temperature, c.seed), (0.0, 7));
+    }
+
+    #[test]
+    fn repeat_penalty_zero_is_400() {
+        // `run` refuses --repeat-penalty 0; the server must too (it emitted <bos> forever).
+        let s = Sampling {
+            repeat_penalty: Some(0.0),
+            ..Default::default()
+        };
+        let e = s.config(Flavor::OpenAi).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("repeat_penalty"), "{}", e.message);
+        let s = Sampling {
+            repeat_penalty: Some(1.1),
+            ..Default::default()
+        };
+        assert_eq!(s.config(Flavor::OpenAi).unwrap().repeat_penalty, 1.1);
     }
 }

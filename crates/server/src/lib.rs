@@ -163,6 +163,12 @@ fn validate(cfg: &ServerConfig) -> Result<(), ServeError> {
         if k.trim().is_empty() {
             return Err(ServeError("the API key is empty".into()));
         }
+        if k.trim() != k {
+            return Err(ServeError(
+                "the API key starts or ends with whitespace (it would never match a presented key)"
+                    .into(),
+            ));
+        }
     }
     if cfg.api_key.is_none() && !cfg.insecure_public && !is_loopback(&cfg.host)? {
         return Err(ServeError(format!(
@@ -360,5 +366,25 @@ async fn serve(
     match failed_rx.await {
         Ok(e) => Err(ServeError(e)),
         Err(_) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_key_with_surrounding_whitespace_is_refused() {
+        let session = SessionParams {
+            ctx: 64,
+            kv_f32: false,
+            batch: 8,
+        };
+        let mut cfg = ServerConfig::new("m", session);
+        cfg.api_key = Some("abc ".into());
+        let e = validate(&cfg).unwrap_err();
+        assert!(e.0.contains("whitespace"), "{}", e.0);
+        cfg.api_key = Some("abc".into());
+        assert!(validate(&cfg).is_ok());
     }
 }
