@@ -57,6 +57,27 @@ pub struct ServeArgs {
     pub drain_timeout: u64,
 }
 
+/// Most sequences `--parallel` accepts: each owns a KV cache and a scheduler slot, so a
+/// count past this is a typo, not a plan (it used to panic in the loader thread).
+pub const MAX_PARALLEL: usize = 1024;
+
+/// Refuse counts that cannot mean anything, before the model is loaded.
+fn check_limits(args: &ServeArgs) -> Result<()> {
+    if args.model.ctx == 0 {
+        anyhow::bail!("--ctx 0: the context must hold at least 1 token");
+    }
+    if args.max_tokens == 0 {
+        anyhow::bail!("--max-tokens 0: a request must be allowed at least 1 token");
+    }
+    if args.parallel == 0 || args.parallel > MAX_PARALLEL {
+        anyhow::bail!(
+            "--parallel {}: must be between 1 and {MAX_PARALLEL}",
+            args.parallel
+        );
+    }
+    Ok(())
+}
+
 pub fn main(args: ServeArgs) -> Result<()> {
     let size = |flag: &str, s: &str| -> Result<u64> {
         parse_size_bytes(s, None).map_err(|e| anyhow::anyhow!("{flag} {s}: {e}"))
@@ -77,6 +98,7 @@ pub fn main(args: ServeArgs) -> Result<()> {
     if args.model.batch == 0 {
         anyhow::bail!("--batch must be at least 1");
     }
+    check_limits(&args)?;
     if !args.model.model.exists() {
         anyhow::bail!("{}: no such file", args.model.model.display());
     }
@@ -101,8 +123,11 @@ pub fn main(args: ServeArgs) -> Result<()> {
     cfg.api_key = api_key;
     cfg.insecure_public = args.insecure_public;
     cfg.max_body = size("--max-body", &args.max_body)? as usize;
+    if cfg.max_body == 0 {
+        anyhow::bail!("--max-body {}: must be at least 1 byte", args.max_body);
+    }
     cfg.max_prompt_tokens = args.max_prompt_tokens.unwrap_or(usize::MAX);
-    cfg.max_tokens = args.max_tokens.max(1);
+    cfg.max_tokens = args.max_tokens;
     cfg.max_connections = args.max_connections;
     cfg.drain_timeout = std::time::Duration::from_secs(args.drain_timeout);
     let mut opts = args.model.options();
