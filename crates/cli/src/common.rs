@@ -475,6 +475,24 @@ fn pin_slots(c: &sluice_cuda::Cuda, l: &sluice_engine::load::Loaded) {
     }
 }
 
+/// Whether `e` comes from writing to a stdout whose reader has gone (EPIPE): `main` then
+/// exits quietly instead of printing `error: Broken pipe`.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Writes `text` to stdout and flushes it, returning the error (`print!` panics when the
+/// reader has closed the pipe).
+pub fn emit(text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()
+}
+
 /// A command stopped by Ctrl-C (after saying so): `main` exits 130 without another line.
 #[derive(Debug)]
 pub struct Interrupted;

@@ -423,7 +423,7 @@ pub fn run(args: Args) -> Result<()> {
                 "count": e.count, "layers": e.layers, "one_expert_bytes": e.one_expert_bytes,
             })),
         });
-        println!("{out}");
+        crate::common::emit(&format!("{out}\n"))?;
         return Ok(());
     }
 
@@ -496,6 +496,6 @@ pub fn run(args: Args) -> Result<()> {
             let _ = writeln!(s, "  experts: none (dense model)");
         }
     }
-    print!("{s}");
+    crate::common::emit(&s)?;
     Ok(())
 }

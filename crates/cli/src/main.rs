@@ -72,6 +72,9 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<common::Interrupted>() => ExitCode::from(130),
+        // A reader that closed stdout (`sluice inspect --json | head -c 100`) ends the
+        // command quietly, as it would end `cat`: the output nobody reads is not an error.
+        Err(e) if common::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE

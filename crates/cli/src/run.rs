@@ -268,7 +268,7 @@ pub fn main(args: RunArgs) -> Result<()> {
         )?;
         history.extend_from_slice(&new);
         history.extend_from_slice(&reply.1);
-        println!();
+        crate::common::emit("\n")?;
         report(&loaded, &args, &timing);
         messages.push(ChatMessage::new("assistant", &reply.0));
     }
@@ -395,10 +395,10 @@ fn generate(
     }
     let tail = hooks.decoder.finish();
     if !tail.is_empty() {
-        print!("{tail}");
+        crate::common::emit(&tail)?;
         hooks.text.push_str(&tail);
     }
-    println!();
+    crate::common::emit("\n")?;
     let timing = Timing {
         prompt_tokens: g.prompt_tokens,
         prefill_secs: g.prefill_secs,

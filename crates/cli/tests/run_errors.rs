@@ -103,6 +103,71 @@ fn expert_cache_below_minimum_names_the_minimum() {
     fails_with(&out, &["--expert-cache", "minimum"]);
 }
 
+/// One byte under the minimum: both sizes round to the same text, so the budget is said in
+/// bytes too (issue 35 item 20: "72.00 KiB is below the minimum 72.00 KiB").
+#[test]
+fn expert_cache_one_byte_below_minimum_says_bytes() {
+    let run = |budget: &str| {
+        sluice(&[
+            "run",
+            "-m",
+            &fixture("a-q8_0.gguf"),
+            "--tokens",
+            "1,2",
+            "-n",
+            "1",
+            "--expert-cache",
+            budget,
+        ])
+    };
+    let first = String::from_utf8_lossy(&run("4K").stderr).to_string();
+    // "... ({min} bytes: one layer's top-k experts must fit at once)"
+    let min: u64 = first
+        .split(" bytes: one layer")
+        .next()
+        .and_then(|head| head.rsplit('(').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no minimum in bytes in: {first}"));
+    let under = min - 1;
+    let out = run(&under.to_string());
+    fails_with(&out, &["minimum", &format!("({under} bytes)")]);
+}
+
+/// A reader that closed stdout ends the command quietly (issue 35 item 10): no panic
+/// (`inspect --json`) and no `error: Broken pipe` (`run`), exit 0.
+#[test]
+fn closed_stdout_ends_quietly() {
+    let ids = "1,2,3,4";
+    let cases: [&[&str]; 3] = [
+        &["inspect", "--json", &fixture("a-q8_0.gguf")],
+        &["inspect", &fixture("a-q8_0.gguf")],
+        &[
+            "run",
+            "-m",
+            &fixture("a-q8_0.gguf"),
+            "--tokens",
+            ids,
+            "-n",
+            "16",
+            "--temp",
+            "0",
+            "--raw",
+        ],
+    ];
+    for args in cases {
+        let mut child = common::spawn(args, false);
+        // Close the read end before sluice writes anything: its first write gets EPIPE.
+        drop(child.stdout.take());
+        let out = common::finish(child, Some(Vec::new()));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !err.contains("panicked") && !err.contains("Broken pipe"),
+            "{args:?}: status {:?}, stderr: {err}",
+            out.status
+        );
+    }
+}
+
 #[test]
 fn bad_streaming_flag_values() {
     let out = sluice(&[

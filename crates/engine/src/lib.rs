@@ -36,5 +36,5 @@ pub enum EngineError {
     Memory(String),
     /// A caller's hook failed (printing, measure mode, a dump).
     #[error("{0}")]
-    Hook(crate::session::HookError),
+    Hook(#[source] crate::session::HookError),
 }

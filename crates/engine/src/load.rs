@@ -360,12 +360,18 @@ impl LoadOptions {
             });
         }
         if budget < min {
+            // Rounded sizes can read the same ("864.00 KiB is below the minimum 864.00
+            // KiB" one byte under): then the budget is said in bytes too.
+            let (b, m) = (human(budget), human(min));
+            let b = if b == m {
+                format!("{b} ({budget} bytes)")
+            } else {
+                b
+            };
             return Err(EngineError::Option {
                 flag,
                 what: format!(
-                    "{size}: {} is below the minimum {} ({min} bytes: one layer's top-{} experts must fit at once)",
-                    human(budget),
-                    human(min),
+                    "{size}: {b} is below the minimum {m} ({min} bytes: one layer's top-{} experts must fit at once)",
                     model.cfg.n_expert_used
                 ),
             });
