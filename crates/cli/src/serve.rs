@@ -87,11 +87,10 @@ pub fn main(args: ServeArgs) -> Result<()> {
         (None, Some(f)) => {
             let text = std::fs::read_to_string(f)
                 .with_context(|| format!("--api-key-file {}: cannot read", f.display()))?;
-            let key = text.lines().next().unwrap_or("").trim().to_string();
-            if key.is_empty() {
-                anyhow::bail!("--api-key-file {}: the file is empty", f.display());
-            }
-            Some(key)
+            Some(
+                key_from_file(&text)
+                    .map_err(|why| anyhow::anyhow!("--api-key-file {}: {why}", f.display()))?,
+            )
         }
         (None, None) => None,
     };
@@ -151,4 +150,33 @@ pub fn main(args: ServeArgs) -> Result<()> {
     });
     sluice_server::run(cfg, loader)?;
     Ok(())
+}
+
+/// The key an `--api-key-file` holds: its first line, without surrounding whitespace (a
+/// trailing newline is normal). Says what is wrong otherwise: an empty file, or an empty
+/// first line before other text (the key must be on the first line).
+fn key_from_file(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() {
+        return Err("the file is empty".into());
+    }
+    let first = text.lines().next().unwrap_or("").trim();
+    if first.is_empty() {
+        return Err("the first line is empty (the key must be on the first line)".into());
+    }
+    Ok(first.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_from_file;
+
+    #[test]
+    fn key_file_first_line_empty_is_named() {
+        assert_eq!(key_from_file("abc\n").unwrap(), "abc");
+        assert_eq!(key_from_file("  abc  \nignored\n").unwrap(), "abc");
+        assert_eq!(key_from_file("").unwrap_err(), "the file is empty");
+        assert_eq!(key_from_file(" \n\n").unwrap_err(), "the file is empty");
+        let e = key_from_file("\nabc\n").unwrap_err();
+        assert!(e.contains("first line is empty"), "{e}");
+    }
 }

@@ -200,3 +200,39 @@ fn serve_refuses_public_bind_without_key() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--insecure-public"), "{err}");
 }
+
+/// A second Ctrl-C during the drain exits at once (issue 35 item 18): the drain waits on a
+/// client whose body never finishes; the first SIGINT starts it, the second ends the
+/// process with 130. Before, the process waited on that client for good.
+#[test]
+fn second_signal_during_drain_forces_exit() {
+    let mut srv = serve(&["--drain-timeout", "600"]);
+    // A request whose body never arrives in full keeps the drain waiting.
+    let mut slow = TcpStream::connect(&srv.addr).unwrap();
+    slow.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{",
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = srv.child.id().to_string();
+    let int = || {
+        let k = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+        assert!(k.success());
+    };
+    int();
+    std::thread::sleep(Duration::from_millis(1000));
+    int();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = srv.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "still running 30 s after the second SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(slow);
+    assert_eq!(status.code(), Some(130), "{status:?}");
+}

@@ -343,7 +343,16 @@ async fn serve(
         };
         tokio::select! {
             _ = stop.notified() => {}
-            _ = sig => { eprintln!("shutting down: draining running requests"); }
+            _ = sig => {
+                eprintln!("shutting down: draining running requests (a second Ctrl-C or SIGTERM exits at once)");
+                // A second signal while the drain waits (on a slow client, a long answer)
+                // ends the process now: the user asked twice.
+                tokio::spawn(async {
+                    signal().await;
+                    eprintln!("second signal: exiting without waiting for running requests");
+                    std::process::exit(130);
+                });
+            }
             e = failed => { let _ = failed_tx.send(e); }
         }
         // Past the drain deadline, running generations are stopped.
