@@ -58,18 +58,13 @@ impl Drop for Server {
 }
 
 fn serve(extra: &[&str]) -> Server {
+    serve_model(&fixture(), "256", extra)
+}
+
+/// `sluice serve -m MODEL -c CTX` on an ephemeral port, one thread, ready (`/health` 200).
+fn serve_model(model: &str, ctx: &str, extra: &[&str]) -> Server {
     let mut child = sluice()
-        .args([
-            "serve",
-            "-m",
-            &fixture(),
-            "--port",
-            "0",
-            "-t",
-            "1",
-            "-c",
-            "256",
-        ])
+        .args(["serve", "-m", model, "--port", "0", "-t", "1", "-c", ctx])
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -235,4 +230,62 @@ fn second_signal_during_drain_forces_exit() {
     };
     drop(slow);
     assert_eq!(status.code(), Some(130), "{status:?}");
+}
+
+/// Answers cut by the drain deadline say so (issue 35 item 3): a long non-streamed answer
+/// running when the deadline passes gets a 503 naming the shutdown (before: 200 with
+/// finish_reason "stop"), a streamed one an error event and no normal finish. Needs a
+/// model slow enough to still be generating after a second: Gemma 3 270M.
+#[test]
+fn answers_cut_by_the_drain_deadline_are_not_finished() {
+    let g = match std::env::var("SLUICE_GEMMA") {
+        Ok(g) => g,
+        Err(_) if std::env::var("SLUICE_REQUIRE_MODELS").as_deref() == Ok("1") => {
+            panic!("SLUICE_GEMMA is not set (and SLUICE_REQUIRE_MODELS=1)")
+        }
+        Err(_) => {
+            eprintln!("note: SLUICE_GEMMA not set; skipping");
+            return;
+        }
+    };
+    let srv = serve_model(&g, "4096", &["--parallel", "2", "--drain-timeout", "1"]);
+    let long = |stream: bool| {
+        format!(
+            r#"{{"prompt": "1, 2, 3, 4, 5, 6, 7, 8,", "max_tokens": 4000, "temperature": 0, "stream": {stream}}}"#
+        )
+    };
+    let (a1, a2) = (srv.addr.clone(), srv.addr.clone());
+    let (b1, b2) = (long(false), long(true));
+    let plain = std::thread::spawn(move || http(&a1, "POST", "/v1/completions", &b1));
+    let streamed = std::thread::spawn(move || http(&a2, "POST", "/v1/completions", &b2));
+    // Both running before the signal (the drain deadline, 1 s, then cuts them).
+    let t0 = Instant::now();
+    loop {
+        let (_, m) = http(&srv.addr, "GET", "/metrics", "");
+        if m.lines().any(|l| l.trim() == "sluice_running 2") {
+            break;
+        }
+        assert!(t0.elapsed() < TIMEOUT, "requests never started: {m}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = srv.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let (st, body) = plain.join().unwrap();
+    assert_eq!(st, 503, "a cut answer must not be a normal finish: {body}");
+    assert!(body.contains("shutting down"), "{body}");
+    let (st, body) = streamed.join().unwrap();
+    assert_eq!(st, 200, "{body}");
+    assert!(
+        body.contains("shutting down"),
+        "no error event in the stream: {body}"
+    );
+    assert!(
+        !body.contains(r#""finish_reason":"stop""#)
+            && !body.contains(r#""finish_reason":"length""#),
+        "a cut stream must not finish normally: {body}"
+    );
 }

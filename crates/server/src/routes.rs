@@ -343,6 +343,7 @@ async fn collect(mut run: Running, flavor: Flavor) -> Result<(String, Vec<Value>
             }
             Event::Done(d) => return Ok((text, logprobs, d)),
             Event::Error(e) => return Err(ApiError::internal(flavor, e)),
+            Event::Cut(e) => return Err(ApiError::overloaded(flavor, e, 1)),
         }
     }
     Err(ApiError::internal(
@@ -656,7 +657,7 @@ fn sse_response(run: Running, sse: Sse) -> Response {
                     let s = st.sse.done(&d);
                     return Some((Ok(Bytes::from(s)), st));
                 }
-                Some(Event::Error(e)) => {
+                Some(Event::Error(e)) | Some(Event::Cut(e)) => {
                     st.finished = true;
                     let s = st.sse.error(&e);
                     return Some((Ok(Bytes::from(s)), st));

@@ -57,6 +57,9 @@ pub enum Event {
     Text(String, Vec<serde_json::Value>),
     Done(Done),
     Error(String),
+    /// Stopped by the server's shutdown (the drain deadline passed, or the job never
+    /// started before it): never a normal finish (a 503, or an error event on a stream).
+    Cut(String),
 }
 
 #[derive(Debug, Clone)]
@@ -277,12 +280,20 @@ fn worker(shared: &Shared, q: &(Mutex<Queue>, Condvar), running: &AtomicUsize, a
         match result {
             Ok(Ok(done)) => {
                 let m = &shared.metrics;
+                let by_client = job.cancel.load(Ordering::SeqCst) || job.events.is_closed();
                 if done.finish == Finish::Cancelled {
                     m.cancelled.fetch_add(1, Ordering::Relaxed);
                 } else {
                     m.completed.fetch_add(1, Ordering::Relaxed);
                 }
-                let _ = events.send(Event::Done(done));
+                if done.finish == Finish::Cancelled && !by_client && abort.load(Ordering::SeqCst) {
+                    let _ = events.send(Event::Cut(format!(
+                        "the server is shutting down: the answer was cut after {} generated tokens",
+                        done.completion_tokens
+                    )));
+                } else {
+                    let _ = events.send(Event::Done(done));
+                }
             }
             Ok(Err(e)) => {
                 session.reset();
