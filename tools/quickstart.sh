@@ -6,10 +6,12 @@
 # the chat template it rambles (llama.cpp's llama-completion gives the same tokens), so the
 # question goes in as a plain "Question: ... Answer:" completion (`--raw`). For chat with an
 # instruction-tuned GGUF: `sluice run -m MODEL.gguf -p "..."` (the template is applied).
+# The answer stops at the end of its line (`--stop '\n'`): a base model goes on with
+# "Question: ..." of its own otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 question="${1:-What is the capital of France?}"
 model="$(tools/get-gemma.sh)"
 cargo build --release -p sluice-cli
 target/release/sluice run -m "$model" --raw -p "Question: $question
-Answer:" -n 12 --temp 0
+Answer:" -n 32 --temp 0 --stop '\n'

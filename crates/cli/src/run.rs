@@ -41,8 +41,39 @@ pub struct RunArgs {
     /// DIR/tokens.json, for byte-for-byte comparison of runs.
     #[arg(long = "dump-logits", value_name = "DIR")]
     pub dump_logits: Option<PathBuf>,
+    /// Stop the answer where this text appears (not printed; repeatable). `\n`, `\t` and
+    /// `\\` are read as newline, tab and backslash, e.g. `--stop '\n'` ends at the line's end.
+    #[arg(long = "stop", value_name = "TEXT", value_parser = stop_text)]
+    pub stop: Vec<String>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+}
+
+/// A `--stop` value with its escapes read; an empty one would stop before any text.
+fn stop_text(s: &str) -> Result<String, String> {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('\\') => out.push('\\'),
+            Some(o) => {
+                return Err(format!(
+                    "unknown escape \\{o} (\\n, \\t and \\\\ are known)"
+                ))
+            }
+            None => out.push('\\'),
+        }
+    }
+    if out.is_empty() {
+        return Err("must not be empty".into());
+    }
+    Ok(out)
 }
 
 /// Sampling flags (llama.cpp's defaults; `--temp 0` is greedy).
@@ -302,11 +333,29 @@ struct RunHooks<'a, 'm> {
     all: bool,
     decoder: StreamDecoder<'a>,
     text: String,
+    /// Bytes of `text` printed so far (the rest may be the start of a `--stop` string).
+    shown: usize,
+    /// `--stop` strings; `stopped` once one was found (the text then ends before it).
+    stops: &'a [String],
+    stopped: bool,
     stop: &'a AtomicBool,
     dump: Option<&'a mut Dump>,
     loaded: &'m Loaded,
     stream_args: &'a crate::common::StreamArgs,
     measure: Option<crate::measure::Measure<'m>>,
+}
+
+impl RunHooks<'_, '_> {
+    /// Prints `text` up to byte `end` (what was not printed yet).
+    fn show(&mut self, end: usize) -> std::io::Result<()> {
+        if end > self.shown {
+            let mut out = std::io::stdout().lock();
+            out.write_all(&self.text.as_bytes()[self.shown..end])?;
+            out.flush()?;
+            self.shown = end;
+        }
+        Ok(())
+    }
 }
 
 impl Hooks for RunHooks<'_, '_> {
@@ -329,12 +378,24 @@ impl Hooks for RunHooks<'_, '_> {
     }
     fn token(&mut self, id: u32) -> Result<ControlFlow<()>, HookError> {
         let piece = self.decoder.push(id);
-        if !piece.is_empty() {
-            let mut out = std::io::stdout().lock();
-            out.write_all(piece.as_bytes())?;
-            out.flush()?;
-            self.text.push_str(&piece);
+        if piece.is_empty() {
+            return Ok(ControlFlow::Continue(()));
         }
+        let before = self.text.len();
+        self.text.push_str(&piece);
+        let longest = self.stops.iter().map(|s| s.len()).max().unwrap_or(0);
+        if let Some((pos, _)) = sluice_engine::text::stop::first_match(
+            &self.text,
+            before.saturating_sub(longest),
+            self.stops,
+        ) {
+            let pos = pos.max(self.shown);
+            self.text.truncate(pos);
+            self.stopped = true;
+            self.show(pos)?;
+            return Ok(ControlFlow::Break(()));
+        }
+        self.show(sluice_engine::text::stop::safe_end(&self.text, self.stops))?;
         Ok(ControlFlow::Continue(()))
     }
     fn step(&mut self, id: u32, logits: &[f32]) -> Result<(), HookError> {
@@ -375,6 +436,9 @@ fn generate(
         tok,
         decoder: StreamDecoder::new(tok),
         text: String::new(),
+        shown: 0,
+        stops: &args.stop,
+        stopped: false,
         stop,
         all: dump.is_some(),
         dump,
@@ -393,10 +457,10 @@ fn generate(
             session.state.len()
         );
     }
-    let tail = hooks.decoder.finish();
-    if !tail.is_empty() {
-        crate::common::emit(&tail)?;
+    if !hooks.stopped {
+        let tail = hooks.decoder.finish();
         hooks.text.push_str(&tail);
+        hooks.show(hooks.text.len())?;
     }
     crate::common::emit("\n")?;
     let timing = Timing {

@@ -477,17 +477,7 @@ impl JobHooks<'_> {
     fn flush(&mut self, all: bool) {
         let mut end = self.text.len();
         if !all {
-            for s in &self.job.stop {
-                // The longest suffix of text that is a proper prefix of s.
-                let max = s.len().saturating_sub(1).min(self.text.len());
-                for k in (1..=max).rev() {
-                    let start = self.text.len() - k;
-                    if self.text.is_char_boundary(start) && s.starts_with(&self.text[start..]) {
-                        end = end.min(start);
-                        break;
-                    }
-                }
-            }
+            end = sluice_engine::text::stop::safe_end(&self.text, &self.job.stop);
         }
         end = end.max(self.emitted);
         if end > self.emitted {
@@ -586,22 +576,8 @@ impl Hooks for JobHooks<'_> {
             // A match may start in text already held back (never in text already sent).
             let from =
                 before.saturating_sub(self.job.stop.iter().map(|s| s.len()).max().unwrap_or(0));
-            let from = (0..=from)
-                .rev()
-                .find(|&i| self.text.is_char_boundary(i))
-                .unwrap_or(0);
-            let mut best: Option<(usize, &String)> = None;
-            for s in &self.job.stop {
-                if s.is_empty() {
-                    continue;
-                }
-                if let Some(pos) = self.text[from..].find(s.as_str()) {
-                    let pos = from + pos;
-                    if best.is_none_or(|(b, _)| pos < b) {
-                        best = Some((pos, s));
-                    }
-                }
-            }
+            let best = sluice_engine::text::stop::first_match(&self.text, from, &self.job.stop)
+                .map(|(pos, k)| (pos, &self.job.stop[k]));
             if let Some((pos, s)) = best {
                 let s = s.clone();
                 self.text.truncate(pos.max(self.emitted));
