@@ -23,7 +23,7 @@ use sluice_io::{
 };
 
 use crate::groups::{UnitGroup, UnitLayer};
-use crate::pack::{PackFile, PackLayer};
+use crate::pack::{PackError, PackFile, PackLayer};
 use crate::profile::Profile;
 use crate::source::{BatchFn, ExpertSource, ExpertView, Stop, StreamError};
 use crate::{
@@ -179,6 +179,8 @@ pub struct StreamingExperts {
     stop_filler: Arc<AtomicBool>,
     io: Box<dyn IoEngine>,
     layers: Vec<Option<LayerLayout>>,
+    /// The sidecar units are read from (each read is checked against its unit hash).
+    pack: Option<PackFile>,
     /// Pins of resident layers' experts, held for the model's lifetime.
     resident: Vec<Pinned<AlignedBuf>>,
     /// Expert bytes (without alignment) read at start for resident layers.
@@ -306,6 +308,7 @@ impl StreamingExperts {
             stop_filler: Arc::new(AtomicBool::new(false)),
             io,
             layers,
+            pack: pack.cloned(),
             resident: Vec::new(),
             resident_read: 0,
             next_tag: AtomicU64::new(0),
@@ -653,10 +656,11 @@ impl StreamingExperts {
         };
         let d = done.take().expect("checked above");
         match d.result {
-            Ok(()) => {
+            // A unit that fails its check is dropped here; the demand read of it fails.
+            Ok(()) if self.check_packed(ticket.key(), &d).is_ok() => {
                 let _ = self.cache.fill(ticket, d.buf, &d.placed);
             }
-            Err(_) => self.cache.release_failed(ticket, Some(d.buf)),
+            _ => self.cache.release_failed(ticket, Some(d.buf)),
         }
         self.landed.notify_all();
         true
@@ -736,6 +740,24 @@ impl StreamingExperts {
             .unwrap_or_else(PoisonError::into_inner);
     }
 
+    /// With a sidecar: the bytes a read of unit `key` got must hash as the model's bytes of
+    /// that unit did at pack time (a damaged sidecar never reaches the compute).
+    fn check_packed(&self, key: ExpertKey, done: &ReadDone) -> Result<(), PackError> {
+        let Some(pack) = &self.pack else {
+            return Ok(());
+        };
+        let Some(layer) = pack.layers.get(key.layer as usize).and_then(Option::as_ref) else {
+            return Ok(());
+        };
+        let at = done.placed.first().copied().unwrap_or(0);
+        let bytes = done
+            .buf
+            .as_slice()
+            .get(at..at + layer.unit_bytes() as usize)
+            .unwrap_or(&[]);
+        pack.check_unit(key.layer, key.expert, bytes)
+    }
+
     /// Give a finished read's buffer to its reserved slot (or release the slot if the read
     /// failed, returning the error naming file, offset and length).
     fn land(
@@ -747,6 +769,11 @@ impl StreamingExperts {
             .remove(&done.tag)
             .expect("completion for a read we issued");
         if let Err(e) = done.result {
+            self.cache.release_failed(ticket, Some(done.buf));
+            self.landed.notify_all();
+            return Err(e.into());
+        }
+        if let Err(e) = self.check_packed(ticket.key(), &done) {
             self.cache.release_failed(ticket, Some(done.buf));
             self.landed.notify_all();
             return Err(e.into());
