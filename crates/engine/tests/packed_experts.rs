@@ -266,8 +266,7 @@ fn sidecar_bound_to_expert_data() {
     let mut kv = sm.new_state(64, false);
     let err = sm
         .forward(&mut kv, &tokens()[..4], Logits::All)
-        .err()
-        .expect("a damaged sidecar must not give logits");
+        .expect_err("a damaged sidecar must not give logits");
     let msg = err.to_string();
     assert!(
         msg.contains("flipped.slpack") && msg.contains("damaged") && !msg.contains('\n'),
