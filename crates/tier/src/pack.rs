@@ -11,9 +11,9 @@
 //! Binding to the source data (v2): the header alone does not identify a model's data (two
 //! files can share header and tensor table and differ in every expert byte), so the sidecar
 //! records, from the GGUF's bytes at pack time,
-//! - an xxh3-64 of each unit's bytes (its parts concatenated), checked against the bytes
-//!   read from the sidecar on every read of the unit (a damaged sidecar: the read fails
-//!   with an error naming the sidecar);
+//! - an xxh3-64 of each unit's bytes (its parts concatenated), checked by the streaming
+//!   source against the bytes of the unit's first read from the sidecar (a damaged
+//!   sidecar: the read fails with an error naming the sidecar);
 //! - an xxh3-64 of a sample of the GGUF's expert data ([`SAMPLE_UNITS`] units evenly spaced
 //!   over all packed units, the first [`SAMPLE_BYTES`] bytes of each of their parts),
 //!   recomputed from the model at open (a sidecar packed from another file with the same

@@ -179,8 +179,10 @@ pub struct StreamingExperts {
     stop_filler: Arc<AtomicBool>,
     io: Box<dyn IoEngine>,
     layers: Vec<Option<LayerLayout>>,
-    /// The sidecar units are read from (each read is checked against its unit hash).
+    /// The sidecar units are read from (a unit's first good read is checked against its
+    /// unit hash), and per layer, the units whose read from it passed the check.
     pack: Option<PackFile>,
+    verified: Vec<Vec<AtomicBool>>,
     /// Pins of resident layers' experts, held for the model's lifetime.
     resident: Vec<Pinned<AlignedBuf>>,
     /// Expert bytes (without alignment) read at start for resident layers.
@@ -309,6 +311,12 @@ impl StreamingExperts {
             io,
             layers,
             pack: pack.cloned(),
+            verified: pack.map_or_else(Vec::new, |p| {
+                p.unit_hashes
+                    .iter()
+                    .map(|h| h.iter().map(|_| AtomicBool::new(false)).collect())
+                    .collect()
+            }),
             resident: Vec::new(),
             resident_read: 0,
             next_tag: AtomicU64::new(0),
@@ -740,12 +748,21 @@ impl StreamingExperts {
             .unwrap_or_else(PoisonError::into_inner);
     }
 
-    /// With a sidecar: the bytes a read of unit `key` got must hash as the model's bytes of
-    /// that unit did at pack time (a damaged sidecar never reaches the compute).
+    /// With a sidecar: the bytes the first read of unit `key` got must hash as the model's
+    /// bytes of that unit did at pack time (a damaged sidecar never reaches the compute);
+    /// later reads of a unit that passed read the same bytes of the same open file and are
+    /// not hashed again (about 0.3 ms per 2.6 MB unit saved on every re-read).
     fn check_packed(&self, key: ExpertKey, done: &ReadDone) -> Result<(), PackError> {
         let Some(pack) = &self.pack else {
             return Ok(());
         };
+        let seen = self
+            .verified
+            .get(key.layer as usize)
+            .and_then(|l| l.get(key.expert as usize));
+        if seen.is_some_and(|v| v.load(Ordering::Relaxed)) {
+            return Ok(());
+        }
         let Some(layer) = pack.layers.get(key.layer as usize).and_then(Option::as_ref) else {
             return Ok(());
         };
@@ -755,7 +772,11 @@ impl StreamingExperts {
             .as_slice()
             .get(at..at + layer.unit_bytes() as usize)
             .unwrap_or(&[]);
-        pack.check_unit(key.layer, key.expert, bytes)
+        pack.check_unit(key.layer, key.expert, bytes)?;
+        if let Some(v) = seen {
+            v.store(true, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Give a finished read's buffer to its reserved slot (or release the slot if the read
