@@ -135,7 +135,12 @@ pub fn unit_hash(bytes: &[u8]) -> u64 {
 
 /// The xxh3-64 of the model's sampled expert bytes (see the module header), or an error
 /// naming the part that lies beyond `mapped`.
-fn sample_hash(mapped: &[u8], group: &UnitGroup) -> Result<u64, String> {
+/// `read(start, end)` gives the model's bytes `start..end` (None: beyond the file).
+fn sample_hash(
+    len: u64,
+    read: &mut dyn FnMut(u64, u64) -> Option<Vec<u8>>,
+    group: &UnitGroup,
+) -> Result<u64, String> {
     let all: Vec<(usize, usize)> = group
         .layers
         .iter()
@@ -151,15 +156,13 @@ fn sample_hash(mapped: &[u8], group: &UnitGroup) -> Result<u64, String> {
         for i in 0..u.parts.len() {
             let r = u.part_range(i, e);
             let end = r.end.min(r.start + SAMPLE_BYTES);
-            let bytes = mapped.get(r.start as usize..end as usize).ok_or_else(|| {
+            let bytes = read(r.start, end).ok_or_else(|| {
                 format!(
-                    "layer {l} expert {e} matrix {}: bytes {}..{end} beyond the file's {}",
-                    u.parts[i].name,
-                    r.start,
-                    mapped.len()
+                    "layer {l} expert {e} matrix {}: bytes {}..{end} beyond the file's {len}",
+                    u.parts[i].name, r.start,
                 )
             })?;
-            h.update(bytes);
+            h.update(&bytes);
         }
     }
     Ok(h.digest())
@@ -304,7 +307,12 @@ pub fn write_pack(
     let n_units: usize = group.layers.iter().flatten().map(|u| u.n_units).sum();
     let header_len = header_len_for(n_packed, n_units);
     let (layers, total) = plan(group, header_len).map_err(bad_model)?;
-    let sample = sample_hash(mapped, group).map_err(bad_model)?;
+    let sample = sample_hash(
+        mapped.len() as u64,
+        &mut |a, b| mapped.get(a as usize..b as usize).map(<[u8]>::to_vec),
+        group,
+    )
+    .map_err(bad_model)?;
     // Pass 1: the units' hashes from the model's bytes (they go in the header).
     let mut hashes = Vec::with_capacity(n_units);
     for (l, p) in layers.iter().enumerate() {
@@ -512,7 +520,22 @@ impl PackFile {
                 "layer {l}: the sidecar's expert layout differs from the model's"
             )));
         }
-        let sample = sample_hash(mapped, group).map_err(&mismatch)?;
+        // The samples are read from the model file (one small read each) rather than
+        // touched through the map, whose fault-in reads ahead far more than 4 KiB.
+        let src = File::open(model).ok();
+        let sample = sample_hash(
+            model_size,
+            &mut |a, b| {
+                use std::os::unix::fs::FileExt;
+                let mut v = vec![0u8; (b - a) as usize];
+                match &src {
+                    Some(f) => f.read_exact_at(&mut v, a).ok().map(|()| v),
+                    None => mapped.get(a as usize..b as usize).map(<[u8]>::to_vec),
+                }
+            },
+            group,
+        )
+        .map_err(&mismatch)?;
         if sample != u64_at(&fixed, 64) {
             return Err(mismatch(
                 "it was packed from other expert data (a sample of the model's experts differs)"
