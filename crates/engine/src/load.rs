@@ -393,16 +393,11 @@ impl LoadOptions {
         let pack = match &pack_path {
             None => None,
             Some(p) => {
-                let header = model
-                    .map
-                    .bytes()
-                    .get(..model.gguf.data_offset as usize)
-                    .unwrap_or(&[]);
                 let pf = PackFile::open(
                     p,
                     &self.path,
-                    model.gguf.file_size,
-                    header,
+                    model.map.bytes(),
+                    model.gguf.data_offset,
                     &model.groups.experts,
                 )
                 .map_err(|e| EngineError::Option {

@@ -2,7 +2,9 @@
 //! stream from the packed sidecar (one read per expert) instead of the model file, for both
 //! reading backends and budgets from the minimum to everything; the reference is the
 //! resident model (no streaming). A sidecar made for another model, a truncated one and a
-//! damaged one are refused with an error naming the sidecar, by the library and by loading.
+//! damaged one are refused with an error naming the sidecar, by the library and by loading;
+//! so are one packed from other expert data under the same header (at open) and one with
+//! damaged expert data (when that expert is read).
 
 mod common;
 
@@ -60,8 +62,8 @@ fn open(pack: &Path, model: &Path) -> Result<PackFile, PackError> {
     PackFile::open(
         pack,
         model,
-        m.gguf.file_size,
-        &m.map.bytes()[..m.gguf.data_offset as usize],
+        m.map.bytes(),
+        m.gguf.data_offset,
         &m.groups.experts,
     )
 }
@@ -201,5 +203,74 @@ fn mismatched_truncated_and_damaged_sidecars_are_refused() {
         .err()
         .unwrap();
     assert!(msg.contains("none.slpack"), "{msg}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A sidecar is bound to the expert bytes it was packed from (issue 35 item 2): one packed
+/// from a file with the same header and other expert data is refused at open, and one with
+/// damaged expert data fails the read of that expert with an error naming the sidecar;
+/// neither ever yields logits.
+#[test]
+fn sidecar_bound_to_expert_data() {
+    let dir = tmp_dir("bound");
+    let a = fixture("a-q8_0.gguf");
+    let m = Model::load(&a).unwrap();
+    let u0 = m.groups.experts.layers.iter().flatten().next().unwrap();
+    // Same header and size, one expert byte different (first expert's first matrix).
+    let mut other = std::fs::read(&a).unwrap();
+    let at = u0.part_range(0, 0).start as usize + 5;
+    other[at] ^= 0x21;
+    let a2 = dir.join("a2.gguf");
+    std::fs::write(&a2, &other).unwrap();
+    let foreign = dir.join("foreign.slpack");
+    pack(&a2, &foreign);
+    let e = open(&foreign, &a).unwrap_err();
+    assert!(matches!(e, PackError::Mismatch { .. }), "{e}");
+    let msg = load_with(&a, PackChoice::File(foreign.clone()))
+        .err()
+        .expect("a sidecar packed from other expert data must be refused");
+    assert!(
+        msg.contains("foreign.slpack") && msg.contains("does not match") && !msg.contains('\n'),
+        "{msg}"
+    );
+    // A flipped byte in every expert's data of the sidecar: every read of it fails.
+    let good = dir.join("good.slpack");
+    pack(&a, &good);
+    let pf = open(&good, &a).unwrap();
+    let mut bytes = std::fs::read(&good).unwrap();
+    for p in pf.layers.iter().flatten() {
+        for e in 0..p.n_units {
+            bytes[p.offset(e) as usize + 7] ^= 0x04;
+        }
+    }
+    let flipped = dir.join("flipped.slpack");
+    std::fs::write(&flipped, &bytes).unwrap();
+    let pf = open(&flipped, &a).expect("the header is intact");
+    let k = m.cfg.n_expert_used;
+    let cfg = StreamConfig {
+        budget: m.groups.experts.total_bytes() * 2,
+        policy: PolicyKind::default(),
+        resident_layers: 0,
+        io: IoConfig {
+            backend: Backend::Pread,
+            direct: false,
+            depth: 4,
+            inflight_bytes: 0,
+            threads: 2,
+            high_priority: false,
+        },
+    };
+    let mut sm = Model::load(&a).unwrap();
+    let s = StreamingExperts::open_packed(&a, &sm.groups.experts, k, &cfg, Some(&pf)).unwrap();
+    sm.set_expert_source(Box::new(s));
+    let mut kv = sm.new_state(64, false);
+    let err = sm
+        .forward(&mut kv, &tokens()[..4], Logits::All)
+        .expect_err("a damaged sidecar must not give logits");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("flipped.slpack") && msg.contains("damaged") && !msg.contains('\n'),
+        "{msg}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

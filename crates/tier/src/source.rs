@@ -61,6 +61,8 @@ pub enum StreamError {
     Cache(#[from] CacheError),
     #[error("routing trace: {0}")]
     Trace(#[from] TraceError),
+    #[error("expert streaming: {0}")]
+    Pack(#[from] crate::pack::PackError),
     #[error("expert streaming: the IO engine lost a read (no completion for a read in flight)")]
     LostRead,
     #[error("expert streaming: {0}")]
