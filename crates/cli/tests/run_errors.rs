@@ -87,9 +87,9 @@ fn token_id_beyond_vocabulary() {
     fails_with(&out, &["99999", "512"]);
 }
 
-#[test]
-fn expert_cache_below_minimum_names_the_minimum() {
-    let out = sluice(&[
+/// One token of the tiny fixture at `--expert-cache budget`.
+fn run_with_budget(budget: &str) -> Output {
+    sluice(&[
         "run",
         "-m",
         &fixture("a-q8_0.gguf"),
@@ -98,29 +98,20 @@ fn expert_cache_below_minimum_names_the_minimum() {
         "-n",
         "1",
         "--expert-cache",
-        "4K",
-    ]);
-    fails_with(&out, &["--expert-cache", "minimum"]);
+        budget,
+    ])
+}
+
+#[test]
+fn expert_cache_below_minimum_names_the_minimum() {
+    fails_with(&run_with_budget("4K"), &["--expert-cache", "minimum"]);
 }
 
 /// One byte under the minimum: both sizes round to the same text, so the budget is said in
 /// bytes too (issue 35 item 20: "72.00 KiB is below the minimum 72.00 KiB").
 #[test]
 fn expert_cache_one_byte_below_minimum_says_bytes() {
-    let run = |budget: &str| {
-        sluice(&[
-            "run",
-            "-m",
-            &fixture("a-q8_0.gguf"),
-            "--tokens",
-            "1,2",
-            "-n",
-            "1",
-            "--expert-cache",
-            budget,
-        ])
-    };
-    let first = String::from_utf8_lossy(&run("4K").stderr).to_string();
+    let first = String::from_utf8_lossy(&run_with_budget("4K").stderr).to_string();
     // "... ({min} bytes: one layer's top-k experts must fit at once)"
     let min: u64 = first
         .split(" bytes: one layer")
@@ -129,7 +120,7 @@ fn expert_cache_one_byte_below_minimum_says_bytes() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no minimum in bytes in: {first}"));
     let under = min - 1;
-    let out = run(&under.to_string());
+    let out = run_with_budget(&under.to_string());
     fails_with(&out, &["minimum", &format!("({under} bytes)")]);
 }
 

@@ -5,20 +5,7 @@
 
 mod common;
 
-use common::sluice;
-
-fn gemma() -> Option<String> {
-    match std::env::var("SLUICE_GEMMA") {
-        Ok(g) => Some(g),
-        Err(_) if std::env::var("SLUICE_REQUIRE_MODELS").as_deref() == Ok("1") => {
-            panic!("SLUICE_GEMMA is not set (and SLUICE_REQUIRE_MODELS=1)")
-        }
-        Err(_) => {
-            eprintln!("note: SLUICE_GEMMA not set; skipping");
-            None
-        }
-    }
-}
+use common::{gemma, sluice};
 
 fn stdout_of(args: &[&str]) -> String {
     let out = sluice(args);

@@ -2,6 +2,8 @@
 //! through HTTP equal to `sluice run --temp 0` for the same prompt (raw and chat), SIGTERM
 //! drains and exits 0, a public bind without a key is refused. Every wait is bounded.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
@@ -238,16 +240,7 @@ fn second_signal_during_drain_forces_exit() {
 /// model slow enough to still be generating after a second: Gemma 3 270M.
 #[test]
 fn answers_cut_by_the_drain_deadline_are_not_finished() {
-    let g = match std::env::var("SLUICE_GEMMA") {
-        Ok(g) => g,
-        Err(_) if std::env::var("SLUICE_REQUIRE_MODELS").as_deref() == Ok("1") => {
-            panic!("SLUICE_GEMMA is not set (and SLUICE_REQUIRE_MODELS=1)")
-        }
-        Err(_) => {
-            eprintln!("note: SLUICE_GEMMA not set; skipping");
-            return;
-        }
-    };
+    let Some(g) = common::gemma() else { return };
     let srv = serve_model(&g, "4096", &["--parallel", "2", "--drain-timeout", "1"]);
     let long = |stream: bool| {
         format!(

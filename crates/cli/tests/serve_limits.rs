@@ -1,53 +1,22 @@
 //! `sluice serve` refuses limits that cannot mean anything at start, with a one-line error
 //! naming the flag, instead of serving (issue 35 items 9 and 17). Every wait is bounded.
 
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-/// Hang detection only: a refused start exits at once; a server that starts never does.
-const WATCHDOG: Duration = Duration::from_secs(60);
+use common::{fixture, sluice};
 
-fn fixture() -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/qwen3moe/a-q8_0.gguf")
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// Runs `sluice serve -m FIXTURE --port 0 EXTRA`; returns (exited non-zero, stderr).
-/// A server still running after the watchdog is killed and counts as accepted.
+/// Runs `sluice serve -m FIXTURE --port 0 EXTRA` under the suite's watchdog (a server
+/// that starts never exits: the watchdog then fails the test, saying it hangs); returns
+/// (exited non-zero, stderr).
 fn serve_start(extra: &[&str]) -> (bool, String) {
-    let fx = fixture();
+    let fx = fixture("a-q8_0.gguf");
     let mut args = vec!["serve", "-m", &fx, "--port", "0"];
     args.extend_from_slice(extra);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    let refused = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break !st.success();
-        }
-        if t0.elapsed() > WATCHDOG {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            return (false, "still serving after the watchdog".into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    use std::io::Read;
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    (refused, err)
+    let out = sluice(&args);
+    (
+        !out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn assert_refused(extra: &[&str], flag: &str) {

@@ -15,6 +15,21 @@ pub const WATCHDOG_SECS: u64 = 300;
 /// far below what an unbounded read would reach.
 pub const VM_LIMIT_KIB: u64 = 4 << 20;
 
+/// The real Gemma 3 270M (`SLUICE_GEMMA`), or None (the test then skips, saying so);
+/// with `SLUICE_REQUIRE_MODELS=1` a missing model fails the test instead.
+pub fn gemma() -> Option<String> {
+    match std::env::var("SLUICE_GEMMA") {
+        Ok(g) => Some(g),
+        Err(_) if std::env::var("SLUICE_REQUIRE_MODELS").as_deref() == Ok("1") => {
+            panic!("SLUICE_GEMMA is not set (and SLUICE_REQUIRE_MODELS=1)")
+        }
+        Err(_) => {
+            eprintln!("note: SLUICE_GEMMA not set; skipping");
+            None
+        }
+    }
+}
+
 /// Path of a tiny qwen3moe fixture (`tests/fixtures/qwen3moe/NAME`).
 pub fn fixture(name: &str) -> String {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
