@@ -136,14 +136,7 @@ fn load_with(model: &Path, pack: PackChoice) -> Result<sluice_engine::load::Load
             budget_text: "100%".into(),
             policy: PolicyKind::default(),
             resident_layers: 0,
-            io: IoConfig {
-                backend: Backend::Pread,
-                direct: false,
-                depth: 4,
-                inflight_bytes: 0,
-                threads: 2,
-                high_priority: false,
-            },
+            io: buffered_pread(),
             hash_prefetch: true,
             lookahead: true,
             pack,
@@ -251,14 +244,7 @@ fn sidecar_bound_to_expert_data() {
         budget: m.groups.experts.total_bytes() * 2,
         policy: PolicyKind::default(),
         resident_layers: 0,
-        io: IoConfig {
-            backend: Backend::Pread,
-            direct: false,
-            depth: 4,
-            inflight_bytes: 0,
-            threads: 2,
-            high_priority: false,
-        },
+        io: buffered_pread(),
     };
     let mut sm = Model::load(&a).unwrap();
     let s = StreamingExperts::open_packed(&a, &sm.groups.experts, k, &cfg, Some(&pf)).unwrap();
@@ -273,4 +259,16 @@ fn sidecar_bound_to_expert_data() {
         "{msg}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Buffered pread, depth 4, two threads: the IO the packed-sidecar checks here read with.
+fn buffered_pread() -> IoConfig {
+    IoConfig {
+        backend: Backend::Pread,
+        direct: false,
+        depth: 4,
+        inflight_bytes: 0,
+        threads: 2,
+        high_priority: false,
+    }
 }
