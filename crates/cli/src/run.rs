@@ -215,6 +215,7 @@ pub fn main(args: RunArgs) -> Result<()> {
         if let Some(d) = &dump {
             write_dump(d, &loaded.model)?;
         }
+        drop(session);
         loaded.finish()?;
         if stop.load(Ordering::SeqCst) {
             eprintln!("[interrupted after {} generated tokens]", timing.generated);
@@ -238,6 +239,7 @@ pub fn main(args: RunArgs) -> Result<()> {
         let mut raw = Vec::new();
         if stdin.lock().read_until(b'\n', &mut raw)? == 0 {
             eprintln!();
+            drop(session);
             return loaded.finish();
         }
         // One bad line never ends the conversation: say what was wrong and skip it.

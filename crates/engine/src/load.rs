@@ -102,6 +102,8 @@ pub struct LoadOptions {
 pub struct Loaded {
     pub model: Model,
     pub pool: rayon::ThreadPool,
+    /// A [`crate::session::Session`] computes in `pool` (others get their own pools).
+    pub(crate) pool_leased: std::sync::atomic::AtomicBool,
     pub threads: usize,
     pub load_secs: f64,
     /// The streaming tier, when experts stream (kept for statistics).
@@ -275,6 +277,7 @@ impl LoadOptions {
         Ok(Loaded {
             model,
             pool,
+            pool_leased: Default::default(),
             threads,
             load_secs: t0.elapsed().as_secs_f64(),
             streaming,

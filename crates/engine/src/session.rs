@@ -7,6 +7,7 @@
 //! so the loop exists once.
 
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use sluice_models::{Logits, Model, SeqState, Snapshot};
@@ -86,10 +87,76 @@ type ChunkFn<'a> = dyn FnMut(&[u32], &[f32]) -> Result<(), HookError> + 'a;
 pub struct NoHooks;
 impl Hooks for NoHooks {}
 
+/// The compute pool a session's forwards run in.
+///
+/// Sessions that compute at the same time never share a rayon pool: a pool worker waiting
+/// in a join would steal another sequence's whole forward (an `install` is a job in the
+/// pool's queue), and that forward could then wait in the expert tier for budget or units
+/// that only the sequence below it on the same stack can release: a deadlock (issue 35,
+/// item 1). The first session of a model takes the loaded pool; a session created while
+/// that one is taken gets a pool of its own with the same thread count (built at its
+/// first forward). Results never depend on which pool runs them.
+enum SessionPool<'m> {
+    /// The loaded model's pool, leased until the session is dropped.
+    Leased {
+        pool: &'m rayon::ThreadPool,
+        lease: &'m AtomicBool,
+    },
+    /// A pool of this session's own (`None` until the first forward).
+    Own {
+        threads: usize,
+        pool: Option<rayon::ThreadPool>,
+    },
+}
+
+impl<'m> SessionPool<'m> {
+    fn for_session(loaded: &'m Loaded) -> SessionPool<'m> {
+        if loaded
+            .pool_leased
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            SessionPool::Leased {
+                pool: &loaded.pool,
+                lease: &loaded.pool_leased,
+            }
+        } else {
+            SessionPool::Own {
+                threads: loaded.pool.current_num_threads(),
+                pool: None,
+            }
+        }
+    }
+
+    fn get(&mut self) -> Result<&rayon::ThreadPool, EngineError> {
+        match self {
+            SessionPool::Leased { pool, .. } => Ok(pool),
+            SessionPool::Own { threads, pool } => {
+                if pool.is_none() {
+                    let threads = *threads;
+                    *pool = Some(
+                        sluice_models::threads::compute_pool(threads)
+                            .map_err(|source| EngineError::Threads { threads, source })?,
+                    );
+                }
+                Ok(pool.as_ref().expect("built above"))
+            }
+        }
+    }
+}
+
+impl Drop for SessionPool<'_> {
+    fn drop(&mut self) {
+        if let SessionPool::Leased { lease, .. } = self {
+            lease.store(false, Ordering::Release);
+        }
+    }
+}
+
 /// One sequence over a loaded model.
 pub struct Session<'m> {
     model: &'m Model,
-    pool: &'m rayon::ThreadPool,
+    pool: SessionPool<'m>,
     pub state: SeqState,
     /// Prompt tokens per forward call during prefill.
     batch: usize,
@@ -103,7 +170,7 @@ impl<'m> Session<'m> {
     pub fn new(loaded: &'m Loaded, n_ctx: usize, kv_f32: bool, batch: usize) -> Session<'m> {
         Session {
             model: &loaded.model,
-            pool: &loaded.pool,
+            pool: SessionPool::for_session(loaded),
             state: loaded.model.new_state(n_ctx, kv_f32),
             batch: batch.max(1),
             history: Vec::new(),
@@ -159,7 +226,10 @@ impl<'m> Session<'m> {
             };
             let model = self.model;
             let state = &mut self.state;
-            let logits = self.pool.install(|| model.forward(state, chunk, m))?;
+            let logits = self
+                .pool
+                .get()?
+                .install(|| model.forward(state, chunk, m))?;
             self.history.extend_from_slice(chunk);
             on_chunk(chunk, &logits).map_err(EngineError::Hook)?;
             match mode {
@@ -177,6 +247,7 @@ impl<'m> Session<'m> {
         let state = &mut self.state;
         let logits = self
             .pool
+            .get()?
             .install(|| model.forward(state, &[id], Logits::Last))?;
         self.history.push(id);
         Ok(logits)

@@ -152,3 +152,139 @@ fn snapshot_restore_equals_recompute() {
     let want = fresh.prefill(&toks, Logits::All).unwrap();
     assert_eq!(first[..], want[10 * 512..]);
 }
+
+/// A synthetic qwen3moe large enough that its matmuls split over the compute threads (the
+/// fixture's hidden 64 never does): 2 layers, hidden 512, 32 experts of 512, top-4, Q8_0.
+fn synth_model() -> std::path::PathBuf {
+    use sluice_synth::{Plan, Preset, SynthConfig, Vocab, WriteOptions};
+    use std::sync::atomic::AtomicBool;
+    let dir = std::env::temp_dir().join(format!("sluice-concurrent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("moe.gguf");
+    let shape = sluice_synth::Shape {
+        layers: 2,
+        hidden: 512,
+        heads: 8,
+        kv_heads: 2,
+        head_dim: 64,
+        experts: 32,
+        top_k: 4,
+        expert_ff: 512,
+        context: 1024,
+        ..Preset::Tiny.shape()
+    };
+    let cfg = SynthConfig {
+        shape,
+        quant: sluice_gguf::GgmlType::Q8_0,
+        router_skew: 0.0,
+        seed: 0,
+        name: "concurrent prefills".into(),
+    };
+    let plan = Plan::new(&cfg, Vocab::builtin()).unwrap();
+    let cancel = AtomicBool::new(false);
+    sluice_synth::write(
+        &plan,
+        &path,
+        &WriteOptions {
+            force: true,
+            progress: &|_| {},
+            cancel: &cancel,
+        },
+    )
+    .unwrap();
+    path
+}
+
+/// Issue 35 item 1: sessions of one loaded model prefilling long prompts at once at the
+/// minimum budget. With one shared rayon pool a worker waiting in a join of sequence A's
+/// matmul stole sequence B's whole forward; B then waited for budget that only A (below it
+/// on the same stack) could release, and every request hung. Each session's logits must
+/// equal the same prompt run alone; a watchdog turns a hang into a failure.
+#[test]
+fn concurrent_long_prefills_through_sessions_do_not_deadlock() {
+    use sluice_engine::load::{Budget, PackChoice, StreamOptions};
+    use sluice_engine::tier::SizeSpec;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    const N: usize = 3;
+    const LEN: usize = 580;
+    const BATCH: usize = 512;
+    let path = synth_model();
+    // Different prompts (different routing) per sequence.
+    let prompt = |i: usize| -> Vec<u32> {
+        (0..LEN)
+            .map(|j| ((j * 7919 + i * 104_729) % 251) as u32 + 1)
+            .collect()
+    };
+    let options = |stream: Option<StreamOptions>| LoadOptions {
+        ple: Default::default(),
+        path: path.clone(),
+        threads: 2,
+        ctx: 1024,
+        stream,
+        record_routing: None,
+    };
+    let alone: Vec<Vec<f32>> = {
+        let loaded = options(None).load().unwrap();
+        (0..N)
+            .map(|i| {
+                let mut s = Session::new(&loaded, 1024, false, BATCH);
+                s.prefill(&prompt(i), Logits::Last).unwrap()
+            })
+            .collect()
+    };
+    let resident = Model::load(&path).unwrap();
+    let min = StreamingExperts::min_budget(&resident.groups.experts, resident.cfg.n_expert_used);
+    drop(resident);
+    let loaded = options(Some(StreamOptions {
+        budget: Budget::Size(SizeSpec::Bytes(min)),
+        budget_text: format!("{min}"),
+        policy: PolicyKind::Lru,
+        resident_layers: 0,
+        io: IoConfig {
+            backend: Backend::Pread,
+            direct: false,
+            depth: 4,
+            inflight_bytes: 0,
+            threads: 2,
+            high_priority: false,
+        },
+        hash_prefetch: true,
+        lookahead: false,
+        pack: PackChoice::Off,
+        preload_profile: None,
+    }))
+    .load()
+    .unwrap();
+    let loaded = Arc::new(loaded);
+    let (tx, rx) = mpsc::channel();
+    for round in 0..3 {
+        for i in 0..N {
+            let loaded = loaded.clone();
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut s = Session::new(&loaded, 1024, false, BATCH);
+                let got = s.prefill(&prompt(i), Logits::Last);
+                let _ = tx.send((i, got));
+            });
+        }
+        for _ in 0..N {
+            let (i, got) = rx
+                .recv_timeout(Duration::from_secs(120))
+                .expect("concurrent prefills through sessions hung (no answer in 120 s)");
+            let got = got.unwrap();
+            assert!(
+                got.len() == alone[i].len()
+                    && got
+                        .iter()
+                        .zip(&alone[i])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "sequence {i} (round {round}) differs from running it alone"
+            );
+        }
+    }
+    let st = loaded.streaming.as_ref().unwrap().cache_stats();
+    assert!(st.peak_allocated <= st.budget, "cache over its budget");
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
