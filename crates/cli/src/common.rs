@@ -505,6 +505,19 @@ impl std::fmt::Display for Interrupted {
 
 impl std::error::Error for Interrupted {}
 
+/// A command ended by SIGTERM or SIGHUP (after finishing what it was writing): `main`
+/// exits 143 without another line.
+#[derive(Debug)]
+pub struct Terminated;
+
+impl std::fmt::Display for Terminated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("terminated")
+    }
+}
+
+impl std::error::Error for Terminated {}
+
 /// The most `perplexity -f` (and other text inputs) will read: far more than any
 /// evaluation corpus, far less than this machine's memory.
 pub const MAX_TEXT_BYTES: u64 = 1 << 30;

@@ -12,6 +12,7 @@ mod pack;
 mod perplexity;
 mod run;
 mod serve;
+mod signals;
 mod synth;
 
 use std::error::Error;
@@ -72,6 +73,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<common::Interrupted>() => ExitCode::from(130),
+        Err(e) if e.is::<common::Terminated>() => ExitCode::from(143),
         // A reader that closed stdout (`sluice inspect --json | head -c 100`) ends the
         // command quietly, as it would end `cat`: the output nobody reads is not an error.
         Err(e) if common::is_broken_pipe(&e) => ExitCode::SUCCESS,

@@ -4,7 +4,6 @@ use std::io::{BufRead, Write};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use sluice_engine::eval::write_npy_f32;
@@ -14,7 +13,8 @@ use sluice_engine::text::chat::{ChatMessage, ChatTemplate};
 use sluice_engine::text::tokenizer::{StreamDecoder, Tokenizer};
 use sluice_engine::Model;
 
-use crate::common::{Interrupted, Loaded, ModelArgs};
+use crate::common::{Interrupted, Loaded, ModelArgs, Terminated};
+use crate::signals::RunSignals;
 
 /// Generate text. With -p: answer one prompt and exit. Without: interactive chat
 /// (Ctrl-C stops the current answer, Ctrl-D exits).
@@ -158,17 +158,9 @@ struct Dump {
 }
 
 pub fn main(args: RunArgs) -> Result<()> {
-    // Installed before loading so an early Ctrl-C is seen too (never the default kill).
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = stop.clone();
-        // Ctrl-C stops the current answer; a second Ctrl-C while idle exits.
-        let _ = ctrlc::set_handler(move || {
-            if stop.swap(true, Ordering::SeqCst) {
-                std::process::exit(130);
-            }
-        });
-    }
+    // Installed before loading so an early signal is seen too (never the default kill).
+    let signals = RunSignals::install()?;
+    let stop = signals.stop.clone();
     let mut loaded = args.model.load()?;
     let tok = Tokenizer::from_gguf(&loaded.model.gguf)?;
     eprintln!(
@@ -217,6 +209,10 @@ pub fn main(args: RunArgs) -> Result<()> {
         }
         drop(session);
         loaded.finish()?;
+        if signals.terminating() {
+            eprintln!("[terminated after {} generated tokens]", timing.generated);
+            return Err(Terminated.into());
+        }
         if stop.load(Ordering::SeqCst) {
             eprintln!("[interrupted after {} generated tokens]", timing.generated);
             return Err(Interrupted.into());
@@ -237,7 +233,10 @@ pub fn main(args: RunArgs) -> Result<()> {
         eprint!("\n> ");
         std::io::stderr().flush().ok();
         let mut raw = Vec::new();
-        if stdin.lock().read_until(b'\n', &mut raw)? == 0 {
+        signals.set_idle(true);
+        let read = stdin.lock().read_until(b'\n', &mut raw);
+        signals.set_idle(false);
+        if read? == 0 {
             eprintln!();
             drop(session);
             return loaded.finish();
@@ -303,6 +302,11 @@ pub fn main(args: RunArgs) -> Result<()> {
         history.extend_from_slice(&reply.1);
         crate::common::emit("\n")?;
         report(&loaded, &args, &timing);
+        if signals.terminating() {
+            drop(session);
+            loaded.finish()?;
+            return Err(Terminated.into());
+        }
         messages.push(ChatMessage::new("assistant", &reply.0));
     }
 }

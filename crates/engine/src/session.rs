@@ -35,6 +35,7 @@ pub struct Generation {
     /// Generated token ids (each evaluated, so the state holds them, except the last one
     /// when the context filled up).
     pub tokens: Vec<u32>,
+    /// Prompt tokens evaluated (fewer than the prompt's when a stop cut the prefill).
     pub prompt_tokens: usize,
     pub prefill_secs: f64,
     pub decode_secs: f64,
@@ -80,8 +81,9 @@ pub trait Hooks {
     }
 }
 
-/// Called with each evaluated prefill chunk and its logits.
-type ChunkFn<'a> = dyn FnMut(&[u32], &[f32]) -> Result<(), HookError> + 'a;
+/// Called with each evaluated prefill chunk and its logits; `Break` stops the prefill
+/// there (the chunks evaluated so far stay in the state).
+type ChunkFn<'a> = dyn FnMut(&[u32], &[f32]) -> Result<ControlFlow<()>, HookError> + 'a;
 
 /// No hooks.
 pub struct NoHooks;
@@ -200,7 +202,8 @@ impl<'m> Session<'m> {
     /// Evaluate `tokens` in chunks of the batch size. Returns the logits `mode` asks for
     /// (for `Last`, the last position's).
     pub fn prefill(&mut self, tokens: &[u32], mode: Logits) -> Result<Vec<f32>, EngineError> {
-        self.prefill_with(tokens, mode, &mut |_, _| Ok(()))
+        let all = self.prefill_with(tokens, mode, &mut |_, _| Ok(ControlFlow::Continue(())))?;
+        Ok(all.unwrap_or_default())
     }
 
     fn prefill_with(
@@ -208,7 +211,7 @@ impl<'m> Session<'m> {
         tokens: &[u32],
         mode: Logits,
         on_chunk: &mut ChunkFn<'_>,
-    ) -> Result<Vec<f32>, EngineError> {
+    ) -> Result<Option<Vec<f32>>, EngineError> {
         self.state.kv.check_room(tokens.len())?;
         let n_chunks = tokens.len().div_ceil(self.batch);
         if n_chunks > 1 {
@@ -231,14 +234,17 @@ impl<'m> Session<'m> {
                 .get()?
                 .install(|| model.forward(state, chunk, m))?;
             self.history.extend_from_slice(chunk);
-            on_chunk(chunk, &logits).map_err(EngineError::Hook)?;
+            let flow = on_chunk(chunk, &logits).map_err(EngineError::Hook)?;
             match mode {
                 Logits::All => out.extend_from_slice(&logits),
                 Logits::Last if last => out = logits,
                 _ => {}
             }
+            if flow.is_break() && !last {
+                return Ok(None);
+            }
         }
-        Ok(out)
+        Ok(Some(out))
     }
 
     /// Evaluate one token; returns the next position's logits.
@@ -310,9 +316,28 @@ impl<'m> Session<'m> {
         } else {
             Logits::Last
         };
-        let logits = self.prefill_with(prompt, mode, &mut |c, l| hooks.prefill_chunk(c, l))?;
-        let mut last = logits[logits.len() - n_vocab..].to_vec();
+        // A stop asked for while loading or prefilling is honoured before the first chunk
+        // and between chunks (a long prompt is many chunks), not only when decode starts.
+        let before = self.history.len();
+        let prefilled = if hooks.should_stop() {
+            None
+        } else {
+            self.prefill_with(prompt, mode, &mut |c, l| {
+                hooks.prefill_chunk(c, l)?;
+                Ok(if hooks.should_stop() {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                })
+            })?
+        };
         g.prefill_secs = t0.elapsed().as_secs_f64();
+        let Some(logits) = prefilled else {
+            g.prompt_tokens = self.history.len() - before;
+            g.stop = Some(StopReason::Cancelled);
+            return Ok(g);
+        };
+        let mut last = logits[logits.len() - n_vocab..].to_vec();
 
         hooks.decode_start().map_err(EngineError::Hook)?;
         let t1 = Instant::now();
