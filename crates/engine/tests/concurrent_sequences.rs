@@ -130,6 +130,8 @@ fn snapshot_restore_equals_recompute() {
         ctx: 256,
         stream: None,
         record_routing: None,
+        sequences: 1,
+        device: Default::default(),
     }
     .load()
     .unwrap();
