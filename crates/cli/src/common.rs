@@ -212,6 +212,8 @@ fn io_default() -> IoConfig {
 
 /// SSD streaming of routed experts (MoE models). Without --expert-cache the experts are
 /// read through the memory map like every other tensor (the OS decides what stays).
+/// The flags that shape the streaming tier need --expert-cache (clap refuses them without
+/// it, naming it); --stats and --record-routing apply either way.
 /// Defaults come from the library (`IoConfig::default()`, `PolicyKind::default()`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct StreamArgs {
@@ -224,60 +226,78 @@ pub struct StreamArgs {
     /// Eviction policy: next (default: evict the expert whose next selection is expected
     /// farthest, from rates halving every 64 tokens; next:N sets N), lru, lfu (selection
     /// counts halved every 16 tokens; lfu:N sets N), lru2.
-    #[arg(long = "cache-policy", value_name = "POLICY", default_value_t = PolicyKind::default())]
+    #[arg(long = "cache-policy", value_name = "POLICY", default_value_t = PolicyKind::default(), requires = "expert_cache")]
     pub cache_policy: PolicyKind,
     /// Pin the first N MoE layers' experts in RAM (read once at start; not counted in
     /// the cache budget, counted in the memory check).
     #[arg(long = "resident-layers", value_name = "N", default_value_t = 0)]
     pub resident_layers: usize,
     /// IO backend for expert reads: uring (falls back to pread if refused), pread, mmap.
-    #[arg(long = "io", value_name = "BACKEND", default_value_t = io_default().backend)]
+    #[arg(long = "io", value_name = "BACKEND", default_value_t = io_default().backend, requires = "expert_cache")]
     pub io: Backend,
     /// O_DIRECT expert reads (bypass the page cache); if the file system refuses, sluice
     /// says so once and reads buffered.
-    #[arg(long = "direct-io", value_enum, default_value_t = OnOff::from_bool(io_default().direct))]
+    #[arg(long = "direct-io", value_enum, default_value_t = OnOff::from_bool(io_default().direct), requires = "expert_cache")]
     pub direct_io: OnOff,
     /// Reads in flight for io_uring.
-    #[arg(long = "io-depth", value_name = "N", default_value_t = io_default().depth)]
+    #[arg(long = "io-depth", value_name = "N", default_value_t = io_default().depth, requires = "expert_cache")]
     pub io_depth: usize,
     /// Bytes in flight for io_uring (K/M/G suffixes, powers of 1024; 0 = only --io-depth
     /// caps it). A small cap makes the disk finish one expert's reads before the next one's,
     /// so computing on the first landed expert overlaps the later reads. Logits are the
     /// same either way.
     #[arg(long = "io-inflight", value_name = "SIZE", value_parser = parse_inflight,
-          default_value_t = io_default().inflight_bytes)]
+          default_value_t = io_default().inflight_bytes,
+          requires = "expert_cache")]
     pub io_inflight: usize,
     /// Reader threads for the pread and mmap backends.
-    #[arg(long = "io-threads", value_name = "N", default_value_t = io_default().threads)]
+    #[arg(long = "io-threads", value_name = "N", default_value_t = io_default().threads, requires = "expert_cache")]
     pub io_threads: usize,
     /// Leave expert reads at normal IO priority (default: best-effort high priority).
-    #[arg(long = "no-io-priority")]
+    #[arg(long = "no-io-priority", requires = "expert_cache")]
     pub no_io_priority: bool,
     /// Do not prefetch the experts of hash-routed layers (DeepSeek V4), which follow from
     /// the token ids: by default they are read for the whole prompt at the start of
     /// prefill and for each token before layer 0 runs. For A/B; logits are the same.
-    #[arg(long = "no-hash-prefetch")]
+    #[arg(long = "no-hash-prefetch", requires = "expert_cache")]
     pub no_hash_prefetch: bool,
     /// Router lookahead (decode): during layer L, apply layer L+1's router to layer L's
     /// MoE input and read the predicted experts while L computes, once L's own reads are
     /// issued, without evicting what the current layer holds. For A/B; logits are the same.
-    #[arg(long = "lookahead", overrides_with = "no_lookahead")]
+    #[arg(
+        long = "lookahead",
+        overrides_with = "no_lookahead",
+        requires = "expert_cache"
+    )]
     pub lookahead: bool,
     /// Turn router lookahead off (see --lookahead).
-    #[arg(long = "no-lookahead", overrides_with = "lookahead")]
+    #[arg(
+        long = "no-lookahead",
+        overrides_with = "lookahead",
+        requires = "expert_cache"
+    )]
     pub no_lookahead: bool,
     /// Packed-experts sidecar written by `sluice pack` (one aligned read per expert).
     /// Default: MODEL.gguf.slpack next to the model when it exists; a sidecar that does
     /// not match the model is refused.
-    #[arg(long = "pack", value_name = "FILE", conflicts_with = "no_pack")]
+    #[arg(
+        long = "pack",
+        value_name = "FILE",
+        conflicts_with = "no_pack",
+        requires = "expert_cache"
+    )]
     pub pack: Option<PathBuf>,
     /// Read experts from the model file even if a packed sidecar is next to it.
-    #[arg(long = "no-pack")]
+    #[arg(long = "no-pack", requires = "expert_cache")]
     pub no_pack: bool,
     /// Warm the expert cache at start from a popularity profile (`sluice cache-sim TRACE
     /// --write-profile FILE`): its most popular experts are read while they fit in the
     /// budget, and the eviction policy starts from its rates.
-    #[arg(long = "preload-profile", value_name = "FILE")]
+    #[arg(
+        long = "preload-profile",
+        value_name = "FILE",
+        requires = "expert_cache"
+    )]
     pub preload_profile: Option<PathBuf>,
     /// Print cache, IO and stall statistics (per layer too) at the end: of the run, the
     /// benchmark or the evaluation; `serve`: of everything served, after the drain.

@@ -227,6 +227,15 @@ fn combinations_that_cannot_work_are_refused_in_run_and_serve() {
     let needs_cache: &[&str] = &["--resident-layers", "1"];
     assert_run_refused(needs_cache, &["--resident-layers", "--expert-cache"]);
     assert_serve_refused(needs_cache, &["--resident-layers", "--expert-cache"]);
+    // Flags that shape the streaming tier mean nothing without one.
+    for f in [
+        &["--io", "pread"][..],
+        &["--no-pack"][..],
+        &["--cache-policy", "lru"][..],
+    ] {
+        assert_run_refused(f, &["--expert-cache", f[0]]);
+        assert_serve_refused(f, &["--expert-cache", f[0]]);
+    }
     // --measure times one decode (run, bench); a server has /metrics instead.
     assert_serve_refused(&["--measure"], &["--measure"]);
     assert_run_refused(&["--measure-every", "4"], &["--measure"]);

@@ -45,7 +45,10 @@ fn plan_counts_every_sequence() {
     let c = &m.cfg;
     let one = c.kv_bytes_per_pos * 256 + c.state_bytes;
     assert_eq!(MemoryPlan::for_sequences(&m, 256, 1, 0).unwrap().kv, one);
-    assert_eq!(MemoryPlan::for_sequences(&m, 256, 4, 0).unwrap().kv, 4 * one);
+    assert_eq!(
+        MemoryPlan::for_sequences(&m, 256, 4, 0).unwrap().kv,
+        4 * one
+    );
     let full = c.kv_bytes_per_pos * c.n_ctx_train as u64 + c.state_bytes;
     let p = MemoryPlan::for_sequences(&m, 4 * c.n_ctx_train, 3, 0).unwrap();
     assert_eq!(p.kv, 3 * full);
