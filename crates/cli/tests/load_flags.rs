@@ -147,15 +147,25 @@ fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
 }
 
 /// The lines about the device (`--gpu: ...` when no GPU is usable, `gpu: ...` when one
-/// is), with digits masked (kernel compile and upload times differ between runs).
+/// is), each number masked as one `#` (kernel compile and upload times differ between
+/// runs: the first compiles, later ones find NVRTC's cache).
 fn device_lines(stderr: &str) -> Vec<String> {
     stderr
         .lines()
         .filter(|l| l.starts_with("--gpu:") || l.starts_with("gpu:"))
         .map(|l| {
-            l.chars()
-                .map(|c| if c.is_ascii_digit() { '#' } else { c })
-                .collect()
+            let mut out = String::new();
+            for c in l.chars() {
+                let in_number = out.ends_with('#');
+                if c.is_ascii_digit() || (c == '.' && in_number) {
+                    if !in_number {
+                        out.push('#');
+                    }
+                } else {
+                    out.push(c);
+                }
+            }
+            out
         })
         .collect()
 }
