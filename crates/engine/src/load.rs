@@ -190,18 +190,7 @@ impl MemoryPlan {
             auto_budget: available_for_cache.saturating_sub(reserve),
         })
     }
-}
 
-/// One sequence's KV cache at `ctx` positions (capped at the trained context) plus its
-/// fixed state.
-pub fn kv_per_sequence(model: &Model, ctx: usize) -> u64 {
-    let c = &model.cfg;
-    c.kv_bytes_per_pos
-        .saturating_mul(ctx.min(c.n_ctx_train) as u64)
-        .saturating_add(c.state_bytes)
-}
-
-impl MemoryPlan {
     /// " of N sequences" when the plan counts more than one (for messages).
     fn of_sequences(&self) -> String {
         if self.sequences > 1 {
@@ -262,6 +251,15 @@ impl MemoryPlan {
         };
         Err(EngineError::Option { flag, what })
     }
+}
+
+/// One sequence's KV cache at `ctx` positions (capped at the trained context) plus its
+/// fixed state.
+pub fn kv_per_sequence(model: &Model, ctx: usize) -> u64 {
+    let c = &model.cfg;
+    c.kv_bytes_per_pos
+        .saturating_mul(ctx.min(c.n_ctx_train) as u64)
+        .saturating_add(c.state_bytes)
 }
 
 /// Bytes of the model file outside the streamable groups.
