@@ -15,12 +15,14 @@ use sluice_engine::Logits;
 
 use sluice_engine::session::Session;
 
-use crate::common::{Loaded, ModelArgs};
+use crate::common::{Loaded, MeasureArgs, ModelArgs, PrintStats};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub measure: MeasureArgs,
     /// Prompt tokens for the prompt-processing test (0 = skip).
     #[arg(short = 'p', long = "prompt-tokens", default_value_t = 512)]
     pub prompt_tokens: usize,
@@ -210,7 +212,7 @@ fn run_pp(l: &Loaded, toks: &[u32], args: &ModelArgs) -> Result<f64> {
 /// both).
 fn run_tg(l: &Loaded, toks: &[u32], args: &BenchArgs) -> Result<f64> {
     let mut s = session(l, &args.model, toks.len());
-    let mut measure = l.start_measure(&args.model.stream)?;
+    let mut measure = l.start_measure(&args.measure)?;
     let t0 = Instant::now();
     for &t in toks {
         s.step(t)?;

@@ -1,9 +1,18 @@
-//! Flags and helpers shared by the commands that load a model (run, perplexity, bench).
+//! Flags and helpers shared by the commands that load a model (run, perplexity, bench,
+//! serve).
+//!
+//! Owns: [`ModelArgs`], the one typed set of loading flags every such command flattens in
+//! (model, threads, context, batch, KV precision, [`DeviceArgs`], [`StreamArgs`],
+//! [`PleArgs`]), and its translation into the engine's `LoadOptions`
+//! ([`ModelArgs::options`]: the combinations that cannot work are refused there, naming the
+//! flags, before any work); [`MeasureArgs`] (`--measure`, for the commands that time one
+//! decode: run and bench); the input/output path checks; the `--stats` report.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use sluice_engine::device::{Device, GpuOptions};
 use sluice_engine::load::{resident_bytes, Budget, LoadOptions, PackChoice, StreamOptions};
 use sluice_engine::session::Session;
 use sluice_engine::tier::{PleIo, PleOptions, PolicyKind};
@@ -27,6 +36,18 @@ pub struct ModelArgs {
     /// Keep the KV cache at full f32 precision (default: rounded to f16 like llama.cpp).
     #[arg(long = "kv-f32")]
     pub kv_f32: bool,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    #[command(flatten)]
+    pub stream: StreamArgs,
+    #[command(flatten)]
+    pub ple: PleArgs,
+}
+
+/// Where the model computes. The engine attaches the device while loading, so every
+/// command prints the same line about it.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DeviceArgs {
     /// Run on the GPU (CUDA, found at run time): the whole forward pass for qwen3moe,
     /// gemma3, glm-dsa, deepseek4, qwen4exp and glm5next (a plan past the kernels' limits:
     /// the weight products only), with weights in VRAM.
@@ -39,10 +60,46 @@ pub struct ModelArgs {
     /// VRAM lasts) and streamed ones are copied to the GPU for each use.
     #[arg(long = "gpu-expert-cache", value_name = "SIZE", value_parser = parse_bytes)]
     pub gpu_expert_cache: Option<u64>,
-    #[command(flatten)]
-    pub stream: StreamArgs,
-    #[command(flatten)]
-    pub ple: PleArgs,
+}
+
+impl DeviceArgs {
+    /// The engine's device for these flags; `longest`: see [`GpuOptions::longest`].
+    fn device(&self, longest: Option<usize>) -> Result<Device> {
+        if let Some(b) = self.gpu_expert_cache {
+            if !self.gpu {
+                anyhow::bail!(
+                    "--gpu-expert-cache needs --gpu ({} of VRAM asked for, without a GPU)",
+                    human(b)
+                );
+            }
+        }
+        Ok(if self.gpu {
+            Device::Gpu(GpuOptions {
+                expert_cache: self.gpu_expert_cache,
+                longest,
+            })
+        } else {
+            Device::Cpu
+        })
+    }
+}
+
+/// `--measure`: honest decode numbers, for the commands that time one decode (run, bench).
+#[derive(clap::Args, Debug, Clone)]
+pub struct MeasureArgs {
+    /// Honest decode numbers: drop the model's expert pages from the page cache at decode
+    /// start and every --measure-every tokens, report residency, true storage reads and the
+    /// rate corrected for the time spent invalidating.
+    #[arg(long)]
+    pub measure: bool,
+    /// Tokens between page-cache invalidations in --measure mode (0 = only at the start).
+    #[arg(
+        long = "measure-every",
+        value_name = "N",
+        default_value_t = 16,
+        requires = "measure"
+    )]
+    pub measure_every: usize,
 }
 
 /// `--ple-io`: how a per-layer-embedding row table (qwen4exp's n-gram table) is read.
@@ -155,6 +212,8 @@ fn io_default() -> IoConfig {
 
 /// SSD streaming of routed experts (MoE models). Without --expert-cache the experts are
 /// read through the memory map like every other tensor (the OS decides what stays).
+/// The flags that shape the streaming tier need --expert-cache (clap refuses them without
+/// it, naming it); --stats and --record-routing apply either way.
 /// Defaults come from the library (`IoConfig::default()`, `PolicyKind::default()`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct StreamArgs {
@@ -167,73 +226,85 @@ pub struct StreamArgs {
     /// Eviction policy: next (default: evict the expert whose next selection is expected
     /// farthest, from rates halving every 64 tokens; next:N sets N), lru, lfu (selection
     /// counts halved every 16 tokens; lfu:N sets N), lru2.
-    #[arg(long = "cache-policy", value_name = "POLICY", default_value_t = PolicyKind::default())]
+    #[arg(long = "cache-policy", value_name = "POLICY", default_value_t = PolicyKind::default(), requires = "expert_cache")]
     pub cache_policy: PolicyKind,
     /// Pin the first N MoE layers' experts in RAM (read once at start; not counted in
     /// the cache budget, counted in the memory check).
     #[arg(long = "resident-layers", value_name = "N", default_value_t = 0)]
     pub resident_layers: usize,
     /// IO backend for expert reads: uring (falls back to pread if refused), pread, mmap.
-    #[arg(long = "io", value_name = "BACKEND", default_value_t = io_default().backend)]
+    #[arg(long = "io", value_name = "BACKEND", default_value_t = io_default().backend, requires = "expert_cache")]
     pub io: Backend,
     /// O_DIRECT expert reads (bypass the page cache); if the file system refuses, sluice
     /// says so once and reads buffered.
-    #[arg(long = "direct-io", value_enum, default_value_t = OnOff::from_bool(io_default().direct))]
+    #[arg(long = "direct-io", value_enum, default_value_t = OnOff::from_bool(io_default().direct), requires = "expert_cache")]
     pub direct_io: OnOff,
     /// Reads in flight for io_uring.
-    #[arg(long = "io-depth", value_name = "N", default_value_t = io_default().depth)]
+    #[arg(long = "io-depth", value_name = "N", default_value_t = io_default().depth, requires = "expert_cache")]
     pub io_depth: usize,
     /// Bytes in flight for io_uring (K/M/G suffixes, powers of 1024; 0 = only --io-depth
     /// caps it). A small cap makes the disk finish one expert's reads before the next one's,
     /// so computing on the first landed expert overlaps the later reads. Logits are the
     /// same either way.
     #[arg(long = "io-inflight", value_name = "SIZE", value_parser = parse_inflight,
-          default_value_t = io_default().inflight_bytes)]
+          default_value_t = io_default().inflight_bytes,
+          requires = "expert_cache")]
     pub io_inflight: usize,
     /// Reader threads for the pread and mmap backends.
-    #[arg(long = "io-threads", value_name = "N", default_value_t = io_default().threads)]
+    #[arg(long = "io-threads", value_name = "N", default_value_t = io_default().threads, requires = "expert_cache")]
     pub io_threads: usize,
     /// Leave expert reads at normal IO priority (default: best-effort high priority).
-    #[arg(long = "no-io-priority")]
+    #[arg(long = "no-io-priority", requires = "expert_cache")]
     pub no_io_priority: bool,
     /// Do not prefetch the experts of hash-routed layers (DeepSeek V4), which follow from
     /// the token ids: by default they are read for the whole prompt at the start of
     /// prefill and for each token before layer 0 runs. For A/B; logits are the same.
-    #[arg(long = "no-hash-prefetch")]
+    #[arg(long = "no-hash-prefetch", requires = "expert_cache")]
     pub no_hash_prefetch: bool,
     /// Router lookahead (decode): during layer L, apply layer L+1's router to layer L's
     /// MoE input and read the predicted experts while L computes, once L's own reads are
     /// issued, without evicting what the current layer holds. For A/B; logits are the same.
-    #[arg(long = "lookahead", overrides_with = "no_lookahead")]
+    #[arg(
+        long = "lookahead",
+        overrides_with = "no_lookahead",
+        requires = "expert_cache"
+    )]
     pub lookahead: bool,
     /// Turn router lookahead off (see --lookahead).
-    #[arg(long = "no-lookahead", overrides_with = "lookahead")]
+    #[arg(
+        long = "no-lookahead",
+        overrides_with = "lookahead",
+        requires = "expert_cache"
+    )]
     pub no_lookahead: bool,
     /// Packed-experts sidecar written by `sluice pack` (one aligned read per expert).
     /// Default: MODEL.gguf.slpack next to the model when it exists; a sidecar that does
     /// not match the model is refused.
-    #[arg(long = "pack", value_name = "FILE", conflicts_with = "no_pack")]
+    #[arg(
+        long = "pack",
+        value_name = "FILE",
+        conflicts_with = "no_pack",
+        requires = "expert_cache"
+    )]
     pub pack: Option<PathBuf>,
     /// Read experts from the model file even if a packed sidecar is next to it.
-    #[arg(long = "no-pack")]
+    #[arg(long = "no-pack", requires = "expert_cache")]
     pub no_pack: bool,
     /// Warm the expert cache at start from a popularity profile (`sluice cache-sim TRACE
     /// --write-profile FILE`): its most popular experts are read while they fit in the
     /// budget, and the eviction policy starts from its rates.
-    #[arg(long = "preload-profile", value_name = "FILE")]
+    #[arg(
+        long = "preload-profile",
+        value_name = "FILE",
+        requires = "expert_cache"
+    )]
     pub preload_profile: Option<PathBuf>,
-    /// Print cache, IO and stall statistics (per run and per layer).
+    /// Print cache, IO and stall statistics (per layer too) at the end: of the run, the
+    /// benchmark or the evaluation; `serve`: of everything served, after the drain.
     #[arg(long)]
     pub stats: bool,
-    /// Honest decode numbers: drop the model's expert pages from the page cache at decode
-    /// start and every --measure-every tokens, report residency, true storage reads and the
-    /// rate corrected for the time spent invalidating.
-    #[arg(long)]
-    pub measure: bool,
-    /// Tokens between page-cache invalidations in --measure mode (0 = only at the start).
-    #[arg(long = "measure-every", value_name = "N", default_value_t = 16)]
-    pub measure_every: usize,
-    /// Write every token's chosen experts to FILE (replay it with `sluice cache-sim`).
+    /// Write every token's chosen experts to FILE (replay it with `sluice cache-sim`);
+    /// `serve`: written at exit, with --parallel 1 (one sequence's routing).
     #[arg(long = "record-routing", value_name = "FILE")]
     pub record_routing: Option<PathBuf>,
 }
@@ -242,11 +313,9 @@ fn parse_budget(s: &str) -> std::result::Result<(Budget, String), String> {
     s.parse::<Budget>().map(|b| (b, s.to_string()))
 }
 
-/// A loaded model with its compute pool.
+/// A loaded model with its compute pool (and its device, `gpu`, through the engine's).
 pub struct Loaded {
     pub inner: sluice_engine::load::Loaded,
-    /// The CUDA backend the model computes on (`--gpu`, when a GPU was found).
-    pub gpu: Option<sluice_cuda::Cuda>,
 }
 
 impl std::ops::Deref for Loaded {
@@ -263,13 +332,38 @@ impl std::ops::DerefMut for Loaded {
 }
 
 impl ModelArgs {
-    /// The library's load options for these flags.
-    pub fn options(&self) -> LoadOptions {
+    /// The engine's load options for these flags, for a caller that runs `sequences` at
+    /// once (`serve --parallel`; 1 elsewhere) whose sequences never pass `longest` tokens
+    /// when that is less than `--ctx` (`bench`: its prompt and generation lengths). Flags
+    /// that cannot work together, a model path that is not a regular file and an output
+    /// file that cannot be written are refused here, naming them, before any work.
+    pub fn options(&self, sequences: usize, longest: Option<usize>) -> Result<LoadOptions> {
+        if self.batch == 0 {
+            anyhow::bail!("--batch must be at least 1");
+        }
         let s = &self.stream;
-        LoadOptions {
+        if s.resident_layers > 0 && s.expert_cache.is_none() {
+            anyhow::bail!(
+                "--resident-layers {} needs --expert-cache (without it every expert is read through the memory map)",
+                s.resident_layers
+            );
+        }
+        let device = self.device.device(longest)?;
+        if let Err(e) = std::fs::metadata(&self.model) {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                anyhow::bail!("{}: no such file", self.model.display());
+            }
+            anyhow::bail!("{}: {e}", self.model.display());
+        }
+        regular_file(&self.model)?;
+        if let Some(p) = &s.record_routing {
+            check_output_file(p, "--record-routing")?;
+        }
+        Ok(LoadOptions {
             path: self.model.clone(),
             threads: self.threads,
             ctx: self.ctx,
+            sequences,
             stream: s.expert_cache.as_ref().map(|(budget, text)| StreamOptions {
                 budget: *budget,
                 budget_text: text.clone(),
@@ -298,180 +392,22 @@ impl ModelArgs {
             }),
             record_routing: s.record_routing.clone(),
             ple: self.ple.options(),
-        }
+            device,
+        })
     }
 
     pub fn load(&self) -> Result<Loaded> {
         self.load_for(None)
     }
 
-    /// [`Self::load`] for a caller whose sequences never pass `longest` tokens (`bench`:
-    /// its prompt and generation lengths), so a decoder plan that holds only up to a
-    /// length is judged against that rather than `--ctx`.
+    /// [`Self::load`] for a caller whose sequences never pass `longest` tokens (`bench`),
+    /// see [`Self::options`]. Prints the load's notes (what is in effect, the device).
     pub fn load_for(&self, longest: Option<usize>) -> Result<Loaded> {
-        if self.batch == 0 {
-            anyhow::bail!("--batch must be at least 1");
-        }
-        if self.stream.resident_layers > 0 && self.stream.expert_cache.is_none() {
-            anyhow::bail!(
-                "--resident-layers {} needs --expert-cache (without it every expert is read through the memory map)",
-                self.stream.resident_layers
-            );
-        }
-        if let Err(e) = std::fs::metadata(&self.model) {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                anyhow::bail!("{}: no such file", self.model.display());
-            }
-            anyhow::bail!("{}: {e}", self.model.display());
-        }
-        regular_file(&self.model)?;
-        if let Some(p) = &self.stream.record_routing {
-            check_output_file(p, "--record-routing")?;
-        }
-        let mut inner = self.options().load()?;
+        let inner = self.options(1, longest)?.load()?;
         for n in &inner.notes {
             eprintln!("{n}");
         }
-        if self.gpu_expert_cache.is_some() && !self.gpu {
-            anyhow::bail!("--gpu-expert-cache needs --gpu");
-        }
-        let gpu = if self.gpu {
-            use_gpu(
-                &mut inner,
-                self.gpu_expert_cache,
-                longest.unwrap_or(self.ctx),
-            )?
-        } else {
-            None
-        };
-        Ok(Loaded { inner, gpu })
-    }
-}
-
-/// `--gpu`: compute on the CUDA backend if this machine has a usable GPU, else say why
-/// (one line) and stay on the CPU. A `--gpu-expert-cache` the GPU cannot hold is an error.
-fn use_gpu(
-    l: &mut sluice_engine::load::Loaded,
-    expert_cache: Option<u64>,
-    ctx: usize,
-) -> Result<Option<sluice_cuda::Cuda>> {
-    let t0 = std::time::Instant::now();
-    match sluice_cuda::Cuda::new(l.model.map.bytes()) {
-        Ok(c) => {
-            eprintln!(
-                "gpu: {} (CUDA; kernels compiled in {:.2} s)",
-                c.device(),
-                t0.elapsed().as_secs_f64(),
-            );
-            if let Some(b) = expert_cache {
-                if let Err(e) = c.set_expert_cache(b) {
-                    anyhow::bail!("--gpu-expert-cache {}: {e}", human(b));
-                }
-                eprintln!(
-                    "gpu expert cache: {} of {} routed-expert bytes",
-                    human(b),
-                    human(l.model.groups.experts.total_bytes())
-                );
-            }
-            pin_slots(&c, l);
-            l.model.set_compute(Box::new(c.clone()));
-            whole_forward(&c, l, expert_cache.is_some(), ctx);
-            Ok(Some(c))
-        }
-        Err(e) => {
-            eprintln!("--gpu: {e}; running on the CPU");
-            Ok(None)
-        }
-    }
-}
-
-/// Run the whole forward pass on the GPU when the architecture describes itself as a plan
-/// and its weights fit (routed experts resident whole in VRAM, or through the VRAM expert
-/// cache when one is set or experts stream from the SSD); otherwise only the weight
-/// products run there. A plan that holds only up to a length (GLM-DSA: its indexer's
-/// top-k) is taken only when `--ctx` is within it, so a sequence never outgrows it.
-/// `SLUICE_CUDA_FORWARD=0` keeps the products-only path (for A/B). One line either way.
-fn whole_forward(
-    c: &sluice_cuda::Cuda,
-    l: &mut sluice_engine::load::Loaded,
-    vram_cache: bool,
-    ctx: usize,
-) {
-    use sluice_cuda::forward::{ExpertPlacement, GpuDecoder};
-    let products_only = |why: &str| {
-        eprintln!(
-            "gpu: weight products on the GPU, the rest on {} CPU threads ({why})",
-            l.threads
-        )
-    };
-    if std::env::var("SLUICE_CUDA_FORWARD").is_ok_and(|v| v == "0") {
-        products_only("SLUICE_CUDA_FORWARD=0");
-        return;
-    }
-    let Some(plan) = l.model.plan() else {
-        products_only(&format!(
-            "the whole-forward path does not cover {} yet",
-            l.model.cfg.arch
-        ));
-        return;
-    };
-    let ctx = ctx.min(l.model.cfg.n_ctx_train);
-    if let Some(max) = plan.max_positions.filter(|&m| ctx > m) {
-        products_only(&format!(
-            "{} runs as a plain decoder for {max} positions, its sparse indexer's top-k; sequences here reach {ctx} (--ctx, or bench's longest test): {max} or less for the whole forward pass on the GPU",
-            l.model.cfg.arch
-        ));
-        return;
-    }
-    let placement = if vram_cache || l.streaming.is_some() {
-        ExpertPlacement::Cached
-    } else {
-        ExpertPlacement::Resident
-    };
-    let t0 = std::time::Instant::now();
-    match GpuDecoder::new(c, plan, l.model.map.bytes(), placement) {
-        Ok(dec) => {
-            eprintln!(
-                "gpu: whole forward pass on the GPU ({}): {} of weights uploaded in {:.2} s{}",
-                c.tensor_cores(),
-                human(dec.weight_bytes),
-                t0.elapsed().as_secs_f64(),
-                match (placement, l.model.cfg.n_expert > 0) {
-                    (_, false) => "",
-                    (ExpertPlacement::Resident, true) => ", routed experts resident in VRAM",
-                    (ExpertPlacement::Cached, true) =>
-                        ", routed experts through the VRAM expert cache",
-                }
-            );
-            l.model.set_device_forward(Box::new(dec));
-        }
-        Err(e) => products_only(&e),
-    }
-}
-
-/// Page-lock the RAM expert tier's slots for the GPU (slots allocated later are locked as
-/// they come), so uploads of streamed experts run at pinned speed; `SLUICE_CUDA_PIN=0`
-/// leaves them pageable (for A/B). One line either way.
-fn pin_slots(c: &sluice_cuda::Cuda, l: &sluice_engine::load::Loaded) {
-    let Some(st) = &l.streaming else {
-        return;
-    };
-    if std::env::var("SLUICE_CUDA_PIN").is_ok_and(|v| v == "0") {
-        eprintln!("gpu: expert cache slots left pageable (SLUICE_CUDA_PIN=0)");
-        return;
-    }
-    st.set_slot_memory(std::sync::Arc::new(c.clone()));
-    let s = c.stats();
-    match c.pin_error() {
-        Some(e) => eprintln!(
-            "gpu: page-locking the expert cache failed ({e}); uploads from it stay pageable"
-        ),
-        None => eprintln!(
-            "gpu: expert cache page-locked for uploads: {} in {} slots so far ({:.2} s), later slots as they are allocated",
-            human(s.pinned_bytes),
-            s.pinned_ranges,
-            s.pin_ns as f64 * 1e-9
-        ),
+        Ok(Loaded { inner })
     }
 }
 
@@ -638,7 +574,7 @@ pub use sluice_engine::load::human_with;
 
 impl Loaded {
     /// Start `--measure` for a decode (None when the flag is off).
-    pub fn start_measure(&self, args: &StreamArgs) -> Result<Option<crate::measure::Measure<'_>>> {
+    pub fn start_measure(&self, args: &MeasureArgs) -> Result<Option<crate::measure::Measure<'_>>> {
         if !args.measure {
             return Ok(None);
         }
@@ -653,15 +589,28 @@ impl Loaded {
 
     /// Close the routing trace, if one is being recorded.
     pub fn finish(&mut self) -> Result<()> {
-        if let Some(p) = self.model.finish_routing()? {
-            eprintln!("routing trace written to {}", p.display());
-        }
-        Ok(())
+        finish_routing(&mut self.inner)
     }
+}
 
-    /// Print streaming statistics; `decode_secs` is the wall time the disk-busy fraction
-    /// refers to.
-    pub fn print_stats(&self, wall_secs: f64) {
+/// Close `l`'s routing trace, if one is being recorded, saying where it was written.
+pub fn finish_routing(l: &mut sluice_engine::load::Loaded) -> Result<()> {
+    if let Some(p) = l.model.finish_routing()? {
+        eprintln!("routing trace written to {}", p.display());
+    }
+    Ok(())
+}
+
+/// `--stats` on the engine's loaded model, for run, bench, perplexity and (after the
+/// drain) serve.
+pub trait PrintStats {
+    /// Print the device's, the PLE reader's and the expert tier's counters since load;
+    /// `wall_secs` is the wall time the disk-busy fraction refers to.
+    fn print_stats(&self, wall_secs: f64);
+}
+
+impl PrintStats for sluice_engine::load::Loaded {
+    fn print_stats(&self, wall_secs: f64) {
         if let Some(g) = &self.gpu {
             let s = g.stats();
             if s.forward_calls > 0 {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use sluice_engine::text::tokenizer::Tokenizer;
 
-use crate::common::{read_text_file, ModelArgs};
+use crate::common::{read_text_file, ModelArgs, PrintStats};
 
 /// Smallest --ctx that scores at least one token per chunk (the second half minus the last).
 const MIN_CTX: usize = 4;
@@ -28,7 +28,7 @@ pub fn main(args: PerplexityArgs) -> Result<()> {
         );
     }
     let text = read_text_file(&args.file).context("-f")?;
-    let loaded = args.model.load()?;
+    let mut loaded = args.model.load()?;
     let model = &loaded.model;
     let tok = Tokenizer::from_gguf(&model.gguf)?;
     let tokens = tok.encode(&text, true, false);
@@ -76,5 +76,9 @@ pub fn main(args: PerplexityArgs) -> Result<()> {
         secs,
         (res.per_chunk.len() * n_ctx) as f64 / secs
     );
-    Ok(())
+    if args.model.stream.stats {
+        loaded.print_stats(secs);
+    }
+    drop(session);
+    loaded.finish()
 }

@@ -13,7 +13,7 @@ use sluice_engine::text::chat::{ChatMessage, ChatTemplate};
 use sluice_engine::text::tokenizer::{StreamDecoder, Tokenizer};
 use sluice_engine::Model;
 
-use crate::common::{Interrupted, Loaded, ModelArgs, Terminated};
+use crate::common::{Interrupted, Loaded, MeasureArgs, ModelArgs, PrintStats, Terminated};
 use crate::signals::RunSignals;
 
 /// Generate text. With -p: answer one prompt and exit. Without: interactive chat
@@ -22,6 +22,8 @@ use crate::signals::RunSignals;
 pub struct RunArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub measure: MeasureArgs,
     /// The prompt. Without it (and without --tokens) sluice starts an interactive chat.
     #[arg(short = 'p', long = "prompt")]
     pub prompt: Option<String>,
@@ -347,7 +349,7 @@ struct RunHooks<'a, 'm> {
     stop: &'a AtomicBool,
     dump: Option<&'a mut Dump>,
     loaded: &'m Loaded,
-    stream_args: &'a crate::common::StreamArgs,
+    measure_args: &'a crate::common::MeasureArgs,
     measure: Option<crate::measure::Measure<'m>>,
 }
 
@@ -373,7 +375,7 @@ impl Hooks for RunHooks<'_, '_> {
         Ok(())
     }
     fn decode_start(&mut self) -> Result<(), HookError> {
-        self.measure = self.loaded.start_measure(self.stream_args)?;
+        self.measure = self.loaded.start_measure(self.measure_args)?;
         Ok(())
     }
     fn should_stop(&mut self) -> bool {
@@ -449,7 +451,7 @@ fn generate(
         all: dump.is_some(),
         dump,
         loaded,
-        stream_args: &args.model.stream,
+        measure_args: &args.measure,
         measure: None,
     };
     let opts = GenerateOptions {

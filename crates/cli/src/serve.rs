@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use sluice_engine::tier::parse_size_bytes;
 use sluice_server::{ServerConfig, SessionParams};
 
-use crate::common::ModelArgs;
+use crate::common::{ModelArgs, PrintStats};
 
 /// Serve the model over HTTP: OpenAI-compatible `/v1/chat/completions`, `/v1/completions`,
 /// `/v1/models`, Anthropic-compatible `/v1/messages`, `/health`, `/metrics`.
@@ -94,13 +94,19 @@ pub fn main(args: ServeArgs) -> Result<()> {
         }
         (None, None) => None,
     };
-    if args.model.batch == 0 {
-        anyhow::bail!("--batch must be at least 1");
-    }
     check_limits(&args)?;
-    if !args.model.model.exists() {
-        anyhow::bail!("{}: no such file", args.model.model.display());
+    if args.parallel > 1 {
+        if let Some(p) = &args.model.stream.record_routing {
+            anyhow::bail!(
+                "--record-routing {} needs --parallel 1 (a trace is one sequence's routing; --parallel {} interleaves several)",
+                p.display(),
+                args.parallel
+            );
+        }
     }
+    // The same load path as run, bench and perplexity (flags checked, device attached by
+    // the engine); the memory plan counts the KV cache of every sequence.
+    let opts = args.model.options(args.parallel, None)?;
     let name = args.alias.clone().unwrap_or_else(|| {
         args.model
             .model
@@ -129,10 +135,6 @@ pub fn main(args: ServeArgs) -> Result<()> {
     cfg.max_tokens = args.max_tokens;
     cfg.max_connections = args.max_connections;
     cfg.drain_timeout = std::time::Duration::from_secs(args.drain_timeout);
-    let mut opts = args.model.options();
-    // The memory plan counts the KV cache of every sequence, not one (`--expert-cache
-    // auto` must leave room for all of them). Snapshots (--prefix-cache) are not counted.
-    opts.ctx = args.model.ctx.saturating_mul(args.parallel.max(1));
     let path = args.model.model.display().to_string();
     let loader: sluice_server::Loader = Box::new(move || {
         let loaded = opts.load().map_err(|e| e.to_string())?;
@@ -148,7 +150,23 @@ pub fn main(args: ServeArgs) -> Result<()> {
         );
         Ok(loaded)
     });
-    sluice_server::run(cfg, loader)?;
+    let t0 = std::time::Instant::now();
+    let loaded = sluice_server::run(cfg, loader)?;
+    // After the drain: what --stats and --record-routing promise, over everything served.
+    if let Some(loaded) = loaded {
+        if args.model.stream.stats {
+            eprintln!("stats: everything served since start");
+            loaded.print_stats(t0.elapsed().as_secs_f64());
+        }
+        if args.model.stream.record_routing.is_some() {
+            match std::sync::Arc::try_unwrap(loaded) {
+                Ok(mut l) => crate::common::finish_routing(&mut l)?,
+                Err(_) => anyhow::bail!(
+                    "--record-routing: the trace was not written (a sequence still held the model at exit)"
+                ),
+            }
+        }
+    }
     Ok(())
 }
 

@@ -2,11 +2,13 @@
 //!
 //! Owns: [`load`] (`LoadOptions` -> a loaded model with its compute pool, the streaming
 //! tier set up and checked against this machine's memory: the budget plan, the minimum,
-//! the resident-weight lock), [`session`] (one sequence: prefill, decode, sampling, stop
+//! the resident-weight lock), [`device`] (the CPU or a CUDA GPU found at run time,
+//! attached by the same load), [`session`] (one sequence: prefill, decode, sampling, stop
 //! conditions, timing, snapshots for prefix reuse), [`sampler`] and [`eval`]
 //! (perplexity, `.npy` files). `run`, `bench`, `perplexity` and the server are thin
 //! layers over these. The crates below it are re-exported for convenience.
 
+pub mod device;
 pub mod eval;
 pub mod load;
 pub mod sampler;

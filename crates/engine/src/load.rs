@@ -6,8 +6,10 @@
 //! (everything outside the streamable groups, so a table meant to stay on disk is never
 //! locked), and [`Loaded`]: the model, its pool and the streaming tier's handle. Messages
 //! about what is in effect are returned as [`Loaded::notes`] for the caller to print.
-//! Also picks the packed-experts sidecar ([`PackChoice`]) and warms the cache from a
-//! popularity profile (`--preload-profile`).
+//! Also picks the packed-experts sidecar ([`PackChoice`]), warms the cache from a
+//! popularity profile (`--preload-profile`), checks that the KV cache of every sequence
+//! the caller will run at once (`serve --parallel`) fits, and attaches the device
+//! ([`crate::device`]) last, so every command loads through this one path.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use sluice_tier::{
     StreamConfig, StreamingExperts,
 };
 
+use crate::device::{Cuda, Device};
 use crate::EngineError;
 
 /// How big the expert cache may be.
@@ -90,12 +93,17 @@ pub struct LoadOptions {
     pub threads: usize,
     /// Context the caller plans for (the memory plan counts its KV cache).
     pub ctx: usize,
+    /// Sequences holding a KV cache at once (`serve --parallel`; 1 elsewhere): the memory
+    /// plan counts the KV cache and state of each.
+    pub sequences: usize,
     /// Stream routed experts (None = read them through the memory map).
     pub stream: Option<StreamOptions>,
     /// Record every token's routing to this file.
     pub record_routing: Option<PathBuf>,
     /// How a per-layer-embedding row table (qwen4exp's n-gram table) is read.
     pub ple: PleOptions,
+    /// Where the model computes (`--gpu`).
+    pub device: Device,
 }
 
 /// A loaded model with its compute pool.
@@ -112,6 +120,8 @@ pub struct Loaded {
     pub notes: Vec<String>,
     /// The row-table reader (`--ple-io`), when the model has such a table.
     pub ple: Option<Arc<dyn PleSource>>,
+    /// The CUDA backend the model computes on (`--gpu`, when a usable GPU was found).
+    pub gpu: Option<Cuda>,
 }
 
 /// What this machine can give the expert cache.
@@ -122,9 +132,11 @@ pub struct MemoryPlan {
     pub resident: u64,
     /// Experts of `--resident-layers`, pinned outside the budget.
     pub resident_layers: u64,
-    /// One sequence's KV cache at the planned context plus its fixed state
-    /// (`ModelConfig::state_bytes`: recurrent states, attention windows).
+    /// The KV cache at the planned context plus the fixed state
+    /// (`ModelConfig::state_bytes`: recurrent states, attention windows) of every sequence.
     pub kv: u64,
+    /// How many sequences `kv` counts.
+    pub sequences: usize,
     /// available - resident - resident layers - KV: the most a cache may take.
     pub available_for_cache: u64,
     /// `auto`: that, minus a reserve of 10% or 1 GiB for everything else.
@@ -132,10 +144,20 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
-    /// MemAvailable minus what the rest of the run needs.
+    /// MemAvailable minus what the rest of a one-sequence run needs.
     pub fn for_model(
         model: &Model,
         ctx: usize,
+        resident_layers: usize,
+    ) -> Result<MemoryPlan, EngineError> {
+        Self::for_sequences(model, ctx, 1, resident_layers)
+    }
+
+    /// MemAvailable minus what the rest of the run needs, with `sequences` KV caches.
+    pub fn for_sequences(
+        model: &Model,
+        ctx: usize,
+        sequences: usize,
         resident_layers: usize,
     ) -> Result<MemoryPlan, EngineError> {
         let meminfo = std::fs::read_to_string("/proc/meminfo")
@@ -146,7 +168,6 @@ impl MemoryPlan {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .ok_or_else(|| EngineError::Memory("no MemAvailable in /proc/meminfo".into()))?;
         let available = avail_kib * 1024;
-        let c = &model.cfg;
         let resident = resident_bytes(model);
         let pinned_layers: u64 = model
             .groups
@@ -157,8 +178,8 @@ impl MemoryPlan {
             .take(resident_layers)
             .map(|l| l.unit_bytes() * l.n_units as u64)
             .sum();
-        // One sequence: its KV rows for the planned context plus its fixed state.
-        let kv = c.kv_bytes_per_pos * ctx.min(c.n_ctx_train) as u64 + c.state_bytes;
+        // Each sequence: its KV rows for the planned context plus its fixed state.
+        let kv = kv_per_sequence(model, ctx).saturating_mul(sequences.max(1) as u64);
         let reserve = (available / 10).max(1 << 30);
         let available_for_cache = available.saturating_sub(resident + pinned_layers + kv);
         Ok(MemoryPlan {
@@ -166,10 +187,81 @@ impl MemoryPlan {
             resident,
             resident_layers: pinned_layers,
             kv,
+            sequences: sequences.max(1),
             available_for_cache,
             auto_budget: available_for_cache.saturating_sub(reserve),
         })
     }
+
+    /// " of N sequences" when the plan counts more than one (for messages).
+    fn of_sequences(&self) -> String {
+        if self.sequences > 1 {
+            format!(" of {} sequences", self.sequences)
+        } else {
+            String::new()
+        }
+    }
+
+    /// Refuse a plan whose KV caches alone do not fit: in what MemAvailable leaves after
+    /// the resident weights and resident layers when experts stream (those are locked in
+    /// RAM), in MemAvailable otherwise (the weights are page cache the KV may displace).
+    /// The message says what the sequences need, each and together.
+    pub fn check_kv(&self, model: &Model, ctx: usize, streaming: bool) -> Result<(), EngineError> {
+        let locked = if streaming {
+            self.resident + self.resident_layers
+        } else {
+            0
+        };
+        let spare = self.available.saturating_sub(locked);
+        if self.kv <= spare {
+            return Ok(());
+        }
+        let positions = ctx.min(model.cfg.n_ctx_train);
+        let each = kv_per_sequence(model, ctx);
+        let after = if streaming {
+            format!(
+                " after {} resident weights and {} resident layers",
+                human(self.resident),
+                human(self.resident_layers)
+            )
+        } else {
+            String::new()
+        };
+        let (flag, what) = if self.sequences > 1 {
+            (
+                "--parallel",
+                format!(
+                    "{}: the KV cache and state of {} sequences of {positions} positions need {} ({} each); this machine has {} available{after}, {} short; lower --parallel or --ctx",
+                    self.sequences,
+                    self.sequences,
+                    human(self.kv),
+                    human(each),
+                    human(spare),
+                    human(self.kv - spare)
+                ),
+            )
+        } else {
+            (
+                "--ctx",
+                format!(
+                    "{ctx}: the KV cache and state of {positions} positions need {}; this machine has {} available{after}, {} short; lower --ctx",
+                    human(self.kv),
+                    human(spare),
+                    human(self.kv - spare)
+                ),
+            )
+        };
+        Err(EngineError::Option { flag, what })
+    }
+}
+
+/// One sequence's KV cache at `ctx` positions (capped at the trained context) plus its
+/// fixed state.
+pub fn kv_per_sequence(model: &Model, ctx: usize) -> u64 {
+    let c = &model.cfg;
+    c.kv_bytes_per_pos
+        .saturating_mul(ctx.min(c.n_ctx_train) as u64)
+        .saturating_add(c.state_bytes)
 }
 
 /// Bytes of the model file outside the streamable groups.
@@ -234,11 +326,18 @@ impl LoadOptions {
         Ok(())
     }
 
-    /// Load the model, start the compute pool, set up streaming and routing traces.
+    /// Load the model, check that the KV caches fit, start the compute pool, set up
+    /// streaming and routing traces, then the device.
     pub fn load(&self) -> Result<Loaded, EngineError> {
         self.check()?;
         let t0 = Instant::now();
         let mut model = Model::load(&self.path)?;
+        let resident_layers = self.stream.as_ref().map_or(0, |s| s.resident_layers);
+        MemoryPlan::for_sequences(&model, self.ctx, self.sequences, resident_layers)?.check_kv(
+            &model,
+            self.ctx,
+            self.stream.is_some(),
+        )?;
         let threads = if self.threads == 0 {
             sluice_models::threads::physical_cores()
         } else {
@@ -274,16 +373,22 @@ impl LoadOptions {
                     what: e.to_string(),
                 })?;
         }
-        Ok(Loaded {
+        let mut loaded = Loaded {
             model,
             pool,
             pool_leased: Default::default(),
             threads,
-            load_secs: t0.elapsed().as_secs_f64(),
+            load_secs: 0.0,
             streaming,
             notes,
             ple,
-        })
+            gpu: None,
+        };
+        if let Device::Gpu(g) = &self.device {
+            loaded.gpu = crate::device::attach(&mut loaded, g, self.ctx)?;
+        }
+        loaded.load_secs = t0.elapsed().as_secs_f64();
+        Ok(loaded)
     }
 
     fn open_streaming(
@@ -316,7 +421,8 @@ impl LoadOptions {
         }
         let total = model.groups.experts.total_bytes();
         let min = StreamingExperts::min_budget(&model.groups.experts, model.cfg.n_expert_used);
-        let mut plan = MemoryPlan::for_model(model, self.ctx, s.resident_layers)?;
+        let mut plan =
+            MemoryPlan::for_sequences(model, self.ctx, self.sequences, s.resident_layers)?;
         if self.ple.io == PleIo::Ram {
             // A RAM copy of the row tables is resident too (other modes leave them on disk).
             let t: u64 = model
@@ -332,11 +438,12 @@ impl LoadOptions {
         let budget = match s.budget {
             Budget::Auto => {
                 notes.push(format!(
-                    "expert cache auto: {} available - {} resident weights - {} resident layers - {} KV + state - reserve = {}",
+                    "expert cache auto: {} available - {} resident weights - {} resident layers - {} KV + state{} - reserve = {}",
                     human(plan.available),
                     human(plan.resident),
                     human(plan.resident_layers),
                     human(plan.kv),
+                    plan.of_sequences(),
                     human(plan.auto_budget)
                 ));
                 plan.auto_budget
@@ -352,13 +459,14 @@ impl LoadOptions {
             return Err(EngineError::Option {
                 flag,
                 what: format!(
-                    "{size}: {} is more than this machine can spare for the cache ({}: {} available - {} resident weights - {} experts of --resident-layers - {} KV + state); use `auto`, a smaller size or fewer resident layers",
+                    "{size}: {} is more than this machine can spare for the cache ({}: {} available - {} resident weights - {} experts of --resident-layers - {} KV + state{}); use `auto`, a smaller size or fewer resident layers",
                     human(needs),
                     human(plan.available_for_cache),
                     human(plan.available),
                     human(plan.resident),
                     human(plan.resident_layers),
-                    human(plan.kv)
+                    human(plan.kv),
+                    plan.of_sequences()
                 ),
             });
         }

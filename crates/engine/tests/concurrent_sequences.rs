@@ -130,6 +130,8 @@ fn snapshot_restore_equals_recompute() {
         ctx: 256,
         stream: None,
         record_routing: None,
+        sequences: 1,
+        device: Default::default(),
     }
     .load()
     .unwrap();
@@ -224,6 +226,8 @@ fn concurrent_long_prefills_through_sessions_do_not_deadlock() {
         ctx: 1024,
         stream,
         record_routing: None,
+        sequences: 3,
+        device: Default::default(),
     };
     let alone: Vec<Vec<f32>> = {
         let loaded = options(None).load().unwrap();

@@ -466,6 +466,8 @@ fn hash_prefetch_on_off_same_logits() {
                 }),
                 record_routing: None,
                 ple: Default::default(),
+                sequences: 1,
+                device: Default::default(),
             };
             let loaded = opts.load().unwrap();
             let mut s = Session::new(&loaded, 512, false, 16);

@@ -58,6 +58,8 @@ fn perplexity_within_one_percent_of_llama_cpp() {
         ctx: n_ctx,
         stream: None,
         record_routing: None,
+        sequences: 1,
+        device: Default::default(),
     }
     .load()
     .unwrap();

@@ -36,6 +36,25 @@ fn plan_counts_resident_layers() {
     }
 }
 
+/// `serve --parallel N`: the plan counts N sequences' KV caches and fixed state, each at
+/// the context capped at the trained one (before, serve multiplied the context instead,
+/// and the cap then hid all but one sequence).
+#[test]
+fn plan_counts_every_sequence() {
+    let m = Model::load(&qwen3moe_fixture("a-q8_0.gguf")).unwrap();
+    let c = &m.cfg;
+    let one = c.kv_bytes_per_pos * 256 + c.state_bytes;
+    assert_eq!(MemoryPlan::for_sequences(&m, 256, 1, 0).unwrap().kv, one);
+    assert_eq!(
+        MemoryPlan::for_sequences(&m, 256, 4, 0).unwrap().kv,
+        4 * one
+    );
+    let full = c.kv_bytes_per_pos * c.n_ctx_train as u64 + c.state_bytes;
+    let p = MemoryPlan::for_sequences(&m, 4 * c.n_ctx_train, 3, 0).unwrap();
+    assert_eq!(p.kv, 3 * full);
+    assert_eq!(p.sequences, 3);
+}
+
 fn opts(resident_layers: usize, threads: usize, io_threads: usize) -> LoadOptions {
     LoadOptions {
         path: qwen3moe_fixture("a-q8_0.gguf"),
@@ -61,6 +80,8 @@ fn opts(resident_layers: usize, threads: usize, io_threads: usize) -> LoadOption
         }),
         record_routing: None,
         ple: Default::default(),
+        sequences: 1,
+        device: Default::default(),
     }
 }
 

@@ -144,6 +144,8 @@ fn load_with(model: &Path, pack: PackChoice) -> Result<sluice_engine::load::Load
         }),
         record_routing: None,
         ple: Default::default(),
+        sequences: 1,
+        device: Default::default(),
     }
     .load()
     .map_err(|e| e.to_string())

@@ -225,6 +225,8 @@ fn ple_io_modes_give_identical_logits() {
                     inflight,
                     row_cache_bytes: cache,
                 },
+                sequences: 1,
+                device: Default::default(),
             }
             .load()
             .unwrap();

@@ -104,7 +104,7 @@ pub type Loader = Box<dyn FnOnce() -> Result<Loaded, String> + Send + 'static>;
 pub struct RunningServer {
     addr: SocketAddr,
     stop: Arc<Notify>,
-    thread: Option<std::thread::JoinHandle<Result<(), ServeError>>>,
+    thread: Option<std::thread::JoinHandle<Result<Option<Arc<Loaded>>, ServeError>>>,
 }
 
 impl RunningServer {
@@ -119,12 +119,18 @@ impl RunningServer {
     }
 
     /// Wait until the server has drained and stopped.
-    pub fn wait(mut self) -> Result<(), ServeError> {
+    pub fn wait(self) -> Result<(), ServeError> {
+        self.wait_engine().map(|_| ())
+    }
+
+    /// [`Self::wait`], returning the engine (None if it never loaded) once the workers
+    /// have stopped: the caller can report on it (`--stats`) and close its routing trace.
+    pub fn wait_engine(mut self) -> Result<Option<Arc<Loaded>>, ServeError> {
         match self.thread.take() {
             Some(t) => t
                 .join()
                 .unwrap_or_else(|_| Err(ServeError("the server thread panicked".into()))),
-            None => Ok(()),
+            None => Ok(None),
         }
     }
 }
@@ -219,12 +225,13 @@ pub fn start(cfg: ServerConfig, loader: Loader) -> Result<RunningServer, ServeEr
     })
 }
 
-/// The CLI's entry: start, print where, serve until SIGINT/SIGTERM, drain.
-pub fn run(mut cfg: ServerConfig, loader: Loader) -> Result<(), ServeError> {
+/// The CLI's entry: start, print where, serve until SIGINT/SIGTERM, drain; returns the
+/// engine as [`RunningServer::wait_engine`] does.
+pub fn run(mut cfg: ServerConfig, loader: Loader) -> Result<Option<Arc<Loaded>>, ServeError> {
     cfg.handle_signals = true;
     let server = start(cfg, loader)?;
     eprintln!("listening on http://{}", server.addr());
-    server.wait()
+    server.wait_engine()
 }
 
 /// The loaded engine, once there is one.
@@ -274,7 +281,7 @@ async fn serve(
     listener: TcpListener,
     loader: Loader,
     stop: Arc<Notify>,
-) -> Result<(), ServeError> {
+) -> Result<Option<Arc<Loaded>>, ServeError> {
     let state = Arc::new(AppState {
         metrics: Arc::new(metrics::Metrics::default()),
         ready: OnceLock::new(),
@@ -374,7 +381,7 @@ async fn serve(
     }
     match failed_rx.await {
         Ok(e) => Err(ServeError(e)),
-        Err(_) => Ok(()),
+        Err(_) => Ok(state.ready.get().map(|r| r.shared.loaded.clone())),
     }
 }
 

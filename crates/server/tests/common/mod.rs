@@ -57,6 +57,8 @@ pub fn options(path: &Path, stream: bool) -> LoadOptions {
         }),
         record_routing: None,
         ple: Default::default(),
+        sequences: 1,
+        device: Default::default(),
     }
 }
 
