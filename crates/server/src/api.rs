@@ -29,6 +29,9 @@ pub struct ApiError {
     pub param: Option<&'static str>,
     pub code: Option<&'static str>,
     pub retry_after: Option<u64>,
+    /// Close the connection after this answer (`Connection: close`): the request's body
+    /// was not read to its end.
+    pub close: bool,
 }
 
 impl ApiError {
@@ -41,6 +44,7 @@ impl ApiError {
             param: None,
             code: None,
             retry_after: None,
+            close: false,
         }
     }
 
@@ -60,6 +64,12 @@ impl ApiError {
         self
     }
 
+    /// Answer with `Connection: close`.
+    pub fn close(mut self) -> ApiError {
+        self.close = true;
+        self
+    }
+
     pub fn overloaded(flavor: Flavor, message: impl Into<String>, retry_after: u64) -> ApiError {
         ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
@@ -72,6 +82,7 @@ impl ApiError {
             param: None,
             code: None,
             retry_after: Some(retry_after),
+            close: false,
         }
     }
 
@@ -87,6 +98,7 @@ impl ApiError {
             param: None,
             code: None,
             retry_after: None,
+            close: false,
         }
     }
 
@@ -106,6 +118,7 @@ impl ApiError {
                     StatusCode::UNAUTHORIZED => "authentication_error",
                     StatusCode::NOT_FOUND => "not_found_error",
                     StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+                    StatusCode::REQUEST_TIMEOUT => "timeout_error",
                     StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
                     s if s.is_server_error() => "api_error",
                     _ => "invalid_request_error",
@@ -123,6 +136,10 @@ impl IntoResponse for ApiError {
             if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
                 r.headers_mut().insert(header::RETRY_AFTER, v);
             }
+        }
+        if self.close {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         r
     }
