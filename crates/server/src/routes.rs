@@ -715,6 +715,7 @@ async fn chat_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
     let f = Flavor::OpenAi;
     let bytes = read_body(st, f, body).await?;
     let req: api::ChatRequest = api::parse(f, &bytes)?;
+    req.unsupported()?;
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request(f, "only `n` = 1 is supported").param("n"));
     }
@@ -808,9 +809,7 @@ async fn completions_inner(st: &AppState, body: Body) -> Result<Response, ApiErr
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request(f, "only `n` = 1 is supported").param("n"));
     }
-    if req.echo {
-        return Err(ApiError::bad_request(f, "`echo` is not supported").param("echo"));
-    }
+    req.unsupported()?;
     let text = match &req.prompt {
         api::Prompt::One(s) => s.clone(),
         api::Prompt::Many(v) if v.len() == 1 => v[0].clone(),
@@ -880,6 +879,7 @@ async fn messages_inner(st: &AppState, body: Body) -> Result<Response, ApiError>
     let f = Flavor::Anthropic;
     let bytes = read_body(st, f, body).await?;
     let req: api::MessagesRequest = api::parse(f, &bytes)?;
+    req.unsupported()?;
     if req.messages.is_empty() {
         return Err(ApiError::bad_request(f, "`messages` is empty"));
     }
