@@ -204,10 +204,10 @@ pub struct StreamArgs {
     /// Router lookahead (decode): during layer L, apply layer L+1's router to layer L's
     /// MoE input and read the predicted experts while L computes, once L's own reads are
     /// issued, without evicting what the current layer holds. For A/B; logits are the same.
-    #[arg(long = "lookahead", overrides_with = "no_lookahead")]
+    #[arg(long = "lookahead", conflicts_with = "no_lookahead")]
     pub lookahead: bool,
     /// Turn router lookahead off (see --lookahead).
-    #[arg(long = "no-lookahead", overrides_with = "lookahead")]
+    #[arg(long = "no-lookahead")]
     pub no_lookahead: bool,
     /// Packed-experts sidecar written by `sluice pack` (one aligned read per expert).
     /// Default: MODEL.gguf.slpack next to the model when it exists; a sidecar that does
