@@ -266,16 +266,12 @@ pub struct StreamArgs {
     /// issued, without evicting what the current layer holds. For A/B; logits are the same.
     #[arg(
         long = "lookahead",
-        overrides_with = "no_lookahead",
+        conflicts_with = "no_lookahead",
         requires = "expert_cache"
     )]
     pub lookahead: bool,
     /// Turn router lookahead off (see --lookahead).
-    #[arg(
-        long = "no-lookahead",
-        overrides_with = "lookahead",
-        requires = "expert_cache"
-    )]
+    #[arg(long = "no-lookahead", requires = "expert_cache")]
     pub no_lookahead: bool,
     /// Packed-experts sidecar written by `sluice pack` (one aligned read per expert).
     /// Default: MODEL.gguf.slpack next to the model when it exists; a sidecar that does

@@ -46,15 +46,49 @@ pub struct ServeArgs {
     /// Most tokens a request may generate (also the default when it does not say).
     #[arg(long = "max-tokens", value_name = "N", default_value_t = 4096)]
     pub max_tokens: usize,
-    /// Connections open at once; more wait to be accepted.
+    /// Connections open at once. At the cap, a new connection closes the one idle the
+    /// longest (waiting for its first or next request); it waits only while every
+    /// connection is busy with a request.
     #[arg(long = "max-connections", value_name = "N", default_value_t = 256)]
     pub max_connections: usize,
+    /// A request's headers must arrive within this (from the connection's accept, or from
+    /// the first byte of a next request); else the connection is closed (e.g. 10s, 500ms).
+    #[arg(long = "header-timeout", value_name = "DURATION", default_value = "10s", value_parser = parse_timeout)]
+    pub header_timeout: std::time::Duration,
+    /// A request's body must arrive in full within this after its headers; else 408.
+    #[arg(long = "body-timeout", value_name = "DURATION", default_value = "30s", value_parser = parse_timeout)]
+    pub body_timeout: std::time::Duration,
+    /// A kept-alive connection without a request for this long is closed.
+    #[arg(long = "idle-timeout", value_name = "DURATION", default_value = "60s", value_parser = parse_timeout)]
+    pub idle_timeout: std::time::Duration,
     /// Name reported by /v1/models (default: the file name without .gguf).
     #[arg(long = "alias", value_name = "NAME")]
     pub alias: Option<String>,
     /// Seconds running requests may take after SIGINT/SIGTERM before they are stopped.
     #[arg(long = "drain-timeout", value_name = "SECS", default_value_t = 30)]
     pub drain_timeout: u64,
+}
+
+/// A timeout flag's value: `10s`, `500ms`, `2m`, or plain seconds (`30`); more than 0.
+fn parse_timeout(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let (num, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => t.split_at(i),
+        None => (t, "s"),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| "expected a duration such as 10s, 500ms or 2m".to_string())?;
+    let d = match unit {
+        "ms" => std::time::Duration::from_millis(n),
+        "s" => std::time::Duration::from_secs(n),
+        "m" => std::time::Duration::from_secs(n.saturating_mul(60)),
+        _ => return Err("expected a duration such as 10s, 500ms or 2m".into()),
+    };
+    if d.is_zero() {
+        return Err("must be more than 0".into());
+    }
+    Ok(d)
 }
 
 /// Most sequences `--parallel` accepts: each owns a KV cache and a scheduler slot, so a
@@ -134,6 +168,9 @@ pub fn main(args: ServeArgs) -> Result<()> {
     cfg.max_prompt_tokens = args.max_prompt_tokens.unwrap_or(usize::MAX);
     cfg.max_tokens = args.max_tokens;
     cfg.max_connections = args.max_connections;
+    cfg.header_timeout = args.header_timeout;
+    cfg.body_timeout = args.body_timeout;
+    cfg.idle_timeout = args.idle_timeout;
     cfg.drain_timeout = std::time::Duration::from_secs(args.drain_timeout);
     let path = args.model.model.display().to_string();
     let loader: sluice_server::Loader = Box::new(move || {
@@ -141,6 +178,10 @@ pub fn main(args: ServeArgs) -> Result<()> {
         for n in &loaded.notes {
             eprintln!("{n}");
         }
+        Ok(loaded)
+    });
+    // Printed once `/health` answers 200, not when the file is loaded.
+    cfg.on_ready = Some(sluice_server::OnReady(std::sync::Arc::new(move |loaded| {
         eprintln!(
             "loaded {path} ({}, {} layers) in {:.2} s, {} threads",
             loaded.model.cfg.arch,
@@ -148,8 +189,7 @@ pub fn main(args: ServeArgs) -> Result<()> {
             loaded.load_secs,
             loaded.pool.current_num_threads()
         );
-        Ok(loaded)
-    });
+    })));
     let t0 = std::time::Instant::now();
     let loaded = sluice_server::run(cfg, loader)?;
     // After the drain: what --stats and --record-routing promise, over everything served.
@@ -186,7 +226,21 @@ fn key_from_file(text: &str) -> Result<String, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::key_from_file;
+    use super::{key_from_file, parse_timeout};
+    use std::time::Duration;
+
+    #[test]
+    fn timeouts_parse_with_units_and_refuse_zero() {
+        assert_eq!(parse_timeout("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_timeout("30").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_timeout("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_timeout("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_timeout("0s").unwrap_err().contains("more than 0"));
+        assert!(parse_timeout("0").is_err());
+        assert!(parse_timeout("10h").is_err());
+        assert!(parse_timeout("-1s").is_err());
+        assert!(parse_timeout("").is_err());
+    }
 
     #[test]
     fn key_file_first_line_empty_is_named() {

@@ -445,7 +445,13 @@ fn measure_works_with_expert_cache() {
             "2",
         ]));
         assert!(err.contains("measure: expert pages resident"), "{err}");
-        assert!(err.contains("invalidations during decode"), "{err}");
+        // A corrected rate, or (where the drop cannot evict: the mmap backend keeps the
+        // expert pages mapped) the line saying the drop had no effect (issue 35 item 19).
+        assert!(
+            err.contains("invalidations during decode")
+                || err.contains("dropping the pages had no effect"),
+            "{err}"
+        );
     }
 }
 

@@ -1,6 +1,6 @@
 //! `--lookahead` / `--no-lookahead` reach the streaming tier: with lookahead on, `bench
 //! --stats` reports router-lookahead predictions and the bench CSV carries its columns;
-//! off, nothing is predicted; the last of the two flags wins.
+//! off, nothing is predicted; the two flags together are refused (issue 35 item 20).
 
 mod common;
 
@@ -13,8 +13,6 @@ fn lookahead_flags_switch_predictions() {
     for (i, (flags, on)) in [
         (&["--lookahead"][..], true),
         (&["--no-lookahead"][..], false),
-        (&["--lookahead", "--no-lookahead"][..], false),
-        (&["--no-lookahead", "--lookahead"][..], true),
     ]
     .into_iter()
     .enumerate()
@@ -61,4 +59,36 @@ fn lookahead_flags_switch_predictions() {
         assert!(col("la_issued").parse::<u64>().is_ok());
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--lookahead --no-lookahead` (either order) is refused, naming both flags, in every
+/// command that takes them; before, the last one silently won.
+#[test]
+fn lookahead_and_no_lookahead_together_are_refused() {
+    let m = fixture("a-q8_0.gguf");
+    // What each command would otherwise do quickly (serve: refuse --ctx 0, so that a
+    // server that starts does not wait for the watchdog).
+    let rest: [(&str, &[&str]); 3] = [
+        ("run", &["--raw", "-p", "a b", "-n", "1"]),
+        ("bench", &["-p", "0", "-n", "1", "-r", "1", "--no-warmup"]),
+        ("serve", &["--port", "0", "--ctx", "0"]),
+    ];
+    for (cmd, extra) in rest {
+        for pair in [
+            ["--lookahead", "--no-lookahead"],
+            ["--no-lookahead", "--lookahead"],
+        ] {
+            let mut args = vec![cmd, "-m", &m, "-t", "1", "--expert-cache", "60%"];
+            args.extend_from_slice(extra);
+            args.extend_from_slice(&pair);
+            let out = sluice(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{cmd} {pair:?} was accepted: {err}");
+            assert!(
+                err.contains("--lookahead") && err.contains("--no-lookahead"),
+                "{cmd} {pair:?}: {err}"
+            );
+            assert!(!err.contains("panicked"), "{err}");
+        }
+    }
 }

@@ -282,3 +282,98 @@ fn answers_cut_by_the_drain_deadline_are_not_finished() {
         "a cut stream must not finish normally: {body}"
     );
 }
+
+/// SIGTERM completes while a client's body never finishes (issue 35 item 4): past the
+/// drain deadline the request is answered 503 and the process exits 0. Before, the drain
+/// waited on that client for good.
+#[test]
+fn sigterm_completes_while_a_slow_body_is_open() {
+    let mut srv = serve(&["--drain-timeout", "1"]);
+    let mut slow = TcpStream::connect(&srv.addr).unwrap();
+    slow.set_read_timeout(Some(TIMEOUT)).unwrap();
+    slow.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{",
+    )
+    .unwrap();
+    // Its headers are in before the signal.
+    let t0 = Instant::now();
+    loop {
+        let (_, m) = http(&srv.addr, "GET", "/metrics", "");
+        if m.lines()
+            .any(|l| l.trim() == r#"sluice_requests_total{endpoint="completions"} 1"#)
+        {
+            break;
+        }
+        assert!(t0.elapsed() < TIMEOUT, "the request never arrived: {m}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = srv.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = srv.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < TIMEOUT,
+            "still running {} s after SIGTERM with a slow body open",
+            TIMEOUT.as_secs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let mut answer = String::new();
+    let _ = slow.read_to_string(&mut answer);
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 503"),
+        "{answer}"
+    );
+}
+
+/// The "loaded" line is printed once the server answers (issue 35 item 20): a single
+/// `/health` right after it is 200, never 503 "loading". Gemma 3 270M when available
+/// (its tokenizer takes a while to build after the weights are loaded, the window in
+/// which the line used to come too early), else the tiny fixture.
+#[test]
+fn loaded_line_means_health_is_200() {
+    let model = common::gemma().unwrap_or_else(fixture);
+    let mut child = sluice()
+        .args(["serve", "-m", &model, "--port", "0", "-t", "1", "-c", "256"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let srv = Server {
+        child,
+        addr: String::new(),
+    };
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    // Both lines, in whichever order they come (the model loads while `serve` prints
+    // where it listens).
+    let t0 = Instant::now();
+    let (mut addr, mut loaded) = (None, false);
+    while addr.is_none() || !loaded {
+        let line = rx
+            .recv_timeout(TIMEOUT.saturating_sub(t0.elapsed()))
+            .expect("serve prints where it listens and that it loaded");
+        if let Some(a) = line.strip_prefix("listening on http://") {
+            addr = Some(a.trim().to_string());
+        }
+        loaded |= line.starts_with("loaded ");
+    }
+    let addr = addr.unwrap();
+    let (st, body) = http(&addr, "GET", "/health", "");
+    assert_eq!(st, 200, "/health right after the loaded line: {body}");
+    drop(srv);
+}

@@ -49,3 +49,19 @@ fn serve_refuses_absurd_parallel() {
     assert_refused(&["--parallel", "100000"], "--parallel");
     assert_refused(&["--parallel", "0"], "--parallel");
 }
+
+/// The connection timeouts (issue 35 item 4) refuse 0 at start, naming the flag: a
+/// timeout of nothing would close every connection at once.
+#[test]
+fn serve_refuses_zero_timeouts() {
+    for flag in ["--header-timeout", "--body-timeout", "--idle-timeout"] {
+        for zero in ["0", "0s", "0ms"] {
+            let (refused, err) = serve_start(&[flag, zero]);
+            assert!(refused, "{flag} {zero} was accepted: {err}");
+            assert!(
+                err.contains(flag) && err.contains("more than 0"),
+                "{flag} {zero}: {err}"
+            );
+        }
+    }
+}

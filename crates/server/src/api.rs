@@ -2,8 +2,10 @@
 //!
 //! Owns: the serde types of `/v1/chat/completions`, `/v1/completions` and `/v1/messages`
 //! (unknown fields are ignored, as clients send many; a known field of the wrong type is a
-//! 400), the translation of their sampling fields into a [`SamplerConfig`], and
-//! [`ApiError`], which renders as an OpenAI-style or Anthropic-style error object.
+//! 400; a known field whose feature is not implemented is a 400 naming it, never silently
+//! ignored: each type's `unsupported`), the translation of their sampling fields into a
+//! [`SamplerConfig`], and [`ApiError`], which renders as an OpenAI-style or
+//! Anthropic-style error object.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -29,6 +31,9 @@ pub struct ApiError {
     pub param: Option<&'static str>,
     pub code: Option<&'static str>,
     pub retry_after: Option<u64>,
+    /// Close the connection after this answer (`Connection: close`): the request's body
+    /// was not read to its end.
+    pub close: bool,
 }
 
 impl ApiError {
@@ -41,6 +46,7 @@ impl ApiError {
             param: None,
             code: None,
             retry_after: None,
+            close: false,
         }
     }
 
@@ -60,6 +66,12 @@ impl ApiError {
         self
     }
 
+    /// Answer with `Connection: close`.
+    pub fn close(mut self) -> ApiError {
+        self.close = true;
+        self
+    }
+
     pub fn overloaded(flavor: Flavor, message: impl Into<String>, retry_after: u64) -> ApiError {
         ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
@@ -72,6 +84,7 @@ impl ApiError {
             param: None,
             code: None,
             retry_after: Some(retry_after),
+            close: false,
         }
     }
 
@@ -87,6 +100,7 @@ impl ApiError {
             param: None,
             code: None,
             retry_after: None,
+            close: false,
         }
     }
 
@@ -106,6 +120,7 @@ impl ApiError {
                     StatusCode::UNAUTHORIZED => "authentication_error",
                     StatusCode::NOT_FOUND => "not_found_error",
                     StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+                    StatusCode::REQUEST_TIMEOUT => "timeout_error",
                     StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
                     s if s.is_server_error() => "api_error",
                     _ => "invalid_request_error",
@@ -123,6 +138,10 @@ impl IntoResponse for ApiError {
             if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
                 r.headers_mut().insert(header::RETRY_AFTER, v);
             }
+        }
+        if self.close {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         r
     }
@@ -302,6 +321,25 @@ pub struct ChatRequest {
     pub top_logprobs: Option<u32>,
 }
 
+/// A 400 naming a field this server does not implement.
+fn not_supported(flavor: Flavor, field: &'static str, why: &str) -> ApiError {
+    ApiError::bad_request(flavor, format!("`{field}` is not supported{why}")).param(field)
+}
+
+impl ChatRequest {
+    /// Fields given that would be ignored: a 400 naming the first.
+    pub fn unsupported(&self) -> Result<(), ApiError> {
+        if self.top_logprobs.is_some() && !self.logprobs {
+            return Err(ApiError::bad_request(
+                Flavor::OpenAi,
+                "`top_logprobs` needs `logprobs`: true",
+            )
+            .param("top_logprobs"));
+        }
+        Ok(())
+    }
+}
+
 /// `prompt` of `/v1/completions`: a string or a list of one string.
 #[derive(Debug, Deserialize, Clone)]
 #[serde(untagged)]
@@ -326,6 +364,30 @@ pub struct CompletionRequest {
     pub n: Option<u32>,
     #[serde(default)]
     pub echo: bool,
+    /// Not implemented: refused when given (null is accepted).
+    pub logprobs: Option<Value>,
+    pub suffix: Option<Value>,
+    pub best_of: Option<Value>,
+}
+
+impl CompletionRequest {
+    /// Fields given that would be ignored: a 400 naming the first.
+    pub fn unsupported(&self) -> Result<(), ApiError> {
+        let f = Flavor::OpenAi;
+        if self.echo {
+            return Err(not_supported(f, "echo", ""));
+        }
+        if self.logprobs.is_some() {
+            return Err(not_supported(f, "logprobs", " on /v1/completions"));
+        }
+        if self.suffix.as_ref().is_some_and(|v| v.as_str() != Some("")) {
+            return Err(not_supported(f, "suffix", " (no fill-in-the-middle)"));
+        }
+        if self.best_of.as_ref().is_some_and(|v| v.as_u64() != Some(1)) {
+            return Err(not_supported(f, "best_of", " (only 1)"));
+        }
+        Ok(())
+    }
 }
 
 /// Anthropic `system`: a string or text blocks.
@@ -355,6 +417,48 @@ pub struct MessagesRequest {
     pub stop_sequences: Option<Vec<String>>,
     #[serde(default)]
     pub stream: bool,
+    /// Not implemented: refused when given (null, `[]` and a disabled `thinking` are
+    /// accepted).
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub thinking: Option<Value>,
+}
+
+impl MessagesRequest {
+    /// Fields given that would be ignored: a 400 naming the first. A last message from
+    /// the assistant (a prefill the answer should continue) is refused too.
+    pub fn unsupported(&self) -> Result<(), ApiError> {
+        let f = Flavor::Anthropic;
+        if self
+            .tools
+            .as_ref()
+            .is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty()))
+        {
+            return Err(not_supported(f, "tools", " on /v1/messages (no tool use)"));
+        }
+        if self.tool_choice.is_some() {
+            return Err(not_supported(
+                f,
+                "tool_choice",
+                " on /v1/messages (no tool use)",
+            ));
+        }
+        if self
+            .thinking
+            .as_ref()
+            .is_some_and(|t| t.get("type").and_then(Value::as_str) != Some("disabled"))
+        {
+            return Err(not_supported(f, "thinking", " (extended thinking)"));
+        }
+        if self.messages.last().is_some_and(|m| m.role == "assistant") {
+            return Err(ApiError::bad_request(
+                f,
+                "a last message from the assistant (prefill) is not supported: end with a user message",
+            )
+            .param("messages"));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -402,6 +506,106 @@ mod tests {
         };
         let c = s.config(Flavor::OpenAi).unwrap();
         assert_eq!((c.temperature, c.seed), (0.0, 7));
+    }
+
+    /// Fields whose feature is missing are refused, naming the field (issue 35 item 15);
+    /// before, all of these were answered 200 as if the field had not been sent.
+    #[test]
+    fn unsupported_fields_are_400_naming_them() {
+        let check = |e: ApiError, field: &str| {
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+            assert!(e.message.contains(field), "{}", e.message);
+            assert!(e.message.contains("not supported") || e.message.contains("needs"));
+        };
+        let completion = |extra: &str| -> CompletionRequest {
+            parse(
+                Flavor::OpenAi,
+                format!(r#"{{"prompt": "a"{extra}}}"#).as_bytes(),
+            )
+            .unwrap()
+        };
+        assert!(completion("").unsupported().is_ok());
+        for (extra, field) in [
+            (r#", "echo": true"#, "echo"),
+            (r#", "logprobs": 3"#, "logprobs"),
+            (r#", "logprobs": 0"#, "logprobs"),
+            (r#", "suffix": "end""#, "suffix"),
+            (r#", "best_of": 2"#, "best_of"),
+        ] {
+            check(completion(extra).unsupported().unwrap_err(), field);
+        }
+        // Values that ask for nothing are fine.
+        for extra in [
+            r#", "logprobs": null, "suffix": null, "best_of": null, "echo": false"#,
+            r#", "suffix": "", "best_of": 1"#,
+        ] {
+            assert!(completion(extra).unsupported().is_ok(), "{extra}");
+        }
+
+        let chat = |extra: &str| -> ChatRequest {
+            parse(
+                Flavor::OpenAi,
+                format!(r#"{{"messages": [{{"role": "user", "content": "a"}}]{extra}}}"#)
+                    .as_bytes(),
+            )
+            .unwrap()
+        };
+        check(
+            chat(r#", "top_logprobs": 2"#).unsupported().unwrap_err(),
+            "top_logprobs",
+        );
+        check(
+            chat(r#", "top_logprobs": 2, "logprobs": false"#)
+                .unsupported()
+                .unwrap_err(),
+            "top_logprobs",
+        );
+        assert!(chat(r#", "top_logprobs": 2, "logprobs": true"#)
+            .unsupported()
+            .is_ok());
+        assert!(chat("").unsupported().is_ok());
+
+        let messages = |extra: &str, last: &str| -> MessagesRequest {
+            parse(
+                Flavor::Anthropic,
+                format!(
+                    r#"{{"max_tokens": 8, "messages": [{{"role": "user", "content": "a"}}{last}]{extra}}}"#
+                )
+                .as_bytes(),
+            )
+            .unwrap()
+        };
+        assert!(messages("", "").unsupported().is_ok());
+        let tool = r#", "tools": [{"name": "f", "input_schema": {"type": "object"}}]"#;
+        check(messages(tool, "").unsupported().unwrap_err(), "tools");
+        check(
+            messages(r#", "tool_choice": {"type": "auto"}"#, "")
+                .unsupported()
+                .unwrap_err(),
+            "tool_choice",
+        );
+        check(
+            messages(
+                r#", "thinking": {"type": "enabled", "budget_tokens": 1024}"#,
+                "",
+            )
+            .unsupported()
+            .unwrap_err(),
+            "thinking",
+        );
+        let e = messages("", r#", {"role": "assistant", "content": "The answer is"}"#)
+            .unsupported()
+            .unwrap_err();
+        assert!(e.message.contains("prefill"), "{}", e.message);
+        assert!(
+            messages(r#", "tools": [], "thinking": {"type": "disabled"}"#, "")
+                .unsupported()
+                .is_ok()
+        );
+        // The error object is Anthropic's shape.
+        let e = messages(tool, "").unsupported().unwrap_err();
+        assert_eq!(e.body()["type"], "error");
+        assert_eq!(e.body()["error"]["type"], "invalid_request_error");
     }
 
     #[test]

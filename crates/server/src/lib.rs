@@ -4,11 +4,13 @@
 //! key, limits), [`start`] (bind, answer `/health` with 503 while the model loads on its
 //! own thread, then serve; returns a [`RunningServer`] handle) and [`run`] (the CLI's
 //! entry: start, wait for SIGINT/SIGTERM, drain). Modules: `routes` (router, auth,
-//! handlers, SSE), `api` (request types, error objects), `scheduler` (worker sequences,
-//! bounded queue, the generate loop's hooks), `prefix` (snapshots for prefix reuse),
-//! `metrics` (Prometheus text). The CLI only parses flags and calls [`run`].
+//! handlers, SSE), `conn` (accept loop, connection cap, header/body/idle timeouts, the
+//! drain's connection side), `api` (request types, error objects), `scheduler` (worker
+//! sequences, bounded queue, the generate loop's hooks), `prefix` (snapshots for prefix
+//! reuse), `metrics` (Prometheus text). The CLI only parses flags and calls [`run`].
 
 pub mod api;
+mod conn;
 pub mod metrics;
 pub mod prefix;
 mod routes;
@@ -46,8 +48,17 @@ pub struct ServerConfig {
     pub max_prompt_tokens: usize,
     /// Most tokens a request may ask to generate (and the default when it does not say).
     pub max_tokens: usize,
-    /// Concurrent connections; more wait to be accepted.
+    /// Connections open at once. At the cap a new connection makes the one idle the
+    /// longest close (waiting for its first or next request); only when every one is busy
+    /// with a request does it wait to be accepted.
     pub max_connections: usize,
+    /// A request's head must arrive within this (from the accept, or from its first byte
+    /// on a kept-alive connection); else the connection is closed.
+    pub header_timeout: Duration,
+    /// A request's body must arrive in full within this after its head; else 408.
+    pub body_timeout: Duration,
+    /// A kept-alive connection with no request for this long is closed.
+    pub idle_timeout: Duration,
     /// Name `/v1/models` reports and responses echo.
     pub model_name: String,
     pub session: SessionParams,
@@ -55,6 +66,9 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// Install SIGINT/SIGTERM handlers ([`run`]); tests leave them alone.
     pub handle_signals: bool,
+    /// Called once the model is loaded and `/health` answers 200 (the CLI's "loaded"
+    /// line), on the loading thread.
+    pub on_ready: Option<OnReady>,
     /// Workers wait at this gate before each job while it is closed (tests that need
     /// requests held in the system without timing).
     #[doc(hidden)]
@@ -76,12 +90,26 @@ impl ServerConfig {
             max_prompt_tokens: usize::MAX,
             max_tokens: 4096,
             max_connections: 256,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
             model_name: model_name.to_string(),
             session,
             drain_timeout: Duration::from_secs(30),
             handle_signals: false,
+            on_ready: None,
             gate: None,
         }
+    }
+}
+
+/// What runs once the server answers: [`ServerConfig::on_ready`].
+#[derive(Clone)]
+pub struct OnReady(pub Arc<dyn Fn(&Loaded) + Send + Sync>);
+
+impl std::fmt::Debug for OnReady {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnReady")
     }
 }
 
@@ -164,6 +192,15 @@ fn validate(cfg: &ServerConfig) -> Result<(), ServeError> {
     }
     if cfg.max_connections == 0 {
         return Err(ServeError("--max-connections must be at least 1".into()));
+    }
+    for (flag, d) in [
+        ("--header-timeout", cfg.header_timeout),
+        ("--body-timeout", cfg.body_timeout),
+        ("--idle-timeout", cfg.idle_timeout),
+    ] {
+        if d.is_zero() {
+            return Err(ServeError(format!("{flag} must be more than 0")));
+        }
     }
     if let Some(k) = &cfg.api_key {
         if k.trim().is_empty() {
@@ -248,8 +285,10 @@ pub(crate) struct AppState {
     pub ready: OnceLock<Arc<Ready>>,
     pub prefix: Arc<Mutex<prefix::PrefixCache>>,
     pub created: u64,
-    /// One permit per open connection (`max_connections`).
-    pub connections: Arc<tokio::sync::Semaphore>,
+    /// The open connections (`sluice_connections`).
+    pub connections: Arc<conn::Registry>,
+    /// Becomes true at the drain deadline: bodies still arriving are answered 503.
+    pub cut: tokio::sync::watch::Sender<bool>,
 }
 
 async fn signal() {
@@ -286,7 +325,8 @@ async fn serve(
         metrics: Arc::new(metrics::Metrics::default()),
         ready: OnceLock::new(),
         prefix: Arc::new(Mutex::new(prefix::PrefixCache::new(cfg.prefix_cache))),
-        connections: Arc::new(tokio::sync::Semaphore::new(cfg.max_connections)),
+        connections: Arc::new(conn::Registry::new()),
+        cut: tokio::sync::watch::Sender::new(false),
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -303,7 +343,12 @@ async fn serve(
                 let r = loader().and_then(|loaded| routes::make_ready(&state, loaded));
                 let ok = match r {
                     Ok(ready) => {
+                        let loaded = ready.shared.loaded.clone();
                         let _ = state.ready.set(ready);
+                        // `/health` answers 200 from here on: say so now, not before.
+                        if let Some(f) = &state.cfg.on_ready {
+                            (f.0)(&loaded);
+                        }
                         Ok(())
                     }
                     Err(e) => Err(e),
@@ -325,7 +370,12 @@ async fn serve(
         }
     });
     let app = routes::router(state.clone());
-    let listener = routes::LimitedListener::new(listener, state.connections.clone());
+    let limits = conn::Limits {
+        max_connections: state.cfg.max_connections,
+        header_timeout: state.cfg.header_timeout,
+        idle_timeout: state.cfg.idle_timeout,
+    };
+    let (phase_tx, phase_rx) = tokio::sync::watch::channel(conn::Phase::Serve);
     let handle_signals = state.cfg.handle_signals;
     let drain = state.cfg.drain_timeout;
     let state2 = state.clone();
@@ -362,19 +412,23 @@ async fn serve(
             }
             e = failed => { let _ = failed_tx.send(e); }
         }
-        // Past the drain deadline, running generations are stopped.
+        // Stop accepting; idle connections close, busy ones finish.
+        phase_tx.send_replace(conn::Phase::Drain);
+        // Past the drain deadline, running generations are stopped and bodies still
+        // arriving are answered 503; a while later every connection left is dropped.
+        tokio::time::sleep(drain).await;
         if let Some(r) = state2.ready.get() {
-            let abort = r.sched.abort.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(drain).await;
-                abort.store(true, std::sync::atomic::Ordering::SeqCst);
-            });
+            r.sched
+                .abort
+                .store(true, std::sync::atomic::Ordering::SeqCst);
         }
+        state2.cut.send_replace(true);
+        tokio::time::sleep(conn::FORCE_AFTER_DRAIN).await;
+        phase_tx.send_replace(conn::Phase::Force);
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|e| ServeError(format!("server error: {e}")))?;
+    let shutdown = tokio::spawn(shutdown);
+    conn::serve_connections(listener, app, state.connections.clone(), limits, phase_rx).await;
+    shutdown.abort();
     if let Some(r) = state.ready.get() {
         let r = r.clone();
         let _ = tokio::task::spawn_blocking(move || r.sched.shutdown()).await;

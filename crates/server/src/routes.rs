@@ -2,17 +2,15 @@
 //!
 //! Owns: the routes (`/health`, `/metrics`, `/v1/models`, `/v1/chat/completions`,
 //! `/v1/completions`, `/v1/messages`), request validation (body size, prompt tokens,
-//! `max_tokens`, the context), admission (503 + `Retry-After` past the queue), the
-//! translation of a job's [`Event`]s into OpenAI or Anthropic responses and SSE event
-//! sequences, and [`LimitedListener`] (at most N connections at once; more wait to be
-//! accepted). A client that goes away drops the response stream, which closes the job's
-//! channel; the worker's `should_stop` sees it and stops generating.
+//! `max_tokens`, the context, the body timeout: 408), admission (503 + `Retry-After` past
+//! the queue), the translation of a job's [`Event`]s into OpenAI or Anthropic responses
+//! and SSE event sequences. Connections (cap, header and idle timeouts) are `conn`'s. A
+//! client that goes away drops the response stream, which closes the job's channel; the
+//! worker's `should_stop` sees it and stops generating.
 
 use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
@@ -27,10 +25,7 @@ use sluice_engine::load::Loaded;
 use sluice_engine::text::chat::{ChatMessage, ChatTemplate};
 use sluice_engine::text::tokenizer::Tokenizer;
 use subtle::ConstantTimeEq;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::api::{self, ApiError, Flavor};
 use crate::metrics::Gauges;
@@ -150,10 +145,7 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         prefix_cache_entries: pc_entries,
         prefix_cache_budget: pc_budget,
         ready: ready.is_some(),
-        connections: st
-            .cfg
-            .max_connections
-            .saturating_sub(st.connections.available_permits()),
+        connections: st.connections.open(),
     };
     let streaming = ready.and_then(|r| r.shared.loaded.streaming.clone());
     let text = st.metrics.render(&g, streaming.as_deref());
@@ -198,11 +190,14 @@ fn new_id(prefix: &str) -> String {
     format!("{prefix}{t:x}{n:04x}")
 }
 
-/// Read the body within the size limit.
+/// Read the body within the size limit and the body timeout (all of it, counted from
+/// the handler's start, right after the head); past the drain deadline, 503.
 async fn read_body(st: &AppState, flavor: Flavor, body: Body) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(body, st.cfg.max_body)
-        .await
-        .map_err(|_| {
+    let mut cut = st.cut.subscribe();
+    let read = axum::body::to_bytes(body, st.cfg.max_body);
+    let limit = st.cfg.body_timeout;
+    tokio::select! {
+        r = read => r.map_err(|_| {
             ApiError::bad_request(
                 flavor,
                 format!(
@@ -211,7 +206,32 @@ async fn read_body(st: &AppState, flavor: Flavor, body: Body) -> Result<Bytes, A
                 ),
             )
             .status(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error")
-        })
+        }),
+        _ = tokio::time::sleep(limit) => Err(ApiError::bad_request(
+            flavor,
+            format!(
+                "the request body did not arrive in full within the body timeout ({})",
+                secs(limit)
+            ),
+        )
+        .status(StatusCode::REQUEST_TIMEOUT, "invalid_request_error")
+        .close()),
+        _ = cut.wait_for(|c| *c) => Err(ApiError::overloaded(
+            flavor,
+            "the server is shutting down (the request body was still arriving)",
+            1,
+        )
+        .close()),
+    }
+}
+
+/// A duration as the flags write it (`30s`, `500ms`).
+fn secs(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{} ms", d.as_millis())
+    }
 }
 
 fn ready(st: &AppState, flavor: Flavor) -> Result<Arc<Ready>, ApiError> {
@@ -695,6 +715,7 @@ async fn chat_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
     let f = Flavor::OpenAi;
     let bytes = read_body(st, f, body).await?;
     let req: api::ChatRequest = api::parse(f, &bytes)?;
+    req.unsupported()?;
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request(f, "only `n` = 1 is supported").param("n"));
     }
@@ -788,9 +809,7 @@ async fn completions_inner(st: &AppState, body: Body) -> Result<Response, ApiErr
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad_request(f, "only `n` = 1 is supported").param("n"));
     }
-    if req.echo {
-        return Err(ApiError::bad_request(f, "`echo` is not supported").param("echo"));
-    }
+    req.unsupported()?;
     let text = match &req.prompt {
         api::Prompt::One(s) => s.clone(),
         api::Prompt::Many(v) if v.len() == 1 => v[0].clone(),
@@ -860,6 +879,7 @@ async fn messages_inner(st: &AppState, body: Body) -> Result<Response, ApiError>
     let f = Flavor::Anthropic;
     let bytes = read_body(st, f, body).await?;
     let req: api::MessagesRequest = api::parse(f, &bytes)?;
+    req.unsupported()?;
     if req.messages.is_empty() {
         return Err(ApiError::bad_request(f, "`messages` is empty"));
     }
@@ -931,93 +951,4 @@ async fn messages_inner(st: &AppState, body: Body) -> Result<Response, ApiError>
         },
     }))
     .into_response())
-}
-
-/// A TCP listener that holds at most `n` connections open; more wait in the kernel's
-/// backlog until one closes.
-pub(crate) struct LimitedListener {
-    inner: TcpListener,
-    sem: Arc<Semaphore>,
-}
-
-impl LimitedListener {
-    pub fn new(inner: TcpListener, sem: Arc<Semaphore>) -> LimitedListener {
-        LimitedListener { inner, sem }
-    }
-}
-
-/// A connection holding its permit.
-pub(crate) struct Conn {
-    stream: TcpStream,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl AsyncRead for Conn {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Conn {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-}
-
-impl axum::serve::Listener for LimitedListener {
-    type Io = Conn;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Conn, std::net::SocketAddr) {
-        let permit = loop {
-            match self.sem.clone().acquire_owned().await {
-                Ok(p) => break p,
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        };
-        loop {
-            match self.inner.accept().await {
-                Ok((stream, addr)) => {
-                    let _ = stream.set_nodelay(true);
-                    return (
-                        Conn {
-                            stream,
-                            _permit: permit,
-                        },
-                        addr,
-                    );
-                }
-                // Out of file descriptors and the like: wait and try again.
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
-        self.inner.local_addr()
-    }
 }
