@@ -8,8 +8,22 @@
 # instruction-tuned GGUF: `sluice run -m MODEL.gguf -p "..."` (the template is applied).
 # The answer stops at the end of its line (`--stop '\n'`): a base model goes on with
 # "Question: ..." of its own otherwise.
+#
+# `tools/quickstart.sh --moe` shows the engine's own job instead: the small MoE trained here on
+# CPython's standard library (tests/fixtures/trained-moe/, committed; 32 experts per layer,
+# top-4) continues a Python function with its routed experts streamed from the SSD through
+# a cache of 25% of their bytes, and `--stats` prints hits, misses, bytes read and memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--moe" ]; then
+    cargo build --release -p sluice-cli
+    exec target/release/sluice run -m tests/fixtures/trained-moe/trained-moe-q8_0.gguf --raw \
+        -p "import os
+
+
+def list_python_files(path):
+" -n 80 --temp 0 --expert-cache 25% --stats
+fi
 question="${1:-What is the capital of France?}"
 model="$(tools/get-gemma.sh)"
 cargo build --release -p sluice-cli

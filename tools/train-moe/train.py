@@ -1,0 +1,303 @@
+#!/usr/bin/env python3
+"""Train a small qwen3moe on CPython's standard library and convert it with llama.cpp.
+
+Issue 32 (1a): a real MoE (real routers, real popularity skew and locality) that writes
+recognisable Python, small enough to commit (tests/fixtures/trained-moe/, at most 40 MB).
+
+Run on the lent GPU (tools/train-moe/README.md says how the data and llama.cpp's converter
+travel there):
+
+    python3 tools/train-moe/train.py --data .train/cpython-3.11-lib.tar.xz \
+        --llama .train/llama --out "$OUT" --minutes 6
+
+Data: every `.py` file of Debian's python3.11 3.11.2 standard library (/usr/lib/python3.11,
+site-packages excluded), under the Python Software Foundation License 2 (see
+/usr/share/doc/python3.11/copyright). Files are split train / held-out by a hash of their
+path (2% held out), so held-out perplexity is measured on files the model never saw.
+
+Steps: (1) a byte-level BPE tokenizer (vocabulary 4096) with Qwen2's pre-tokenizer regex,
+trained on the train files with HF `tokenizers`; (2) transformers' Qwen3MoeForCausalLM
+(8 layers, hidden 256, 32 experts of 64, top-4, its load-balancing loss: 17 MB as Q8_0,
+so the repository still travels to the lent GPU, whose limit is 64 MiB) trained with AdamW
+in bf16 autocast for a fixed wall-clock budget, keeping the checkpoint with the best
+held-out loss; (3) held-out perplexity next to a unigram baseline; (4) a greedy sample from
+the float32 model and the logits of the Q8_0-rounded weights on a held-out window (the
+oracle for sluice's Q8_0 file); (5) llama.cpp's convert_hf_to_gguf.py to Q8_0 (its BPE
+pre-tokenizer check knows only published tokenizers' hashes, so `get_vocab_base_pre` is
+told "qwen2": the regex this tokenizer was trained with).
+Writes to --out: trained-moe-q8_0.gguf.partNN (15 MB pieces: the device returns files of at
+most 16 MiB), manifest.json, reference.npz-like .npy files, train.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import math
+import os
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+VOCAB = 4096
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Qwen2's pre-tokenizer split (tokenizer.json of Qwen/Qwen2-7B), llama.cpp's "qwen2".
+QWEN2_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+SHAPE = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    moe_intermediate_size=64,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    num_experts=32,
+    num_experts_per_tok=4,
+    norm_topk_prob=True,
+    max_position_embeddings=2048,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    attention_bias=False,
+    output_router_logits=True,
+    router_aux_loss_coef=0.01,
+)
+SEQ = 512
+BATCH = 32
+PROMPT = "def fibonacci(n):\n"
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def read_files(tar_path: Path) -> list[tuple[str, str]]:
+    out = []
+    with tarfile.open(tar_path) as t:
+        for m in t.getmembers():
+            if m.isfile() and m.name.endswith(".py"):
+                text = t.extractfile(m).read().decode("utf-8", errors="replace")
+                out.append((m.name, text))
+    out.sort()
+    return out
+
+
+def held_out(name: str) -> bool:
+    return hashlib.sha1(name.encode()).digest()[0] % 50 == 0
+
+
+def build_tokenizer(texts: list[str]):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        min_frequency=2,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        bos_token=None,
+    )
+    return fast
+
+
+def encode_all(tok, texts: list[str]) -> np.ndarray:
+    eos = tok.convert_tokens_to_ids("<|endoftext|>")
+    ids = []
+    for enc in tok(texts, add_special_tokens=False)["input_ids"]:
+        ids.extend(enc)
+        ids.append(eos)
+    return np.asarray(ids, dtype=np.int64)
+
+
+@torch.no_grad()
+def mean_nll(model, ids: np.ndarray, dev) -> float:
+    model.eval()
+    n = (len(ids) - 1) // SEQ
+    tot, cnt = 0.0, 0
+    for i in range(0, n, 16):
+        rows = [ids[j * SEQ : j * SEQ + SEQ + 1] for j in range(i, min(n, i + 16))]
+        x = torch.tensor(np.stack(rows), device=dev)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(input_ids=x[:, :-1]).logits.float()
+        nll = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum"
+        )
+        tot += nll.item()
+        cnt += x[:, 1:].numel()
+    model.train()
+    return tot / cnt
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--llama", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--minutes", type=float, default=6.0)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    dev = torch.device("cuda")
+
+    files = read_files(args.data)
+    train_f = [t for n, t in files if not held_out(n)]
+    held_f = [t for n, t in files if held_out(n)]
+    log(f"files: {len(train_f)} train, {len(held_f)} held out; "
+        f"{sum(map(len, train_f))} / {sum(map(len, held_f))} characters")
+    tok = build_tokenizer(train_f)
+    train_ids = encode_all(tok, train_f)
+    held_ids = encode_all(tok, held_f)
+    log(f"tokens: {len(train_ids)} train, {len(held_ids)} held out ({time.time() - t_start:.0f} s)")
+
+    # Unigram baseline (add-one smoothing, fitted on the train tokens).
+    counts = np.bincount(train_ids, minlength=VOCAB).astype(np.float64) + 1.0
+    logp = np.log(counts / counts.sum())
+    unigram_ppl = math.exp(-logp[held_ids[1:]].mean())
+
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    eos = tok.convert_tokens_to_ids("<|endoftext|>")
+    cfg = Qwen3MoeConfig(vocab_size=VOCAB, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, **SHAPE)
+    model = Qwen3MoeForCausalLM(cfg).to(dev)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: {n_params / 1e6:.1f} M parameters")
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    budget = args.minutes * 60
+    warm = 100
+    curve, best = [], (float("inf"), None, 0)
+    step, seen = 0, 0
+    t0 = time.time()
+    train_t = torch.tensor(train_ids, device=dev)
+    while True:
+        elapsed = time.time() - t0
+        if elapsed > budget:
+            break
+        frac = elapsed / budget
+        lr = 2e-3 * min(1.0, (step + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        starts = torch.tensor(rng.integers(0, len(train_ids) - SEQ - 1, BATCH), device=dev)
+        idx = starts[:, None] + torch.arange(SEQ + 1, device=dev)[None, :]
+        x = train_t[idx]
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(input_ids=x[:, :-1])
+            logits = out.logits.float()
+        lm = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), x[:, 1:].reshape(-1))
+        aux = out.aux_loss if out.aux_loss is not None else torch.zeros((), device=dev)
+        loss = lm + cfg.router_aux_loss_coef * aux
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        seen += BATCH * SEQ
+        if step % 100 == 0:
+            held = mean_nll(model, held_ids[: 64 * SEQ + 1], dev)
+            curve.append(dict(step=step, tokens=seen, seconds=round(time.time() - t0, 1),
+                              train_loss=round(lm.item(), 4), aux=round(aux.item(), 4),
+                              held_loss=round(held, 4), lr=lr))
+            log(json.dumps(curve[-1]))
+            if held < best[0]:
+                best = (held, {k: v.detach().clone() for k, v in model.state_dict().items()}, step)
+    model.load_state_dict(best[1])
+    held_nll = mean_nll(model, held_ids, dev)
+    log(f"best step {best[2]}: held-out ppl {math.exp(held_nll):.2f} (unigram {unigram_ppl:.2f})")
+
+    # Greedy sample from the float32 model.
+    model = model.float().eval()
+    p_ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        gen = model.generate(torch.tensor([p_ids], device=dev), max_new_tokens=96, do_sample=False)
+    sample_ids = gen[0].tolist()
+    sample = tok.decode(sample_ids)
+    log("sample:\n" + sample)
+
+    # Save, then the Q8_0 oracle: every matrix llama.cpp stores as Q8_0 rounded the same way.
+    hf = Path("/tmp/trained-moe-hf")
+    model.save_pretrained(hf)
+    tok.save_pretrained(hf)
+    sys.path.insert(0, str(args.llama / "gguf-py"))
+    import gguf.quants as gq
+    from gguf import GGMLQuantizationType as Q
+
+    ref_ids = held_ids[:128]
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            keep_f32 = p.ndim < 2 or name.endswith("norm.weight") or ".mlp.gate." in name
+            if not keep_f32 and p.shape[-1] % 32 == 0:
+                a = p.detach().cpu().numpy().astype(np.float32)
+                q = gq.dequantize(gq.quantize(a, Q.Q8_0), Q.Q8_0).reshape(a.shape)
+                p.copy_(torch.from_numpy(q))
+        ref = model(input_ids=torch.tensor([ref_ids], device=dev)).logits[0].float().cpu().numpy()
+    np.save(args.out / "q8_0.dequant.logits.npy", ref)
+    (args.out / "tokens.json").write_text(json.dumps({"ids": ref_ids.tolist(), "source": "held-out files"}))
+
+    # llama.cpp's converter, told the pre-tokenizer this tokenizer was trained with.
+    sys.path.insert(0, str(args.llama))
+    import conversion.base as base
+
+    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+    import convert_hf_to_gguf
+
+    gguf_path = Path("/tmp/trained-moe-q8_0.gguf")
+    sys.argv = ["convert_hf_to_gguf.py", str(hf), "--outtype", "q8_0", "--outfile", str(gguf_path)]
+    convert_hf_to_gguf.main()
+    data = gguf_path.read_bytes()
+    piece = 15_000_000
+    for i in range(0, len(data), piece):
+        (args.out / f"trained-moe-q8_0.gguf.part{i // piece:02d}").write_bytes(data[i : i + piece])
+    manifest = dict(
+        data=dict(source="Debian python3.11 3.11.2 standard library (/usr/lib/python3.11/**/*.py, "
+                  "site-packages excluded)", license="Python Software Foundation License Version 2",
+                  files_train=len(train_f), files_held_out=len(held_f),
+                  tokens_train=int(len(train_ids)), tokens_held_out=int(len(held_ids))),
+        tokenizer=dict(kind="byte-level BPE, Qwen2 pre-tokenizer regex", vocab=VOCAB, specials=SPECIALS),
+        model=dict(arch="Qwen3MoeForCausalLM", parameters=n_params, **{k: v for k, v in SHAPE.items()}),
+        training=dict(optimizer="AdamW lr 2e-3 cosine to 2e-4, betas (0.9, 0.95), wd 0.1, clip 1.0",
+                      batch=BATCH, seq=SEQ, steps=step, tokens_seen=seen, minutes=args.minutes,
+                      best_step=best[2], precision="bf16 autocast, fp32 weights", seed=args.seed),
+        held_out=dict(ppl=math.exp(held_nll), unigram_ppl=unigram_ppl, tokens=int(len(held_ids))),
+        loss_curve=curve,
+        sample=dict(prompt=PROMPT, greedy_ids=sample_ids, text=sample),
+        gguf=dict(bytes=len(data), sha256=hashlib.sha256(data).hexdigest(), outtype="q8_0",
+                  converter="llama.cpp convert_hf_to_gguf.py (llama-cpp-python 0.3.36 vendor tree)"),
+        versions=dict(torch=torch.__version__, transformers=__import__("transformers").__version__,
+                      tokenizers=__import__("tokenizers").__version__),
+        seconds_total=round(time.time() - t_start, 1),
+    )
+    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    log(f"done in {time.time() - t_start:.0f} s; gguf {len(data)} bytes")
+
+
+if __name__ == "__main__":
+    main()
