@@ -229,6 +229,13 @@ fn sizes_past_their_bounds_are_refused_naming_the_key() {
                 MetaValue::U32(1 << 20),
                 &["qwen4exp.attention.indexer.top_k"],
             ),
+            (
+                Q4X.0,
+                Q4X.1,
+                "qwen4exp.attention.indexer.top_k",
+                MetaValue::U32(0),
+                &["qwen4exp.attention.indexer.top_k", "> 0"],
+            ),
             // any integer key: at most MAX_INT
             (
                 Q3.0,

@@ -221,6 +221,10 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
     let idx_heads = hp.u("attention.indexer.head_count")?;
     let idx_dim = hp.u("attention.indexer.key_length")?;
     let budget = hp.positions("attention.indexer.top_k", None, n_ctx_train)?;
+    if budget == 0 {
+        // (0 would also let any compress ratio "divide" it)
+        return Err(hp.bad(format!("{NAME}.attention.indexer.top_k must be > 0")));
+    }
     if n_layer == 0 || e == 0 || s < 2 || r == 0 {
         return Err(hp.bad(
             "block_count, embedding_length, hyper_connection.* must be > 0 (count > 1)".into(),
