@@ -410,6 +410,20 @@ fn bad_floats_and_unknown_rope_scaling_are_refused_naming_the_key() {
             (
                 G5N.0,
                 G5N.1,
+                "glm5-next.attention.layer_norm_rms_epsilon",
+                MetaValue::F32(-1e-5),
+                &["glm5-next.attention.layer_norm_rms_epsilon", ">= 0"],
+            ),
+            (
+                G5N.0,
+                G5N.1,
+                "glm5-next.attention.layer_norm_epsilon",
+                MetaValue::F32(-1e-6),
+                &["glm5-next.attention.layer_norm_epsilon", ">= 0"],
+            ),
+            (
+                G5N.0,
+                G5N.1,
                 "glm5-next.rope.scaling.type",
                 s("yarn"),
                 &["glm5-next.rope.scaling.type", "'yarn'"],

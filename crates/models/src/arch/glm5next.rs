@@ -162,10 +162,10 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
     let n_ctx_train = hp.context_length(1 << 20)?;
     hp.no_rope_scaling()?;
     let n_head = hp.u("attention.head_count")?;
-    let rms_eps = hp.f_or("attention.layer_norm_rms_epsilon", 1e-5)?;
-    let ln_eps = hp.f_or("attention.layer_norm_epsilon", 1e-6)?;
-    if n_head == 0 || rms_eps < 0.0 || ln_eps < 0.0 {
-        return Err(hp.bad("head_count must be > 0 and epsilons >= 0".into()));
+    let rms_eps = hp.f_nonneg_or("attention.layer_norm_rms_epsilon", 1e-5)?;
+    let ln_eps = hp.f_nonneg_or("attention.layer_norm_epsilon", 1e-6)?;
+    if n_head == 0 {
+        return Err(hp.bad(format!("{name}.attention.head_count must be > 0")));
     }
     // Which layers are KDA: head_count_kv 0 (per-layer array), else the default layout.
     let recurrent: Vec<bool> = match hp.file.get(&format!("{name}.attention.head_count_kv")) {
