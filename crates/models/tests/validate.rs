@@ -651,3 +651,83 @@ fn a_tokenizer_that_does_not_match_the_embedding_is_refused() {
     refused(&m, &["tokenizer.ggml.tokens", "array"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+// ---- all items: a sweep over every numeric key ------------------------------------------
+
+/// Hostile values of the same type as `v` (None: not a numeric scalar).
+fn hostile(v: &MetaValue) -> Option<Vec<MetaValue>> {
+    Some(match v {
+        MetaValue::U32(_) => vec![MetaValue::U32(0), MetaValue::U32(u32::MAX)],
+        MetaValue::I32(_) => vec![
+            MetaValue::I32(0),
+            MetaValue::I32(-1),
+            MetaValue::I32(i32::MAX),
+        ],
+        MetaValue::U64(_) => vec![MetaValue::U64(0), MetaValue::U64(u64::MAX)],
+        MetaValue::F32(_) => vec![
+            MetaValue::F32(0.0),
+            MetaValue::F32(-1.0),
+            MetaValue::F32(f32::NAN),
+            MetaValue::F32(1e30),
+        ],
+        _ => return None,
+    })
+}
+
+/// Every numeric key of every architecture's fixture set to 0, -1, the type's maximum,
+/// NaN or 1e30 (one at a time): the load either fails with an error naming the file or
+/// the model evaluates 3 tokens (Ok or an error); no panic, no abort, no hang (a case
+/// running past the watchdog fails the test).
+#[test]
+fn every_numeric_key_set_to_a_hostile_value_loads_or_fails_cleanly() {
+    let dir = tmp_dir("sweep");
+    let mut failures = Vec::new();
+    let mut cases = 0;
+    for (fdir, fname) in [DS4, G5N, GDSA, Q3, Q4X] {
+        let src = fixture(fdir, fname);
+        let bytes = std::fs::read(&src).unwrap();
+        let file = GgufFile::parse(&bytes, &src).unwrap();
+        for (i, (key, v)) in file.metadata.iter().enumerate() {
+            if key.starts_with("general.") || key.starts_with("tokenizer.") {
+                continue;
+            }
+            for (j, hv) in hostile(v).unwrap_or_default().into_iter().enumerate() {
+                cases += 1;
+                let mut f2 = file.clone();
+                f2.metadata[i].1 = hv.clone();
+                let m = dir.join(format!("{fdir}-{i}-{j}.gguf"));
+                let dst = std::fs::File::create(&m).unwrap();
+                GgufWriter::rewrite(&f2, &mut std::io::Cursor::new(&bytes), dst, &m).unwrap();
+                let (tx, rx) = std::sync::mpsc::channel();
+                let mc = m.clone();
+                std::thread::spawn(move || {
+                    let r = Model::load(&mc).map(|model| {
+                        let mut st = model.new_state(64, false);
+                        let _ = model.forward(&mut st, &[1, 2, 3], sluice_models::Logits::All);
+                    });
+                    let _ = tx.send(r.err().map(|e| e.to_string()));
+                });
+                let what = format!("{key} = {hv:?}");
+                match rx.recv_timeout(std::time::Duration::from_secs(120)) {
+                    Ok(Some(e)) if !e.contains(&m.display().to_string()) || e.contains('\n') => {
+                        failures.push(format!("{what}: error not one line naming the file: {e}"))
+                    }
+                    Ok(_) => {}
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        failures.push(format!("{what}: still running after 120 s"))
+                    }
+                    Err(_) => failures.push(format!("{what}: panicked")),
+                }
+                std::fs::remove_file(&m).unwrap();
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(cases > 100, "only {cases} cases");
+    assert!(
+        failures.is_empty(),
+        "{} of {cases} cases:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
