@@ -670,12 +670,32 @@ fn hostile(v: &MetaValue) -> Option<Vec<MetaValue>> {
             MetaValue::F32(f32::NAN),
             MetaValue::F32(1e30),
         ],
+        // arrays (per-layer values, PLE constants): every element hostile, one element,
+        // none
+        MetaValue::Array(a) if !a.values.is_empty() => {
+            let mut out: Vec<MetaValue> = hostile(&a.values[0])?
+                .into_iter()
+                .map(|h| {
+                    MetaValue::Array(sluice_gguf::MetaArray {
+                        elem_type: a.elem_type,
+                        values: vec![h; a.values.len()],
+                    })
+                })
+                .collect();
+            for n in [1, 0] {
+                out.push(MetaValue::Array(sluice_gguf::MetaArray {
+                    elem_type: a.elem_type,
+                    values: a.values[..n].to_vec(),
+                }));
+            }
+            out
+        }
         _ => return None,
     })
 }
 
 /// Every numeric key of every architecture's fixture set to 0, -1, the type's maximum,
-/// NaN or 1e30 (one at a time): the load either fails with an error naming the file or
+/// NaN or 1e30 (one at a time; arrays: every element so, or cut to one or no element): the load either fails with an error naming the file or
 /// the model evaluates 3 tokens (Ok or an error); no panic, no abort, no hang (a case
 /// running past the watchdog fails the test).
 #[test]
