@@ -751,3 +751,73 @@ fn every_numeric_key_set_to_a_hostile_value_loads_or_fails_cleanly() {
         failures.join("\n")
     );
 }
+
+/// Every tensor of every architecture's fixture given another shape with the same element
+/// count (2-D and up: the first two dimensions swapped; 1-D: split in two), one at a
+/// time: refused with one line naming the file (the shape check is total: every tensor
+/// the architectures read is checked against its whole expected shape); no panic, no hang.
+#[test]
+fn every_tensor_reshaped_loads_or_fails_cleanly() {
+    let dir = tmp_dir("reshape");
+    let mut failures = Vec::new();
+    let mut cases = 0;
+    for (fdir, fname) in [DS4, G5N, GDSA, Q3, Q4X] {
+        let src = fixture(fdir, fname);
+        let bytes = std::fs::read(&src).unwrap();
+        let file = GgufFile::parse(&bytes, &src).unwrap();
+        for (i, t) in file.tensors.iter().enumerate() {
+            let d = &t.dims;
+            let new: Vec<u64> = match d.len() {
+                1 if d[0] % 2 == 0 && d[0] >= 4 && t.ty.block_size() == 1 => vec![d[0] / 2, 2],
+                // (a swap with a size-1 dimension keeps the layout: not another shape)
+                n if n >= 2
+                    && d[0] != d[1]
+                    && d[0] > 1
+                    && d[1] > 1
+                    && d[1] % t.ty.block_size() == 0 =>
+                {
+                    let mut v = d.clone();
+                    v.swap(0, 1);
+                    v
+                }
+                _ => continue,
+            };
+            cases += 1;
+            let mut f2 = file.clone();
+            f2.tensors[i].dims = new.clone();
+            let m = dir.join(format!("{fdir}-{i}.gguf"));
+            let dst = std::fs::File::create(&m).unwrap();
+            GgufWriter::rewrite(&f2, &mut std::io::Cursor::new(&bytes), dst, &m).unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            let mc = m.clone();
+            std::thread::spawn(move || {
+                let r = Model::load(&mc).map(|model| {
+                    let mut st = model.new_state(64, false);
+                    let _ = model.forward(&mut st, &[1, 2, 3], sluice_models::Logits::All);
+                });
+                let _ = tx.send(r.err().map(|e| e.to_string()));
+            });
+            let what = format!("{fdir} {} {:?} as {new:?}", t.name, t.dims);
+            match rx.recv_timeout(std::time::Duration::from_secs(120)) {
+                Ok(Some(e)) if !e.contains(&m.display().to_string()) || e.contains('\n') => {
+                    failures.push(format!("{what}: error not one line naming the file: {e}"))
+                }
+                Ok(None) => failures.push(format!("{what}: accepted")),
+                Ok(Some(_)) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    failures.push(format!("{what}: still running after 120 s"))
+                }
+                Err(_) => failures.push(format!("{what}: panicked")),
+            }
+            std::fs::remove_file(&m).unwrap();
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(cases > 100, "only {cases} cases");
+    assert!(
+        failures.is_empty(),
+        "{} of {cases} cases:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
