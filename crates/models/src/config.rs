@@ -3,8 +3,12 @@
 //!
 //! Owns: [`ModelConfig`] (the fields sessions, the memory plan, the expert tier and the
 //! CLI need, whatever the architecture) and [`Hparams`] (typed getters with defaults and
-//! checks of the `<arch>.` keys, errors naming file and key). Architecture-specific
-//! hyper-parameters live in each architecture's module.
+//! checks of the `<arch>.` keys, errors naming file and key), including the bounds every
+//! size, count and float a file sets is checked against before anything is allocated or
+//! iterated from it ([`MAX_INT`], [`MAX_CONTEXT`], [`MAX_ITERATIONS`], the block count
+//! against the tensors, windows against the context, finite positive floats, known RoPE
+//! scaling types) and the vocabulary's agreement with the tokenizer.
+//! Architecture-specific hyper-parameters live in each architecture's module.
 
 use sluice_gguf::GgufFile;
 
@@ -31,6 +35,30 @@ pub struct ModelConfig {
     pub state_bytes: u64,
 }
 
+/// The largest value any integer hyper-parameter may have (sizes, counts, ids): far above
+/// every real model's (vocabularies of 262,144, contexts of 10M), far below what would
+/// make a product of two of them overflow or an allocation of one of them fail.
+pub const MAX_INT: usize = 1 << 26;
+
+/// The longest `context_length` a file may declare (16,777,216 positions; the longest real
+/// one is 10M). Windows and top-k selections are bounded by the file's context.
+pub const MAX_CONTEXT: usize = 1 << 24;
+
+/// The most iterations a file may ask any loop to run (e.g. Sinkhorn normalisation, 20 in
+/// DeepSeek V4 and GLM-5.3-Flash).
+pub const MAX_ITERATIONS: usize = 1000;
+
+/// RoPE scaling as a file declares it (`rope.scaling.type` and `rope.scaling.factor`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    /// No scaling (`none`, or no type and no factor other than 1).
+    None,
+    /// `linear`: positions divided by the factor.
+    Linear(f32),
+    /// `yarn` with its factor.
+    Yarn(f32),
+}
+
 /// Typed access to `<arch>.*` keys of one file.
 pub struct Hparams<'a> {
     pub file: &'a GgufFile,
@@ -50,9 +78,70 @@ impl<'a> Hparams<'a> {
         self.file.get(&self.key(k)).is_some()
     }
 
-    /// A required unsigned integer.
+    /// A required unsigned integer, at most [`MAX_INT`].
     pub fn u(&self, k: &str) -> Result<usize, ModelError> {
-        Ok(self.file.get_u64(&self.key(k))? as usize)
+        let v = self.file.get_u64(&self.key(k))?;
+        if v > MAX_INT as u64 {
+            return Err(self.bad(format!(
+                "{} is {v}; sluice accepts at most {MAX_INT} for a size or count",
+                self.key(k)
+            )));
+        }
+        Ok(v as usize)
+    }
+
+    /// `block_count`: > 0 and at most the file's tensor count (every layer has tensors), so
+    /// nothing is allocated per layer for layers the file cannot hold.
+    pub fn block_count(&self) -> Result<usize, ModelError> {
+        let n = self.u("block_count")?;
+        let max = self.file.tensors.len();
+        if n == 0 || n > max {
+            return Err(self.bad(format!(
+                "{} is {n}; it must be in 1..={max} (the file has {max} tensors)",
+                self.key("block_count")
+            )));
+        }
+        Ok(n)
+    }
+
+    /// `context_length` (`d` when absent): in 1..=[`MAX_CONTEXT`].
+    pub fn context_length(&self, d: usize) -> Result<usize, ModelError> {
+        let n = self.u_or("context_length", d)?;
+        if n == 0 || n > MAX_CONTEXT {
+            return Err(self.bad(format!(
+                "{} is {n}; it must be in 1..={MAX_CONTEXT}",
+                self.key("context_length")
+            )));
+        }
+        Ok(n)
+    }
+
+    /// An iteration count (`d` when absent): in 1..=[`MAX_ITERATIONS`].
+    pub fn iterations(&self, k: &str, d: usize) -> Result<usize, ModelError> {
+        let n = self.u_or(k, d)?;
+        if n == 0 || n > MAX_ITERATIONS {
+            return Err(self.bad(format!(
+                "{} is {n}; it must be in 1..={MAX_ITERATIONS}",
+                self.key(k)
+            )));
+        }
+        Ok(n)
+    }
+
+    /// A size in positions (a window, a top-k; required when `d` is None) at most `n_ctx`,
+    /// the file's context length (a sequence never holds more).
+    pub fn positions(&self, k: &str, d: Option<usize>, n_ctx: usize) -> Result<usize, ModelError> {
+        let n = match d {
+            Some(d) => self.u_or(k, d)?,
+            None => self.u(k)?,
+        };
+        if n > n_ctx {
+            return Err(self.bad(format!(
+                "{} is {n}; it must be at most the context length {n_ctx}",
+                self.key(k)
+            )));
+        }
+        Ok(n)
     }
 
     /// An unsigned integer, `d` when absent.
@@ -80,6 +169,68 @@ impl<'a> Hparams<'a> {
         Ok(v)
     }
 
+    /// A finite float > 0 (`d` when absent): RoPE bases, scaling factors.
+    pub fn f_pos_or(&self, k: &str, d: f32) -> Result<f32, ModelError> {
+        let v = self.f_or(k, d)?;
+        if v <= 0.0 {
+            return Err(self.bad(format!(
+                "{} is {v}; it must be a finite number > 0",
+                self.key(k)
+            )));
+        }
+        Ok(v)
+    }
+
+    /// A finite float >= 0 (`d` when absent): norm epsilons.
+    pub fn f_nonneg_or(&self, k: &str, d: f32) -> Result<f32, ModelError> {
+        let v = self.f_or(k, d)?;
+        if v < 0.0 {
+            return Err(self.bad(format!(
+                "{} is {v}; it must be a finite number >= 0",
+                self.key(k)
+            )));
+        }
+        Ok(v)
+    }
+
+    /// `rope.scaling.type` and `rope.scaling.factor`, refused unless the type is one of
+    /// `supported` (a subset of `none`, `linear`, `yarn`) and the factor finite and > 0.
+    /// No type: `none`, unless a factor other than 1 is written, then `implied` (the
+    /// architecture's reading of a bare factor; `None` refuses it).
+    pub fn rope_scaling(
+        &self,
+        supported: &[&str],
+        implied: Option<&str>,
+    ) -> Result<RopeScaling, ModelError> {
+        let factor = self.f_pos_or("rope.scaling.factor", 1.0)?;
+        let tk = self.key("rope.scaling.type");
+        let ty = match self.file.get(&tk) {
+            Some(v) => v
+                .as_str()
+                .ok_or_else(|| self.bad(format!("{tk} must be a string")))?,
+            None if factor == 1.0 => "none",
+            None => implied.ok_or_else(|| {
+                self.bad(format!(
+                    "{} is {factor} without {tk}; {} has no RoPE scaling",
+                    self.key("rope.scaling.factor"),
+                    self.arch
+                ))
+            })?,
+        };
+        if !supported.contains(&ty) {
+            return Err(self.bad(format!(
+                "{tk} is '{ty}'; {} supports {}",
+                self.arch,
+                supported.join(", ")
+            )));
+        }
+        Ok(match ty {
+            "linear" => RopeScaling::Linear(factor),
+            "yarn" => RopeScaling::Yarn(factor),
+            _ => RopeScaling::None,
+        })
+    }
+
     /// A boolean, `d` when absent.
     pub fn b_or(&self, k: &str, d: bool) -> Result<bool, ModelError> {
         if self.has(k) {
@@ -89,25 +240,60 @@ impl<'a> Hparams<'a> {
         }
     }
 
-    /// The vocabulary size: `<arch>.vocab_size`, else the token embedding's rows.
+    /// The vocabulary size: `<arch>.vocab_size`, else the token embedding's rows. When the
+    /// file has a tokenizer (`tokenizer.ggml.tokens`), its token count must equal it, as
+    /// llama.cpp requires (converters pad the token list to the embedding's rows), so the
+    /// architectures' `[n_vocab, n_embd]` embedding and output checks bind the tokenizer to
+    /// both.
     pub fn n_vocab(&self) -> Result<usize, ModelError> {
-        if self.has("vocab_size") {
-            return self.u("vocab_size");
+        let n = if self.has("vocab_size") {
+            self.u("vocab_size")?
+        } else {
+            self.file
+                .tensor("token_embd.weight")
+                .and_then(|t| t.dims.get(1).copied())
+                .map(|v| v as usize)
+                .ok_or_else(|| ModelError::MissingTensor {
+                    path: self.file.path.clone(),
+                    name: "token_embd.weight".into(),
+                })?
+        };
+        if let Some(v) = self.file.get("tokenizer.ggml.tokens") {
+            let tokens = v
+                .as_array()
+                .ok_or_else(|| {
+                    self.bad(format!(
+                        "tokenizer.ggml.tokens is a {}; it must be an array of strings",
+                        v.type_description()
+                    ))
+                })?
+                .values
+                .len();
+            if tokens != n {
+                let what = if self.has("vocab_size") {
+                    format!("{} {n}", self.key("vocab_size"))
+                } else {
+                    format!("token_embd.weight's {n} rows")
+                };
+                return Err(self.bad(format!(
+                    "tokenizer.ggml.tokens has {tokens} tokens for {what}; they must be equal"
+                )));
+            }
         }
-        self.file
-            .tensor("token_embd.weight")
-            .and_then(|t| t.dims.get(1).copied())
-            .map(|v| v as usize)
-            .ok_or_else(|| ModelError::MissingTensor {
-                path: self.file.path.clone(),
-                name: "token_embd.weight".into(),
-            })
+        Ok(n)
     }
 
-    /// Linear RoPE position scale from `rope.scaling.factor` (1.0 = none).
+    /// Linear RoPE position scale (1.0 = none) for an architecture that implements `none`
+    /// and `linear` scaling only (a bare factor means linear).
     pub fn rope_linear_scale(&self) -> Result<f32, ModelError> {
-        let f = self.f_or("rope.scaling.factor", 1.0)?;
-        Ok(if f > 0.0 { 1.0 / f } else { 1.0 })
+        // llama.cpp divides positions by the factor whatever the type says.
+        self.rope_scaling(&["none", "linear"], Some("linear"))?;
+        Ok(1.0 / self.f_pos_or("rope.scaling.factor", 1.0)?)
+    }
+
+    /// Refuse RoPE scaling keys an architecture without RoPE scaling would ignore.
+    pub fn no_rope_scaling(&self) -> Result<(), ModelError> {
+        self.rope_scaling(&["none"], None).map(|_| ())
     }
 
     /// An error naming the file.

@@ -2,7 +2,8 @@
 //!
 //! Owns: [`Tensors`], which finds a tensor by its llama.cpp name, checks its type and
 //! shape and returns where it lives ([`Mat`], stacked expert tensors [`Stacked`]); small
-//! F32 vectors (norms) are copied out once at load time; matrices stay in the map. Which
+//! F32 vectors (norms) are copied out once at load time, their whole shape checked, not
+//! only their element count; matrices stay in the map. Which
 //! tensors exist is each architecture's business (`arch/`).
 
 use std::ops::Range;
@@ -259,11 +260,23 @@ impl<'a> Tensors<'a> {
         Ok([gate, up, down])
     }
 
+    /// A 1-D vector of `len` floats (a norm, a bias), copied out.
     pub fn vec(&self, name: &str, len: usize) -> Result<Vec<f32>, EngineError> {
+        self.vec_shaped(name, &[len])
+    }
+
+    /// A small tensor of shape `dims` (ggml order, innermost first) copied out as floats,
+    /// row-major. The shape must match, not only the element count (`[128, 2]` is not a
+    /// `[256]` norm); dimensions of size 1 are ignored on both sides (`[4, 1, 64, 1]` is a
+    /// `[4, 64]` convolution, as llama.cpp's converters write some).
+    pub fn vec_shaped(&self, name: &str, dims: &[usize]) -> Result<Vec<f32>, EngineError> {
         let t = self.info(name)?;
-        if t.n_elements() != len as u64 {
-            return Err(self.bad(name, format!("expected {len} elements, found {:?}", t.dims)));
+        let want: Vec<u64> = dims.iter().map(|&d| d as u64).filter(|&d| d != 1).collect();
+        let found: Vec<u64> = t.dims.iter().copied().filter(|&d| d != 1).collect();
+        if want != found {
+            return Err(self.bad(name, format!("expected shape {dims:?}, found {:?}", t.dims)));
         }
+        let len: usize = dims.iter().product();
         self.check_type(name, t.ty)?;
         let mut out = vec![0.0f32; len];
         sluice_kernels::dequantize_row(t.ty, &self.map.bytes()[self.range(t)], &mut out)

@@ -6,7 +6,8 @@
 //! validating reader ([`PackFile::open`]), the binding of a sidecar to the model's expert
 //! data ([`unit_hash`], [`PackFile::check_unit`]) and the per-layer layout the streaming
 //! source reads ([`PackLayer`]). The model file is never modified and stays loadable by
-//! llama.cpp.
+//! llama.cpp. Only regular files are opened as sidecars ([`open_regular`], also used for
+//! popularity profiles): a FIFO named `MODEL.gguf.slpack` is refused, not waited on.
 //!
 //! Binding to the source data (v2): the header alone does not identify a model's data (two
 //! files can share header and tensor table and differ in every expert byte), so the sidecar
@@ -374,6 +375,32 @@ pub fn write_pack(
     Ok(total)
 }
 
+/// Opens `path` for reading only if it is a regular file: a FIFO, device, socket or
+/// directory (named like a sidecar, by accident or not) is refused with an
+/// [`std::io::ErrorKind::InvalidInput`] error saying so, never opened (opening a FIFO
+/// blocks until a writer appears). Checked before the open and again on the opened file
+/// (opened non-blocking, so a FIFO swapped in between cannot block either).
+pub fn open_regular(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let not_regular = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a directory, FIFO, device or socket)",
+        )
+    };
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(not_regular());
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.is_file() {
+        return Err(not_regular());
+    }
+    Ok(f)
+}
+
 impl PackFile {
     /// Opens and checks `path` against the model (its whole file is `mapped`, its data
     /// section starts at `data_offset`, its routed experts are `group`): header, layout and
@@ -393,14 +420,17 @@ impl PackFile {
             path: p.clone(),
             source,
         };
-        let mut f = File::open(path).map_err(io_err)?;
+        let mut f = match open_regular(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                return Err(PackError::NotPack {
+                    path: p.clone(),
+                    what: e.to_string(),
+                })
+            }
+            Err(e) => return Err(io_err(e)),
+        };
         let meta = f.metadata().map_err(io_err)?;
-        if !meta.is_file() {
-            return Err(PackError::NotPack {
-                path: p.clone(),
-                what: "not a regular file".into(),
-            });
-        }
         let file_len = meta.len();
         let mut fixed = [0u8; FIXED];
         if file_len < FIXED as u64 {

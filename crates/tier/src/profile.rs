@@ -125,10 +125,13 @@ impl Profile {
     }
 
     pub fn read(path: &Path) -> Result<Profile, ProfileError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Io {
+        let io = |source| ProfileError::Io {
             path: path.to_path_buf(),
             source,
-        })?;
+        };
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut crate::pack::open_regular(path).map_err(io)?, &mut text)
+            .map_err(io)?;
         Self::parse(&text, path)
     }
 

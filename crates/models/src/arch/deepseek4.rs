@@ -25,7 +25,7 @@ use crate::blocks::moe::{
     glu_unit_layer, link_lookahead, routed, MoeWeights, Router, ScoreFn, UnitMat,
 };
 use crate::blocks::{add_into, check_finite, gather_rows, head, rms_norm_rows, Batch, Env, Stage};
-use crate::config::{Hparams, ModelConfig};
+use crate::config::{Hparams, ModelConfig, RopeScaling};
 use crate::kv::KvCache;
 use crate::plan::{DecoderPlan, HyperHead, PlanAttn, PlanFfn, PlanHyper, PlanLayer, PlanShared};
 use crate::state::{ExtraState, SeqState};
@@ -153,12 +153,13 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     let n_head_kv = hp.u_or("attention.head_count_kv", 1)?;
     let head_dim = hp.u("attention.key_length")?;
     let head_dim_v = hp.u_or("attention.value_length", head_dim)?;
-    let n_block = hp.u("block_count")?;
+    let n_block = hp.block_count()?;
     let rms_eps = hp.f_or("attention.layer_norm_rms_epsilon", 1e-6)?;
     let rope_base = hp.f_or("rope.freq_base", 10_000.0)?;
     let n_rot = hp.u("rope.dimension_count")?;
-    if n_block == 0 || n_embd == 0 {
-        return Err(hp.bad("block_count and embedding_length must be > 0".into()));
+    let n_ctx_train = hp.context_length(4096)?;
+    if n_embd == 0 {
+        return Err(hp.bad("embedding_length must be > 0".into()));
     }
     super::check_attention(&hp, n_head, n_head_kv, head_dim, rms_eps, rope_base)?;
     if n_head_kv != 1 {
@@ -221,17 +222,12 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     let hc = HcShape {
         n_hc,
         n_embd,
-        sinkhorn_iters: hp.u_or("hyper_connection.sinkhorn_iterations", 20)?,
-        eps: hp.f_or("hyper_connection.epsilon", 1e-6)?,
+        sinkhorn_iters: hp.iterations("hyper_connection.sinkhorn_iterations", 20)?,
+        eps: hp.f_nonneg_or("hyper_connection.epsilon", 1e-6)?,
         rms_eps,
     };
-    if hc.sinkhorn_iters == 0 {
-        return Err(hp.bad(format!(
-            "{NAME}.hyper_connection.sinkhorn_iterations must be > 0"
-        )));
-    }
     let q_lora = hp.u("attention.q_lora_rank")?;
-    let window = hp.u("attention.sliding_window")?;
+    let window = hp.positions("attention.sliding_window", None, n_ctx_train)?;
     let o_groups = hp.u("attention.output_group_count")?;
     let o_lora = hp.u("attention.output_lora_rank")?;
     if window == 0
@@ -260,7 +256,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     }
     let n_ff = hp.u("expert_feed_forward_length")?;
     let n_shared = hp.u_or("expert_shared_count", 1)?;
-    let w_scale = hp.f_or("expert_weights_scale", 1.0)?;
+    let w_scale = hp.f_pos_or("expert_weights_scale", 1.0)?;
     let w_norm = hp.b_or("expert_weights_norm", true)?;
     let n_hash = hp.u_or("hash_layer_count", 0)?;
     if n_hash > n_layer {
@@ -270,25 +266,32 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     }
     let clamp_exp = per_layer_f32(&hp, "swiglu_clamp_exp", n_layer, Some(vec![0.0; n_layer]))?;
     let clamp_sh = per_layer_f32(&hp, "swiglu_clamp_shexp", n_layer, Some(clamp_exp.clone()))?;
-    let compress_base = hp.f_or("attention.compress_rope_freq_base", rope_base)?;
+    let compress_base = hp.f_pos_or("attention.compress_rope_freq_base", rope_base)?;
     // YaRN on the compressed layers when the file says so, or (no type written) when it
-    // carries a scaling factor > 1.
-    let yarn = match hp
-        .file
-        .get(&format!("{NAME}.rope.scaling.type"))
-        .and_then(|v| v.as_str())
-    {
-        Some(t) => t == "yarn",
-        None => hp.f_or("rope.scaling.factor", 1.0)? > 1.0,
+    // carries a scaling factor other than 1; factors below 1 are refused (YaRN extends).
+    let yarn = match hp.rope_scaling(&["none", "yarn"], Some("yarn"))? {
+        RopeScaling::Yarn(f) if f < 1.0 => {
+            return Err(hp.bad(format!(
+                "{NAME}.rope.scaling.factor is {f}; YaRN needs a factor >= 1"
+            )))
+        }
+        RopeScaling::Yarn(f) => Some(f),
+        _ => None,
     };
-    let rope_compress = if yarn {
+    let rope_compress = if let Some(factor) = yarn {
+        let orig = hp.u_or("rope.scaling.original_context_length", 65_536)?;
+        if orig == 0 {
+            return Err(hp.bad(format!(
+                "{NAME}.rope.scaling.original_context_length must be > 0"
+            )));
+        }
         yarn_inv_freq(
             n_rot,
             compress_base,
-            hp.f_or("rope.scaling.factor", 1.0)?,
-            hp.u_or("rope.scaling.original_context_length", 65_536)? as f32,
-            hp.f_or("rope.scaling.yarn_beta_fast", 32.0)?,
-            hp.f_or("rope.scaling.yarn_beta_slow", 1.0)?,
+            factor,
+            orig as f32,
+            hp.f_pos_or("rope.scaling.yarn_beta_fast", 32.0)?,
+            hp.f_pos_or("rope.scaling.yarn_beta_slow", 1.0)?,
         )
     } else {
         plain_inv_freq(n_rot, compress_base)
@@ -297,7 +300,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     let (ix_heads, ix_dim, ix_topk) = (
         hp.u_or("attention.indexer.head_count", 0)?,
         hp.u_or("attention.indexer.key_length", 0)?,
-        hp.u_or("attention.indexer.top_k", 0)?,
+        hp.positions("attention.indexer.top_k", Some(0), n_ctx_train)?,
     );
     if ratios[..n_layer].contains(&4) && (ix_heads == 0 || ix_dim < n_rot || ix_topk == 0) {
         return Err(hp.bad(format!(
@@ -323,11 +326,13 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         n_layer,
         n_embd,
         n_vocab,
-        n_ctx_train: hp.u_or("context_length", 4096)?,
+        n_ctx_train,
         n_expert,
         n_expert_used: k,
         kv_bytes_per_pos: per_pos.ceil() as u64,
-        state_bytes: (n_layer * window * head_dim * 4) as u64,
+        state_bytes: [window, head_dim, 4]
+            .iter()
+            .fold(n_layer as u64, |a, &b| a.saturating_mul(b as u64)),
     };
     let shape = Dsv4Shape {
         n_embd,
@@ -364,7 +369,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
                 coff,
                 kv: t.mat(&n("kv"), coff * hd, e)?,
                 gate: t.mat(&n("gate"), coff * hd, e)?,
-                ape: t.vec(&n("ape"), ratio * coff * hd)?,
+                ape: t.vec_shaped(&n("ape"), &[coff * hd, ratio])?,
                 norm: t.vec(&n("norm"), hd)?,
             })
         };

@@ -51,12 +51,14 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     let g = GqaHparams::read(&hp)?;
     let (n_embd, n_layer, shape) = (g.n_embd, g.n_layer, g.shape);
     let n_vocab = hp.n_vocab()?;
+    let n_ctx_train = hp.context_length(4096)?;
+    let sliding_window = hp.positions("attention.sliding_window", Some(0), n_ctx_train)?;
     let cfg = ModelConfig {
         arch: NAME,
         n_layer,
         n_embd,
         n_vocab,
-        n_ctx_train: hp.u_or("context_length", 4096)?,
+        n_ctx_train,
         n_expert: 0,
         n_expert_used: 0,
         kv_bytes_per_pos: g.kv_bytes_per_pos(),
@@ -87,7 +89,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         shape,
         rope_global: rope_inv_freq(shape.head_dim, g.rope_base, g.rope_scale),
         rope_swa: rope_inv_freq(shape.head_dim, ROPE_BASE_SWA, 1.0),
-        sliding_window: hp.u_or("attention.sliding_window", 0)?,
+        sliding_window,
         output_norm: t.vec("output_norm.weight", e)?,
         token_embd,
         output,

@@ -151,7 +151,7 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
             })?;
     let hp = Hparams::new(file, name);
     let e = hp.u("embedding_length")?;
-    let n_block = hp.u("block_count")?;
+    let n_block = hp.block_count()?;
     let n_mtp = hp.u_or("nextn_predict_layers", 0)?;
     if n_block == 0 || e == 0 || n_mtp >= n_block {
         return Err(hp.bad(format!(
@@ -159,11 +159,13 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
         )));
     }
     let n_layer = n_block - n_mtp;
+    let n_ctx_train = hp.context_length(1 << 20)?;
+    hp.no_rope_scaling()?;
     let n_head = hp.u("attention.head_count")?;
-    let rms_eps = hp.f_or("attention.layer_norm_rms_epsilon", 1e-5)?;
-    let ln_eps = hp.f_or("attention.layer_norm_epsilon", 1e-6)?;
-    if n_head == 0 || rms_eps < 0.0 || ln_eps < 0.0 {
-        return Err(hp.bad("head_count must be > 0 and epsilons >= 0".into()));
+    let rms_eps = hp.f_nonneg_or("attention.layer_norm_rms_epsilon", 1e-5)?;
+    let ln_eps = hp.f_nonneg_or("attention.layer_norm_epsilon", 1e-6)?;
+    if n_head == 0 {
+        return Err(hp.bad(format!("{name}.attention.head_count must be > 0")));
     }
     // Which layers are KDA: head_count_kv 0 (per-layer array), else the default layout.
     let recurrent: Vec<bool> = match hp.file.get(&format!("{name}.attention.head_count_kv")) {
@@ -216,7 +218,7 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
         rms_eps,
         idx_heads: hp.u("attention.indexer.head_count")?,
         idx_dim: hp.u("attention.indexer.key_length")?,
-        top_k: hp.u("attention.indexer.top_k")?,
+        top_k: hp.positions("attention.indexer.top_k", None, n_ctx_train)?,
         kpool,
         select_tail: hp.b_or("attention.indexer.kpool_select_tail", true)?,
         ln_eps,
@@ -268,14 +270,12 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
     let hc = HcShape {
         n_hc,
         n_embd: e,
-        sinkhorn_iters: hp.u_or("hyper_connection.sinkhorn_iterations", 20)?,
-        eps: hp.f_or("hyper_connection.epsilon", 1e-6)?,
+        sinkhorn_iters: hp.iterations("hyper_connection.sinkhorn_iterations", 20)?,
+        eps: hp.f_nonneg_or("hyper_connection.epsilon", 1e-6)?,
         rms_eps,
     };
-    if n_hc < 2 || hc.sinkhorn_iters == 0 {
-        return Err(hp.bad(format!(
-            "hyper_connection.count {n_hc} must be >= 2 and sinkhorn_iterations > 0"
-        )));
+    if n_hc < 2 {
+        return Err(hp.bad(format!("hyper_connection.count {n_hc} must be >= 2")));
     }
     let n_expert = hp.u("expert_count")?;
     let k = hp.u("expert_used_count")?;
@@ -294,7 +294,7 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
     let n_ff_exp = hp.u("expert_feed_forward_length")?;
     let n_shared = hp.u_or("expert_shared_count", 1)?;
     let n_ff_sh = hp.u_or("expert_shared_feed_forward_length", n_ff_exp * n_shared)?;
-    let w_scale = hp.f_or("expert_weights_scale", 1.0)?;
+    let w_scale = hp.f_pos_or("expert_weights_scale", 1.0)?;
     let w_norm = hp.b_or("expert_weights_norm", false)?;
     let clamp_exp = per_layer_f32(&hp, "swiglu_clamp_exp", n_block)?;
     let clamp_sh = if hp.has("swiglu_clamp_shexp") {
@@ -326,9 +326,9 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
                 q: t.mat(&n("attn_q"), inner, e)?,
                 k: t.mat(&n("attn_k"), inner, e)?,
                 v: t.mat(&n("attn_v"), inner, e)?,
-                conv_q: t.vec(&n("ssm_conv1d_q"), inner * kda_sh.conv_kernel)?,
-                conv_k: t.vec(&n("ssm_conv1d_k"), inner * kda_sh.conv_kernel)?,
-                conv_v: t.vec(&n("ssm_conv1d_v"), inner * kda_sh.conv_kernel)?,
+                conv_q: t.vec_shaped(&n("ssm_conv1d_q"), &[kda_sh.conv_kernel, inner])?,
+                conv_k: t.vec_shaped(&n("ssm_conv1d_k"), &[kda_sh.conv_kernel, inner])?,
+                conv_v: t.vec_shaped(&n("ssm_conv1d_v"), &[kda_sh.conv_kernel, inner])?,
                 f_a: t.mat(&n("ssm_f_a"), d, e)?,
                 f_b: t.mat(&n("ssm_f_b"), inner, d)?,
                 dt_bias: t.vec(&format!("blk.{il}.ssm_dt.bias"), inner)?,
@@ -349,7 +349,7 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
                     k_norm_b: t.vec(&format!("blk.{il}.indexer.k_norm.bias"), id)?,
                     proj: t.mat(&n("indexer.proj"), ih, e)?,
                     gate: t.mat(&n("indexer_compressor_gate"), id, e)?,
-                    ape: t.vec(&n("indexer_compressor_ape"), sh.kpool * id)?,
+                    ape: t.vec_shaped(&n("indexer_compressor_ape"), &[id, sh.kpool])?,
                 })
             } else {
                 None
@@ -436,7 +436,7 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
         n_layer,
         n_embd: e,
         n_vocab,
-        n_ctx_train: hp.u_or("context_length", 1 << 20)?,
+        n_ctx_train,
         n_expert,
         n_expert_used: k,
         kv_bytes_per_pos: (n_dsa * sh.bytes_per_pos()) as u64,

@@ -120,10 +120,12 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     let t = Tensors::new(file, map);
     let e = hp.u("embedding_length")?;
     let n_head = hp.u("attention.head_count")?;
-    let n_block = hp.u("block_count")?;
+    let n_block = hp.block_count()?;
     let rms_eps = hp.f_or("attention.layer_norm_rms_epsilon", 1e-5)?;
     let rope_base = hp.f_or("rope.freq_base", 10_000.0)?;
     let n_rot = hp.u("rope.dimension_count")?;
+    let n_ctx_train = hp.context_length(4096)?;
+    hp.no_rope_scaling()?;
     let q_lora = hp.u("attention.q_lora_rank")?;
     let kv_lora = hp.u("attention.kv_lora_rank")?;
     if n_block == 0 || e == 0 || n_head == 0 || q_lora == 0 || kv_lora == 0 {
@@ -173,7 +175,6 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     } else {
         n_block
     };
-    let n_ctx_train = hp.u_or("context_length", 4096)?;
     let full = match indexer_types(&hp, n_layer)? {
         Some(b) => b,
         None if n_ctx_train < 1_048_576 => vec![true; n_layer],
@@ -188,7 +189,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     let (ix_heads, ix_dim, ix_topk) = (
         hp.u("attention.indexer.head_count")?,
         hp.u("attention.indexer.key_length")?,
-        hp.u("attention.indexer.top_k")?,
+        hp.positions("attention.indexer.top_k", None, n_ctx_train)?,
     );
     if ix_heads == 0 || ix_topk == 0 || ix_dim < n_rot {
         return Err(hp.bad(format!(
@@ -196,7 +197,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
              key_length {ix_dim} >= rope.dimension_count {n_rot}"
         )));
     }
-    let ix_eps = hp.f_or("attention.layer_norm_epsilon", 1e-6)?;
+    let ix_eps = hp.f_nonneg_or("attention.layer_norm_epsilon", 1e-6)?;
     let n_expert = hp.u("expert_count")?;
     let k = hp.u("expert_used_count")?;
     if n_expert == 0 || k == 0 || k > n_expert {
@@ -216,7 +217,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         }
     };
     let n_shared = hp.u_or("expert_shared_count", 1)?;
-    let w_scale = hp.f_or("expert_weights_scale", 1.0)?;
+    let w_scale = hp.f_pos_or("expert_weights_scale", 1.0)?;
     let w_norm = hp.b_or("expert_weights_norm", true)?;
     let n_dense = hp.u_or("leading_dense_block_count", 0)?.min(n_layer);
     let n_vocab = hp.n_vocab()?;

@@ -111,14 +111,22 @@ impl GqaHparams {
         let n_head_kv = hp.u_or("attention.head_count_kv", n_head)?;
         let head_dim = hp.u_or("attention.key_length", n_embd / n_head.max(1))?;
         let head_dim_v = hp.u_or("attention.value_length", head_dim)?;
-        let n_layer = hp.u("block_count")?;
+        let n_layer = hp.block_count()?;
         let rms_eps = hp.f_or("attention.layer_norm_rms_epsilon", 1e-6)?;
         let rope_base = hp.f_or("rope.freq_base", 10_000.0)?;
         let rope_scale = hp.rope_linear_scale()?;
-        if n_layer == 0 || n_embd == 0 {
-            return Err(hp.bad("block_count and embedding_length must be > 0".into()));
+        if n_embd == 0 {
+            return Err(hp.bad("embedding_length must be > 0".into()));
         }
         check_attention(hp, n_head, n_head_kv, head_dim, rms_eps, rope_base)?;
+        // The blocks rotate the whole head (NEOX pairs i and i + head_dim / 2).
+        let n_rot = hp.u_or("rope.dimension_count", head_dim)?;
+        if n_rot != head_dim {
+            return Err(hp.bad(format!(
+                "{}.rope.dimension_count is {n_rot}; {} rotates the whole head (key_length {head_dim})",
+                hp.arch, hp.arch
+            )));
+        }
         Ok(GqaHparams {
             n_embd,
             n_layer,
@@ -138,7 +146,10 @@ impl GqaHparams {
     /// KV-cache bytes per position at f32, all layers.
     pub fn kv_bytes_per_pos(&self) -> u64 {
         let s = &self.shape;
-        (self.n_layer * s.n_head_kv * (s.head_dim + s.head_dim_v) * 4) as u64
+        // Saturating: the sizes are bounded one by one, not their product.
+        [s.n_head_kv, s.head_dim + s.head_dim_v, 4]
+            .iter()
+            .fold(self.n_layer as u64, |a, &b| a.saturating_mul(b as u64))
     }
 }
 

@@ -198,7 +198,7 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
     let e = hp.u("embedding_length")?;
     // Files with the MTP draft layer inside (`nextn_predict_layers`, e.g. ds4's and the
     // GSQ-RCO repackaging) count it in block_count; the main model is the layers before it.
-    let n_block = hp.u("block_count")?;
+    let n_block = hp.block_count()?;
     let n_mtp = hp.u_or("nextn_predict_layers", 0)?;
     if n_mtp >= n_block {
         return Err(hp.bad(format!(
@@ -206,6 +206,8 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
         )));
     }
     let n_layer = n_block - n_mtp;
+    let n_ctx_train = hp.context_length(262_144)?;
+    hp.no_rope_scaling()?;
     let n_head = hp.u("attention.head_count")?;
     let n_head_kv = hp.u_or("attention.head_count_kv", n_head)?;
     let head_dim = hp.u_or("attention.key_length", 256)?;
@@ -218,7 +220,11 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
     let r = hp.u("hyper_connection.low_rank")?;
     let idx_heads = hp.u("attention.indexer.head_count")?;
     let idx_dim = hp.u("attention.indexer.key_length")?;
-    let budget = hp.u("attention.indexer.top_k")?;
+    let budget = hp.positions("attention.indexer.top_k", None, n_ctx_train)?;
+    if budget == 0 {
+        // (0 would also let any compress ratio "divide" it)
+        return Err(hp.bad(format!("{NAME}.attention.indexer.top_k must be > 0")));
+    }
     if n_layer == 0 || e == 0 || s < 2 || r == 0 {
         return Err(hp.bad(
             "block_count, embedding_length, hyper_connection.* must be > 0 (count > 1)".into(),
@@ -331,8 +337,14 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
             vocab_sizes: need("ple.head_vocab_sizes", nh)?,
         };
         let info = t.info(PLE_TABLE)?;
+        if info.dims.len() != 2 {
+            return Err(t.bad(
+                PLE_TABLE,
+                format!("expected shape [width, rows], found {:?}", info.dims),
+            ));
+        }
         let width = info.dims[0] as usize;
-        let n_rows = info.dims.get(1).copied().unwrap_or(1);
+        let n_rows = info.dims[1];
         t.check_type(PLE_TABLE, info.ty)?;
         if width * nh != e {
             return Err(hp.bad(format!(
@@ -340,7 +352,7 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
             )));
         }
         let max = (0..nh)
-            .map(|i| h.offsets[i] + h.vocab_sizes[i])
+            .map(|i| h.offsets[i].saturating_add(h.vocab_sizes[i]))
             .max()
             .unwrap_or(0);
         if h.vocab_sizes.contains(&0) || max > n_rows {
@@ -382,7 +394,7 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
                 gate: t.mat(&n("attn_gate"), hv * delta.d_v, e)?,
                 beta: t.mat(&n("ssm_beta"), hv, e)?,
                 alpha: t.mat(&n("ssm_alpha"), hv, e)?,
-                conv: t.vec(&n("ssm_conv1d"), cd * delta.conv_kernel)?,
+                conv: t.vec_shaped(&n("ssm_conv1d"), &[delta.conv_kernel, cd])?,
                 dt_bias: t.vec(&format!("blk.{il}.ssm_dt.bias"), hv)?,
                 a: t.vec(&format!("blk.{il}.ssm_a"), hv)?,
                 norm: t.vec(&n("ssm_norm"), delta.d_v)?,
@@ -425,7 +437,7 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
                 norm_key: t.vec(&n("ple_norm_key"), d)?,
                 norm_query: t.vec(&n("ple_norm_query"), d)?,
                 norm_conv: t.vec(&n("ple_norm_conv"), d)?,
-                conv: t.vec(&n("ple_conv1d"), d * kernel)?,
+                conv: t.vec_shaped(&n("ple_conv1d"), &[kernel, d])?,
                 kernel,
                 dilation: ngram,
             })
@@ -472,7 +484,7 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
         n_layer,
         n_embd: e,
         n_vocab,
-        n_ctx_train: hp.u_or("context_length", 262_144)?,
+        n_ctx_train,
         n_expert,
         n_expert_used: k,
         kv_bytes_per_pos: (n_qsa * (2 * n_head_kv * head_dim + idx_dim) * 4) as u64,
