@@ -55,11 +55,11 @@ fn one_sigterm_ends_the_chat() {
     assert_eq!(exited(&out), 143, "{err}");
 }
 
-#[test]
-fn sigterm_during_a_long_prefill_stops_it_between_chunks() {
+/// `signal` right after loading, during a 6000-token prompt prefilled in chunks of 8 (Gemma):
+/// `run` exits `code` saying `said`, with fewer than the whole prompt evaluated. Before, the
+/// prefill ran to the end of the prompt whatever the signal.
+fn long_prefill_stopped_by(signal: &str, code: i32, said: &str) {
     let Some(g) = common::gemma() else { return };
-    // 6000 prompt tokens in chunks of 8: the signal comes right after loading, so the
-    // prefill must stop after a few chunks; before, it ran to the end of the prompt.
     const N: usize = 6000;
     let ids: Vec<String> = (0..N)
         .map(|i| (100 + (i * 7) % 20000).to_string())
@@ -69,10 +69,10 @@ fn sigterm_during_a_long_prefill_stops_it_between_chunks() {
         &[
             "run", "-m", &g, "--tokens", &ids, "-n", "4", "-b", "8", "-c", "8192", "--temp", "0",
         ],
-        "-TERM",
+        signal,
     );
-    assert_eq!(exited(&out), 143, "{err}");
-    assert!(err.contains("terminated after 0 generated tokens"), "{err}");
+    assert_eq!(exited(&out), code, "{err}");
+    assert!(err.contains(said), "{err}");
     let line = err
         .lines()
         .find(|l| l.starts_with("prefill: "))
@@ -85,38 +85,16 @@ fn sigterm_during_a_long_prefill_stops_it_between_chunks() {
         .unwrap();
     assert!(
         done < N,
-        "the whole prompt was evaluated after SIGTERM: {line}"
+        "the whole prompt was evaluated after {signal}: {line}"
     );
 }
 
 #[test]
+fn sigterm_during_a_long_prefill_stops_it_between_chunks() {
+    long_prefill_stopped_by("-TERM", 143, "terminated after 0 generated tokens");
+}
+
+#[test]
 fn ctrl_c_during_a_long_prefill_stops_it_between_chunks() {
-    let Some(g) = common::gemma() else { return };
-    const N: usize = 6000;
-    let ids: Vec<String> = (0..N)
-        .map(|i| (100 + (i * 11) % 20000).to_string())
-        .collect();
-    let ids = ids.join(",");
-    let (out, err) = signal_after_load(
-        &[
-            "run", "-m", &g, "--tokens", &ids, "-n", "4", "-b", "8", "-c", "8192", "--temp", "0",
-        ],
-        "-INT",
-    );
-    assert_eq!(exited(&out), 130, "{err}");
-    assert!(
-        err.contains("interrupted after 0 generated tokens"),
-        "{err}"
-    );
-    let line = err.lines().find(|l| l.starts_with("prefill: ")).unwrap();
-    let done: usize = line["prefill: ".len()..]
-        .split(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(
-        done < N,
-        "the whole prompt was evaluated after Ctrl-C: {line}"
-    );
+    long_prefill_stopped_by("-INT", 130, "interrupted after 0 generated tokens");
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::{qwen3moe_fixture as fixture, qwen3moe_tokens as tokens};
 use sluice_engine::load::LoadOptions;
 use sluice_engine::session::Session;
-use sluice_engine::tier::{PolicyKind, StreamConfig, StreamingExperts};
+use sluice_engine::tier::{PolicyKind, StreamingExperts};
 use sluice_engine::{Logits, Model};
 use sluice_io::{Backend, IoConfig};
 
@@ -46,27 +46,12 @@ fn run(m: &Model, toks: &[u32]) -> Vec<f32> {
 
 fn streamed(name: &str, backend: Backend, budget_factor: u64) -> (Model, Arc<StreamingExperts>) {
     let path = fixture(name);
-    let mut m = Model::load(&path).unwrap();
-    let min = StreamingExperts::min_budget(&m.groups.experts, m.cfg.n_expert_used);
-    let cfg = StreamConfig {
-        budget: min * budget_factor,
-        policy: PolicyKind::Lru,
-        resident_layers: 0,
-        io: IoConfig {
-            backend,
-            direct: true,
-            depth: 4,
-            inflight_bytes: 0,
-            threads: 2,
-            high_priority: false,
-        },
-    };
-    let s = StreamingExperts::open(&path, &m.groups.experts, m.cfg.n_expert_used, &cfg).unwrap();
+    let probe = Model::load(&path).unwrap();
+    let min = StreamingExperts::min_budget(&probe.groups.experts, probe.cfg.n_expert_used);
+    let (m, s) = common::load_streamed(&path, min * budget_factor, backend);
     // Router lookahead on: speculative reads of one sequence land for another (it reads
     // nothing at the minimum budget, where every slot is the current layer's).
     s.set_lookahead(true);
-    let s = Arc::new(s);
-    m.set_expert_source(Box::new(s.clone()));
     (m, s)
 }
 

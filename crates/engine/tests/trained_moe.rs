@@ -8,12 +8,11 @@
 
 mod common;
 
-use common::{argmax, fixture_in, json_ids, logits_all, same_bits};
+use common::{argmax, fixture_in, json_ids, load_streamed, logits_all, same_bits};
 use sluice_engine::eval::read_npy_f32;
-use sluice_engine::tier::{PolicyKind, StreamConfig, StreamingExperts};
+use sluice_engine::tier::StreamingExperts;
 use sluice_engine::Model;
-use sluice_io::{Backend, IoConfig};
-use std::sync::Arc;
+use sluice_io::Backend;
 
 const DIR: &str = "trained-moe";
 const MODEL: &str = "trained-moe-q8_0.gguf";
@@ -104,22 +103,7 @@ fn streamed_below_the_experts_size_equals_resident() {
             budget < total / 2,
             "the budget must be far below the experts' size"
         );
-        let mut m = Model::load(&path).unwrap();
-        let cfg = StreamConfig {
-            budget,
-            policy: PolicyKind::Lru,
-            resident_layers: 0,
-            io: IoConfig {
-                backend,
-                direct: true,
-                depth: 4,
-                inflight_bytes: 0,
-                threads: 2,
-                high_priority: false,
-            },
-        };
-        let s = Arc::new(StreamingExperts::open(&path, &m.groups.experts, k, &cfg).unwrap());
-        m.set_expert_source(Box::new(s.clone()));
+        let (m, s) = load_streamed(&path, budget, backend);
         let got = logits_all(&m, &toks, 256, false, 16, 32, threads);
         assert!(
             same_bits(&got, &want),

@@ -209,3 +209,36 @@ pub fn rewrite_with(
     let dst = std::fs::File::create(out).unwrap();
     sluice_gguf::GgufWriter::rewrite(&file, &mut std::io::Cursor::new(bytes), dst, out).unwrap();
 }
+
+/// The file at `path` loaded with its routed experts streamed through an LRU cache of
+/// `budget` bytes (O_DIRECT, depth 4, 2 IO threads) on `backend`.
+#[allow(dead_code)]
+pub fn load_streamed(
+    path: &Path,
+    budget: u64,
+    backend: sluice_io::Backend,
+) -> (
+    sluice_engine::Model,
+    std::sync::Arc<sluice_engine::tier::StreamingExperts>,
+) {
+    use sluice_engine::tier::{PolicyKind, StreamConfig, StreamingExperts};
+    let mut m = sluice_engine::Model::load(path).unwrap();
+    let cfg = StreamConfig {
+        budget,
+        policy: PolicyKind::Lru,
+        resident_layers: 0,
+        io: sluice_io::IoConfig {
+            backend,
+            direct: true,
+            depth: 4,
+            inflight_bytes: 0,
+            threads: 2,
+            high_priority: false,
+        },
+    };
+    let k = m.cfg.n_expert_used;
+    let s = StreamingExperts::open(path, &m.groups.experts, k, &cfg).unwrap();
+    let s = std::sync::Arc::new(s);
+    m.set_expert_source(Box::new(s.clone()));
+    (m, s)
+}
