@@ -12,7 +12,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{ids, json_ids, manifest_in, qwen3moe_tokens, same_bits};
-use sluice_engine::models::plan::{MlaSelect, PlanAttn, PlanOnCpu};
+use sluice_engine::models::decoder::CpuDecoder;
+use sluice_engine::models::plan::{MlaSelect, PlanAttn, PlanFfn};
 use sluice_engine::{Logits, Model};
 
 fn fixture(rel: &str) -> PathBuf {
@@ -28,7 +29,7 @@ fn logits(path: &Path, toks: &[u32], batch: usize, through_plan: bool) -> Vec<f3
         let plan = m
             .plan()
             .unwrap_or_else(|| panic!("{}: no decoder plan", path.display()));
-        m.set_device_forward(Box::new(PlanOnCpu(plan)));
+        m.set_device_forward(Box::new(CpuDecoder::new(plan)));
         assert_eq!(m.device_forward(), Some("plan-on-cpu"));
     }
     let mut st = m.new_state(toks.len() + 4, false);
@@ -54,13 +55,42 @@ fn plan_gives_the_bits(path: &Path, toks: &[u32], batches: &[usize]) {
     }
 }
 
+/// The MoE layers of a plan keep the router-lookahead link the architecture made at load
+/// (each MoE layer names the next one's router; the last none): the CPU decoder runs the
+/// plan, so without the link `--lookahead` would silently read nothing ahead.
+fn plan_links_each_moe_layer_to_the_next(path: &Path) {
+    let m = Model::load(path).unwrap();
+    let plan = m.plan().expect("a decoder plan");
+    let moe: Vec<usize> = (0..plan.layers.len())
+        .filter(|&il| matches!(plan.layers[il].ffn, PlanFfn::Moe { .. }))
+        .collect();
+    assert!(moe.len() > 1, "{}: MoE layers", path.display());
+    let links: Vec<Option<usize>> = moe
+        .iter()
+        .map(|&il| match &plan.layers[il].ffn {
+            PlanFfn::Moe { moe, .. } => moe.next.as_ref().map(|n| n.layer),
+            PlanFfn::Dense { .. } => None,
+        })
+        .collect();
+    let want: Vec<Option<usize>> = (0..moe.len()).map(|i| moe.get(i + 1).copied()).collect();
+    assert_eq!(links, want, "{}: lookahead links", path.display());
+}
+
+/// qwen3moe runs through its plan on the CPU: the plan keeps the lookahead link, and
+/// decoding token by token with `--lookahead` streamed gives the resident bits and really
+/// reads ahead (on `a`, whose 8 experts do not all fit the evicting budget; `b`'s 4 do, so
+/// nothing is left to read ahead there).
 #[test]
-fn qwen3moe_plan_gives_the_architectures_bits() {
+fn qwen3moe_plan_keeps_the_router_lookahead() {
     let toks = qwen3moe_tokens();
     for name in ["a-q8_0.gguf", "b-f32.gguf"] {
-        let path = fixture(&format!("qwen3moe/{name}"));
-        plan_gives_the_bits(&path, &toks, &[64, 3]);
+        plan_links_each_moe_layer_to_the_next(&fixture(&format!("qwen3moe/{name}")));
     }
+    let path = fixture("qwen3moe/a-q8_0.gguf");
+    let run = |m: &Model| common::logits_all(m, &toks, 64, false, 3, 4, 2);
+    let want = run(&Model::load(&path).unwrap());
+    let issued = common::check_lookahead(&path, &want, &run);
+    assert!(issued > 0, "a-q8_0: no lookahead read issued");
 }
 
 #[test]

@@ -16,6 +16,7 @@ use crate::arch::{self, Architecture};
 use crate::blocks::{lock, Batch, Env};
 use crate::compute::{Compute, Cpu};
 use crate::config::ModelConfig;
+use crate::decoder::CpuDecoder;
 use crate::expert::ResidentExperts;
 use crate::plan::{DecoderPlan, DeviceForward};
 use crate::state::SeqState;
@@ -40,6 +41,9 @@ pub struct Model {
     /// Tensor groups that may live outside RAM (routed experts, row tables).
     pub groups: StreamableGroups,
     arch: Box<dyn Architecture>,
+    /// The CPU's forward pass: the architecture's plan run with the blocks (None while the
+    /// architecture runs its own loop).
+    cpu: Option<CpuDecoder>,
     experts: Box<dyn ExpertSource>,
     compute: Box<dyn Compute>,
     /// A backend running the whole forward pass on its device (`--gpu`), when set.
@@ -72,7 +76,9 @@ impl Model {
         let arch = load(&gguf, &map)?;
         let cfg = arch.config().clone();
         let groups = arch.groups();
+        let cpu = cpu_decoder(arch.as_ref())?;
         Ok(Model {
+            cpu,
             experts: Box::new(ResidentExperts::new(groups.experts.clone())),
             compute: Box::new(Cpu),
             device: None,
@@ -97,7 +103,15 @@ impl Model {
         name: &str,
         src: std::sync::Arc<dyn sluice_tier::PleSource>,
     ) -> bool {
-        self.arch.set_row_source(name, src)
+        if !self.arch.set_row_source(name, src) {
+            return false;
+        }
+        // The plan holds the row source: the CPU decoder runs the new one.
+        match cpu_decoder(self.arch.as_ref()) {
+            Ok(cpu) => self.cpu = cpu,
+            Err(_) => return false,
+        }
+        true
     }
 
     /// Replace the compute backend.
@@ -156,6 +170,9 @@ impl Model {
     /// context); the KV cache rounds to f16 like llama.cpp's default unless `kv_f32`.
     pub fn new_state(&self, n_ctx: usize, kv_f32: bool) -> SeqState {
         let mut s = self.arch.new_state(n_ctx.min(self.cfg.n_ctx_train));
+        if let Some(cpu) = &self.cpu {
+            s.extra = cpu.new_state();
+        }
         s.kv.set_f16(!kv_f32);
         s
     }
@@ -218,9 +235,10 @@ impl Model {
             experts: self.experts.as_ref(),
             routing,
         };
-        let logits = match &self.device {
-            Some(d) => d.forward(&env, &batch, state, &rows),
-            None => self.arch.forward(&env, &batch, state, &rows),
+        let logits = match (&self.device, &self.cpu) {
+            (Some(d), _) => d.forward(&env, &batch, state, &rows),
+            (None, Some(cpu)) => cpu.forward(&env, &batch, state, &rows),
+            (None, None) => self.arch.forward(&env, &batch, state, &rows),
         }
         .map_err(|e| match e {
             ModelError::NonFinite {
@@ -239,4 +257,15 @@ impl Model {
         self.experts.end_tokens(t_len);
         Ok(logits)
     }
+}
+
+/// The CPU decoder of `arch`'s plan (None while it runs its own loop).
+fn cpu_decoder(arch: &dyn Architecture) -> Result<Option<CpuDecoder>, ModelError> {
+    if arch.own_loop() {
+        return Ok(None);
+    }
+    let plan = arch
+        .plan()
+        .ok_or_else(|| ModelError::Compute(format!("{}: no decoder plan", arch.config().arch)))?;
+    Ok(Some(CpuDecoder::new(plan)))
 }

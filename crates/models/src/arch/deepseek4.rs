@@ -618,6 +618,10 @@ impl Architecture for DeepSeek4 {
         out
     }
 
+    fn own_loop(&self) -> bool {
+        true
+    }
+
     fn forward(
         &self,
         env: &Env<'_>,

@@ -159,6 +159,10 @@ impl Architecture for Gemma3 {
         })
     }
 
+    fn own_loop(&self) -> bool {
+        true
+    }
+
     fn forward(
         &self,
         env: &Env<'_>,

@@ -584,6 +584,10 @@ impl Architecture for Glm5Next {
         s
     }
 
+    fn own_loop(&self) -> bool {
+        true
+    }
+
     fn forward(
         &self,
         env: &Env<'_>,

@@ -478,6 +478,10 @@ impl Architecture for GlmDsa {
         ))
     }
 
+    fn own_loop(&self) -> bool {
+        true
+    }
+
     fn forward(
         &self,
         env: &Env<'_>,

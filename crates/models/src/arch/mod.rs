@@ -43,16 +43,28 @@ pub trait Architecture: Send + Sync {
     /// trained context by the caller).
     fn new_state(&self, n_ctx: usize) -> SeqState;
 
-    /// Evaluate `batch` (whose positions continue `state`), update `state` (the caller
-    /// advances its length afterwards) and return logits of `rows` (indices into the
-    /// batch; `[rows.len(), n_vocab]`).
+    /// Whether the architecture still runs its own layer loop ([`Architecture::forward`])
+    /// on the CPU instead of its plan (false: the CPU decoder runs [`Architecture::plan`]).
+    fn own_loop(&self) -> bool {
+        false
+    }
+
+    /// The architecture's own layer loop, when [`Architecture::own_loop`]: evaluate `batch`
+    /// (whose positions continue `state`), update `state` (the caller advances its length
+    /// afterwards) and return logits of `rows` (indices into the batch;
+    /// `[rows.len(), n_vocab]`).
     fn forward(
         &self,
-        env: &Env<'_>,
-        batch: &Batch<'_>,
-        state: &mut SeqState,
-        rows: &[usize],
-    ) -> Result<Vec<f32>, ModelError>;
+        _env: &Env<'_>,
+        _batch: &Batch<'_>,
+        _state: &mut SeqState,
+        _rows: &[usize],
+    ) -> Result<Vec<f32>, ModelError> {
+        Err(ModelError::Compute(format!(
+            "{}: runs through its decoder plan",
+            self.config().arch
+        )))
+    }
 
     /// Routed units certain to be needed for `tokens`, known before any layer runs (e.g.
     /// hash-routed layers, whose experts follow from the token ids): (layer, sorted unit

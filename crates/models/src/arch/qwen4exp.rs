@@ -659,6 +659,10 @@ impl Architecture for Qwen4Exp {
         st
     }
 
+    fn own_loop(&self) -> bool {
+        true
+    }
+
     fn forward(
         &self,
         env: &Env<'_>,
