@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use common::{ids, json_ids, manifest_in, qwen3moe_tokens, same_bits};
 use sluice_engine::models::decoder::CpuDecoder;
-use sluice_engine::models::plan::{MlaSelect, PlanAttn, PlanFfn};
+use sluice_engine::models::plan::{PlanAttn, PlanFfn};
 use sluice_engine::{Logits, Model};
 
 fn fixture(rel: &str) -> PathBuf {
@@ -91,34 +91,6 @@ fn qwen3moe_plan_keeps_the_router_lookahead() {
     let want = run(&Model::load(&path).unwrap());
     let issued = common::check_lookahead(&path, &want, &run);
     assert!(issued > 0, "a-q8_0: no lookahead read issued");
-}
-
-/// GLM-DSA as a plan (MLA whose full layers select positions with their DSA indexer and
-/// whose shared layers reuse the selection, biased sigmoid router, shared experts, a dense
-/// first layer): the same bits as the architecture at every chunking, over every manifest
-/// token (far past the fixtures' top-k of 8, so the selections matter).
-#[test]
-fn glm_dsa_plan_gives_the_architectures_bits() {
-    let ids = json_ids(&fixture("glm_dsa/manifest.json"));
-    for name in ["a-f32.gguf", "b-f32.gguf", "a-Q4_0.gguf", "a-IQ4_NL.gguf"] {
-        let path = fixture(&format!("glm_dsa/{name}"));
-        let m = Model::load(&path).unwrap();
-        let plan = m.plan().expect("glm-dsa has a decoder plan");
-        assert!(plan.mla_shape().is_some(), "{name}: MLA shape");
-        assert!(plan.max_positions.is_none(), "{name}: exact at any length");
-        assert!(
-            plan.layers.iter().any(|l| matches!(
-                l.attn,
-                PlanAttn::Mla {
-                    select: MlaSelect::Indexer(_),
-                    ..
-                }
-            )),
-            "{name}: an indexer layer"
-        );
-        assert!(ids.len() > 8 * 4, "{name}: the selection must matter");
-        plan_gives_the_bits(&path, &ids, &[ids.len(), 3]);
-    }
 }
 
 /// DeepSeek V4 as a plan (hyper-connection residual, its own attention with sliding

@@ -438,6 +438,7 @@ impl ExtraState for CpuState {
     }
     fn clear(&mut self) {
         self.mla.iter_mut().for_each(MlaState::clear);
+        self.index.iter_mut().for_each(IndexerState::clear);
         self.clear_sequential();
     }
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
