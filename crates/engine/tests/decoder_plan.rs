@@ -11,7 +11,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{ids, json_ids, manifest_in, qwen3moe_tokens, same_bits};
+use common::{ids, manifest_in, qwen3moe_tokens, same_bits};
 use sluice_engine::models::decoder::CpuDecoder;
 use sluice_engine::models::plan::{PlanAttn, PlanFfn};
 use sluice_engine::{Logits, Model};
@@ -91,31 +91,6 @@ fn qwen3moe_plan_keeps_the_router_lookahead() {
     let want = run(&Model::load(&path).unwrap());
     let issued = common::check_lookahead(&path, &want, &run);
     assert!(issued > 0, "a-q8_0: no lookahead read issued");
-}
-
-/// DeepSeek V4 as a plan (hyper-connection residual, its own attention with sliding
-/// window, compressor and indexer, hashed and biased routers, clamped SwiGLU with the
-/// shared expert's own clamp): the same bits as the architecture at every chunking, over
-/// 200 tokens (past the fixtures' 128-token window, so compressed rows and the indexer's
-/// selection matter). A batch that does not continue the plan's state is refused.
-#[test]
-fn deepseek4_plan_gives_the_architectures_bits() {
-    let ids = json_ids(&fixture("deepseek4/manifest.json"));
-    for name in [
-        "a-f32.gguf",
-        "b-mxfp4.gguf",
-        "c-f32.gguf",
-        "a_fp8-q8_0.gguf",
-    ] {
-        let path = fixture(&format!("deepseek4/{name}"));
-        let m = Model::load(&path).unwrap();
-        let plan = m.plan().expect("deepseek4 has a decoder plan");
-        assert!(
-            plan.hyper.is_some() && matches!(plan.layers[0].attn, PlanAttn::Dsv4 { .. }),
-            "{name}"
-        );
-        plan_gives_the_bits(&path, &ids, &[200, 7]);
-    }
 }
 
 /// GLM-5.3-Flash as a plan (Kimi delta attention and pooled latent attention layers,
