@@ -93,27 +93,6 @@ fn qwen3moe_plan_keeps_the_router_lookahead() {
     assert!(issued > 0, "a-q8_0: no lookahead read issued");
 }
 
-/// GLM-5.3-Flash as a plan (Kimi delta attention and pooled latent attention layers,
-/// a shared pooled layer reusing the previous full one's selection, clamped SwiGLU, the
-/// hyper-connection residual closed by the streams' mean): the same bits as the
-/// architecture at every chunking, over 200 tokens (past the fixtures' indexer top-k).
-#[test]
-fn glm5next_plan_gives_the_architectures_bits() {
-    let toks: Vec<u32> = (0..200u32).map(|i| (i * 37 + 11) % 250).collect();
-    for name in ["a-f32.gguf", "b-f32.gguf", "c-f32.gguf", "a-alias.gguf"] {
-        let path = fixture(&format!("glm5next/{name}"));
-        let m = Model::load(&path).unwrap();
-        let plan = m.plan().expect("glm5next has a decoder plan");
-        let has = |f: fn(&PlanAttn) -> bool| plan.layers.iter().any(|l| f(&l.attn));
-        assert!(
-            has(|a| matches!(a, PlanAttn::Kda { .. }))
-                && has(|a| matches!(a, PlanAttn::Pooled { .. })),
-            "{name}"
-        );
-        plan_gives_the_bits(&path, &toks, &[200, 7]);
-    }
-}
-
 /// Qwen3.8-Flash-Next as a plan (low-rank hyper-connection mixers in place of the norms,
 /// Gated DeltaNet and QSA layers, softmax MoE with a sigmoid-gated shared expert, the hashed
 /// n-gram PLE layer): the same bits as the architecture at every chunking, on the three
