@@ -53,3 +53,56 @@ fn qwen3moe_plan_keeps_the_router_lookahead() {
     let issued = common::check_lookahead(&path, &want, &run);
     assert!(issued > 0, "a-q8_0: no lookahead read issued");
 }
+
+/// The other learned-router MoE architectures' plans keep the link too (their streamed
+/// `--lookahead` runs are checked by `lookahead_decode_equals_resident` in their oracle
+/// tests).
+#[test]
+fn moe_plans_keep_the_router_lookahead_link() {
+    for rel in [
+        "glm_dsa/a-f32.gguf",
+        "glm_dsa/b-f32.gguf",
+        "glm5next/a-f32.gguf",
+        "glm5next/b-f32.gguf",
+        "qwen4exp/a-f32.gguf",
+        "qwen4exp/b-f32.gguf",
+    ] {
+        plan_links_each_moe_layer_to_the_next(&fixture(rel));
+    }
+}
+
+/// The CPU decoder keeps a sequence's layer state in `SeqState::extra`, as the
+/// architectures' own states were: a sequence of a plan with recurrent, windowed or latent
+/// state cannot be cut back (a snapshot is restored instead), a plain GQA one can, and
+/// after a cut it continues with the bits of a sequence that never went further.
+#[test]
+fn stateful_plans_refuse_truncation_plain_ones_allow_it() {
+    use sluice_engine::Logits;
+    let toks: Vec<u32> = (0..12u32).map(|i| (i * 37 + 11) % 200).collect();
+    for rel in [
+        "glm_dsa/a-f32.gguf",
+        "deepseek4/a-f32.gguf",
+        "glm5next/a-f32.gguf",
+        "qwen4exp/a-f32.gguf",
+    ] {
+        let m = Model::load(&fixture(rel)).unwrap();
+        let mut st = m.new_state(64, false);
+        assert!(st.extra.is_some(), "{rel}: the CPU decoder's state");
+        m.forward(&mut st, &toks, Logits::None).unwrap();
+        assert!(!st.truncate(6), "{rel}: truncation must be refused");
+        assert_eq!(st.len(), toks.len(), "{rel}");
+    }
+    let m = Model::load(&fixture("qwen3moe/a-q8_0.gguf")).unwrap();
+    let mut st = m.new_state(64, false);
+    assert!(
+        st.extra.is_none(),
+        "qwen3moe: the KV cache is all its state"
+    );
+    m.forward(&mut st, &toks, Logits::None).unwrap();
+    assert!(st.truncate(6));
+    let cut = m.forward(&mut st, &toks[6..9], Logits::All).unwrap();
+    let mut fresh = m.new_state(64, false);
+    let want = m.forward(&mut fresh, &toks[..9], Logits::All).unwrap();
+    let n_vocab = m.cfg.n_vocab;
+    assert!(common::same_bits(&cut, &want[6 * n_vocab..]));
+}

@@ -23,7 +23,7 @@ use crate::blocks::ple::PleState;
 use crate::blocks::qsa::QsaState;
 use crate::blocks::{give_buf, take_buf, Batch, Env};
 use crate::kv::KvCache;
-use crate::plan::{DecoderPlan, DeviceForward, HyperHead, MlaSelect, PlanAttn, PlanFfn, PlanLayer};
+use crate::plan::{DecoderPlan, HyperHead, MlaSelect, PlanAttn, PlanFfn, PlanLayer};
 use crate::state::{ExtraState, SeqState};
 use crate::ModelError;
 
@@ -377,25 +377,6 @@ impl CpuDecoder {
             st.next = pos0 + batch.len();
         }
         Ok(logits)
-    }
-}
-
-/// The CPU decoder as a device backend, its state in `SeqState::device`: the architectures
-/// that still have their own loop are compared with their plan through it.
-impl DeviceForward for CpuDecoder {
-    fn forward(
-        &self,
-        env: &Env<'_>,
-        batch: &Batch<'_>,
-        state: &mut SeqState,
-        rows: &[usize],
-    ) -> Result<Vec<f32>, ModelError> {
-        let SeqState { kv, device, .. } = state;
-        self.run(env, batch, kv, device, rows)
-    }
-
-    fn name(&self) -> &'static str {
-        "plan-on-cpu"
     }
 }
 

@@ -1,9 +1,11 @@
 //! A loaded model: the mapped file, its architecture, where its experts come from.
 //!
-//! Owns: `Model::load` (GGUF header -> registered architecture -> mapped weights), the
-//! expert source (resident or streaming), the routing recorder, and [`Model::forward`]:
-//! the checks and bookkeeping every architecture shares (token range, context room,
-//! positions, trace batches, the expert tier's token clock, which rows get logits).
+//! Owns: `Model::load` (GGUF header -> registered architecture -> mapped weights -> the
+//! architecture's plan in a [`CpuDecoder`]), the expert source (resident or streaming), the
+//! routing recorder, and [`Model::forward`]: the checks and bookkeeping every architecture
+//! shares (token range, context room, positions, trace batches, certain-unit prefetch, the
+//! expert tier's token clock, which rows get logits), then the CPU decoder or the device
+//! backend.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -41,9 +43,8 @@ pub struct Model {
     /// Tensor groups that may live outside RAM (routed experts, row tables).
     pub groups: StreamableGroups,
     arch: Box<dyn Architecture>,
-    /// The CPU's forward pass: the architecture's plan run with the blocks (None while the
-    /// architecture runs its own loop).
-    cpu: Option<CpuDecoder>,
+    /// The CPU's forward pass: the architecture's plan run with the blocks.
+    cpu: CpuDecoder,
     experts: Box<dyn ExpertSource>,
     compute: Box<dyn Compute>,
     /// A backend running the whole forward pass on its device (`--gpu`), when set.
@@ -76,7 +77,7 @@ impl Model {
         let arch = load(&gguf, &map)?;
         let cfg = arch.config().clone();
         let groups = arch.groups();
-        let cpu = cpu_decoder(arch.as_ref())?;
+        let cpu = CpuDecoder::new(arch.plan());
         Ok(Model {
             cpu,
             experts: Box::new(ResidentExperts::new(groups.experts.clone())),
@@ -107,10 +108,7 @@ impl Model {
             return false;
         }
         // The plan holds the row source: the CPU decoder runs the new one.
-        match cpu_decoder(self.arch.as_ref()) {
-            Ok(cpu) => self.cpu = cpu,
-            Err(_) => return false,
-        }
+        self.cpu = CpuDecoder::new(self.arch.plan());
         true
     }
 
@@ -119,14 +117,14 @@ impl Model {
         self.compute = compute;
     }
 
-    /// The architecture's forward pass as data, for a device backend (None when the
-    /// architecture does not fit a [`DecoderPlan`]).
+    /// The architecture's forward pass as data, for a device backend: the plan the CPU
+    /// decoder runs (every architecture has one; the `Option` is the device backends' API).
     pub fn plan(&self) -> Option<DecoderPlan> {
-        self.arch.plan()
+        Some(self.cpu.plan().clone())
     }
 
     /// Run every forward pass through `device` (built from [`Model::plan`]) instead of the
-    /// CPU blocks; the expert source, routing trace and token checks stay as they are.
+    /// CPU decoder; the expert source, routing trace and token checks stay as they are.
     pub fn set_device_forward(&mut self, device: Box<dyn DeviceForward>) {
         self.device = Some(device);
     }
@@ -170,9 +168,7 @@ impl Model {
     /// context); the KV cache rounds to f16 like llama.cpp's default unless `kv_f32`.
     pub fn new_state(&self, n_ctx: usize, kv_f32: bool) -> SeqState {
         let mut s = self.arch.new_state(n_ctx.min(self.cfg.n_ctx_train));
-        if let Some(cpu) = &self.cpu {
-            s.extra = cpu.new_state();
-        }
+        s.extra = self.cpu.new_state();
         s.kv.set_f16(!kv_f32);
         s
     }
@@ -235,10 +231,9 @@ impl Model {
             experts: self.experts.as_ref(),
             routing,
         };
-        let logits = match (&self.device, &self.cpu) {
-            (Some(d), _) => d.forward(&env, &batch, state, &rows),
-            (None, Some(cpu)) => cpu.forward(&env, &batch, state, &rows),
-            (None, None) => self.arch.forward(&env, &batch, state, &rows),
+        let logits = match &self.device {
+            Some(d) => d.forward(&env, &batch, state, &rows),
+            None => self.cpu.forward(&env, &batch, state, &rows),
         }
         .map_err(|e| match e {
             ModelError::NonFinite {
@@ -257,15 +252,4 @@ impl Model {
         self.experts.end_tokens(t_len);
         Ok(logits)
     }
-}
-
-/// The CPU decoder of `arch`'s plan (None while it runs its own loop).
-fn cpu_decoder(arch: &dyn Architecture) -> Result<Option<CpuDecoder>, ModelError> {
-    if arch.own_loop() {
-        return Ok(None);
-    }
-    let plan = arch
-        .plan()
-        .ok_or_else(|| ModelError::Compute(format!("{}: no decoder plan", arch.config().arch)))?;
-    Ok(Some(CpuDecoder::new(plan)))
 }

@@ -494,7 +494,7 @@ impl PlanFfn {
 pub trait DeviceForward: Send + Sync {
     /// Evaluate `batch` (positions continuing `state`), update the sequence's state (the
     /// caller advances its length) and return the logits of `rows`
-    /// (`[rows.len(), n_vocab]`), as [`crate::arch::Architecture::forward`] does.
+    /// (`[rows.len(), n_vocab]`), as [`crate::decoder::CpuDecoder::forward`] does.
     fn forward(
         &self,
         env: &Env<'_>,

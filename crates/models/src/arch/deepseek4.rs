@@ -518,7 +518,7 @@ impl Architecture for DeepSeek4 {
     /// The model as a decoder plan: every layer DeepSeek V4 attention (its sliding window,
     /// compressor and indexer state kept by the CPU decoder) and a MoE half with a hashed
     /// or biased router and a shared expert, inside the 4-stream hyper-connection residual.
-    fn plan(&self) -> Option<DecoderPlan> {
+    fn plan(&self) -> DecoderPlan {
         let s = &self.shape;
         let layers = self
             .layers
@@ -549,7 +549,7 @@ impl Architecture for DeepSeek4 {
             scale: 1.0 / (s.head_dim as f32).sqrt(),
             rms_eps: s.rms_eps,
         };
-        Some(DecoderPlan {
+        DecoderPlan {
             hyper: Some(PlanHyper {
                 shape: self.hc,
                 head: HyperHead::Learned(self.hc_head.clone()),
@@ -562,7 +562,7 @@ impl Architecture for DeepSeek4 {
                 self.output.clone(),
                 layers,
             )
-        })
+        }
     }
 
     /// The hash-routed layers' experts follow from the token ids alone.

@@ -114,7 +114,7 @@ impl Architecture for Gemma3 {
         SeqState::new(self.shape.kv_cache(self.cfg.n_layer, n_ctx))
     }
 
-    fn plan(&self) -> Option<DecoderPlan> {
+    fn plan(&self) -> DecoderPlan {
         let layers = self
             .layers
             .iter()
@@ -144,7 +144,7 @@ impl Architecture for Gemma3 {
                 }
             })
             .collect();
-        Some(DecoderPlan {
+        DecoderPlan {
             embd_scale: (self.cfg.n_embd as f32).sqrt(),
             ..DecoderPlan::new(
                 &self.cfg,
@@ -154,6 +154,6 @@ impl Architecture for Gemma3 {
                 self.output.clone(),
                 layers,
             )
-        })
+        }
     }
 }

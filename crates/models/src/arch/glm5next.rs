@@ -453,11 +453,10 @@ impl Architecture for Glm5Next {
     }
 
     /// The model as a decoder plan: KDA or pooled latent attention per layer (their
-    /// recurrent state and rows kept by the plan's evaluator, a shared pooled layer reusing
-    /// the previous full one's selection), dense or MoE halves with the clamped SwiGLU,
-    /// inside the hyper-connection residual closed by the streams' mean. Exact at any
-    /// length: the plan names the same blocks this forward runs.
-    fn plan(&self) -> Option<DecoderPlan> {
+    /// recurrent state and rows kept by the CPU decoder, a shared pooled layer reusing the
+    /// previous full one's selection), dense or MoE halves with the clamped SwiGLU, inside
+    /// the hyper-connection residual closed by the streams' mean.
+    fn plan(&self) -> DecoderPlan {
         let layers = self
             .layers
             .iter()
@@ -506,7 +505,7 @@ impl Architecture for Glm5Next {
             scale: 1.0 / (ps.head_k as f32).sqrt(),
             rms_eps: self.rms_eps,
         };
-        Some(DecoderPlan {
+        DecoderPlan {
             hyper: Some(PlanHyper {
                 shape: self.hc,
                 head: HyperHead::Mean,
@@ -519,7 +518,7 @@ impl Architecture for Glm5Next {
                 self.output.clone(),
                 layers,
             )
-        })
+        }
     }
 
     fn groups(&self) -> StreamableGroups {

@@ -399,7 +399,7 @@ impl Architecture for GlmDsa {
 
     /// The model as an MLA decoder whose full layers select positions with their DSA
     /// indexer and whose shared layers reuse the last selection (exact at any length).
-    fn plan(&self) -> Option<DecoderPlan> {
+    fn plan(&self) -> DecoderPlan {
         let layers = self
             .layers
             .iter()
@@ -440,14 +440,14 @@ impl Architecture for GlmDsa {
             scale: s.scale,
             rms_eps: self.rms_eps,
         };
-        Some(DecoderPlan::new(
+        DecoderPlan::new(
             &self.cfg,
             shape,
             self.token_embd.clone(),
             self.output_norm.clone(),
             self.output.clone(),
             layers,
-        ))
+        )
     }
 }
 

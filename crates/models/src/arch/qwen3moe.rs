@@ -132,15 +132,12 @@ impl Architecture for Qwen3Moe {
         SeqState::new(self.shape.kv_cache(self.cfg.n_layer, n_ctx))
     }
 
-    fn plan(&self) -> Option<DecoderPlan> {
+    fn plan(&self) -> DecoderPlan {
         let layers = self
             .layers
             .iter()
             .map(|l| {
-                let Router::Softmax { .. } = l.moe.router else {
-                    return None;
-                };
-                Some(PlanLayer::new(
+                PlanLayer::new(
                     l.attn_norm.clone(),
                     PlanAttn::Gqa {
                         w: l.attn.clone(),
@@ -149,16 +146,16 @@ impl Architecture for Qwen3Moe {
                     },
                     l.ffn_norm.clone(),
                     PlanFfn::moe(&l.moe, &l.experts, None),
-                ))
+                )
             })
-            .collect::<Option<Vec<_>>>()?;
-        Some(DecoderPlan::new(
+            .collect();
+        DecoderPlan::new(
             &self.cfg,
             self.shape,
             self.token_embd.clone(),
             self.output_norm.clone(),
             self.output.clone(),
             layers,
-        ))
+        )
     }
 }

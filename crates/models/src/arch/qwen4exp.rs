@@ -540,7 +540,7 @@ impl Architecture for Qwen4Exp {
     /// The model as a plan: low-rank hyper-connection mixers in place of the norms, Gated
     /// DeltaNet and QSA layers, softmax MoE with the sigmoid-gated shared expert, the PLE
     /// layer through the current row source (`PlanPle`).
-    fn plan(&self) -> Option<DecoderPlan> {
+    fn plan(&self) -> DecoderPlan {
         let layers = self
             .layers
             .iter()
@@ -587,7 +587,7 @@ impl Architecture for Qwen4Exp {
             scale: 1.0 / (self.head_dim as f32).sqrt(),
             rms_eps: self.rms_eps,
         };
-        Some(DecoderPlan {
+        DecoderPlan {
             lowrank: Some(PlanLowRank {
                 n_stream: self.n_stream,
                 head: self.output_hc.clone(),
@@ -608,7 +608,7 @@ impl Architecture for Qwen4Exp {
                 self.output.clone(),
                 layers,
             )
-        })
+        }
     }
 
     fn new_state(&self, n_ctx: usize) -> SeqState {
