@@ -118,11 +118,8 @@ impl CpuDecoder {
         slot: &mut Option<Box<dyn ExtraState>>,
         rows: &[usize],
     ) -> Result<Vec<f32>, ModelError> {
-        use crate::blocks::attention::gqa;
-        use crate::blocks::moe::routed;
         use crate::blocks::{
-            add_gated, add_into, check_finite, deltanet, dsa_indexer, dsv4_attention, ffn,
-            gather_rows, head, hyper, hyper_lowrank, kda, mla, mla_pooled, ple, qsa, rms_norm_rows,
+            add_into, check_finite, gather_rows, head, hyper, hyper_lowrank, ple, rms_norm_rows,
             Stage,
         };
         let p = &self.plan;
@@ -225,10 +222,7 @@ impl CpuDecoder {
                 rms_norm_rows(h, w, eps);
             }
         };
-        // The previous full pooled layer's selection (a shared layer reuses it), and the
-        // most recent MLA indexer's (per token; empty: every position).
-        let mut prev_sel: Option<Selection> = None;
-        let mut mla_sel: Vec<Option<Vec<usize>>> = Vec::new();
+        let mut sel = Selections::default();
         for (il, l) in p.layers.iter().enumerate() {
             if let (Some(pw), Some((ids, width)), Some(pp)) = (&l.ple, &ple_ids, &p.ple) {
                 let st = crate::state::extra_as::<CpuState>(slot, p.arch)?;
@@ -241,82 +235,7 @@ impl CpuDecoder {
             }
             let (mut h, mix) = take(&x, l, 0)?;
             norm(&mut h, &l.attn_norm);
-            let mut o = match &l.attn {
-                PlanAttn::Gqa {
-                    w,
-                    inv_freq,
-                    window,
-                } => gqa(env, batch, kv, il, w, &p.shape, inv_freq, *window, &h)?,
-                PlanAttn::Mla {
-                    w,
-                    shape: s,
-                    select,
-                } => {
-                    let st = crate::state::extra_as::<CpuState>(slot, p.arch)?;
-                    // Rows past the batch's start belong to positions a truncation dropped
-                    // (device state is indexed by position, `SeqState::device`).
-                    st.mla[il].rows.truncate(pos0 * s.row());
-                    let qr = mla::query_residual(env, w, s, &h, batch.len())?;
-                    if let MlaSelect::Indexer(ix) = select {
-                        st.index[il].keys.truncate(pos0 * ix.head_dim);
-                        mla_sel = dsa_indexer::select(
-                            env,
-                            batch,
-                            ix,
-                            &w.inv_freq,
-                            &mut st.index[il],
-                            &h,
-                            &qr,
-                        )?;
-                    }
-                    let sel = match select {
-                        MlaSelect::All => None,
-                        MlaSelect::Indexer(_) | MlaSelect::Previous => Some(&mla_sel[..]),
-                    };
-                    mla::attention(env, batch, w, s, &mut st.mla[il], &h, &qr, sel, f16)?
-                }
-                PlanAttn::Dsv4 { w, shape: s } => {
-                    let st = crate::state::extra_as::<CpuState>(slot, p.arch)?;
-                    dsv4_attention::attention(env, batch, w, s, &mut st.dsv4[il], &h, f16)?
-                }
-                PlanAttn::Kda { w, shape: s } => {
-                    let st = crate::state::extra_as::<CpuState>(slot, p.arch)?;
-                    let ks = st.kda[il].as_mut().ok_or_else(|| {
-                        ModelError::Compute(format!("{}: layer {il} has no KDA state", p.arch))
-                    })?;
-                    kda::kda(env, w, s, ks, &h, batch.len())?
-                }
-                PlanAttn::Pooled { w, shape: s } => {
-                    let st = crate::state::extra_as::<CpuState>(slot, p.arch)?;
-                    let (y, sel) = mla_pooled::pooled_attention(
-                        env,
-                        w,
-                        s,
-                        &mut st.pooled[il],
-                        &batch.positions,
-                        &h,
-                        prev_sel.as_ref(),
-                        f16,
-                    )?;
-                    prev_sel = Some(sel);
-                    y
-                }
-                PlanAttn::Delta { w, shape: s } => {
-                    let st = crate::state::extra_as::<CpuState>(slot, p.arch)?;
-                    let ds = st.delta[il].as_mut().ok_or_else(|| {
-                        ModelError::Compute(format!("{}: layer {il} has no DeltaNet state", p.arch))
-                    })?;
-                    deltanet::delta_net(env, w, s, ds, &h, t_len)?
-                }
-                PlanAttn::Qsa {
-                    w,
-                    shape: s,
-                    inv_freq,
-                } => {
-                    let st = crate::state::extra_as::<CpuState>(slot, p.arch)?;
-                    qsa::qsa(env, batch, kv, &mut st.qsa[il], il, w, s, inv_freq, &h)?
-                }
-            };
+            let mut o = self.attention(env, batch, kv, slot, il, &l.attn, &h, &mut sel, f16)?;
             if let Some(w) = &l.post_attn_norm {
                 rms_norm_rows(&mut o, w, eps);
             }
@@ -325,26 +244,7 @@ impl CpuDecoder {
             give_buf(h);
             let (mut h, mix) = take(&x, l, 1)?;
             norm(&mut h, &l.ffn_norm);
-            let mut f = match &l.ffn {
-                PlanFfn::Dense { w, act } => ffn::glu(env, w, *act, &h, batch.len())?,
-                PlanFfn::Moe { moe, shared, .. } => {
-                    let mut y = routed(env, batch, il, moe, &h)?;
-                    if let Some(sh) = shared {
-                        let out = ffn::glu(env, &sh.w, sh.act, &h, batch.len())?;
-                        match &sh.gate {
-                            None => add_into(&mut y, &out),
-                            // y += sigmoid(gate . h) * shared, per token.
-                            Some(g) => {
-                                let gv = env.linear(g, &h, t_len)?;
-                                add_gated(&mut y, &out, &gv, e);
-                                give_buf(gv);
-                            }
-                        }
-                        give_buf(out);
-                    }
-                    y
-                }
-            };
+            let mut f = feed_forward(env, batch, il, &l.ffn, &h, e)?;
             if let Some(w) = &l.post_ffn_norm {
                 rms_norm_rows(&mut f, w, eps);
             }
@@ -378,6 +278,147 @@ impl CpuDecoder {
         }
         Ok(logits)
     }
+
+    /// The attention half of layer `il` (`a`) on its normed input `h`, its state in
+    /// `slot`; `sel` carries the selections later layers reuse.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        env: &Env<'_>,
+        batch: &Batch<'_>,
+        kv: &mut KvCache,
+        slot: &mut Option<Box<dyn ExtraState>>,
+        il: usize,
+        a: &PlanAttn,
+        h: &[f32],
+        sel: &mut Selections,
+        f16: bool,
+    ) -> Result<Vec<f32>, ModelError> {
+        use crate::blocks::attention::gqa;
+        use crate::blocks::{deltanet, dsa_indexer, dsv4_attention, kda, mla, mla_pooled, qsa};
+        let p = &self.plan;
+        let pos0 = batch.positions.first().copied().unwrap_or(0);
+        let t_len = batch.len();
+        Ok(match a {
+            PlanAttn::Gqa {
+                w,
+                inv_freq,
+                window,
+            } => gqa(env, batch, kv, il, w, &p.shape, inv_freq, *window, h)?,
+            PlanAttn::Mla {
+                w,
+                shape: s,
+                select,
+            } => {
+                let st = crate::state::extra_as::<CpuState>(slot, p.arch)?;
+                // The rows are indexed by position: those at or past the batch's start
+                // are not this sequence's any more.
+                st.mla[il].rows.truncate(pos0 * s.row());
+                let qr = mla::query_residual(env, w, s, h, batch.len())?;
+                if let MlaSelect::Indexer(ix) = select {
+                    st.index[il].keys.truncate(pos0 * ix.head_dim);
+                    sel.mla = dsa_indexer::select(
+                        env,
+                        batch,
+                        ix,
+                        &w.inv_freq,
+                        &mut st.index[il],
+                        h,
+                        &qr,
+                    )?;
+                }
+                let chosen = match select {
+                    MlaSelect::All => None,
+                    MlaSelect::Indexer(_) | MlaSelect::Previous => Some(&sel.mla[..]),
+                };
+                mla::attention(env, batch, w, s, &mut st.mla[il], h, &qr, chosen, f16)?
+            }
+            PlanAttn::Dsv4 { w, shape: s } => {
+                let st = crate::state::extra_as::<CpuState>(slot, p.arch)?;
+                dsv4_attention::attention(env, batch, w, s, &mut st.dsv4[il], h, f16)?
+            }
+            PlanAttn::Kda { w, shape: s } => {
+                let st = crate::state::extra_as::<CpuState>(slot, p.arch)?;
+                let ks = st.kda[il].as_mut().ok_or_else(|| {
+                    ModelError::Compute(format!("{}: layer {il} has no KDA state", p.arch))
+                })?;
+                kda::kda(env, w, s, ks, h, batch.len())?
+            }
+            PlanAttn::Pooled { w, shape: s } => {
+                let st = crate::state::extra_as::<CpuState>(slot, p.arch)?;
+                let (y, picked) = mla_pooled::pooled_attention(
+                    env,
+                    w,
+                    s,
+                    &mut st.pooled[il],
+                    &batch.positions,
+                    h,
+                    sel.pooled.as_ref(),
+                    f16,
+                )?;
+                sel.pooled = Some(picked);
+                y
+            }
+            PlanAttn::Delta { w, shape: s } => {
+                let st = crate::state::extra_as::<CpuState>(slot, p.arch)?;
+                let ds = st.delta[il].as_mut().ok_or_else(|| {
+                    ModelError::Compute(format!("{}: layer {il} has no DeltaNet state", p.arch))
+                })?;
+                deltanet::delta_net(env, w, s, ds, h, t_len)?
+            }
+            PlanAttn::Qsa {
+                w,
+                shape: s,
+                inv_freq,
+            } => {
+                let st = crate::state::extra_as::<CpuState>(slot, p.arch)?;
+                qsa::qsa(env, batch, kv, &mut st.qsa[il], il, w, s, inv_freq, h)?
+            }
+        })
+    }
+}
+
+/// The feed-forward half of layer `il` on its normed input `h` (`e` wide rows): dense GLU,
+/// or the routed experts plus the shared expert (sigmoid-gated when the plan says so).
+fn feed_forward(
+    env: &Env<'_>,
+    batch: &Batch<'_>,
+    il: usize,
+    ffn: &PlanFfn,
+    h: &[f32],
+    e: usize,
+) -> Result<Vec<f32>, ModelError> {
+    use crate::blocks::moe::routed;
+    use crate::blocks::{add_gated, add_into, ffn};
+    let t_len = batch.len();
+    Ok(match ffn {
+        PlanFfn::Dense { w, act } => ffn::glu(env, w, *act, h, batch.len())?,
+        PlanFfn::Moe { moe, shared, .. } => {
+            let mut y = routed(env, batch, il, moe, h)?;
+            if let Some(sh) = shared {
+                let out = ffn::glu(env, &sh.w, sh.act, h, batch.len())?;
+                match &sh.gate {
+                    None => add_into(&mut y, &out),
+                    // y += sigmoid(gate . h) * shared, per token.
+                    Some(g) => {
+                        let gv = env.linear(g, h, t_len)?;
+                        add_gated(&mut y, &out, &gv, e);
+                        give_buf(gv);
+                    }
+                }
+                give_buf(out);
+            }
+            y
+        }
+    })
+}
+
+/// The selections a layer hands to later ones: the previous full pooled layer's (a shared
+/// layer reuses it) and the most recent MLA indexer's (per token; empty: every position).
+#[derive(Default)]
+struct Selections {
+    pooled: Option<Selection>,
+    mla: Vec<Option<Vec<usize>>>,
 }
 
 /// [`CpuDecoder`]'s per-sequence state (in `SeqState::extra`): MLA layers' rows by
