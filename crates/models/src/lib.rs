@@ -2,15 +2,18 @@
 //!
 //! Owns: turning a GGUF file into a [`Model`] (the registered [`arch::Architecture`] for
 //! its `general.architecture`) and evaluating tokens with it: [`blocks`] (attention, GLU,
-//! MoE with routers, embedding/head), [`arch`] (qwen3moe, gemma3), [`kv`] and [`state`]
-//! (what a sequence carries, snapshots), [`compute`] (the interface blocks reach kernels
-//! through), [`expert`] (the resident expert source), [`plan`] (a plain decoder as data for
-//! device backends that run the whole forward pass). Streaming experts is `sluice-tier`'s.
+//! MoE with routers, embedding/head, ...), [`arch`] (the six architectures: keys, tensors,
+//! plans), [`kv`] and [`state`] (what a sequence carries, snapshots), [`compute`] (the
+//! interface blocks reach kernels through), [`expert`] (the resident expert source),
+//! [`plan`] (an architecture's decoder as data: the one description the CPU and device
+//! backends run), [`decoder`] (the CPU decoder that runs a plan with the blocks). Streaming
+//! experts is `sluice-tier`'s.
 
 pub mod arch;
 pub mod blocks;
 pub mod compute;
 pub mod config;
+pub mod decoder;
 pub mod expert;
 pub mod kv;
 pub mod model;

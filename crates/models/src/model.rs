@@ -1,9 +1,11 @@
 //! A loaded model: the mapped file, its architecture, where its experts come from.
 //!
-//! Owns: `Model::load` (GGUF header -> registered architecture -> mapped weights), the
-//! expert source (resident or streaming), the routing recorder, and [`Model::forward`]:
-//! the checks and bookkeeping every architecture shares (token range, context room,
-//! positions, trace batches, the expert tier's token clock, which rows get logits).
+//! Owns: `Model::load` (GGUF header -> registered architecture -> mapped weights -> the
+//! architecture's plan in a [`CpuDecoder`]), the expert source (resident or streaming), the
+//! routing recorder, and [`Model::forward`]: the checks and bookkeeping every architecture
+//! shares (token range, context room, positions, trace batches, certain-unit prefetch, the
+//! expert tier's token clock, which rows get logits), then the CPU decoder or the device
+//! backend.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -16,6 +18,7 @@ use crate::arch::{self, Architecture};
 use crate::blocks::{lock, Batch, Env};
 use crate::compute::{Compute, Cpu};
 use crate::config::ModelConfig;
+use crate::decoder::CpuDecoder;
 use crate::expert::ResidentExperts;
 use crate::plan::{DecoderPlan, DeviceForward};
 use crate::state::SeqState;
@@ -40,6 +43,8 @@ pub struct Model {
     /// Tensor groups that may live outside RAM (routed experts, row tables).
     pub groups: StreamableGroups,
     arch: Box<dyn Architecture>,
+    /// The CPU's forward pass: the architecture's plan run with the blocks.
+    cpu: CpuDecoder,
     experts: Box<dyn ExpertSource>,
     compute: Box<dyn Compute>,
     /// A backend running the whole forward pass on its device (`--gpu`), when set.
@@ -72,7 +77,9 @@ impl Model {
         let arch = load(&gguf, &map)?;
         let cfg = arch.config().clone();
         let groups = arch.groups();
+        let cpu = CpuDecoder::new(arch.plan());
         Ok(Model {
+            cpu,
             experts: Box::new(ResidentExperts::new(groups.experts.clone())),
             compute: Box::new(Cpu),
             device: None,
@@ -97,7 +104,12 @@ impl Model {
         name: &str,
         src: std::sync::Arc<dyn sluice_tier::PleSource>,
     ) -> bool {
-        self.arch.set_row_source(name, src)
+        if !self.arch.set_row_source(name, src) {
+            return false;
+        }
+        // The plan holds the row source: the CPU decoder runs the new one.
+        self.cpu = CpuDecoder::new(self.arch.plan());
+        true
     }
 
     /// Replace the compute backend.
@@ -105,14 +117,14 @@ impl Model {
         self.compute = compute;
     }
 
-    /// The architecture's forward pass as data, for a device backend (None when the
-    /// architecture does not fit a [`DecoderPlan`]).
+    /// The architecture's forward pass as data, for a device backend: the plan the CPU
+    /// decoder runs (every architecture has one; the `Option` is the device backends' API).
     pub fn plan(&self) -> Option<DecoderPlan> {
-        self.arch.plan()
+        Some(self.cpu.plan().clone())
     }
 
     /// Run every forward pass through `device` (built from [`Model::plan`]) instead of the
-    /// CPU blocks; the expert source, routing trace and token checks stay as they are.
+    /// CPU decoder; the expert source, routing trace and token checks stay as they are.
     pub fn set_device_forward(&mut self, device: Box<dyn DeviceForward>) {
         self.device = Some(device);
     }
@@ -156,6 +168,7 @@ impl Model {
     /// context); the KV cache rounds to f16 like llama.cpp's default unless `kv_f32`.
     pub fn new_state(&self, n_ctx: usize, kv_f32: bool) -> SeqState {
         let mut s = self.arch.new_state(n_ctx.min(self.cfg.n_ctx_train));
+        s.extra = self.cpu.new_state();
         s.kv.set_f16(!kv_f32);
         s
     }
@@ -220,7 +233,7 @@ impl Model {
         };
         let logits = match &self.device {
             Some(d) => d.forward(&env, &batch, state, &rows),
-            None => self.arch.forward(&env, &batch, state, &rows),
+            None => self.cpu.forward(&env, &batch, state, &rows),
         }
         .map_err(|e| match e {
             ModelError::NonFinite {

@@ -1,4 +1,5 @@
-//! A decoder's whole forward pass as data, for backends that run it on a device.
+//! A decoder's whole forward pass as data: the one description of an architecture, run on
+//! the CPU by [`crate::decoder::CpuDecoder`] and on a device by a [`DeviceForward`].
 //!
 //! Owns: [`DecoderPlan`] (every weight of a pre-norm decoder - GQA, absorbed MLA (with a
 //! DSA indexer's selection), DeepSeek V4 attention, Kimi delta attention, pooled latent
@@ -8,24 +9,24 @@
 //! hyper-parameters the CPU blocks use) and [`DeviceForward`], the interface a device
 //! backend implements to evaluate a batch with activations, KV cache and routing kept on the
 //! device. Every architecture returns a plan from [`crate::arch::Architecture::plan`]
-//! (qwen3moe, gemma3, glm-dsa, deepseek4, glm5next, qwen4exp). A backend checks which of the
-//! plan's parts it has kernels for.
+//! (qwen3moe, gemma3, glm-dsa, deepseek4, glm5next, qwen4exp). A device backend checks which
+//! of the plan's parts it has kernels for.
 
 use std::sync::Arc;
 
 use crate::blocks::attention::{AttnShape, GqaWeights};
-use crate::blocks::deltanet::{DeltaShape, DeltaState, DeltaWeights};
-use crate::blocks::dsa_indexer::{IndexerState, IndexerWeights};
-use crate::blocks::dsv4_attention::{Dsv4AttnWeights, Dsv4Shape, LayerState};
+use crate::blocks::deltanet::{DeltaShape, DeltaWeights};
+use crate::blocks::dsa_indexer::IndexerWeights;
+use crate::blocks::dsv4_attention::{Dsv4AttnWeights, Dsv4Shape};
 use crate::blocks::ffn::{Activation, GluWeights};
 use crate::blocks::hyper::{HcShape, HcWeights};
 use crate::blocks::hyper_lowrank;
-use crate::blocks::kda::{KdaShape, KdaState, KdaWeights};
-use crate::blocks::mla::{MlaShape, MlaState, MlaWeights};
-use crate::blocks::mla_pooled::{PooledShape, PooledState, PooledWeights, Selection};
+use crate::blocks::kda::{KdaShape, KdaWeights};
+use crate::blocks::mla::{MlaShape, MlaWeights};
+use crate::blocks::mla_pooled::{PooledShape, PooledWeights};
 use crate::blocks::moe::MoeWeights;
-use crate::blocks::ple::{NgramHash, PleRows, PleState, PleWeights};
-use crate::blocks::qsa::{QsaShape, QsaState, QsaWeights};
+use crate::blocks::ple::{NgramHash, PleRows, PleWeights};
+use crate::blocks::qsa::{QsaShape, QsaWeights};
 use crate::blocks::{Batch, Env};
 use crate::config::ModelConfig;
 use crate::state::SeqState;
@@ -443,7 +444,7 @@ impl PlanAttn {
     /// Whether the layer keeps state that only continues or restarts at position 0 (a
     /// window, a compressor carry, a recurrence: DeepSeek V4, KDA, pooled attention,
     /// DeltaNet and QSA's pooled keys).
-    fn sequential(&self) -> bool {
+    pub(crate) fn sequential(&self) -> bool {
         matches!(
             self,
             PlanAttn::Dsv4 { .. }
@@ -476,14 +477,12 @@ pub enum PlanFfn {
 
 impl PlanFfn {
     /// The routed layer `moe` (`experts` its stacked gate, up and down) with an optional
-    /// shared expert. The router lookahead link is left out: a plan runs one layer after
-    /// another on a device, so the architecture's prefetch hint does not apply.
+    /// shared expert. The router lookahead link (`moe.next`) is kept: the CPU decoder
+    /// hands the next layer's predicted units to the expert source in decode; a device
+    /// backend that reads experts its own way may ignore it.
     pub fn moe(moe: &MoeWeights, experts: &[Stacked; 3], shared: Option<PlanShared>) -> PlanFfn {
         PlanFfn::Moe {
-            moe: Box::new(MoeWeights {
-                next: None,
-                ..moe.clone()
-            }),
+            moe: Box::new(moe.clone()),
             experts: experts.clone(),
             shared: shared.map(Box::new),
         }
@@ -495,7 +494,7 @@ impl PlanFfn {
 pub trait DeviceForward: Send + Sync {
     /// Evaluate `batch` (positions continuing `state`), update the sequence's state (the
     /// caller advances its length) and return the logits of `rows`
-    /// (`[rows.len(), n_vocab]`), as [`crate::arch::Architecture::forward`] does.
+    /// (`[rows.len(), n_vocab]`), as [`crate::decoder::CpuDecoder::forward`] does.
     fn forward(
         &self,
         env: &Env<'_>,
@@ -506,366 +505,4 @@ pub trait DeviceForward: Send + Sync {
 
     /// Short name for start-up lines and statistics.
     fn name(&self) -> &'static str;
-}
-
-/// How a half-block's output goes back into the residual (`PlanOnCpu`).
-enum Mix {
-    Plain,
-    Manifold(crate::blocks::hyper::HcMix),
-    /// The low-rank mixer's per-stream injection weights.
-    LowRank(Vec<f32>),
-}
-
-/// A [`DecoderPlan`] evaluated with the CPU blocks: the same operations in the same order
-/// as the architectures' own forward passes, so its logits equal theirs bit for bit when
-/// the plan describes the model faithfully (the test that a device backend is handed the
-/// right weights, norms, RoPE tables and windows). Also a reference for device backends.
-pub struct PlanOnCpu(pub DecoderPlan);
-
-impl DeviceForward for PlanOnCpu {
-    fn forward(
-        &self,
-        env: &Env<'_>,
-        batch: &Batch<'_>,
-        state: &mut SeqState,
-        rows: &[usize],
-    ) -> Result<Vec<f32>, ModelError> {
-        use crate::blocks::attention::gqa;
-        use crate::blocks::moe::routed;
-        use crate::blocks::{
-            add_gated, add_into, check_finite, deltanet, dsa_indexer, dsv4_attention, ffn,
-            gather_rows, head, hyper, kda, mla, mla_pooled, ple, qsa, rms_norm_rows, Stage,
-        };
-        let p = &self.0;
-        let eps = p.shape.rms_eps;
-        let e = p.n_embd;
-        p.check_length(&batch.positions)?;
-        let pos0 = batch.positions.first().copied().unwrap_or(0);
-        // MLA, DeepSeek V4, KDA and pooled layers keep their state here (the KV cache only
-        // counts positions).
-        let sequential = p.layers.iter().any(|l| l.attn.sequential());
-        let mla_layers = p.mla_shape().is_some();
-        if (mla_layers || sequential) && state.device.is_none() {
-            state.device = Some(Box::new(PlanCpuState {
-                mla: vec![MlaState::default(); p.layers.len()],
-                index: vec![IndexerState::default(); p.layers.len()],
-                dsv4: vec![LayerState::default(); p.layers.len()],
-                kda: p
-                    .layers
-                    .iter()
-                    .map(|l| match &l.attn {
-                        PlanAttn::Kda { shape, .. } => Some(KdaState::new(shape)),
-                        _ => None,
-                    })
-                    .collect(),
-                pooled: vec![PooledState::default(); p.layers.len()],
-                delta: p
-                    .layers
-                    .iter()
-                    .map(|l| match &l.attn {
-                        PlanAttn::Delta { shape, .. } => Some(DeltaState::new(shape)),
-                        _ => None,
-                    })
-                    .collect(),
-                qsa: vec![QsaState::default(); p.layers.len()],
-                ple: match (&p.ple, p.layers.iter().find_map(|l| l.ple.as_deref())) {
-                    (Some(pp), Some(w)) => {
-                        let streams = p.lowrank.as_ref().map_or(1, |lr| lr.n_stream);
-                        Some((PleState::new(&pp.hash, w, streams * e), pp.hash.eos))
-                    }
-                    _ => None,
-                },
-                next: 0,
-            }));
-        }
-        if sequential {
-            // Recurrent states, windows and compressor carries cannot be cut back to a
-            // position: a sequence continues where it stopped, or starts again at 0.
-            let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
-            if pos0 == 0 {
-                st.clear_sequential();
-            } else if st.next == usize::MAX {
-                return Err(ModelError::Compute(format!(
-                    "{}: an earlier call failed part way, so the plan's attention state holds no whole position; the sequence must start again at 0",
-                    p.arch
-                )));
-            } else if pos0 != st.next {
-                return Err(ModelError::Compute(format!(
-                    "{}: the plan's attention state holds {} positions, the batch starts at {pos0} (it cannot be truncated)",
-                    p.arch, st.next
-                )));
-            }
-            // Until this batch has run through every layer the state is no position's: a
-            // failed call leaves it so, and only a restart at 0 continues.
-            st.next = usize::MAX;
-        }
-        let f16 = state.kv.f16();
-        let emb = head::embed(env, &p.embd, batch, p.embd_scale)?;
-        check_finite(&emb, e, &batch.positions, Stage::Embedding)?;
-        // The residual: one stream per position, or `n_hc` copies of the embedding.
-        let n_hc = match (&p.hyper, &p.lowrank) {
-            (Some(h), _) => h.shape.n_hc,
-            (None, Some(lr)) => lr.n_stream,
-            (None, None) => 1,
-        };
-        // The PLE rows depend only on the token ids: hinted before any layer runs.
-        let mut ple_ids: Option<(Vec<u64>, usize)> = None;
-        if let Some(pp) = &p.ple {
-            let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
-            if let Some((ps, _)) = &mut st.ple {
-                let (ids, ctx) = pp.hash.rows(&ps.ctx, batch.tokens);
-                pp.rows.prefetch(&ids);
-                ps.ctx = ctx;
-                ple_ids = Some((ids, e / pp.hash.n_heads()));
-            }
-        }
-        let mut x = if n_hc == 1 {
-            emb
-        } else {
-            emb.chunks(e).flat_map(|row| row.repeat(n_hc)).collect()
-        };
-        // A half-block's input: the residual, or its hyper-connection mix (kept for `put`).
-        let t_len = batch.len();
-        let take = |x: &[f32], l: &PlanLayer, half: usize| -> Result<_, ModelError> {
-            let w = l.hc.as_deref().map(|w| &w[half]);
-            let lw = l.hc_lowrank.as_deref().map(|w| &w[half]);
-            match (w, &p.hyper, lw, &p.lowrank) {
-                (None, None, None, None) => Ok((x.to_vec(), Mix::Plain)),
-                (Some(w), Some(h), None, None) => {
-                    let mut m = hyper::pre(env, w, &h.shape, x)?;
-                    Ok((std::mem::take(&mut m.input), Mix::Manifold(m)))
-                }
-                (None, None, Some(w), Some(lr)) => {
-                    let (m, inj) = hyper_lowrank::hc_pre(env, w, lr.n_stream, e, eps, x, t_len)?;
-                    let inj = inj.ok_or_else(|| {
-                        ModelError::Compute(format!(
-                            "{}: a block's low-rank mixer has no injection weights",
-                            p.arch
-                        ))
-                    })?;
-                    Ok((m, Mix::LowRank(inj)))
-                }
-                _ => Err(ModelError::Compute(format!(
-                    "{}: a layer's hyper-connections do not match the plan's",
-                    p.arch
-                ))),
-            }
-        };
-        // Put a half-block's output back: `x += y`, or the hyper-connection update.
-        let put = |x: &mut [f32], y: &[f32], mix: Mix| match (mix, &p.hyper) {
-            (Mix::Manifold(m), Some(h)) => hyper::post(x, y, &m, &h.shape),
-            (Mix::LowRank(inj), _) => hyper_lowrank::hc_post(x, &inj, y, n_hc, e),
-            _ => add_into(x, y),
-        };
-        // An RMS norm, unless the plan's low-rank mixers normalise (empty weights).
-        let norm = |h: &mut [f32], w: &[f32]| {
-            if !w.is_empty() {
-                rms_norm_rows(h, w, eps);
-            }
-        };
-        // The previous full pooled layer's selection (a shared layer reuses it), and the
-        // most recent MLA indexer's (per token; empty: every position).
-        let mut prev_sel: Option<Selection> = None;
-        let mut mla_sel: Vec<Option<Vec<usize>>> = Vec::new();
-        for (il, l) in p.layers.iter().enumerate() {
-            if let (Some(pw), Some((ids, width)), Some(pp)) = (&l.ple, &ple_ids, &p.ple) {
-                let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
-                let Some((ps, _)) = &mut st.ple else {
-                    return Err(ModelError::Compute(format!("{}: no PLE state", p.arch)));
-                };
-                let mut emb = vec![0.0f32; ids.len() * width];
-                pp.rows.gather(env.map, ids, &mut emb)?;
-                ple::ple_apply(env, pw, ps, n_hc, e, eps, &emb, &mut x, t_len)?;
-            }
-            let (mut h, mix) = take(&x, l, 0)?;
-            norm(&mut h, &l.attn_norm);
-            let mut o = match &l.attn {
-                PlanAttn::Gqa {
-                    w,
-                    inv_freq,
-                    window,
-                } => gqa(
-                    env,
-                    batch,
-                    &mut state.kv,
-                    il,
-                    w,
-                    &p.shape,
-                    inv_freq,
-                    *window,
-                    &h,
-                )?,
-                PlanAttn::Mla {
-                    w,
-                    shape: s,
-                    select,
-                } => {
-                    let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
-                    // Rows past the batch's start belong to positions a truncation dropped
-                    // (device state is indexed by position, `SeqState::device`).
-                    st.mla[il].rows.truncate(pos0 * s.row());
-                    let qr = mla::query_residual(env, w, s, &h, batch.len())?;
-                    if let MlaSelect::Indexer(ix) = select {
-                        st.index[il].keys.truncate(pos0 * ix.head_dim);
-                        mla_sel = dsa_indexer::select(
-                            env,
-                            batch,
-                            ix,
-                            &w.inv_freq,
-                            &mut st.index[il],
-                            &h,
-                            &qr,
-                        )?;
-                    }
-                    let sel = match select {
-                        MlaSelect::All => None,
-                        MlaSelect::Indexer(_) | MlaSelect::Previous => Some(&mla_sel[..]),
-                    };
-                    mla::attention(env, batch, w, s, &mut st.mla[il], &h, &qr, sel, f16)?
-                }
-                PlanAttn::Dsv4 { w, shape: s } => {
-                    let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
-                    dsv4_attention::attention(env, batch, w, s, &mut st.dsv4[il], &h, f16)?
-                }
-                PlanAttn::Kda { w, shape: s } => {
-                    let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
-                    let ks = st.kda[il].as_mut().ok_or_else(|| {
-                        ModelError::Compute(format!("{}: layer {il} has no KDA state", p.arch))
-                    })?;
-                    kda::kda(env, w, s, ks, &h, batch.len())?
-                }
-                PlanAttn::Pooled { w, shape: s } => {
-                    let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
-                    let (y, sel) = mla_pooled::pooled_attention(
-                        env,
-                        w,
-                        s,
-                        &mut st.pooled[il],
-                        &batch.positions,
-                        &h,
-                        prev_sel.as_ref(),
-                        f16,
-                    )?;
-                    prev_sel = Some(sel);
-                    y
-                }
-                PlanAttn::Delta { w, shape: s } => {
-                    let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
-                    let ds = st.delta[il].as_mut().ok_or_else(|| {
-                        ModelError::Compute(format!("{}: layer {il} has no DeltaNet state", p.arch))
-                    })?;
-                    deltanet::delta_net(env, w, s, ds, &h, t_len)?
-                }
-                PlanAttn::Qsa {
-                    w,
-                    shape: s,
-                    inv_freq,
-                } => {
-                    let SeqState { kv, device, .. } = &mut *state;
-                    let st = crate::state::extra_as::<PlanCpuState>(device, p.arch)?;
-                    qsa::qsa(env, batch, kv, &mut st.qsa[il], il, w, s, inv_freq, &h)?
-                }
-            };
-            if let Some(w) = &l.post_attn_norm {
-                rms_norm_rows(&mut o, w, eps);
-            }
-            put(&mut x, &o, mix);
-            let (mut h, mix) = take(&x, l, 1)?;
-            norm(&mut h, &l.ffn_norm);
-            let mut f = match &l.ffn {
-                PlanFfn::Dense { w, act } => ffn::glu(env, w, *act, &h, batch.len())?,
-                PlanFfn::Moe { moe, shared, .. } => {
-                    let mut y = routed(env, batch, il, moe, &h)?;
-                    if let Some(sh) = shared {
-                        let out = ffn::glu(env, &sh.w, sh.act, &h, batch.len())?;
-                        match &sh.gate {
-                            None => add_into(&mut y, &out),
-                            // y += sigmoid(gate . h) * shared, per token.
-                            Some(g) => add_gated(&mut y, &out, &env.linear(g, &h, t_len)?, e),
-                        }
-                    }
-                    y
-                }
-            };
-            if let Some(w) = &l.post_ffn_norm {
-                rms_norm_rows(&mut f, w, eps);
-            }
-            put(&mut x, &f, mix);
-            check_finite(&x, n_hc * e, &batch.positions, Stage::Layer(il))?;
-        }
-        let logits = match (&p.hyper, &p.lowrank) {
-            (None, Some(lr)) => {
-                // The output mixer in place of the output norm, then the head.
-                let sel = gather_rows(&x, rows, n_hc * e);
-                let (m, _) = hyper_lowrank::hc_pre(env, &lr.head, n_hc, e, eps, &sel, rows.len())?;
-                env.linear(&p.output, &m, rows.len())?
-            }
-            (None, None) => head::logits(env, &x, rows, &p.output_norm, eps, &p.output)?,
-            (Some(h), _) => {
-                let sel = gather_rows(&x, rows, n_hc * e);
-                let collapsed = match &h.head {
-                    HyperHead::Learned(w) => hyper::head(env, w, &h.shape, &sel)?,
-                    HyperHead::Mean => hyper::mean(&sel, n_hc, e),
-                };
-                let all: Vec<usize> = (0..rows.len()).collect();
-                head::logits(env, &collapsed, &all, &p.output_norm, eps, &p.output)?
-            }
-        };
-        head::check_logits(&logits, rows, batch)?;
-        if sequential {
-            let st = crate::state::extra_as::<PlanCpuState>(&mut state.device, p.arch)?;
-            st.next = pos0 + batch.len();
-        }
-        Ok(logits)
-    }
-
-    fn name(&self) -> &'static str {
-        "plan-on-cpu"
-    }
-}
-
-/// [`PlanOnCpu`]'s per-sequence state (in `SeqState::device`): MLA layers' rows by
-/// position (rows at or past a batch's first position are dropped before it runs);
-/// DeepSeek V4 layers' windows and compressor state, KDA layers' recurrent state and
-/// pooled layers' rows, which only continue at `next` or start again at position 0.
-#[derive(Clone, Default)]
-struct PlanCpuState {
-    mla: Vec<MlaState>,
-    /// The DSA indexer keys of MLA layers with their own indexer.
-    index: Vec<IndexerState>,
-    dsv4: Vec<LayerState>,
-    kda: Vec<Option<KdaState>>,
-    pooled: Vec<PooledState>,
-    delta: Vec<Option<DeltaState>>,
-    qsa: Vec<QsaState>,
-    /// The PLE layer's token context and convolution history, and the hash's EOS id.
-    ple: Option<(PleState, u32)>,
-    next: usize,
-}
-
-impl PlanCpuState {
-    fn clear_sequential(&mut self) {
-        self.dsv4.iter_mut().for_each(LayerState::clear);
-        self.kda.iter_mut().flatten().for_each(KdaState::clear);
-        self.pooled.iter_mut().for_each(PooledState::clear);
-        self.delta.iter_mut().flatten().for_each(DeltaState::clear);
-        self.qsa.iter_mut().for_each(QsaState::clear);
-        if let Some((ps, eos)) = &mut self.ple {
-            ps.clear(*eos);
-        }
-        self.next = 0;
-    }
-}
-
-impl crate::state::ExtraState for PlanCpuState {
-    fn clone_box(&self) -> Box<dyn crate::state::ExtraState> {
-        Box::new(self.clone())
-    }
-    fn clear(&mut self) {
-        self.mla.iter_mut().for_each(MlaState::clear);
-        self.clear_sequential();
-    }
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
-    }
 }

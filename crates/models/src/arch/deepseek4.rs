@@ -5,9 +5,10 @@
 //! lightning indexer) or HCA (ratio 128); MoE with sqrt-softplus scores, a selection bias,
 //! a clamped SwiGLU and a shared expert; the first `hash_layer_count` layers pick their
 //! experts from a token-id table. A trailing MTP block (`nextn_predict_layers`) is loaded
-//! past and ignored. Specification: ../shared/models/deepseek4.md.
-
-use std::any::Any;
+//! past and ignored. Specification: ../shared/models/deepseek4.md. The CPU runs its
+//! [`DecoderPlan`] (`crate::decoder::CpuDecoder`, whose state holds each layer's window,
+//! compressor carry and compressed rows); the hash-routed layers' experts are named from the
+//! token ids ([`Architecture::certain_units`]) for prefetch.
 
 use sluice_gguf::{GgmlType, GgufFile, MetaValue};
 use sluice_io::MappedFile;
@@ -16,19 +17,15 @@ use sluice_tier::{StreamableGroups, UnitGroup, UnitLayer};
 use super::Architecture;
 use crate::blocks::attention::AttnShape;
 use crate::blocks::dsv4_attention::{
-    attention, plain_inv_freq, yarn_inv_freq, CompressorWeights, Dsv4AttnWeights, Dsv4Shape,
-    IndexerWeights, LayerState,
+    plain_inv_freq, yarn_inv_freq, CompressorWeights, Dsv4AttnWeights, Dsv4Shape, IndexerWeights,
 };
-use crate::blocks::ffn::{glu, Activation, GluWeights};
-use crate::blocks::hyper::{self, HcShape, HcWeights};
-use crate::blocks::moe::{
-    glu_unit_layer, link_lookahead, routed, MoeWeights, Router, ScoreFn, UnitMat,
-};
-use crate::blocks::{add_into, check_finite, gather_rows, head, rms_norm_rows, Batch, Env, Stage};
+use crate::blocks::ffn::{Activation, GluWeights};
+use crate::blocks::hyper::{HcShape, HcWeights};
+use crate::blocks::moe::{glu_unit_layer, link_lookahead, MoeWeights, Router, ScoreFn, UnitMat};
 use crate::config::{Hparams, ModelConfig, RopeScaling};
 use crate::kv::KvCache;
 use crate::plan::{DecoderPlan, HyperHead, PlanAttn, PlanFfn, PlanHyper, PlanLayer, PlanShared};
-use crate::state::{ExtraState, SeqState};
+use crate::state::SeqState;
 use crate::weights::{Mat, Stacked, Tensors};
 use crate::ModelError;
 
@@ -61,30 +58,6 @@ pub struct DeepSeek4 {
 }
 
 /// Per-sequence state: every layer's raw window, compressor carry and compressed rows.
-#[derive(Clone, Default)]
-pub struct Dsv4State {
-    layers: Vec<LayerState>,
-}
-
-impl ExtraState for Dsv4State {
-    fn clone_box(&self) -> Box<dyn ExtraState> {
-        Box::new(self.clone())
-    }
-    fn clear(&mut self) {
-        self.layers.iter_mut().for_each(LayerState::clear);
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-}
-
-impl Dsv4State {
-    /// Bytes held by the state (raw windows, compressor carry, compressed rows).
-    pub fn bytes(&self) -> usize {
-        self.layers.iter().map(LayerState::bytes).sum()
-    }
-}
-
 fn arr(hp: &Hparams<'_>, k: &str) -> Option<Vec<MetaValue>> {
     match hp.file.get(&format!("{NAME}.{k}")) {
         Some(MetaValue::Array(a)) => Some(a.values.clone()),
@@ -543,19 +516,14 @@ impl Architecture for DeepSeek4 {
 
     fn new_state(&self, n_ctx: usize) -> SeqState {
         // The KV cache only counts positions (and carries the f16 choice); the rows live in
-        // the extra state, per layer kind.
-        let mut s = SeqState::new(KvCache::new(0, 0, 0, n_ctx));
-        s.extra = Some(Box::new(Dsv4State {
-            layers: vec![LayerState::default(); self.layers.len()],
-        }));
-        s
+        // the CPU decoder's state (`Model::new_state`), per layer kind.
+        SeqState::new(KvCache::new(0, 0, 0, n_ctx))
     }
 
     /// The model as a decoder plan: every layer DeepSeek V4 attention (its sliding window,
-    /// compressor and indexer state kept by the plan's evaluator) and a MoE half with a
-    /// hashed or biased router and a shared expert, inside the 4-stream hyper-connection
-    /// residual. Exact at any length: the plan names the same blocks this forward runs.
-    fn plan(&self) -> Option<DecoderPlan> {
+    /// compressor and indexer state kept by the CPU decoder) and a MoE half with a hashed
+    /// or biased router and a shared expert, inside the 4-stream hyper-connection residual.
+    fn plan(&self) -> DecoderPlan {
         let s = &self.shape;
         let layers = self
             .layers
@@ -586,7 +554,7 @@ impl Architecture for DeepSeek4 {
             scale: 1.0 / (s.head_dim as f32).sqrt(),
             rms_eps: s.rms_eps,
         };
-        Some(DecoderPlan {
+        DecoderPlan {
             hyper: Some(PlanHyper {
                 shape: self.hc,
                 head: HyperHead::Learned(self.hc_head.clone()),
@@ -599,7 +567,7 @@ impl Architecture for DeepSeek4 {
                 self.output.clone(),
                 layers,
             )
-        })
+        }
     }
 
     /// The hash-routed layers' experts follow from the token ids alone.
@@ -621,53 +589,5 @@ impl Architecture for DeepSeek4 {
             out.push((il, units));
         }
         out
-    }
-
-    fn forward(
-        &self,
-        env: &Env<'_>,
-        batch: &Batch<'_>,
-        state: &mut SeqState,
-        rows: &[usize],
-    ) -> Result<Vec<f32>, ModelError> {
-        let f16 = state.kv.f16();
-        let st = crate::state::extra_as::<Dsv4State>(&mut state.extra, "deepseek4")?;
-        let (e, hc) = (self.cfg.n_embd, self.hc.n_hc);
-        let eps = self.shape.rms_eps;
-        let emb = head::embed(env, &self.token_embd, batch, 1.0)?;
-        check_finite(&emb, e, &batch.positions, Stage::Embedding)?;
-        let mut x = Vec::with_capacity(emb.len() * hc);
-        for row in emb.chunks(e) {
-            for _ in 0..hc {
-                x.extend_from_slice(row);
-            }
-        }
-        for (il, l) in self.layers.iter().enumerate() {
-            let mut mix = hyper::pre(env, &l.hc_attn, &self.hc, &x)?;
-            rms_norm_rows(&mut mix.input, &l.attn_norm, eps);
-            let y = attention(
-                env,
-                batch,
-                &l.attn,
-                &self.shape,
-                &mut st.layers[il],
-                &mix.input,
-                f16,
-            )?;
-            hyper::post(&mut x, &y, &mix, &self.hc);
-
-            let mut mix = hyper::pre(env, &l.hc_ffn, &self.hc, &x)?;
-            rms_norm_rows(&mut mix.input, &l.ffn_norm, eps);
-            let mut y = routed(env, batch, il, &l.moe, &mix.input)?;
-            let sh = glu(env, &l.shared, l.shared_act, &mix.input, batch.len())?;
-            add_into(&mut y, &sh);
-            hyper::post(&mut x, &y, &mix, &self.hc);
-            // hc streams of width e per position.
-            check_finite(&x, hc * e, &batch.positions, Stage::Layer(il))?;
-        }
-        let sel = gather_rows(&x, rows, hc * e);
-        let h = hyper::head(env, &self.hc_head, &self.hc, &sel)?;
-        let all: Vec<usize> = (0..rows.len()).collect();
-        head::logits(env, &h, &all, &self.output_norm, eps, &self.output)
     }
 }

@@ -1,17 +1,15 @@
 //! Gemma 3 (`gemma3`, dense): embeddings scaled by sqrt(n_embd); GQA with q/k norms where
 //! every sixth layer is global and the others slide over a window with their own RoPE base
 //! (10 000, unscaled); GeGLU FFN; RMS norms before and after both halves of each block.
+//! The CPU runs its [`DecoderPlan`] (`crate::decoder::CpuDecoder`).
 
 use sluice_gguf::GgufFile;
 use sluice_io::MappedFile;
 use sluice_tier::StreamableGroups;
 
 use super::{Architecture, GqaHparams};
-use crate::blocks::attention::{gqa, AttnShape, GqaWeights};
-use crate::blocks::ffn::{glu, Activation, GluWeights};
-use crate::blocks::{
-    add_into, check_finite, give_buf, head, rms_norm_rows, take_buf, Batch, Env, Stage,
-};
+use crate::blocks::attention::{AttnShape, GqaWeights};
+use crate::blocks::ffn::{Activation, GluWeights};
 use crate::config::{Hparams, ModelConfig};
 use crate::ops::rope_inv_freq;
 use crate::plan::{DecoderPlan, PlanAttn, PlanFfn, PlanLayer};
@@ -118,7 +116,7 @@ impl Architecture for Gemma3 {
         SeqState::new(self.shape.kv_cache(self.cfg.n_layer, n_ctx))
     }
 
-    fn plan(&self) -> Option<DecoderPlan> {
+    fn plan(&self) -> DecoderPlan {
         let layers = self
             .layers
             .iter()
@@ -148,7 +146,7 @@ impl Architecture for Gemma3 {
                 }
             })
             .collect();
-        Some(DecoderPlan {
+        DecoderPlan {
             embd_scale: (self.cfg.n_embd as f32).sqrt(),
             ..DecoderPlan::new(
                 &self.cfg,
@@ -158,57 +156,6 @@ impl Architecture for Gemma3 {
                 self.output.clone(),
                 layers,
             )
-        })
-    }
-
-    fn forward(
-        &self,
-        env: &Env<'_>,
-        batch: &Batch<'_>,
-        state: &mut SeqState,
-        rows: &[usize],
-    ) -> Result<Vec<f32>, ModelError> {
-        let eps = self.shape.rms_eps;
-        let scale = (self.cfg.n_embd as f32).sqrt();
-        let e = self.cfg.n_embd;
-        let mut x = head::embed(env, &self.token_embd, batch, scale)?;
-        check_finite(&x, e, &batch.positions, Stage::Embedding)?;
-        for (il, l) in self.layers.iter().enumerate() {
-            let swa = self.is_swa_layer(il);
-            let (rope, window) = if swa {
-                (&self.rope_swa, Some(self.sliding_window))
-            } else {
-                (&self.rope_global, None)
-            };
-            let mut h = take_buf(x.len());
-            h.copy_from_slice(&x);
-            rms_norm_rows(&mut h, &l.attn_norm, eps);
-            let mut o = gqa(
-                env,
-                batch,
-                &mut state.kv,
-                il,
-                &l.attn,
-                &self.shape,
-                rope,
-                window,
-                &h,
-            )?;
-            rms_norm_rows(&mut o, &l.post_attn_norm, eps);
-            add_into(&mut x, &o);
-            give_buf(o);
-
-            h.copy_from_slice(&x);
-            rms_norm_rows(&mut h, &l.ffn_norm, eps);
-            let mut f = glu(env, &l.ffn, Activation::GeluTanh, &h, batch.len())?;
-            give_buf(h);
-            rms_norm_rows(&mut f, &l.post_ffn_norm, eps);
-            add_into(&mut x, &f);
-            give_buf(f);
-            check_finite(&x, e, &batch.positions, Stage::Layer(il))?;
         }
-        let logits = head::logits(env, &x, rows, &self.output_norm, eps, &self.output)?;
-        head::check_logits(&logits, rows, batch)?;
-        Ok(logits)
     }
 }

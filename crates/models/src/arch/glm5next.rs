@@ -12,8 +12,9 @@
 //! unmerged PR #27752 converter); a scalar or missing `attention.head_count_kv` means the
 //! default layout (KDA unless `il % 4 == 3`); `kda.gate_lower_bound` missing selects the
 //! softplus gate, as llama.cpp does.
-
-use std::any::Any;
+//!
+//! The CPU runs its [`DecoderPlan`] (`crate::decoder::CpuDecoder`, whose state holds the KDA
+//! states and the latent / indexer rows).
 
 use sluice_gguf::{GgufFile, MetaValue};
 use sluice_io::MappedFile;
@@ -21,20 +22,15 @@ use sluice_tier::{StreamableGroups, UnitGroup, UnitLayer};
 
 use super::Architecture;
 use crate::blocks::attention::AttnShape;
-use crate::blocks::ffn::{glu, Activation, GluWeights};
-use crate::blocks::hyper::{self, HcShape, HcWeights};
-use crate::blocks::kda::{kda, KdaShape, KdaState, KdaWeights};
-use crate::blocks::mla_pooled::{
-    pooled_attention, PooledIndexer, PooledShape, PooledState, PooledWeights, Selection,
-};
-use crate::blocks::moe::{
-    glu_unit_layer, link_lookahead, routed, MoeWeights, Router, ScoreFn, UnitMat,
-};
-use crate::blocks::{add_into, check_finite, gather_rows, head, rms_norm_rows, Batch, Env, Stage};
+use crate::blocks::ffn::{Activation, GluWeights};
+use crate::blocks::hyper::{HcShape, HcWeights};
+use crate::blocks::kda::{KdaShape, KdaWeights};
+use crate::blocks::mla_pooled::{PooledIndexer, PooledShape, PooledWeights};
+use crate::blocks::moe::{glu_unit_layer, link_lookahead, MoeWeights, Router, ScoreFn, UnitMat};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
 use crate::plan::{DecoderPlan, HyperHead, PlanAttn, PlanFfn, PlanHyper, PlanLayer, PlanShared};
-use crate::state::{ExtraState, SeqState};
+use crate::state::SeqState;
 use crate::weights::{Mat, Stacked, Tensors};
 use crate::ModelError;
 
@@ -78,26 +74,6 @@ pub struct Glm5Next {
     layers: Vec<Layer>,
     /// Routed experts of the MTP block(s), never run, described so they stream.
     mtp_experts: Vec<(usize, [Stacked; 3])>,
-}
-
-/// Per-sequence state: KDA recurrent + conv state, latent / indexer rows of the DSA layers.
-#[derive(Clone)]
-struct G5State {
-    kda: Vec<Option<KdaState>>,
-    pooled: Vec<PooledState>,
-}
-
-impl ExtraState for G5State {
-    fn clone_box(&self) -> Box<dyn ExtraState> {
-        Box::new(self.clone())
-    }
-    fn clear(&mut self) {
-        self.kda.iter_mut().flatten().for_each(KdaState::clear);
-        self.pooled.iter_mut().for_each(PooledState::clear);
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
 }
 
 fn arr(hp: &Hparams<'_>, k: &str) -> Option<Vec<MetaValue>> {
@@ -477,11 +453,10 @@ impl Architecture for Glm5Next {
     }
 
     /// The model as a decoder plan: KDA or pooled latent attention per layer (their
-    /// recurrent state and rows kept by the plan's evaluator, a shared pooled layer reusing
-    /// the previous full one's selection), dense or MoE halves with the clamped SwiGLU,
-    /// inside the hyper-connection residual closed by the streams' mean. Exact at any
-    /// length: the plan names the same blocks this forward runs.
-    fn plan(&self) -> Option<DecoderPlan> {
+    /// recurrent state and rows kept by the CPU decoder, a shared pooled layer reusing the
+    /// previous full one's selection), dense or MoE halves with the clamped SwiGLU, inside
+    /// the hyper-connection residual closed by the streams' mean.
+    fn plan(&self) -> DecoderPlan {
         let layers = self
             .layers
             .iter()
@@ -530,7 +505,7 @@ impl Architecture for Glm5Next {
             scale: 1.0 / (ps.head_k as f32).sqrt(),
             rms_eps: self.rms_eps,
         };
-        Some(DecoderPlan {
+        DecoderPlan {
             hyper: Some(PlanHyper {
                 shape: self.hc,
                 head: HyperHead::Mean,
@@ -543,7 +518,7 @@ impl Architecture for Glm5Next {
                 self.output.clone(),
                 layers,
             )
-        })
+        }
     }
 
     fn groups(&self) -> StreamableGroups {
@@ -567,88 +542,8 @@ impl Architecture for Glm5Next {
     }
 
     fn new_state(&self, n_ctx: usize) -> SeqState {
-        // The KV cache only counts positions (and carries the f16 choice); rows live in the
-        // extra state.
-        let mut s = SeqState::new(KvCache::new(0, 0, 0, n_ctx));
-        s.extra = Some(Box::new(G5State {
-            kda: self
-                .layers
-                .iter()
-                .map(|l| match l.mixer {
-                    Mixer::Kda(_) => Some(KdaState::new(&self.kda)),
-                    Mixer::Pooled(_) => None,
-                })
-                .collect(),
-            pooled: vec![PooledState::default(); self.layers.len()],
-        }));
-        s
-    }
-
-    fn forward(
-        &self,
-        env: &Env<'_>,
-        batch: &Batch<'_>,
-        state: &mut SeqState,
-        rows: &[usize],
-    ) -> Result<Vec<f32>, ModelError> {
-        let f16 = state.kv.f16();
-        let st = crate::state::extra_as::<G5State>(&mut state.extra, "glm5next")?;
-        let (e, n_hc, eps) = (self.cfg.n_embd, self.hc.n_hc, self.rms_eps);
-        let t_len = batch.len();
-        let emb = head::embed(env, &self.token_embd, batch, 1.0)?;
-        check_finite(&emb, e, &batch.positions, Stage::Embedding)?;
-        let mut x = Vec::with_capacity(emb.len() * n_hc);
-        for row in emb.chunks(e) {
-            for _ in 0..n_hc {
-                x.extend_from_slice(row);
-            }
-        }
-        drop(emb);
-        let mut prev_sel: Option<Selection> = None;
-        for (il, l) in self.layers.iter().enumerate() {
-            let mut mix = hyper::pre(env, &l.hc_attn, &self.hc, &x)?;
-            rms_norm_rows(&mut mix.input, &l.attn_norm, eps);
-            let y = match &l.mixer {
-                Mixer::Kda(w) => {
-                    let ks = st.kda[il]
-                        .as_mut()
-                        .ok_or_else(|| ModelError::Compute("glm5next: missing KDA state".into()))?;
-                    kda(env, w, &self.kda, ks, &mix.input, t_len)?
-                }
-                Mixer::Pooled(w) => {
-                    let (y, sel) = pooled_attention(
-                        env,
-                        w,
-                        &self.pooled,
-                        &mut st.pooled[il],
-                        &batch.positions,
-                        &mix.input,
-                        prev_sel.as_ref(),
-                        f16,
-                    )?;
-                    prev_sel = Some(sel);
-                    y
-                }
-            };
-            hyper::post(&mut x, &y, &mix, &self.hc);
-
-            let mut mix = hyper::pre(env, &l.hc_ffn, &self.hc, &x)?;
-            rms_norm_rows(&mut mix.input, &l.ffn_norm, eps);
-            let y = match &l.ffn {
-                Ffn::Dense(w) => glu(env, w, l.act_sh, &mix.input, t_len)?,
-                Ffn::Moe { moe, shared, .. } => {
-                    let mut y = routed(env, batch, il, moe, &mix.input)?;
-                    let sh = glu(env, shared, l.act_sh, &mix.input, t_len)?;
-                    add_into(&mut y, &sh);
-                    y
-                }
-            };
-            hyper::post(&mut x, &y, &mix, &self.hc);
-            check_finite(&x, n_hc * e, &batch.positions, Stage::Layer(il))?;
-        }
-        // The head: the unweighted mean of the streams.
-        let h = hyper::mean(&gather_rows(&x, rows, n_hc * e), n_hc, e);
-        let all: Vec<usize> = (0..rows.len()).collect();
-        head::logits(env, &h, &all, &self.output_norm, eps, &self.output)
+        // The KV cache only counts positions (and carries the f16 choice); the KDA states
+        // and the latent / indexer rows live in the CPU decoder's state (`Model::new_state`).
+        SeqState::new(KvCache::new(0, 0, 0, n_ctx))
     }
 }

@@ -8,8 +8,8 @@
 //! selection-only bias, normalised weights times `expert_weights_scale`, and a shared expert.
 //! A trailing MTP block (`nextn_predict_layers`) is loaded past and never run; its routed
 //! experts are described so they stay on disk. Specification: ../shared/models/glm5.md 2.A.
-
-use std::any::Any;
+//! The CPU runs its [`DecoderPlan`] (`crate::decoder::CpuDecoder`, whose state holds the
+//! latent rows and indexer keys).
 
 use sluice_gguf::{GgufFile, MetaValue};
 use sluice_io::MappedFile;
@@ -17,18 +17,15 @@ use sluice_tier::{StreamableGroups, UnitGroup, UnitLayer};
 
 use super::Architecture;
 use crate::blocks::attention::AttnShape;
-use crate::blocks::dsa_indexer::{self, IndexerState, IndexerWeights};
+use crate::blocks::dsa_indexer::IndexerWeights;
 use crate::blocks::dsv4_attention::plain_inv_freq;
-use crate::blocks::ffn::{glu, Activation, GluWeights};
-use crate::blocks::mla::{self, MlaShape, MlaState, MlaWeights};
-use crate::blocks::moe::{
-    glu_unit_layer, link_lookahead, routed, MoeWeights, Router, ScoreFn, UnitMat,
-};
-use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
+use crate::blocks::ffn::{Activation, GluWeights};
+use crate::blocks::mla::{MlaShape, MlaWeights};
+use crate::blocks::moe::{glu_unit_layer, link_lookahead, MoeWeights, Router, ScoreFn, UnitMat};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
 use crate::plan::{DecoderPlan, MlaSelect, PlanAttn, PlanFfn, PlanLayer, PlanShared};
-use crate::state::{ExtraState, SeqState};
+use crate::state::SeqState;
 use crate::weights::{Mat, Stacked, Tensors};
 use crate::ModelError;
 
@@ -69,26 +66,6 @@ pub struct GlmDsa {
     layers: Vec<Layer>,
     /// Routed experts of the MTP block(s), never run, described so they stream (stay on disk).
     mtp_experts: Vec<(usize, [Stacked; 3])>,
-}
-
-/// Per-sequence state: every layer's latent rows and every full layer's indexer keys.
-#[derive(Clone, Default)]
-pub struct GlmDsaState {
-    mla: Vec<MlaState>,
-    index: Vec<IndexerState>,
-}
-
-impl ExtraState for GlmDsaState {
-    fn clone_box(&self) -> Box<dyn ExtraState> {
-        Box::new(self.clone())
-    }
-    fn clear(&mut self) {
-        self.mla.iter_mut().for_each(MlaState::clear);
-        self.index.iter_mut().for_each(IndexerState::clear);
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
 }
 
 /// `attention.indexer.types` (bools, or integers 0/1), one per layer.
@@ -417,18 +394,13 @@ impl Architecture for GlmDsa {
 
     fn new_state(&self, n_ctx: usize) -> SeqState {
         // The KV cache only counts positions (and carries the f16 choice); the rows live in
-        // the extra state.
-        let mut s = SeqState::new(KvCache::new(0, 0, 0, n_ctx));
-        s.extra = Some(Box::new(GlmDsaState {
-            mla: vec![MlaState::default(); self.layers.len()],
-            index: vec![IndexerState::default(); self.layers.len()],
-        }));
-        s
+        // the CPU decoder's state (`Model::new_state`).
+        SeqState::new(KvCache::new(0, 0, 0, n_ctx))
     }
 
     /// The model as an MLA decoder whose full layers select positions with their DSA
     /// indexer and whose shared layers reuse the last selection (exact at any length).
-    fn plan(&self) -> Option<DecoderPlan> {
+    fn plan(&self) -> DecoderPlan {
         let layers = self
             .layers
             .iter()
@@ -469,77 +441,14 @@ impl Architecture for GlmDsa {
             scale: s.scale,
             rms_eps: self.rms_eps,
         };
-        Some(DecoderPlan::new(
+        DecoderPlan::new(
             &self.cfg,
             shape,
             self.token_embd.clone(),
             self.output_norm.clone(),
             self.output.clone(),
             layers,
-        ))
-    }
-
-    fn forward(
-        &self,
-        env: &Env<'_>,
-        batch: &Batch<'_>,
-        state: &mut SeqState,
-        rows: &[usize],
-    ) -> Result<Vec<f32>, ModelError> {
-        let f16 = state.kv.f16();
-        let st = crate::state::extra_as::<GlmDsaState>(&mut state.extra, "glm-dsa")?;
-        let e = self.cfg.n_embd;
-        let eps = self.rms_eps;
-        let t_len = batch.len();
-        let mut x = head::embed(env, &self.token_embd, batch, 1.0)?;
-        check_finite(&x, e, &batch.positions, Stage::Embedding)?;
-        // The most recent full layer's selection (shared layers reuse it).
-        let mut sel: Vec<Option<Vec<usize>>> = Vec::new();
-        for (il, l) in self.layers.iter().enumerate() {
-            let mut h = x.clone();
-            rms_norm_rows(&mut h, &l.attn_norm, eps);
-            let qr = mla::query_residual(env, &l.attn, &self.shape, &h, t_len)?;
-            if let Some(ix) = &l.indexer {
-                sel = dsa_indexer::select(
-                    env,
-                    batch,
-                    ix,
-                    &l.attn.inv_freq,
-                    &mut st.index[il],
-                    &h,
-                    &qr,
-                )?;
-            }
-            let o = mla::attention(
-                env,
-                batch,
-                &l.attn,
-                &self.shape,
-                &mut st.mla[il],
-                &h,
-                &qr,
-                Some(&sel),
-                f16,
-            )?;
-            add_into(&mut x, &o);
-
-            let mut h = x.clone();
-            rms_norm_rows(&mut h, &l.ffn_norm, eps);
-            let y = match &l.ffn {
-                Ffn::Dense(w) => glu(env, w, Activation::Silu, &h, t_len)?,
-                Ffn::Moe(m) => {
-                    let mut y = routed(env, batch, il, &m.moe, &h)?;
-                    let sh = glu(env, &m.shared, Activation::Silu, &h, t_len)?;
-                    add_into(&mut y, &sh);
-                    y
-                }
-            };
-            add_into(&mut x, &y);
-            check_finite(&x, e, &batch.positions, Stage::Layer(il))?;
-        }
-        let logits = head::logits(env, &x, rows, &self.output_norm, eps, &self.output)?;
-        head::check_logits(&logits, rows, batch)?;
-        Ok(logits)
+        )
     }
 }
 

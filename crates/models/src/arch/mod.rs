@@ -1,8 +1,10 @@
 //! The architectures sluice runs, one module each, and their registry.
 //!
-//! An architecture owns its metadata keys, its tensor names and its layer loop, built from
-//! the shared [`crate::blocks`]. Adding one: write `arch/<name>.rs` with a `load` function
-//! returning a `Box<dyn Architecture>`, add `pub mod <name>;` and one line to [`REGISTRY`].
+//! An architecture owns its metadata keys, its tensor names, its streamable groups, its
+//! certain units and its [`crate::plan::DecoderPlan`] (the layers as data, run on the CPU by
+//! [`crate::decoder::CpuDecoder`]); it has no forward loop of its own. Adding one: write
+//! `arch/<name>.rs` with a `load` function returning a `Box<dyn Architecture>`, add
+//! `pub mod <name>;` and one line to [`REGISTRY`].
 
 pub mod deepseek4;
 pub mod gemma3;
@@ -15,13 +17,12 @@ use sluice_gguf::GgufFile;
 use sluice_io::MappedFile;
 use sluice_tier::StreamableGroups;
 
-use crate::blocks::{Batch, Env};
 use crate::config::ModelConfig;
 use crate::state::SeqState;
 use crate::ModelError;
 
-/// A loaded architecture: its configuration, its weights (ranges of the mapped file) and
-/// its forward pass.
+/// A loaded architecture: its configuration, its weights (ranges of the mapped file), its
+/// streamable groups and its forward pass as a plan.
 pub trait Architecture: Send + Sync {
     /// What the rest of the engine needs to know about the model.
     fn config(&self) -> &ModelConfig;
@@ -43,17 +44,6 @@ pub trait Architecture: Send + Sync {
     /// trained context by the caller).
     fn new_state(&self, n_ctx: usize) -> SeqState;
 
-    /// Evaluate `batch` (whose positions continue `state`), update `state` (the caller
-    /// advances its length afterwards) and return logits of `rows` (indices into the
-    /// batch; `[rows.len(), n_vocab]`).
-    fn forward(
-        &self,
-        env: &Env<'_>,
-        batch: &Batch<'_>,
-        state: &mut SeqState,
-        rows: &[usize],
-    ) -> Result<Vec<f32>, ModelError>;
-
     /// Routed units certain to be needed for `tokens`, known before any layer runs (e.g.
     /// hash-routed layers, whose experts follow from the token ids): (layer, sorted unit
     /// ids) in layer order. None for learned routers (the default).
@@ -61,12 +51,10 @@ pub trait Architecture: Send + Sync {
         Vec::new()
     }
 
-    /// The whole forward pass as data (weights, norms, RoPE tables), for a device backend
-    /// that runs it without the CPU blocks; None (the default) when the architecture does
-    /// not fit [`crate::plan::DecoderPlan`]'s shape.
-    fn plan(&self) -> Option<crate::plan::DecoderPlan> {
-        None
-    }
+    /// The whole forward pass as data (weights, norms, RoPE tables, the router-lookahead
+    /// links): the one description of the model, which the CPU decoder
+    /// ([`crate::decoder::CpuDecoder`]) and a device backend run.
+    fn plan(&self) -> crate::plan::DecoderPlan;
 }
 
 /// Builds an architecture from a parsed header and the mapped file.

@@ -1,15 +1,15 @@
 //! Qwen3 MoE (`qwen3moe`): GQA with per-head q/k RMS norms and NEOX RoPE, then a softmax
 //! router over routed SwiGLU experts (top-k, optionally renormalised). No shared expert.
+//! The CPU runs its [`DecoderPlan`] (`crate::decoder::CpuDecoder`).
 
 use sluice_gguf::GgufFile;
 use sluice_io::MappedFile;
 use sluice_tier::{StreamableGroups, UnitGroup};
 
 use super::{Architecture, GqaHparams};
-use crate::blocks::attention::{gqa, AttnShape, GqaWeights};
+use crate::blocks::attention::{AttnShape, GqaWeights};
 use crate::blocks::ffn::Activation;
-use crate::blocks::moe::{glu_unit_layer, link_lookahead, routed, MoeWeights, Router, UnitMat};
-use crate::blocks::{add_into, check_finite, head, rms_norm_rows, Batch, Env, Stage};
+use crate::blocks::moe::{glu_unit_layer, link_lookahead, MoeWeights, Router, UnitMat};
 use crate::config::{Hparams, ModelConfig};
 use crate::ops::rope_inv_freq;
 use crate::plan::{DecoderPlan, PlanAttn, PlanFfn, PlanLayer};
@@ -132,15 +132,12 @@ impl Architecture for Qwen3Moe {
         SeqState::new(self.shape.kv_cache(self.cfg.n_layer, n_ctx))
     }
 
-    fn plan(&self) -> Option<DecoderPlan> {
+    fn plan(&self) -> DecoderPlan {
         let layers = self
             .layers
             .iter()
             .map(|l| {
-                let Router::Softmax { .. } = l.moe.router else {
-                    return None;
-                };
-                Some(PlanLayer::new(
+                PlanLayer::new(
                     l.attn_norm.clone(),
                     PlanAttn::Gqa {
                         w: l.attn.clone(),
@@ -149,54 +146,16 @@ impl Architecture for Qwen3Moe {
                     },
                     l.ffn_norm.clone(),
                     PlanFfn::moe(&l.moe, &l.experts, None),
-                ))
+                )
             })
-            .collect::<Option<Vec<_>>>()?;
-        Some(DecoderPlan::new(
+            .collect();
+        DecoderPlan::new(
             &self.cfg,
             self.shape,
             self.token_embd.clone(),
             self.output_norm.clone(),
             self.output.clone(),
             layers,
-        ))
-    }
-
-    fn forward(
-        &self,
-        env: &Env<'_>,
-        batch: &Batch<'_>,
-        state: &mut SeqState,
-        rows: &[usize],
-    ) -> Result<Vec<f32>, ModelError> {
-        let eps = self.shape.rms_eps;
-        let e = self.cfg.n_embd;
-        let mut x = head::embed(env, &self.token_embd, batch, 1.0)?;
-        check_finite(&x, e, &batch.positions, Stage::Embedding)?;
-        for (il, l) in self.layers.iter().enumerate() {
-            let mut h = x.clone();
-            rms_norm_rows(&mut h, &l.attn_norm, eps);
-            let o = gqa(
-                env,
-                batch,
-                &mut state.kv,
-                il,
-                &l.attn,
-                &self.shape,
-                &self.rope,
-                None,
-                &h,
-            )?;
-            add_into(&mut x, &o);
-
-            let mut h = x.clone();
-            rms_norm_rows(&mut h, &l.ffn_norm, eps);
-            let f = routed(env, batch, il, &l.moe, &h)?;
-            add_into(&mut x, &f);
-            check_finite(&x, e, &batch.positions, Stage::Layer(il))?;
-        }
-        let logits = head::logits(env, &x, rows, &self.output_norm, eps, &self.output)?;
-        head::check_logits(&logits, rows, batch)?;
-        Ok(logits)
+        )
     }
 }

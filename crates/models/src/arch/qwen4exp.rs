@@ -11,8 +11,10 @@
 //!   runs the model, and says so once at load. A file with any non-zero ratio is used as
 //!   written (ratio 0 on an attention layer = dense causal attention, as llama.cpp).
 //! - GDN output gate: sigmoid (the real config; llama.cpp hard-codes it; the file has no key).
+//!
+//! The CPU runs its [`DecoderPlan`] (`crate::decoder::CpuDecoder`, whose state holds the
+//! DeltaNet, QSA and PLE states; `set_row_source` swaps the PLE rows the plan reads).
 
-use std::any::Any;
 use std::sync::Arc;
 
 use sluice_gguf::{GgmlType, GgufFile};
@@ -22,18 +24,17 @@ use sluice_tier::{RowTable, StreamableGroups, UnitGroup};
 
 use super::Architecture;
 use crate::blocks::attention::AttnShape;
-use crate::blocks::deltanet::{delta_net, DeltaShape, DeltaState, DeltaWeights};
-use crate::blocks::ffn::{glu, Activation, GluWeights};
-use crate::blocks::hyper_lowrank::{hc_post, hc_pre, HcWeights};
-use crate::blocks::moe::{glu_unit_layer, link_lookahead, routed, MoeWeights, Router, UnitMat};
-use crate::blocks::ple::{ple_apply, NgramHash, PleRows, PleState, PleWeights, TierRows};
-use crate::blocks::qsa::{qsa, QsaShape, QsaState, QsaWeights};
-use crate::blocks::{add_gated, gather_rows, head, Batch, Env};
+use crate::blocks::deltanet::{DeltaShape, DeltaWeights};
+use crate::blocks::ffn::{Activation, GluWeights};
+use crate::blocks::hyper_lowrank::HcWeights;
+use crate::blocks::moe::{glu_unit_layer, link_lookahead, MoeWeights, Router, UnitMat};
+use crate::blocks::ple::{NgramHash, PleRows, PleWeights, TierRows};
+use crate::blocks::qsa::{QsaShape, QsaWeights};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
 use crate::ops::rope_inv_freq;
 use crate::plan::{DecoderPlan, PlanAttn, PlanFfn, PlanLayer, PlanLowRank, PlanPle, PlanShared};
-use crate::state::{ExtraState, SeqState};
+use crate::state::SeqState;
 use crate::weights::{Mat, Stacked, Tensors};
 use crate::ModelError;
 
@@ -104,30 +105,6 @@ pub struct Qwen4Exp {
     rows: Option<Arc<dyn PleRows>>,
     /// What load decided and wants said once (e.g. restored compress ratios).
     pub notes: Vec<String>,
-}
-
-#[derive(Clone)]
-struct Q4State {
-    delta: Vec<Option<DeltaState>>,
-    qsa: Vec<QsaState>,
-    ple: Option<PleState>,
-    eos: u32,
-}
-
-impl ExtraState for Q4State {
-    fn clone_box(&self) -> Box<dyn ExtraState> {
-        Box::new(self.clone())
-    }
-    fn clear(&mut self) {
-        self.delta.iter_mut().flatten().for_each(DeltaState::clear);
-        self.qsa.iter_mut().for_each(QsaState::clear);
-        if let Some(p) = &mut self.ple {
-            p.clear(self.eos);
-        }
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
 }
 
 fn array_u64(hp: &Hparams<'_>, k: &str) -> Result<Option<Vec<u64>>, ModelError> {
@@ -575,7 +552,7 @@ impl Architecture for Qwen4Exp {
     /// The model as a plan: low-rank hyper-connection mixers in place of the norms, Gated
     /// DeltaNet and QSA layers, softmax MoE with the sigmoid-gated shared expert, the PLE
     /// layer through the current row source (`PlanPle`).
-    fn plan(&self) -> Option<DecoderPlan> {
+    fn plan(&self) -> DecoderPlan {
         let layers = self
             .layers
             .iter()
@@ -622,7 +599,7 @@ impl Architecture for Qwen4Exp {
             scale: 1.0 / (self.head_dim as f32).sqrt(),
             rms_eps: self.rms_eps,
         };
-        Some(DecoderPlan {
+        DecoderPlan {
             lowrank: Some(PlanLowRank {
                 n_stream: self.n_stream,
                 head: self.output_hc.clone(),
@@ -643,93 +620,13 @@ impl Architecture for Qwen4Exp {
                 self.output.clone(),
                 layers,
             )
-        })
+        }
     }
 
     fn new_state(&self, n_ctx: usize) -> SeqState {
+        // QSA layers' keys and values in the KV cache; the DeltaNet, QSA and PLE states live
+        // in the CPU decoder's state (`Model::new_state`).
         let kvd = self.n_head_kv * self.head_dim;
-        let mut st = SeqState::new(KvCache::new(self.cfg.n_layer, kvd, kvd, n_ctx));
-        let d = self.n_stream * self.cfg.n_embd;
-        let ple = self
-            .layers
-            .iter()
-            .find_map(|l| l.ple.as_ref())
-            .zip(self.hash.as_ref());
-        st.extra = Some(Box::new(Q4State {
-            delta: self
-                .layers
-                .iter()
-                .map(|l| match l.mixer {
-                    Mixer::Delta(_) => Some(DeltaState::new(&self.delta)),
-                    Mixer::Qsa(..) => None,
-                })
-                .collect(),
-            qsa: vec![QsaState::default(); self.cfg.n_layer],
-            ple: ple.map(|(w, h)| PleState::new(h, w, d)),
-            eos: self.hash.as_ref().map_or(0, |h| h.eos),
-        }));
-        st
-    }
-
-    fn forward(
-        &self,
-        env: &Env<'_>,
-        batch: &Batch<'_>,
-        state: &mut SeqState,
-        rows: &[usize],
-    ) -> Result<Vec<f32>, ModelError> {
-        let SeqState { kv, extra, .. } = state;
-        let st = crate::state::extra_as::<Q4State>(extra, "qwen4exp")?;
-        let (s, e, eps) = (self.n_stream, self.cfg.n_embd, self.rms_eps);
-        let t_len = batch.len();
-        let d = s * e;
-        // PLE rows depend only on token ids: hint them before any layer runs, gather them
-        // right before the PLE layer.
-        let mut ple_ids = None;
-        if let (Some(h), Some(src), Some(ps)) = (&self.hash, &self.rows, &mut st.ple) {
-            let (ids, ctx) = h.rows(&ps.ctx, batch.tokens);
-            src.prefetch(&ids);
-            ps.ctx = ctx;
-            ple_ids = Some((ids, e / h.n_heads()));
-        }
-        let x0 = head::embed(env, &self.token_embd, batch, 1.0)?;
-        let mut x = vec![0.0f32; t_len * d];
-        for (dst, src) in x.chunks_mut(d).zip(x0.chunks(e)) {
-            for part in dst.chunks_mut(e) {
-                part.copy_from_slice(src);
-            }
-        }
-        drop(x0);
-        for (il, l) in self.layers.iter().enumerate() {
-            if let (Some(pw), Some((ids, width)), Some(ps), Some(src)) =
-                (&l.ple, &ple_ids, &mut st.ple, &self.rows)
-            {
-                let mut emb = vec![0.0f32; ids.len() * width];
-                src.gather(env.map, ids, &mut emb)?;
-                ple_apply(env, pw, ps, s, e, eps, &emb, &mut x, t_len)?;
-            }
-            let (m, inj) = hc_pre(env, &l.hc_attn, s, e, eps, &x, t_len)?;
-            let y = match &l.mixer {
-                Mixer::Delta(w) => {
-                    let ds = st.delta[il].as_mut().ok_or_else(|| {
-                        ModelError::Compute("qwen4exp: missing DeltaNet state".into())
-                    })?;
-                    delta_net(env, w, &self.delta, ds, &m, t_len)?
-                }
-                Mixer::Qsa(w, sh) => {
-                    qsa(env, batch, kv, &mut st.qsa[il], il, w, sh, &self.rope, &m)?
-                }
-            };
-            hc_post(&mut x, &inj.expect("block mixers inject"), &y, s, e);
-            let (m, inj) = hc_pre(env, &l.hc_ffn, s, e, eps, &x, t_len)?;
-            let mut y = routed(env, batch, il, &l.moe, &m)?;
-            let sh = glu(env, &l.shared, Activation::Silu, &m, t_len)?;
-            let sg = env.linear(&l.shared_gate, &m, t_len)?;
-            add_gated(&mut y, &sh, &sg, e);
-            hc_post(&mut x, &inj.expect("block mixers inject"), &y, s, e);
-        }
-        let sel = gather_rows(&x, rows, d);
-        let (m, _) = hc_pre(env, &self.output_hc, s, e, eps, &sel, rows.len())?;
-        env.linear(&self.output, &m, rows.len())
+        SeqState::new(KvCache::new(self.cfg.n_layer, kvd, kvd, n_ctx))
     }
 }
