@@ -17,8 +17,9 @@ path (2% held out), so held-out perplexity is measured on files the model never 
 
 Steps: (1) a byte-level BPE tokenizer (vocabulary 4096) with Qwen2's pre-tokenizer regex,
 trained on the train files with HF `tokenizers`; (2) transformers' Qwen3MoeForCausalLM
-(8 layers, hidden 256, 32 experts of 64, top-4, its load-balancing loss: 17 MB as Q8_0,
-so the repository still travels to the lent GPU, whose limit is 64 MiB) trained with AdamW
+(8 layers, hidden 128, 32 experts of 64, top-4, its load-balancing loss: about 8 MB as
+Q8_0, so the repository and a pack of test binaries still travel to the lent GPU, whose
+limit is 64 MiB for everything) trained with AdamW
 in bf16 autocast for a fixed wall-clock budget, keeping the checkpoint with the best
 held-out loss; (3) held-out perplexity next to a unigram baseline; (4) a greedy sample from
 the float32 model and the logits of the Q8_0-rounded weights on a held-out window (the
@@ -53,13 +54,13 @@ QWEN2_REGEX = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 SHAPE = dict(
-    hidden_size=256,
-    intermediate_size=512,
+    hidden_size=128,
+    intermediate_size=256,
     moe_intermediate_size=64,
     num_hidden_layers=8,
     num_attention_heads=4,
     num_key_value_heads=2,
-    head_dim=64,
+    head_dim=32,
     num_experts=32,
     num_experts_per_tok=4,
     norm_topk_prob=True,
