@@ -14,7 +14,7 @@
 #[macro_export]
 #[doc(hidden)]
 macro_rules! q8_like_kernel {
-    ($name:ident, $rows:ident, $bytes:expr, $decode:ident, $features:literal, $dot:expr) => {
+    ($name:ident, $rows:ident, $bytes:expr, $decode:ident, $f16:ident, $features:literal, $dot:expr) => {
         /// `out[r] = row r . ys` for the consecutive rows of `w` (`rb` bytes each): the
         /// same bits as `$name::<1>` on each row (same per-lane operations in the same
         /// order), but two rows run interleaved (two independent FMA chains), the
@@ -46,7 +46,7 @@ macro_rules! q8_like_kernel {
                 let mut a0 = _mm256_setzero_ps();
                 let mut a1 = _mm256_setzero_ps();
                 for ((x0, x1), yb) in b0.iter().zip(b1).zip(ys) {
-                    let dy = tab[yb.d as usize];
+                    let dy = $f16(yb.d, tab);
                     let qy = ld256_i8(&yb.qs);
                     let (d0, q0) = $decode(x0, tab);
                     let (d1, q1) = $decode(x1, tab);
