@@ -53,51 +53,15 @@ fn check(name: &str) {
     let n_vocab = m.cfg.n_vocab;
     assert_eq!(shape[1], n_vocab);
     let got = run(&m, 32, 2, true);
-    assert_eq!(got.len(), want.len());
-    let max_ref = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-    let mut worst = (0.0f32, 0usize);
-    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-        let d = (a - b).abs();
-        assert!(d.is_finite(), "{name}: non-finite logit at {i}");
-        if d > worst.0 {
-            worst = (d, i / n_vocab);
-        }
-    }
-    eprintln!(
-        "{name}: max |sluice - transformers| = {} at position {} (max |logit| {max_ref}, relative {})",
-        worst.0,
-        worst.1,
-        worst.0 / max_ref
-    );
-    assert!(
-        worst.0 <= 1e-3 * max_ref,
-        "{name}: max |sluice - transformers| = {} at position {} > 1e-3 * {max_ref}",
-        worst.0,
-        worst.1
-    );
-    for (p, (g, w)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
-        let wi = argmax(w);
-        let mut sorted = w.to_vec();
-        sorted.sort_by(|a, b| b.total_cmp(a));
-        if sorted[0] - sorted[1] > 1e-3 {
-            assert_eq!(argmax(g), wi, "{name}: top-1 differs at position {p}");
-        }
-    }
+    let max_ref = common::assert_close_to_reference(name, &got, &want, n_vocab, 1e-3);
+    common::assert_top1_where_clear(name, &got, &want, n_vocab, 1e-3);
     // The default f16-rounded latent rows (llama.cpp's default cache type; the indexer keys
     // stay f32): the rounding (~5e-4 relative) moves logits by ~2e-3, and by up to ~1e-2 of
     // the largest |logit| where it flips a near-tied choice (llama.cpp with its default F16 cache:
     // 2e-3, and 0.050 at one position of model b, llama_cpp_check.json). Bound: every
     // position within 2e-2 of the largest |logit|.
     let f16 = run(&m, 32, 2, false);
-    let per_pos: Vec<f32> = f16
-        .chunks(n_vocab)
-        .zip(want.chunks(n_vocab))
-        .map(|(g, w)| {
-            g.iter()
-                .zip(w)
-                .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()))
-        })
-        .collect();
+    let per_pos = common::per_position_max_diff(&f16, &want, n_vocab);
     let worst_f16 = per_pos.iter().fold(0.0f32, |a, &b| a.max(b));
     eprintln!("{name}: with f16 latent rows: max |sluice - transformers| = {worst_f16}");
     assert!(

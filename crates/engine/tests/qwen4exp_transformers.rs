@@ -6,11 +6,10 @@
 //! inside, shorter and longer than the indexer budget). sluice never produced these numbers.
 
 mod common;
-use common::{rel_err, same_bits};
+use common::same_bits;
 
 use std::path::PathBuf;
 
-use sluice_engine::eval::read_npy_f32;
 use sluice_engine::tier::PolicyKind;
 use sluice_engine::tier::{StreamConfig, StreamingExperts};
 use sluice_engine::{Logits, Model};
@@ -31,23 +30,7 @@ fn run(m: &Model, toks: &[u32], batch: usize, decode: usize, threads: usize) -> 
 }
 
 fn check(gguf: &str, model: &str) {
-    let m = Model::load(&fixture(gguf)).unwrap();
-    for p in ["short", "long"] {
-        let toks = prompt(p);
-        let (want, _) = read_npy_f32(&fixture(&format!("{model}.{p}.logits.npy"))).unwrap();
-        let whole = run(&m, &toks, 512, 0, 1);
-        let err = rel_err(&whole, &want);
-        eprintln!("{gguf} {p}: max |sluice - transformers| / max |logit| = {err:.3e}");
-        assert!(err < 1e-3, "{gguf} {p}: relative error {err} >= 1e-3");
-        // chunked prefill, token-by-token decode, other thread counts: the same bits.
-        for (batch, decode, threads) in [(5, 0, 2), (3, 4, 1), (1, 0, 2), (7, toks.len() / 2, 2)] {
-            let got = run(&m, &toks, batch, decode, threads);
-            assert!(
-                same_bits(&got, &whole),
-                "{gguf} {p}: batch {batch} decode {decode} threads {threads} differs from one-shot prefill"
-            );
-        }
-    }
+    common::check_prompts_against_transformers("qwen4exp", gguf, model, run);
 }
 
 #[test]

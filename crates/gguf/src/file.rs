@@ -1,66 +1,15 @@
 //! A parsed GGUF header and the queries on it.
 //!
-//! Owns: `GgufFile` (metadata, tensor infos, layout), `TensorInfo`, typed metadata getters
-//! and byte ranges of tensors, row ranges and experts. Parsing lives in `read.rs`.
+//! Owns: opening a file, typed metadata getters and byte ranges of tensors, row ranges and
+//! experts. The types (`GgufFile`, `TensorInfo`) are in `header.rs`, parsing in `read.rs`.
 
 use std::io::BufReader;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use crate::header::{GgufFile, TensorInfo};
 use crate::read::{parse_header, ReaderSource, SliceSource};
-use crate::{GgmlType, GgufError, MetaValue};
-
-/// One tensor as described by the header.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TensorInfo {
-    pub name: String,
-    /// ggml order: `dims[0]` is the row length (contiguous).
-    pub dims: Vec<u64>,
-    pub ty: GgmlType,
-    /// Relative to the data section.
-    pub offset: u64,
-    /// Bytes of data (validated: `row_bytes * n_rows`).
-    pub n_bytes: u64,
-}
-
-impl TensorInfo {
-    /// Product of all dims (saturating; exact for parsed tensors).
-    pub fn n_elements(&self) -> u64 {
-        self.dims.iter().fold(1u64, |a, &d| a.saturating_mul(d))
-    }
-
-    /// Product of `dims[1..]` (1 for a 1-D tensor).
-    pub fn n_rows(&self) -> u64 {
-        self.dims
-            .iter()
-            .skip(1)
-            .fold(1u64, |a, &d| a.saturating_mul(d))
-    }
-
-    /// Bytes of one row of `dims[0]` elements (0 for a tensor that did not come from a
-    /// validated header and has no whole-block rows).
-    pub fn row_bytes(&self) -> u64 {
-        self.dims
-            .first()
-            .and_then(|&n| self.ty.row_bytes(n))
-            .unwrap_or(0)
-    }
-}
-
-/// A validated GGUF header.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GgufFile {
-    pub path: PathBuf,
-    pub version: u32,
-    /// In file order.
-    pub metadata: Vec<(String, MetaValue)>,
-    /// In file order.
-    pub tensors: Vec<TensorInfo>,
-    pub alignment: u64,
-    /// Absolute offset of the data section.
-    pub data_offset: u64,
-    pub file_size: u64,
-}
+use crate::{GgufError, MetaValue};
 
 impl GgufFile {
     /// Read and validate the header of the file at `path` (tensor data is not read).

@@ -9,13 +9,14 @@
 
 mod error;
 mod file;
+mod header;
 mod meta;
 mod read;
 mod types;
 mod write;
 
 pub use error::GgufError;
-pub use file::{GgufFile, TensorInfo};
+pub use header::{GgufFile, TensorInfo};
 pub use meta::{MetaArray, MetaType, MetaValue};
 pub use read::{
     DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS, MAX_KEYS, MAX_NAME_LEN,

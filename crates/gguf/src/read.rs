@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use crate::file::{GgufFile, TensorInfo};
+use crate::header::{GgufFile, TensorInfo};
 use crate::{GgmlType, GgufError, MetaArray, MetaType, MetaValue};
 
 /// The four magic bytes every GGUF file starts with.

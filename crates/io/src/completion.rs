@@ -1,7 +1,7 @@
 //! Completion queue shared by the backends: finished requests wait here for `wait_one` /
 //! `try_complete`, with an in-flight count so `wait_one` never blocks on nothing.
 
-use crate::engine::ReadDone;
+use crate::request::ReadDone;
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::{AtomicUsize, Ordering::AcqRel, Ordering::Acquire};
 

@@ -3,7 +3,7 @@
 //! best-effort IO priority, and one-time warnings.
 
 use crate::aligned::{AlignedBuf, ALIGN};
-use crate::engine::{IoError, Segment};
+use crate::request::{IoError, Segment};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;

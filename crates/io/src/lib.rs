@@ -15,15 +15,16 @@ mod hint;
 mod mmap;
 pub mod pagecache;
 mod pool;
+mod request;
 mod sigbus;
 mod stats;
 mod uring;
 
 pub use aligned::{AlignedBuf, ALIGN};
-pub use engine::{
-    open_engine, required_capacity, Backend, IoConfig, IoEngine, IoError, ReadDone, ReadReq,
-    Segment,
-};
+pub use engine::open_engine;
 pub use mmap::{MapError, MappedFile};
 pub use pagecache::{block_device_read_bytes, drop_page_cache, proc_self_io_read_bytes, residency};
+pub use request::{
+    required_capacity, Backend, IoConfig, IoEngine, IoError, ReadDone, ReadReq, Segment,
+};
 pub use stats::IoStats;

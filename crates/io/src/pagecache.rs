@@ -2,7 +2,7 @@
 //! (posix_fadvise DONTNEED), count resident pages (cachestat, or mincore on a temporary
 //! map), and read true storage traffic (/proc/self/io, the block device's sector counters).
 
-use crate::engine::IoError;
+use crate::request::IoError;
 use std::fs::File;
 use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd};

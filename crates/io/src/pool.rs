@@ -4,11 +4,11 @@
 
 use crate::aligned::AlignedBuf;
 use crate::completion::Completions;
-use crate::engine::{
-    layout, required_capacity, IoConfig, IoEngine, IoError, Layout1, ReadDone, ReadReq, Segment,
-};
 use crate::fileio::{file_len, open_file, read_span, set_high_io_priority};
 use crate::hint::Hinter;
+use crate::request::{
+    layout, required_capacity, IoConfig, IoEngine, IoError, Layout1, ReadDone, ReadReq, Segment,
+};
 use crate::stats::{Counters, IoStats};
 use crossbeam_channel::Sender;
 use std::fs::File;

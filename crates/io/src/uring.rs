@@ -4,10 +4,10 @@
 
 use crate::aligned::AlignedBuf;
 use crate::completion::Completions;
-use crate::engine::{layout, IoConfig, IoEngine, IoError, Layout1, ReadDone, ReadReq, Segment};
 use crate::fileio::{open_file, resume_pos, set_high_io_priority};
 use crate::hint::Hinter;
 use crate::pool::admit;
+use crate::request::{layout, IoConfig, IoEngine, IoError, Layout1, ReadDone, ReadReq, Segment};
 use crate::stats::{Counters, IoStats};
 use crossbeam_channel::{Receiver, Sender};
 use io_uring::{opcode, types, IoUring};

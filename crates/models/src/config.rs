@@ -10,7 +10,7 @@
 //! scaling types) and the vocabulary's agreement with the tokenizer.
 //! Architecture-specific hyper-parameters live in each architecture's module.
 
-use sluice_gguf::GgufFile;
+use sluice_gguf::{GgufFile, MetaValue};
 
 use crate::ModelError;
 
@@ -76,6 +76,39 @@ impl<'a> Hparams<'a> {
 
     pub fn has(&self, k: &str) -> bool {
         self.file.get(&self.key(k)).is_some()
+    }
+
+    /// The values of an array key (a scalar key reads as one value); `None` when absent.
+    pub fn array(&self, k: &str) -> Option<Vec<MetaValue>> {
+        match self.file.get(&self.key(k)) {
+            Some(MetaValue::Array(a)) => Some(a.values.clone()),
+            Some(v) => Some(vec![v.clone()]),
+            None => None,
+        }
+    }
+
+    /// A per-layer float array key for `n` layers: a scalar (or one-element array)
+    /// applies to every layer; `default` when absent (`None`: the key is required).
+    pub fn per_layer_f32(
+        &self,
+        k: &str,
+        n: usize,
+        default: Option<Vec<f32>>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let key = self.key(k);
+        let Some(v) = self.array(k) else {
+            return default.ok_or_else(|| self.bad(format!("{key} is missing")));
+        };
+        let vals: Option<Vec<f32>> = v
+            .iter()
+            .map(|x| x.as_f32().filter(|f| f.is_finite()))
+            .collect();
+        let vals = vals.ok_or_else(|| self.bad(format!("{key} must hold finite numbers")))?;
+        match vals.len() {
+            1 => Ok(vec![vals[0]; n]),
+            l if l >= n => Ok(vals),
+            l => Err(self.bad(format!("{key} has {l} entries for {n} layers"))),
+        }
     }
 
     /// A required unsigned integer, at most [`MAX_INT`].

@@ -216,6 +216,22 @@ impl<'a> Tensors<'a> {
             || self.has(&format!("blk.{il}.ffn_gate_up_exps.weight"))
     }
 
+    /// The routed GLU experts of the MTP blocks `blocks` (layers past the decoder, never
+    /// run: described so they stream and never sit resident), each with its layer index;
+    /// a block without routed experts is skipped.
+    pub fn mtp_glu_experts(
+        &self,
+        blocks: Range<usize>,
+        n_embd: usize,
+        ff: Option<usize>,
+        n_expert: usize,
+    ) -> Result<Vec<(usize, [Stacked; 3])>, EngineError> {
+        blocks
+            .filter(|il| self.has_glu_experts(*il))
+            .map(|il| Ok((il, self.glu_experts(il, n_embd, ff, n_expert)?)))
+            .collect()
+    }
+
     /// Layer `il`'s routed GLU experts `[gate, up, down]` over `n_embd` inputs, `ff` rows per
     /// expert when given (else read from the file). Accepts separate `ffn_gate_exps` /
     /// `ffn_up_exps` or one merged `ffn_gate_up_exps` (`[n_embd, 2 ff, n_expert]`, each

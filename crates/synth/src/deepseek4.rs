@@ -10,16 +10,17 @@
 //! - `mxfp4` (the converter's own output, bartowski-style): routed experts MXFP4, the rest
 //!   as above.
 //!
-//! Owns: the deepseek4 presets ([`Dsv4Shape`]), the file plan ([`plan`]) and the block
+//! Owns: the deepseek4 presets ([`Dsv4Shape`]) and the file plan ([`plan`]). The block
 //! fillers of the types only this layout uses (IQ2_XXS, Q2_K, MXFP4, F16, the I32 hash
-//! table). The writer, vocabulary and free-space check are the crate's.
+//! table) are in `blocks.rs` with the others; the writer, vocabulary and free-space check
+//! are the crate's.
 
 use std::path::Path;
 
 use sluice_gguf::{GgmlType, GgufWriter, MetaArray, MetaType, MetaValue, TensorSpec};
-use sluice_kernels::formats::f32_to_f16;
 
-use crate::blocks::{splitmix64, Fill, Rng};
+pub use crate::blocks::hash_expert;
+use crate::blocks::Fill;
 use crate::{Plan, PlannedTensor, SynthError, Vocab};
 
 /// Every dimension of a deepseek4 model.
@@ -455,85 +456,4 @@ pub fn plan(cfg: &Dsv4Config, mut vocab: Vocab) -> Result<Plan, SynthError> {
         seed: cfg.seed,
         fallbacks,
     })
-}
-
-/// Bytes per block and values per block of the types this module fills.
-pub(crate) fn geometry(ty: GgmlType) -> Option<(usize, usize)> {
-    match ty {
-        GgmlType::IQ2_XXS => Some((66, 256)),
-        GgmlType::Q2_K => Some((84, 256)),
-        GgmlType::MXFP4 => Some((17, 32)),
-        GgmlType::F16 => Some((2, 1)),
-        GgmlType::I32 => Some((4, 1)),
-        _ => None,
-    }
-}
-
-/// Expert `slot` of token `token` in a hash table: `k` distinct experts per token, spread
-/// `n / k` apart from a per-token random start.
-pub fn hash_expert(salt: u64, n_expert: u32, k: u32, token: u64, slot: u32) -> u32 {
-    let mut st = salt ^ token.wrapping_mul(0xD6E8_FEB8_6659_FD93);
-    let base = (splitmix64(&mut st) % u64::from(n_expert)) as u32;
-    let step = (n_expert / k.max(1)).max(1);
-    (base + slot * step) % n_expert
-}
-
-/// Fill a chunk of one of this module's types (`first_elem`: index of its first value).
-pub(crate) fn fill(ty: GgmlType, fill: Fill, rng: &mut Rng, out: &mut [u8], first_elem: u64) {
-    match (ty, fill) {
-        (GgmlType::I32, Fill::HashTable { n_expert, k, salt }) => {
-            for (i, c) in out.chunks_exact_mut(4).enumerate() {
-                let at = first_elem + i as u64;
-                let e = hash_expert(
-                    salt,
-                    n_expert,
-                    k,
-                    at / u64::from(k),
-                    (at % u64::from(k)) as u32,
-                );
-                c.copy_from_slice(&(e as i32).to_le_bytes());
-            }
-        }
-        (GgmlType::F16, Fill::Random { sigma }) => {
-            let a = sigma * 3f32.sqrt();
-            for c in out.chunks_exact_mut(2) {
-                let v = a * (2.0 * rng.unit() - 1.0);
-                c.copy_from_slice(&f32_to_f16(v).to_le_bytes());
-            }
-        }
-        (GgmlType::IQ2_XXS, Fill::Random { sigma }) => {
-            // Any bytes are a valid block: 8 groups of (4 grid indices, 4 x 7 sign bits + a
-            // 4-bit scale). value = d * (0.5 + s) / 4 * grid (8, 25 or 43) * sign: RMS ~67 d.
-            for b in out.chunks_exact_mut(66) {
-                let d = sigma / 67.0 * (0.75 + 0.5 * rng.unit());
-                b[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
-                rng.fill_bytes(&mut b[2..]);
-            }
-        }
-        (GgmlType::Q2_K, Fill::Random { sigma }) => {
-            // value = d * sc * q - dmin * m, q in 0..=3; m = sc and dmin = 1.5 d centre it:
-            // d * sc * (q - 1.5), sc in 1..=15: RMS ~10.2 d.
-            for b in out.chunks_exact_mut(84) {
-                for s in &mut b[..16] {
-                    let sc = rng.range_u8(1, 15);
-                    *s = sc | (sc << 4);
-                }
-                rng.fill_bytes(&mut b[16..80]);
-                let d = sigma / 10.2 * (0.75 + 0.5 * rng.unit());
-                b[80..82].copy_from_slice(&f32_to_f16(d).to_le_bytes());
-                b[82..84].copy_from_slice(&f32_to_f16(1.5 * d).to_le_bytes());
-            }
-        }
-        (GgmlType::MXFP4, Fill::Random { sigma }) => {
-            // value = kvalues[q] (RMS 5.85 over random nibbles) * 2^(e - 128).
-            let e0 = 128.0 + (sigma / 5.85).log2().round();
-            for b in out.chunks_exact_mut(17) {
-                b[0] = (e0 + f32::from(rng.range_u8(0, 1)) - 0.5)
-                    .round()
-                    .clamp(1.0, 254.0) as u8;
-                rng.fill_bytes(&mut b[1..]);
-            }
-        }
-        _ => out.fill(0),
-    }
 }

@@ -373,7 +373,7 @@ fn generate(
                 let rows = t.row_scale.as_deref().map(|s| (s, row_len, first_elem));
                 if matches!(t.fill, Fill::HashTable { .. }) {
                     // Its values depend on the element index.
-                    crate::deepseek4::fill(info.ty, t.fill, &mut rng, out, first_elem);
+                    crate::blocks::fill_ds4(info.ty, t.fill, &mut rng, out, first_elem);
                 } else {
                     fill_chunk(info.ty, t.fill, &mut rng, out, rows);
                 }

@@ -25,32 +25,13 @@
 //! weights (`CacheStats::resident_bytes`), not in the cache budget.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use thiserror::Error;
 
+pub use super::key::ExpertKey;
 use super::policy::Policy;
 use super::slot::{SlotBuf, SlotMemory};
-
-/// Cache key: one routed expert of one layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ExpertKey {
-    pub layer: u32,
-    pub expert: u32,
-}
-
-impl ExpertKey {
-    pub fn new(layer: u32, expert: u32) -> ExpertKey {
-        ExpertKey { layer, expert }
-    }
-}
-
-impl fmt::Display for ExpertKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "layer {} expert {}", self.layer, self.expert)
-    }
-}
 
 /// Index of a slot in the cache (stable while the slot exists).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

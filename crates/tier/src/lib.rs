@@ -13,6 +13,7 @@
 
 pub mod cache;
 pub mod groups;
+pub mod key;
 pub mod pack;
 pub mod ple;
 pub mod policy;

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use thiserror::Error;
 
-use super::cache::ExpertKey;
+use super::key::ExpertKey;
 
 /// An eviction policy. The cache calls it under its lock, in request order.
 pub trait Policy: Send {

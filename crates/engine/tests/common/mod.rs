@@ -2,6 +2,9 @@
 //! tools/fixtures/make_qwen3moe.py) and small comparison helpers, shared by the engine's
 //! integration tests.
 
+// Each test binary compiles this module and uses a part of it.
+#![allow(dead_code)]
+
 use std::path::{Path, PathBuf};
 
 /// Path of a file in the qwen3moe fixture directory.
@@ -12,13 +15,11 @@ pub fn qwen3moe_fixture(name: &str) -> PathBuf {
 }
 
 /// The fixture's token ids (tokens.json).
-#[allow(dead_code)]
 pub fn qwen3moe_tokens() -> Vec<u32> {
     json_ids(&qwen3moe_fixture("tokens.json"))
 }
 
 /// The `ids` array of a fixture's JSON file (tokens.json, manifest.json).
-#[allow(dead_code)]
 pub fn json_ids(path: &Path) -> Vec<u32> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -31,7 +32,6 @@ pub fn json_ids(path: &Path) -> Vec<u32> {
 }
 
 /// Whether two logit vectors are equal bit for bit.
-#[allow(dead_code)]
 pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
@@ -41,7 +41,6 @@ pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
 /// resident logits) bit for bit, at a budget that evicts (3x the minimum) and at one that
 /// holds every expert; off, nothing is predicted. Every byte read is a miss, a certain
 /// prefetch or a lookahead read. Returns the lookahead reads issued (callers assert > 0).
-#[allow(dead_code)]
 pub fn check_lookahead(
     path: &Path,
     want: &[f32],
@@ -110,7 +109,6 @@ pub fn check_lookahead(
 }
 
 /// Path of a file in `tests/fixtures/<dir>` (the per-architecture oracle fixtures).
-#[allow(dead_code)]
 pub fn fixture_in(dir: &str, name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures")
@@ -119,14 +117,12 @@ pub fn fixture_in(dir: &str, name: &str) -> PathBuf {
 }
 
 /// `tests/fixtures/<dir>/manifest.json`, parsed.
-#[allow(dead_code)]
 pub fn manifest_in(dir: &str) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(fixture_in(dir, "manifest.json")).unwrap())
         .unwrap()
 }
 
 /// Token ids stored as a JSON array.
-#[allow(dead_code)]
 pub fn ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array()
         .unwrap()
@@ -137,7 +133,6 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
 
 /// Every position's logits of `toks` on a fresh sequence of `ctx` positions: prefill in
 /// chunks of `batch`, then the last `decode` tokens one at a time, on `threads` threads.
-#[allow(dead_code)]
 pub fn logits_all(
     m: &sluice_engine::Model,
     toks: &[u32],
@@ -168,7 +163,6 @@ pub fn logits_all(
 }
 
 /// Index of the largest value (the first one on a tie).
-#[allow(dead_code)]
 pub fn argmax(row: &[f32]) -> usize {
     let mut best = 0;
     for (i, &v) in row.iter().enumerate() {
@@ -180,7 +174,6 @@ pub fn argmax(row: &[f32]) -> usize {
 }
 
 /// max |a - b| / max |b|
-#[allow(dead_code)]
 pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     let max_ref = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -192,7 +185,6 @@ pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Copy the GGUF `bytes` (read from `path`) to `out` with metadata `key` set to `value`.
-#[allow(dead_code)]
 pub fn rewrite_with(
     bytes: &[u8],
     path: &Path,
@@ -212,7 +204,6 @@ pub fn rewrite_with(
 
 /// The file at `path` loaded with its routed experts streamed through an LRU cache of
 /// `budget` bytes (O_DIRECT, depth 4, 2 IO threads) on `backend`.
-#[allow(dead_code)]
 pub fn load_streamed(
     path: &Path,
     budget: u64,
@@ -241,4 +232,96 @@ pub fn load_streamed(
     let s = std::sync::Arc::new(s);
     m.set_expert_source(Box::new(s.clone()));
     (m, s)
+}
+
+/// The comparison every architecture's transformers test makes on all positions' logits
+/// (`got` from sluice, `want` from transformers float32; `[positions, n_vocab]`): every
+/// value finite, the largest |difference| within `rel` of the largest |reference logit|.
+/// Returns the largest |reference logit|.
+pub fn assert_close_to_reference(
+    name: &str,
+    got: &[f32],
+    want: &[f32],
+    n_vocab: usize,
+    rel: f32,
+) -> f32 {
+    assert_eq!(got.len(), want.len(), "{name}: logits count");
+    let max_ref = want.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let mut worst = (0.0f32, 0usize);
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        let d = (a - b).abs();
+        assert!(d.is_finite(), "{name}: non-finite logit at {i}");
+        if d > worst.0 {
+            worst = (d, i / n_vocab);
+        }
+    }
+    let (d, at) = worst;
+    eprintln!(
+        "{name}: max |sluice - transformers| = {d} at position {at} (max |logit| {max_ref}, relative {})",
+        d / max_ref
+    );
+    assert!(
+        d <= rel * max_ref,
+        "{name}: max |sluice - transformers| = {d} at position {at} > {rel} * {max_ref}"
+    );
+    max_ref
+}
+
+/// Top-1 agrees at every position where the reference's top-1 margin exceeds `margin`
+/// (near-ties may flip with summation order).
+pub fn assert_top1_where_clear(name: &str, got: &[f32], want: &[f32], n_vocab: usize, margin: f32) {
+    for (p, (g, w)) in got.chunks(n_vocab).zip(want.chunks(n_vocab)).enumerate() {
+        let mut sorted = w.to_vec();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        if sorted[0] - sorted[1] > margin {
+            assert_eq!(
+                argmax(g),
+                argmax(w),
+                "{name}: top-1 differs at position {p}"
+            );
+        }
+    }
+}
+
+/// Each position's largest |got - want|.
+pub fn per_position_max_diff(got: &[f32], want: &[f32], n_vocab: usize) -> Vec<f32> {
+    got.chunks(n_vocab)
+        .zip(want.chunks(n_vocab))
+        .map(|(g, w)| {
+            g.iter()
+                .zip(w)
+                .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()))
+        })
+        .collect()
+}
+
+/// The recurrent architectures' oracle check (qwen4exp, glm5next): for each prompt of
+/// the fixture's manifest, one-shot prefill within 1e-3 of the largest |logit| of
+/// transformers' `{reference}.{prompt}.logits.npy`, and chunked prefill, token-by-token
+/// decode and other thread counts giving the same bits. `run(model, tokens, batch,
+/// decode, threads)` computes every position's logits.
+pub fn check_prompts_against_transformers(
+    dir: &str,
+    gguf: &str,
+    reference: &str,
+    run: impl Fn(&sluice_engine::Model, &[u32], usize, usize, usize) -> Vec<f32>,
+) {
+    let m = sluice_engine::Model::load(&fixture_in(dir, gguf)).unwrap();
+    let man = manifest_in(dir);
+    for p in ["short", "long"] {
+        let toks = ids(&man["prompts"][p]);
+        let npy = fixture_in(dir, &format!("{reference}.{p}.logits.npy"));
+        let (want, _) = sluice_engine::eval::read_npy_f32(&npy).unwrap();
+        let whole = run(&m, &toks, 512, 0, 1);
+        let err = rel_err(&whole, &want);
+        eprintln!("{gguf} {p}: max |sluice - transformers| / max |logit| = {err:.3e}");
+        assert!(err < 1e-3, "{gguf} {p}: relative error {err} >= 1e-3");
+        for (batch, decode, threads) in [(5, 0, 2), (3, 4, 1), (1, 0, 2), (7, toks.len() / 2, 2)] {
+            let got = run(&m, &toks, batch, decode, threads);
+            assert!(
+                same_bits(&got, &whole),
+                "{gguf} {p}: batch {batch} decode {decode} threads {threads} differs from one-shot prefill"
+            );
+        }
+    }
 }

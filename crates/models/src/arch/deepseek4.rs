@@ -10,9 +10,9 @@
 //! compressor carry and compressed rows); the hash-routed layers' experts are named from the
 //! token ids ([`Architecture::certain_units`]) for prefetch.
 
-use sluice_gguf::{GgmlType, GgufFile, MetaValue};
+use sluice_gguf::{GgmlType, GgufFile};
 use sluice_io::MappedFile;
-use sluice_tier::{StreamableGroups, UnitGroup, UnitLayer};
+use sluice_tier::StreamableGroups;
 
 use super::Architecture;
 use crate::blocks::attention::AttnShape;
@@ -21,7 +21,7 @@ use crate::blocks::dsv4_attention::{
 };
 use crate::blocks::ffn::{Activation, GluWeights};
 use crate::blocks::hyper::{HcShape, HcWeights};
-use crate::blocks::moe::{glu_unit_layer, link_lookahead, MoeWeights, Router, ScoreFn, UnitMat};
+use crate::blocks::moe::{expert_group, link_lookahead, MoeWeights, Router, ScoreFn, UnitMat};
 use crate::config::{Hparams, ModelConfig, RopeScaling};
 use crate::kv::KvCache;
 use crate::plan::{DecoderPlan, HyperHead, PlanAttn, PlanFfn, PlanHyper, PlanLayer, PlanShared};
@@ -54,45 +54,10 @@ pub struct DeepSeek4 {
     hc_head: HcWeights,
     layers: Vec<Layer>,
     /// Routed experts of the MTP block(s), never run, described so they stream (stay on disk).
-    mtp_experts: Vec<[Stacked; 3]>,
+    mtp_experts: Vec<(usize, [Stacked; 3])>,
 }
 
-/// Per-sequence state: every layer's raw window, compressor carry and compressed rows.
-fn arr(hp: &Hparams<'_>, k: &str) -> Option<Vec<MetaValue>> {
-    match hp.file.get(&format!("{NAME}.{k}")) {
-        Some(MetaValue::Array(a)) => Some(a.values.clone()),
-        Some(v) => Some(vec![v.clone()]),
-        None => None,
-    }
-}
-
-/// A per-layer float array key (a scalar applies to every layer); `d` when absent.
-fn per_layer_f32(
-    hp: &Hparams<'_>,
-    k: &str,
-    n: usize,
-    d: Option<Vec<f32>>,
-) -> Result<Vec<f32>, ModelError> {
-    let Some(v) = arr(hp, k) else {
-        return d.ok_or_else(|| hp.bad(format!("{NAME}.{k} is missing")));
-    };
-    let vals: Option<Vec<f32>> = v
-        .iter()
-        .map(|x| x.as_f32().filter(|f| f.is_finite()))
-        .collect();
-    let vals = vals.ok_or_else(|| hp.bad(format!("{NAME}.{k} must hold finite numbers")))?;
-    if vals.len() == 1 {
-        return Ok(vec![vals[0]; n]);
-    }
-    if vals.len() < n {
-        return Err(hp.bad(format!(
-            "{NAME}.{k} has {} entries for {n} layers",
-            vals.len()
-        )));
-    }
-    Ok(vals)
-}
-
+/// The hash layers' token -> expert table (`[k, n_vocab]` I32, every id >= 0).
 fn read_i32_table(
     t: &Tensors<'_>,
     name: &str,
@@ -165,7 +130,8 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     let n_mtp = n_block - n_layer;
 
     let ratios: Vec<usize> = {
-        let v = arr(&hp, "attention.compress_ratios")
+        let v = hp
+            .array("attention.compress_ratios")
             .ok_or_else(|| hp.bad(format!("{NAME}.attention.compress_ratios is missing")))?;
         let r: Option<Vec<usize>> = v.iter().map(|x| x.as_u64().map(|u| u as usize)).collect();
         let r = r.ok_or_else(|| {
@@ -237,8 +203,8 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
             "{NAME}.hash_layer_count {n_hash} exceeds the {n_layer} layers"
         )));
     }
-    let clamp_exp = per_layer_f32(&hp, "swiglu_clamp_exp", n_layer, Some(vec![0.0; n_layer]))?;
-    let clamp_sh = per_layer_f32(&hp, "swiglu_clamp_shexp", n_layer, Some(clamp_exp.clone()))?;
+    let clamp_exp = hp.per_layer_f32("swiglu_clamp_exp", n_layer, Some(vec![0.0; n_layer]))?;
+    let clamp_sh = hp.per_layer_f32("swiglu_clamp_shexp", n_layer, Some(clamp_exp.clone()))?;
     let compress_base = hp.f_pos_or("attention.compress_rope_freq_base", rope_base)?;
     // YaRN on the compressed layers when the file says so, or (no type written) when it
     // carries a scaling factor other than 1; factors below 1 are refused (YaRN extends).
@@ -329,9 +295,6 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         })
     };
     let n_mix = (2 + n_hc) * n_hc;
-    let stacked = |il: usize| -> Result<[Stacked; 3], ModelError> {
-        t.glu_experts(il, e, Some(n_ff), n_expert)
-    };
     let compressor =
         |il: usize, pre: &str, ratio: usize, hd: usize| -> Result<CompressorWeights, ModelError> {
             let coff = if ratio == 4 { 2 } else { 1 };
@@ -372,12 +335,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         } else {
             None
         };
-        let experts = stacked(il)?;
-        let um = |s: &Stacked| UnitMat {
-            ty: s.ty,
-            rows: s.rows,
-            cols: s.cols,
-        };
+        let experts = t.glu_experts(il, e, Some(n_ff), n_expert)?;
         let router = if il < n_hash {
             Router::Hash {
                 table: read_i32_table(&t, &n("ffn_gate_tid2eid"), k, n_vocab)?,
@@ -438,17 +396,13 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
                 router,
                 n_expert,
                 k,
-                gate: um(&experts[0]),
-                up: um(&experts[1]),
-                down: um(&experts[2]),
+                gate: UnitMat::from(&experts[0]),
+                up: UnitMat::from(&experts[1]),
+                down: UnitMat::from(&experts[2]),
                 act: act(clamp_exp[il]),
                 next: None,
             },
-            shared: GluWeights {
-                gate: t.mat(&n("ffn_gate_shexp"), n_ff_sh, e)?,
-                up: t.mat(&n("ffn_up_shexp"), n_ff_sh, e)?,
-                down: t.mat(&n("ffn_down_shexp"), e, n_ff_sh)?,
-            },
+            shared: GluWeights::load(&t, il, "_shexp", e, Some(n_ff_sh))?,
             shared_act: act(clamp_sh[il]),
             experts,
         });
@@ -459,10 +413,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
             .enumerate()
             .map(|(il, l)| (il, &mut l.moe, &l.ffn_norm[..])),
     );
-    let mtp_experts = (n_layer..n_layer + n_mtp)
-        .filter(|il| t.has_glu_experts(*il))
-        .map(stacked)
-        .collect::<Result<Vec<_>, _>>()?;
+    let mtp_experts = t.mtp_glu_experts(n_layer..n_layer + n_mtp, e, Some(n_ff), n_expert)?;
     let output = t.mat("output.weight", n_vocab, e)?;
     Ok(Box::new(DeepSeek4 {
         cfg,
@@ -494,22 +445,9 @@ impl Architecture for DeepSeek4 {
     }
 
     fn groups(&self) -> StreamableGroups {
-        let unit = |il: usize, ex: &[Stacked; 3]| glu_unit_layer(il, self.cfg.n_expert, ex);
-        let mut layers: Vec<Option<UnitLayer>> = self
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(il, l)| Some(unit(il, &l.experts)))
-            .collect();
-        let n = self.layers.len();
-        layers.extend(
-            self.mtp_experts
-                .iter()
-                .enumerate()
-                .map(|(i, ex)| Some(unit(n + i, ex))),
-        );
+        let layers = self.layers.iter().map(|l| Some(&l.experts));
         StreamableGroups {
-            experts: UnitGroup { layers },
+            experts: expert_group(self.cfg.n_expert, layers, &self.mtp_experts),
             row_tables: Vec::new(),
         }
     }

@@ -68,18 +68,12 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     let mut layers = Vec::with_capacity(n_layer);
     for il in 0..n_layer {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
-        let gate = t.mat_any_rows(&n("ffn_gate"), e)?;
-        let ff = gate.rows;
         layers.push(Layer {
             attn_norm: t.vec(&n("attn_norm"), e)?,
             attn: GqaWeights::load(&t, il, &shape, e)?,
             post_attn_norm: t.vec(&n("post_attention_norm"), e)?,
             ffn_norm: t.vec(&n("ffn_norm"), e)?,
-            ffn: GluWeights {
-                up: t.mat(&n("ffn_up"), ff, e)?,
-                down: t.mat(&n("ffn_down"), e, ff)?,
-                gate,
-            },
+            ffn: GluWeights::load(&t, il, "", e, None)?,
             post_ffn_norm: t.vec(&n("post_ffw_norm"), e)?,
         });
     }

@@ -18,7 +18,7 @@
 
 use sluice_gguf::{GgufFile, MetaValue};
 use sluice_io::MappedFile;
-use sluice_tier::{StreamableGroups, UnitGroup, UnitLayer};
+use sluice_tier::StreamableGroups;
 
 use super::Architecture;
 use crate::blocks::attention::AttnShape;
@@ -26,7 +26,7 @@ use crate::blocks::ffn::{Activation, GluWeights};
 use crate::blocks::hyper::{HcShape, HcWeights};
 use crate::blocks::kda::{KdaShape, KdaWeights};
 use crate::blocks::mla_pooled::{PooledIndexer, PooledShape, PooledWeights};
-use crate::blocks::moe::{glu_unit_layer, link_lookahead, MoeWeights, Router, ScoreFn, UnitMat};
+use crate::blocks::moe::{expert_group, link_lookahead, MoeWeights, Router, ScoreFn, UnitMat};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
 use crate::plan::{DecoderPlan, HyperHead, PlanAttn, PlanFfn, PlanHyper, PlanLayer, PlanShared};
@@ -74,31 +74,6 @@ pub struct Glm5Next {
     layers: Vec<Layer>,
     /// Routed experts of the MTP block(s), never run, described so they stream.
     mtp_experts: Vec<(usize, [Stacked; 3])>,
-}
-
-fn arr(hp: &Hparams<'_>, k: &str) -> Option<Vec<MetaValue>> {
-    match hp.file.get(&format!("{}.{k}", hp.arch)) {
-        Some(MetaValue::Array(a)) => Some(a.values.clone()),
-        Some(v) => Some(vec![v.clone()]),
-        None => None,
-    }
-}
-
-/// A per-layer float array key (a scalar applies to every layer); 0 when absent.
-fn per_layer_f32(hp: &Hparams<'_>, k: &str, n: usize) -> Result<Vec<f32>, ModelError> {
-    let Some(v) = arr(hp, k) else {
-        return Ok(vec![0.0; n]);
-    };
-    let vals: Option<Vec<f32>> = v
-        .iter()
-        .map(|x| x.as_f32().filter(|f| f.is_finite()))
-        .collect();
-    let vals = vals.ok_or_else(|| hp.bad(format!("{}.{k} must hold finite numbers", hp.arch)))?;
-    match vals.len() {
-        1 => Ok(vec![vals[0]; n]),
-        l if l >= n => Ok(vals),
-        l => Err(hp.bad(format!("{}.{k} has {l} entries for {n} layers", hp.arch))),
-    }
 }
 
 fn clamp_act(limit: f32) -> Activation {
@@ -211,7 +186,7 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
         ));
     }
     // Indexer types: true = full (default every layer).
-    let full: Vec<bool> = match arr(&hp, "attention.indexer.types") {
+    let full: Vec<bool> = match hp.array("attention.indexer.types") {
         None => vec![true; n_layer],
         Some(v) => {
             let b: Option<Vec<bool>> = v
@@ -272,9 +247,9 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
     let n_ff_sh = hp.u_or("expert_shared_feed_forward_length", n_ff_exp * n_shared)?;
     let w_scale = hp.f_pos_or("expert_weights_scale", 1.0)?;
     let w_norm = hp.b_or("expert_weights_norm", false)?;
-    let clamp_exp = per_layer_f32(&hp, "swiglu_clamp_exp", n_block)?;
+    let clamp_exp = hp.per_layer_f32("swiglu_clamp_exp", n_block, Some(vec![0.0; n_block]))?;
     let clamp_sh = if hp.has("swiglu_clamp_shexp") {
-        per_layer_f32(&hp, "swiglu_clamp_shexp", n_block)?
+        hp.per_layer_f32("swiglu_clamp_shexp", n_block, Some(vec![0.0; n_block]))?
     } else {
         clamp_exp.clone()
     };
@@ -283,9 +258,6 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
     let t = Tensors::new(file, map);
     let n_mix = (2 + n_hc) * n_hc;
     let inner = kda_sh.inner();
-    let stacked = |il: usize| -> Result<[Stacked; 3], ModelError> {
-        t.glu_experts(il, e, Some(n_ff_exp), n_expert)
-    };
     let mut layers = Vec::with_capacity(n_layer);
     for il in 0..n_layer {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
@@ -343,20 +315,9 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
             }))
         };
         let ffn = if il < n_dense {
-            let gate = t.mat_any_rows(&n("ffn_gate"), e)?;
-            let ff = gate.rows;
-            Ffn::Dense(GluWeights {
-                gate,
-                up: t.mat(&n("ffn_up"), ff, e)?,
-                down: t.mat(&n("ffn_down"), e, ff)?,
-            })
+            Ffn::Dense(GluWeights::load(&t, il, "", e, None)?)
         } else {
-            let experts = stacked(il)?;
-            let um = |s: &Stacked| UnitMat {
-                ty: s.ty,
-                rows: s.rows,
-                cols: s.cols,
-            };
+            let experts = t.glu_experts(il, e, Some(n_ff_exp), n_expert)?;
             Ffn::Moe {
                 moe: MoeWeights {
                     router_w: t.mat(&n("ffn_gate_inp"), n_expert, e)?,
@@ -368,17 +329,13 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
                     },
                     n_expert,
                     k,
-                    gate: um(&experts[0]),
-                    up: um(&experts[1]),
-                    down: um(&experts[2]),
+                    gate: UnitMat::from(&experts[0]),
+                    up: UnitMat::from(&experts[1]),
+                    down: UnitMat::from(&experts[2]),
                     act: clamp_act(clamp_exp[il]),
                     next: None,
                 },
-                shared: GluWeights {
-                    gate: t.mat(&n("ffn_gate_shexp"), n_ff_sh, e)?,
-                    up: t.mat(&n("ffn_up_shexp"), n_ff_sh, e)?,
-                    down: t.mat(&n("ffn_down_shexp"), e, n_ff_sh)?,
-                },
+                shared: GluWeights::load(&t, il, "_shexp", e, Some(n_ff_sh))?,
                 experts: Box::new(experts),
             }
         };
@@ -401,10 +358,7 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
                 _ => None,
             }),
     );
-    let mtp_experts = (n_layer..n_block)
-        .filter(|il| t.has_glu_experts(*il))
-        .map(|il| stacked(il).map(|s| (il, s)))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mtp_experts = t.mtp_glu_experts(n_layer..n_block, e, Some(n_ff_exp), n_expert)?;
     let (token_embd, output) = t.embd_and_output(n_vocab, e)?;
     let n_dsa = recurrent.iter().filter(|r| !**r).count();
     let cfg = ModelConfig {
@@ -522,21 +476,12 @@ impl Architecture for Glm5Next {
     }
 
     fn groups(&self) -> StreamableGroups {
-        let mut layers: Vec<Option<UnitLayer>> = self
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(il, l)| match &l.ffn {
-                Ffn::Moe { experts, .. } => Some(glu_unit_layer(il, self.cfg.n_expert, experts)),
-                Ffn::Dense(_) => None,
-            })
-            .collect();
-        for (il, ex) in &self.mtp_experts {
-            layers.resize(*il, None);
-            layers.push(Some(glu_unit_layer(*il, self.cfg.n_expert, ex)));
-        }
+        let layers = self.layers.iter().map(|l| match &l.ffn {
+            Ffn::Moe { experts, .. } => Some(&**experts),
+            Ffn::Dense(_) => None,
+        });
         StreamableGroups {
-            experts: UnitGroup { layers },
+            experts: expert_group(self.cfg.n_expert, layers, &self.mtp_experts),
             row_tables: Vec::new(),
         }
     }

@@ -13,7 +13,7 @@
 
 use sluice_gguf::{GgufFile, MetaValue};
 use sluice_io::MappedFile;
-use sluice_tier::{StreamableGroups, UnitGroup, UnitLayer};
+use sluice_tier::StreamableGroups;
 
 use super::Architecture;
 use crate::blocks::attention::AttnShape;
@@ -21,7 +21,7 @@ use crate::blocks::dsa_indexer::IndexerWeights;
 use crate::blocks::dsv4_attention::plain_inv_freq;
 use crate::blocks::ffn::{Activation, GluWeights};
 use crate::blocks::mla::{MlaShape, MlaWeights};
-use crate::blocks::moe::{glu_unit_layer, link_lookahead, MoeWeights, Router, ScoreFn, UnitMat};
+use crate::blocks::moe::{expert_group, link_lookahead, MoeWeights, Router, ScoreFn, UnitMat};
 use crate::config::{Hparams, ModelConfig};
 use crate::kv::KvCache;
 use crate::plan::{DecoderPlan, MlaSelect, PlanAttn, PlanFfn, PlanLayer, PlanShared};
@@ -222,13 +222,6 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         state_bytes: 0,
     };
     let inv_freq = plain_inv_freq(n_rot, rope_base);
-    let um = |s: &Stacked| UnitMat {
-        ty: s.ty,
-        rows: s.rows,
-        cols: s.cols,
-    };
-    let stacked =
-        |il: usize| -> Result<[Stacked; 3], ModelError> { t.glu_experts(il, e, None, n_expert) };
     let mut layers = Vec::with_capacity(n_layer);
     for (il, &is_full) in full.iter().enumerate().take(n_layer) {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
@@ -260,17 +253,10 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
             None
         };
         let ffn = if il < n_dense {
-            let gate = t.mat_any_rows(&n("ffn_gate"), e)?;
-            let ff = gate.rows;
-            Ffn::Dense(GluWeights {
-                gate,
-                up: t.mat(&n("ffn_up"), ff, e)?,
-                down: t.mat(&n("ffn_down"), e, ff)?,
-            })
+            Ffn::Dense(GluWeights::load(&t, il, "", e, None)?)
         } else {
-            let experts = stacked(il)?;
-            let sh_gate = t.mat_any_rows(&n("ffn_gate_shexp"), e)?;
-            let sh_ff = sh_gate.rows;
+            let experts = t.glu_experts(il, e, None, n_expert)?;
+            let shared = GluWeights::load(&t, il, "_shexp", e, None)?;
             if n_shared == 0 {
                 return Err(hp.bad(format!(
                     "{NAME}.expert_shared_count is 0 but blk.{il} has a shared expert"
@@ -287,17 +273,13 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
                     },
                     n_expert,
                     k,
-                    gate: um(&experts[0]),
-                    up: um(&experts[1]),
-                    down: um(&experts[2]),
+                    gate: UnitMat::from(&experts[0]),
+                    up: UnitMat::from(&experts[1]),
+                    down: UnitMat::from(&experts[2]),
                     act: Activation::Silu,
                     next: None,
                 },
-                shared: GluWeights {
-                    gate: sh_gate,
-                    up: t.mat(&n("ffn_up_shexp"), sh_ff, e)?,
-                    down: t.mat(&n("ffn_down_shexp"), e, sh_ff)?,
-                },
+                shared,
                 experts,
             }))
         };
@@ -318,10 +300,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
                 _ => None,
             }),
     );
-    let mtp_experts = (n_layer..n_block)
-        .filter(|il| t.has_glu_experts(*il))
-        .map(|il| stacked(il).map(|s| (il, s)))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mtp_experts = t.mtp_glu_experts(n_layer..n_block, e, None, n_expert)?;
     let (token_embd, output) = t.embd_and_output(n_vocab, e)?;
     Ok(Box::new(GlmDsa {
         cfg,
@@ -373,21 +352,12 @@ impl Architecture for GlmDsa {
     }
 
     fn groups(&self) -> StreamableGroups {
-        let mut layers: Vec<Option<UnitLayer>> = self
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(il, l)| match &l.ffn {
-                Ffn::Moe(m) => Some(glu_unit_layer(il, self.cfg.n_expert, &m.experts)),
-                Ffn::Dense(_) => None,
-            })
-            .collect();
-        for (il, ex) in &self.mtp_experts {
-            layers.resize(*il, None);
-            layers.push(Some(glu_unit_layer(*il, self.cfg.n_expert, ex)));
-        }
+        let layers = self.layers.iter().map(|l| match &l.ffn {
+            Ffn::Moe(m) => Some(&m.experts),
+            Ffn::Dense(_) => None,
+        });
         StreamableGroups {
-            experts: UnitGroup { layers },
+            experts: expert_group(self.cfg.n_expert, layers, &self.mtp_experts),
             row_tables: Vec::new(),
         }
     }

@@ -4,12 +4,12 @@
 
 use sluice_gguf::GgufFile;
 use sluice_io::MappedFile;
-use sluice_tier::{StreamableGroups, UnitGroup};
+use sluice_tier::StreamableGroups;
 
 use super::{Architecture, GqaHparams};
 use crate::blocks::attention::{AttnShape, GqaWeights};
 use crate::blocks::ffn::Activation;
-use crate::blocks::moe::{glu_unit_layer, link_lookahead, MoeWeights, Router, UnitMat};
+use crate::blocks::moe::{expert_group, link_lookahead, MoeWeights, Router, UnitMat};
 use crate::config::{Hparams, ModelConfig};
 use crate::ops::rope_inv_freq;
 use crate::plan::{DecoderPlan, PlanAttn, PlanFfn, PlanLayer};
@@ -69,11 +69,6 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     for il in 0..n_layer {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
         let [gate, up, down] = t.glu_experts(il, e, None, n_expert)?;
-        let um = |s: &Stacked| UnitMat {
-            ty: s.ty,
-            rows: s.rows,
-            cols: s.cols,
-        };
         layers.push(Layer {
             attn_norm: t.vec(&n("attn_norm"), e)?,
             attn: GqaWeights::load(&t, il, &shape, e)?,
@@ -83,9 +78,9 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
                 router: Router::Softmax { norm },
                 n_expert,
                 k,
-                gate: um(&gate),
-                up: um(&up),
-                down: um(&down),
+                gate: UnitMat::from(&gate),
+                up: UnitMat::from(&up),
+                down: UnitMat::from(&down),
                 act: Activation::Silu,
                 next: None,
             },
@@ -116,14 +111,11 @@ impl Architecture for Qwen3Moe {
 
     fn groups(&self) -> StreamableGroups {
         StreamableGroups {
-            experts: UnitGroup {
-                layers: self
-                    .layers
-                    .iter()
-                    .enumerate()
-                    .map(|(il, l)| Some(glu_unit_layer(il, self.cfg.n_expert, &l.experts)))
-                    .collect(),
-            },
+            experts: expert_group(
+                self.cfg.n_expert,
+                self.layers.iter().map(|l| Some(&l.experts)),
+                &[],
+            ),
             row_tables: Vec::new(),
         }
     }

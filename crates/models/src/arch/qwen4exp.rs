@@ -20,14 +20,14 @@ use std::sync::Arc;
 use sluice_gguf::{GgmlType, GgufFile};
 use sluice_io::MappedFile;
 use sluice_kernels::dequantize_row;
-use sluice_tier::{RowTable, StreamableGroups, UnitGroup};
+use sluice_tier::{RowTable, StreamableGroups};
 
 use super::Architecture;
 use crate::blocks::attention::AttnShape;
 use crate::blocks::deltanet::{DeltaShape, DeltaWeights};
 use crate::blocks::ffn::{Activation, GluWeights};
 use crate::blocks::hyper_lowrank::HcWeights;
-use crate::blocks::moe::{glu_unit_layer, link_lookahead, MoeWeights, Router, UnitMat};
+use crate::blocks::moe::{expert_group, link_lookahead, MoeWeights, Router, UnitMat};
 use crate::blocks::ple::{NgramHash, PleRows, PleWeights, TierRows};
 use crate::blocks::qsa::{QsaShape, QsaWeights};
 use crate::config::{Hparams, ModelConfig};
@@ -356,13 +356,7 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
     for il in 0..n_layer {
         let n = |x: &str| format!("blk.{il}.{x}.weight");
         let [gate, up, down] = t.glu_experts(il, e, None, n_expert)?;
-        let um = |x: &Stacked| UnitMat {
-            ty: x.ty,
-            rows: x.rows,
-            cols: x.cols,
-        };
-        let sgate = t.mat_any_rows(&n("ffn_gate_shexp"), e)?;
-        let sff = sgate.rows;
+        let shared = GluWeights::load(&t, il, "_shexp", e, None)?;
         let mixer = if recurrent[il] {
             let cd = delta.conv_dim();
             let hv = delta.n_v_heads;
@@ -432,18 +426,14 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
                 },
                 n_expert,
                 k,
-                gate: um(&gate),
-                up: um(&up),
-                down: um(&down),
+                gate: UnitMat::from(&gate),
+                up: UnitMat::from(&up),
+                down: UnitMat::from(&down),
                 act: Activation::Silu,
                 next: None,
             },
             experts: [gate, up, down],
-            shared: GluWeights {
-                gate: sgate,
-                up: t.mat(&n("ffn_up_shexp"), sff, e)?,
-                down: t.mat(&n("ffn_down_shexp"), e, sff)?,
-            },
+            shared,
             shared_gate: shared_gate(&t, &n("ffn_gate_inp_shexp"), e)?,
             ple,
         });
@@ -528,14 +518,11 @@ impl Architecture for Qwen4Exp {
 
     fn groups(&self) -> StreamableGroups {
         StreamableGroups {
-            experts: UnitGroup {
-                layers: self
-                    .layers
-                    .iter()
-                    .enumerate()
-                    .map(|(il, l)| Some(glu_unit_layer(il, self.cfg.n_expert, &l.experts)))
-                    .collect(),
-            },
+            experts: expert_group(
+                self.cfg.n_expert,
+                self.layers.iter().map(|l| Some(&l.experts)),
+                &[],
+            ),
             row_tables: self
                 .table
                 .iter()

@@ -107,10 +107,7 @@ pub fn gqa(
         scale,
         rms_eps,
     } = *shape;
-    let mut qkv = env.linear_many(&[&w.wq, &w.wk, &w.wv], h, t_len)?;
-    let v = qkv.pop().expect("three outputs");
-    let mut k = qkv.pop().expect("three outputs");
-    let mut q = qkv.pop().expect("three outputs");
+    let [mut q, mut k, v] = env.linear_many([&w.wq, &w.wk, &w.wv], h, t_len)?;
     // Per token: q/k head norms and RoPE (cos/sin once per position and table, shared by
     // every layer with that table), q and k of a token in one task, tokens spread over the
     // compute pool in prefill.

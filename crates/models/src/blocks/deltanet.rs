@@ -127,11 +127,7 @@ pub fn delta_net(
     let cd = sh.conv_dim();
     let kk = sh.conv_kernel;
     let (hk, hv, dk, dv) = (sh.n_k_heads, sh.n_v_heads, sh.d_k, sh.d_v);
-    let mut ys = env.linear_many(&[&w.qkv, &w.gate, &w.beta, &w.alpha], h, t_len)?;
-    let alpha = ys.pop().expect("four outputs");
-    let beta = ys.pop().expect("four outputs");
-    let z = ys.pop().expect("four outputs");
-    let qkv = ys.pop().expect("four outputs");
+    let [qkv, z, beta, alpha] = env.linear_many([&w.qkv, &w.gate, &w.beta, &w.alpha], h, t_len)?;
 
     // Causal depthwise conv over [state | chunk], then SiLU.
     let mut hist = Vec::with_capacity((kk - 1 + t_len) * cd);

@@ -2,7 +2,7 @@
 
 use super::Env;
 use crate::ops::{gelu_tanh, silu};
-use crate::weights::Mat;
+use crate::weights::{Mat, Tensors};
 use crate::ModelError;
 
 /// The gate activation of a GLU.
@@ -40,6 +40,31 @@ pub struct GluWeights {
     pub down: Mat,
 }
 
+impl GluWeights {
+    /// Layer `il`'s `blk.{il}.ffn_{gate,up,down}{suffix}.weight` over `n_embd` inputs
+    /// (`suffix` "" for a dense feed-forward, "_shexp" for a shared expert): `ff` rows
+    /// when given, else as many as the gate has.
+    pub fn load(
+        t: &Tensors<'_>,
+        il: usize,
+        suffix: &str,
+        n_embd: usize,
+        ff: Option<usize>,
+    ) -> Result<GluWeights, ModelError> {
+        let n = |p: &str| format!("blk.{il}.{p}{suffix}.weight");
+        let gate = match ff {
+            Some(ff) => t.mat(&n("ffn_gate"), ff, n_embd)?,
+            None => t.mat_any_rows(&n("ffn_gate"), n_embd)?,
+        };
+        let ff = gate.rows;
+        Ok(GluWeights {
+            up: t.mat(&n("ffn_up"), ff, n_embd)?,
+            down: t.mat(&n("ffn_down"), n_embd, ff)?,
+            gate,
+        })
+    }
+}
+
 /// Dense GLU over `h` (`[T, n_embd]`).
 pub fn glu(
     env: &Env<'_>,
@@ -48,9 +73,7 @@ pub fn glu(
     h: &[f32],
     t_len: usize,
 ) -> Result<Vec<f32>, ModelError> {
-    let mut gu = env.linear_many(&[&w.gate, &w.up], h, t_len)?;
-    let u = gu.pop().expect("two outputs");
-    let mut a = gu.pop().expect("two outputs");
+    let [mut a, u] = env.linear_many([&w.gate, &w.up], h, t_len)?;
     // Element-wise, in place over the gate values, on the compute pool: splitting never
     // changes a bit. One loop per activation so each is a plain vectorisable loop.
     const CHUNK: usize = 4096;

@@ -57,10 +57,9 @@ pub fn hc_pre(
     let inv_s = 1.0 / s as f32;
     let (mut u, inj) = match &w.inject {
         Some(m) => {
-            let mut ys = env.linear_many(&[&w.down, m], &xn, t_len)?;
-            let mut inj = ys.pop().expect("two outputs");
+            let [down, mut inj] = env.linear_many([&w.down, m], &xn, t_len)?;
             inj.iter_mut().for_each(|v| *v = 2.0 * sigmoid(*v * inv_s));
-            (ys.pop().expect("two outputs"), Some(inj))
+            (down, Some(inj))
         }
         None => (env.linear(&w.down, &xn, t_len)?, None),
     };

@@ -144,13 +144,8 @@ pub fn kda(
     let inner = sh.inner();
     let (nh, d, kk) = (sh.n_head, sh.head_dim, sh.conv_kernel);
     let cd = 3 * inner;
-    let mut ys = env.linear_many(&[&w.q, &w.k, &w.v, &w.f_a, &w.beta, &w.g_a], h, t_len)?;
-    let g_low = ys.pop().expect("six outputs");
-    let beta = ys.pop().expect("six outputs");
-    let f_low = ys.pop().expect("six outputs");
-    let v = ys.pop().expect("six outputs");
-    let k = ys.pop().expect("six outputs");
-    let q = ys.pop().expect("six outputs");
+    let [q, k, v, f_low, beta, g_low] =
+        env.linear_many([&w.q, &w.k, &w.v, &w.f_a, &w.beta, &w.g_a], h, t_len)?;
     let mut fg = env.linear(&w.f_b, &f_low, t_len)?;
     let gate = env.linear(&w.g_b, &g_low, t_len)?;
     for row in fg.chunks_mut(inner) {

@@ -158,10 +158,7 @@ fn select(
 ) -> Result<Selection, ModelError> {
     let t_len = positions.len();
     let (nh, d, kp) = (sh.idx_heads, sh.idx_dim, sh.kpool);
-    let mut ys = env.linear_many(&[&ix.k, &ix.gate, &ix.proj], a, t_len)?;
-    let wts = ys.pop().expect("three outputs");
-    let mut gt = ys.pop().expect("three outputs");
-    let mut ik = ys.pop().expect("three outputs");
+    let [mut ik, mut gt, wts] = env.linear_many([&ix.k, &ix.gate, &ix.proj], a, t_len)?;
     let iq = env.linear(&ix.q_b, qr, t_len)?;
     for row in ik.chunks_mut(d) {
         layer_norm(row, &ix.k_norm, &ix.k_norm_b, sh.ln_eps);
@@ -246,9 +243,7 @@ pub fn pooled_attention(
 ) -> Result<(Vec<f32>, Selection), ModelError> {
     let t_len = positions.len();
     let (nh, hk, hv, kvl) = (sh.n_head, sh.head_k, sh.head_v, sh.kv_lora);
-    let mut ys = env.linear_many(&[&w.q_a, &w.kv_a], a, t_len)?;
-    let mut c = ys.pop().expect("two outputs");
-    let mut qr = ys.pop().expect("two outputs");
+    let [mut qr, mut c] = env.linear_many([&w.q_a, &w.kv_a], a, t_len)?;
     for row in qr.chunks_mut(sh.q_lora) {
         rms_norm_inplace(row, &w.q_a_norm, sh.rms_eps);
     }

@@ -68,14 +68,15 @@ impl Env<'_> {
 impl Env<'_> {
     /// Several products of the same input `x` (`[n, cols]`), e.g. q/k/v or gate/up:
     /// one grouped pass, the input prepared once per weight type. Same bits as
-    /// [`Env::linear`] on each.
-    pub fn linear_many(
+    /// [`Env::linear`] on each. One output per matrix, in order, so callers destructure
+    /// (`let [q, k, v] = env.linear_many([&wq, &wk, &wv], x, n)?`).
+    pub fn linear_many<const N: usize>(
         &self,
-        ms: &[&Mat],
+        ms: [&Mat; N],
         x: &[f32],
         n: usize,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let mut ys: Vec<Vec<f32>> = ms.iter().map(|m| take_buf(n * m.rows)).collect();
+    ) -> Result<[Vec<f32>; N], ModelError> {
+        let mut ys: [Vec<f32>; N] = ms.map(|m| take_buf(n * m.rows));
         let mut jobs: Vec<crate::compute::LinearJob<'_>> = ms
             .iter()
             .zip(ys.iter_mut())

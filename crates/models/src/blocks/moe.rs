@@ -13,7 +13,7 @@
 use std::borrow::Cow;
 
 use sluice_kernels::GgmlType;
-use sluice_tier::{Stop, UnitLayer};
+use sluice_tier::{Stop, UnitGroup, UnitLayer};
 
 use super::ffn::Activation;
 use super::{lock, Batch, Env};
@@ -154,6 +154,17 @@ pub struct UnitMat {
     pub cols: usize,
 }
 
+impl From<&Stacked> for UnitMat {
+    /// The shape of one expert's slice of a stacked tensor.
+    fn from(s: &Stacked) -> UnitMat {
+        UnitMat {
+            ty: s.ty,
+            rows: s.rows,
+            cols: s.cols,
+        }
+    }
+}
+
 /// A routed-experts layer: router weights and the shape of every expert's gate/up/down
 /// (units' parts 0, 1, 2 in the streamable group).
 #[derive(Debug, Clone)]
@@ -254,6 +265,26 @@ fn predict_next(
 pub const GLU_UNIT_TENSORS: [&str; 3] = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
 
 /// The streamable unit layer of layer `il`'s stacked gate / up / down expert tensors.
+/// The routed experts of a model as its one streamable group: `layers` gives each
+/// decoder layer's experts (`None` for a dense layer), `mtp` the experts of the MTP
+/// blocks (never run; described so they stream and stay on disk) at their own layer index.
+pub fn expert_group<'a>(
+    n_expert: usize,
+    layers: impl IntoIterator<Item = Option<&'a [Stacked; 3]>>,
+    mtp: impl IntoIterator<Item = &'a (usize, [Stacked; 3])>,
+) -> UnitGroup {
+    let mut out: Vec<Option<UnitLayer>> = layers
+        .into_iter()
+        .enumerate()
+        .map(|(il, ex)| ex.map(|ex| glu_unit_layer(il, n_expert, ex)))
+        .collect();
+    for (il, ex) in mtp {
+        out.resize(*il, None);
+        out.push(Some(glu_unit_layer(*il, n_expert, ex)));
+    }
+    UnitGroup { layers: out }
+}
+
 pub fn glu_unit_layer(il: usize, n_units: usize, experts: &[Stacked; 3]) -> UnitLayer {
     UnitLayer {
         n_units,

@@ -157,9 +157,7 @@ pub fn ple_apply(
     t_len: usize,
 ) -> Result<(), ModelError> {
     let d = s * e;
-    let mut kv = env.linear_many(&[&w.key, &w.value], emb, t_len)?;
-    let v = kv.pop().expect("two outputs");
-    let mut k = kv.pop().expect("two outputs");
+    let [mut k, v] = env.linear_many([&w.key, &w.value], emb, t_len)?;
     rms_norm_grouped(&mut k, &w.norm_key, e, eps);
     let mut q = x[..t_len * d].to_vec();
     rms_norm_grouped(&mut q, &w.norm_query, e, eps);

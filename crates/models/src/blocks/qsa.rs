@@ -124,12 +124,8 @@ pub fn qsa(
 ) -> Result<Vec<f32>, ModelError> {
     let t_len = batch.len();
     let (nh, nkv, hd, d) = (sh.n_head, sh.n_head_kv, sh.head_dim, sh.idx_dim);
-    let mut ys = env.linear_many(&[&w.wq, &w.wk, &w.wv, &w.idx_q, &w.idx_k], h, t_len)?;
-    let ik = ys.pop().expect("five outputs");
-    let mut iq = ys.pop().expect("five outputs");
-    let v = ys.pop().expect("five outputs");
-    let mut k = ys.pop().expect("five outputs");
-    let qg = ys.pop().expect("five outputs");
+    let [qg, mut k, v, mut iq, ik] =
+        env.linear_many([&w.wq, &w.wk, &w.wv, &w.idx_q, &w.idx_k], h, t_len)?;
     let mut q = vec![0.0f32; t_len * nh * hd];
     let mut gate = vec![0.0f32; t_len * nh * hd];
     let mut cs = Vec::with_capacity(inv_freq.len());
