@@ -264,16 +264,24 @@ pub fn main(args: BenchArgs) -> Result<()> {
             );
         }
     }
+    // A trace is read (and its format checked) before the model loads; its geometry is
+    // checked against the model's after.
+    let trace = match &args.replay_routing {
+        None => None,
+        Some(p) => Some(
+            sluice_engine::tier::RoutingTrace::read(p)
+                .with_context(|| format!("--replay-routing {}", p.display()))?,
+        ),
+    };
     // Every bench sequence is one test's length (`session`), not --ctx.
     let longest = args.prompt_tokens.max(args.gen_tokens).max(1);
     let mut l = args.model.load_for(Some(longest))?;
-    let routing = match &args.replay_routing {
-        None => "router".to_string(),
-        Some(p) => {
+    let routing = match (&args.replay_routing, trace) {
+        (Some(p), Some(trace)) => {
             let geometry = l.model.routing_geometry();
             let r = l
                 .model
-                .replay_routing(p)
+                .replay_routing(trace, p)
                 .with_context(|| format!("--replay-routing {}", p.display()))?;
             let h = &r.trace().header;
             eprintln!(
@@ -291,6 +299,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
                     .replace(',', "_")
             )
         }
+        _ => "router".to_string(),
     };
     let cfg = &l.model.cfg;
     let bos = l

@@ -120,7 +120,7 @@ fn replay_drives_exactly_the_traced_experts_under_the_budget() {
     assert!(budget < total / 2, "the budget must force evictions");
     drop(probe);
     let (mut m, s) = load_streamed(&synth, budget, Backend::Pread);
-    let r = m.replay_routing(&trace_path).unwrap();
+    let r = m.replay_routing(trace.clone(), &trace_path).unwrap();
     assert_eq!(r.trace().n_tokens(), n);
     let replayed = scratch("replayed.slrt");
     m.record_routing(&replayed).unwrap();
@@ -181,7 +181,11 @@ fn replay_drives_exactly_the_traced_experts_under_the_budget() {
 fn replay_refuses_a_trace_of_another_geometry() {
     let trace_path = real_trace("real-b.slrt");
     let mut m = Model::load(&synth(16)).unwrap();
-    let err = m.replay_routing(&trace_path).unwrap_err().to_string();
+    let trace = RoutingTrace::read(&trace_path).unwrap();
+    let err = m
+        .replay_routing(trace, &trace_path)
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains(&*trace_path.to_string_lossy())
             && err.contains("32 experts")

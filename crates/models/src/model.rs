@@ -13,8 +13,8 @@ use std::sync::Mutex;
 use sluice_gguf::GgufFile;
 use sluice_io::MappedFile;
 use sluice_tier::{
-    ExpertSource, Geometry, RoutingRecorder, RoutingReplay, StreamError, StreamableGroups,
-    TraceHeader,
+    ExpertSource, Geometry, RoutingRecorder, RoutingReplay, RoutingTrace, StreamError,
+    StreamableGroups, TraceError, TraceHeader,
 };
 
 use crate::arch::{self, Architecture};
@@ -178,12 +178,17 @@ impl Model {
         }
     }
 
-    /// Take every token's experts from the trace at `path` instead of the routers, batch
-    /// after batch from its first token (wrapping at its end): an IO benchmark of a real
-    /// access pattern on a file of the same routing geometry (refused otherwise). Logits
-    /// are then not the model's. Certain (hash-routed) prefetch is off while replaying.
-    pub fn replay_routing(&mut self, path: &Path) -> Result<&RoutingReplay, ModelError> {
-        let r = RoutingReplay::open(path, &self.routing_geometry()).map_err(StreamError::from)?;
+    /// Take every token's experts from `trace` (read from `path`) instead of the routers,
+    /// batch after batch from its first token (wrapping at its end): an IO benchmark of a
+    /// real access pattern on a file of the same routing geometry (refused otherwise, naming
+    /// both). Logits are then not the model's. Certain (hash-routed) prefetch is off while
+    /// replaying.
+    pub fn replay_routing(
+        &mut self,
+        trace: RoutingTrace,
+        path: &Path,
+    ) -> Result<&RoutingReplay, TraceError> {
+        let r = RoutingReplay::new(trace, path, &self.routing_geometry())?;
         Ok(self.replay.insert(r))
     }
 

@@ -68,11 +68,6 @@ impl ReplayBatch<'_> {
 }
 
 impl RoutingReplay {
-    /// Reads `path` and checks it against the model's geometry.
-    pub fn open(path: &Path, model: &Geometry) -> Result<RoutingReplay, TraceError> {
-        Self::new(RoutingTrace::read(path)?, path, model)
-    }
-
     /// A replay of `trace` (read from `path`) on a model of geometry `model`; a trace of
     /// another geometry is refused, naming both.
     pub fn new(
