@@ -5,12 +5,18 @@
 //! Tokens are pseudo-random ids (BOS first), as llama-bench does, different for every run
 //! but the same from one invocation to the next; each test repeats `-r` times after one
 //! warm-up and reports the median and spread.
+//!
+//! `--replay-routing TRACE`: the experts every token uses come from a recorded routing trace
+//! (`--record-routing`) instead of the router, batch after batch through the trace from its
+//! first token (wrapping at its end), on a file of the same routing geometry (`sluice
+//! synth`): the whole streaming path runs on a real model's access pattern. An IO benchmark
+//! only: the start-up line, the table and the CSV's `routing` column say so.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use sluice_engine::Logits;
 
 use sluice_engine::session::Session;
@@ -38,6 +44,12 @@ pub struct BenchArgs {
     /// Append one CSV row per test to FILE (header written when the file is new).
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
+    /// Take every token's experts from this routing trace (`--record-routing`) instead of
+    /// the router: an IO benchmark of a real access pattern on a file of the same routing
+    /// geometry (layers, experts, top-k; expert sizes may differ, e.g. a `sluice synth`
+    /// file), the trace's tokens in order, wrapping at its end. No logits are claimed.
+    #[arg(long = "replay-routing", value_name = "TRACE")]
+    pub replay_routing: Option<PathBuf>,
 }
 
 struct Row {
@@ -238,9 +250,57 @@ pub fn main(args: BenchArgs) -> Result<()> {
     if let Some(p) = &args.csv {
         crate::common::check_output_file(p, "--csv")?;
     }
+    if let Some(p) = &args.replay_routing {
+        if args.model.device.gpu {
+            bail!(
+                "--replay-routing {}: not with --gpu (the GPU's forward pass routes on the device)",
+                p.display()
+            );
+        }
+        if args.model.stream.lookahead {
+            bail!(
+                "--replay-routing {}: not with --lookahead (the prediction would come from this file's router, not the trace's model)",
+                p.display()
+            );
+        }
+    }
+    // A trace is read (and its format checked) before the model loads; its geometry is
+    // checked against the model's after.
+    let trace = match &args.replay_routing {
+        None => None,
+        Some(p) => Some(
+            sluice_engine::tier::RoutingTrace::read(p)
+                .with_context(|| format!("--replay-routing {}", p.display()))?,
+        ),
+    };
     // Every bench sequence is one test's length (`session`), not --ctx.
     let longest = args.prompt_tokens.max(args.gen_tokens).max(1);
     let mut l = args.model.load_for(Some(longest))?;
+    let routing = match (&args.replay_routing, trace) {
+        (Some(p), Some(trace)) => {
+            let geometry = l.model.routing_geometry();
+            let r = l
+                .model
+                .replay_routing(trace, p)
+                .with_context(|| format!("--replay-routing {}", p.display()))?;
+            let h = &r.trace().header;
+            eprintln!(
+                "routing replayed from {} ({} tokens of {}, {}): an IO benchmark, experts come from the trace, not the router; no logits are claimed",
+                p.display(),
+                r.trace().n_tokens(),
+                h.model,
+                geometry
+            );
+            format!(
+                "replay:{}",
+                p.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .replace(',', "_")
+            )
+        }
+        _ => "router".to_string(),
+    };
     let cfg = &l.model.cfg;
     let bos = l
         .model
@@ -336,6 +396,19 @@ pub fn main(args: BenchArgs) -> Result<()> {
             r.samples.len()
         );
     }
+    if let Some(r) = l.model.routing_replay() {
+        let n = r.trace().n_tokens() as u64;
+        println!(
+            "routing: replayed from {} ({} trace tokens used, the trace has {n}{}; IO benchmark, no logits claimed)",
+            r.path().display(),
+            r.tokens_replayed(),
+            if r.tokens_replayed() > n {
+                ", wrapped to its start"
+            } else {
+                ""
+            }
+        );
+    }
     for r in &rows {
         if let Some(d) = &r.stream {
             eprintln!(
@@ -392,7 +465,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 f,
                 "model,arch,threads,batch,test,tokens,median_tps,stddev_tps,samples,expert_cache,\
                  hit_rate,misses,bytes_read,read_gbps,disk_busy,io_wait,gpu,gpu_hit_rate,\
-                 gpu_upload_bytes,gpu_upload_gbps,la_accuracy,la_issued,la_useful,la_wasted_bytes"
+                 gpu_upload_bytes,gpu_upload_gbps,la_accuracy,la_issued,la_useful,la_wasted_bytes,routing"
             )?;
         }
         for r in &rows {
@@ -407,7 +480,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
             let gd = r.gpu.unwrap_or_default();
             writeln!(
                 f,
-                "{},{},{},{},{},{},{:.3},{:.3},{},{},{:.4},{},{},{:.3},{:.3},{:.3},{},{:.4},{},{:.3},{:.4},{},{},{}",
+                "{},{},{},{},{},{},{:.3},{:.3},{},{},{:.4},{},{},{:.3},{:.3},{:.3},{},{:.4},{},{:.3},{:.4},{},{},{},{}",
                 name,
                 cfg.arch,
                 threads,
@@ -431,7 +504,8 @@ pub fn main(args: BenchArgs) -> Result<()> {
                 d.la_accuracy(),
                 d.la_issued,
                 d.la_hit,
-                d.la_wasted_bytes
+                d.la_wasted_bytes,
+                routing
             )?;
         }
     }

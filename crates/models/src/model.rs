@@ -12,7 +12,10 @@ use std::sync::Mutex;
 
 use sluice_gguf::GgufFile;
 use sluice_io::MappedFile;
-use sluice_tier::{ExpertSource, RoutingRecorder, StreamError, StreamableGroups, TraceHeader};
+use sluice_tier::{
+    ExpertSource, Geometry, RoutingRecorder, RoutingReplay, RoutingTrace, StreamError,
+    StreamableGroups, TraceError, TraceHeader,
+};
 
 use crate::arch::{self, Architecture};
 use crate::blocks::{lock, Batch, Env};
@@ -51,6 +54,8 @@ pub struct Model {
     device: Option<Box<dyn DeviceForward>>,
     /// `--record-routing`: every token's chosen experts, per MoE layer.
     routing: Option<Mutex<RoutingRecorder>>,
+    /// `--replay-routing`: experts taken from a recorded trace instead of the routers.
+    replay: Option<RoutingReplay>,
 }
 
 impl Model {
@@ -89,6 +94,7 @@ impl Model {
             groups,
             arch,
             routing: None,
+            replay: None,
         })
     }
 
@@ -151,6 +157,44 @@ impl Model {
         let rec = RoutingRecorder::create(path, header).map_err(StreamError::from)?;
         self.routing = Some(Mutex::new(rec));
         Ok(())
+    }
+
+    /// The routing geometry (layers, routed-expert layers, experts, top-k) a trace of this
+    /// model has, and a trace must have to replay on it.
+    pub fn routing_geometry(&self) -> Geometry {
+        Geometry {
+            n_layer: self.cfg.n_layer as u32,
+            n_expert: self.cfg.n_expert as u32,
+            top_k: self.cfg.n_expert_used as u32,
+            moe_layers: self
+                .groups
+                .experts
+                .unit_bytes_per_layer()
+                .iter()
+                .enumerate()
+                .filter(|(_, &b)| b > 0)
+                .map(|(l, _)| l as u32)
+                .collect(),
+        }
+    }
+
+    /// Take every token's experts from `trace` (read from `path`) instead of the routers,
+    /// batch after batch from its first token (wrapping at its end): an IO benchmark of a
+    /// real access pattern on a file of the same routing geometry (refused otherwise, naming
+    /// both). Logits are then not the model's. Certain (hash-routed) prefetch is off while
+    /// replaying.
+    pub fn replay_routing(
+        &mut self,
+        trace: RoutingTrace,
+        path: &Path,
+    ) -> Result<&RoutingReplay, TraceError> {
+        let r = RoutingReplay::new(trace, path, &self.routing_geometry())?;
+        Ok(self.replay.insert(r))
+    }
+
+    /// The trace being replayed, if any.
+    pub fn routing_replay(&self) -> Option<&RoutingReplay> {
+        self.replay.as_ref()
     }
 
     /// Close the routing trace (if recording) and return its path.
@@ -223,13 +267,18 @@ impl Model {
             Logits::Last => vec![t_len - 1],
             Logits::All => (0..t_len).collect(),
         };
-        // Certain units start reading now, while the first layers compute.
-        self.prefetch_certain(tokens);
+        // Certain units start reading now, while the first layers compute (not while
+        // replaying a trace: the trace, not the token ids, says which units are used).
+        let replay = self.replay.as_ref().filter(|_| moe);
+        if replay.is_none() {
+            self.prefetch_certain(tokens);
+        }
         let env = Env {
             map: self.map.bytes(),
             compute: self.compute.as_ref(),
             experts: self.experts.as_ref(),
             routing,
+            replay: replay.map(|r| r.begin_batch(t_len)),
         };
         let logits = match &self.device {
             Some(d) => d.forward(&env, &batch, state, &rows),

@@ -2,7 +2,7 @@
 //!
 //! Owns: the RAM cache of experts with a hard byte budget ([`ExpertCache`]), its eviction
 //! policies ([`Policy`]: expected next use (default), LRU, LFU with decay, LRU-2), the routing trace format written by
-//! `--record-routing` ([`trace`]), the offline cache simulator with Belady's optimum
+//! `--record-routing` ([`trace`]) and its replay in place of the router ([`replay`]), the offline cache simulator with Belady's optimum
 //! ([`sim`]) and byte-size parsing for budgets ([`parse_size`]); the description of every
 //! tensor group that may live outside RAM ([`groups`]), the [`ExpertSource`] interface the
 //! MoE block reads units through, and the SSD-streaming source ([`streaming`]).
@@ -18,6 +18,7 @@ pub mod pack;
 pub mod ple;
 pub mod policy;
 pub mod profile;
+pub mod replay;
 pub mod sim;
 pub mod size;
 pub mod slot;
@@ -35,6 +36,7 @@ pub use profile::{Profile, ProfileError};
 
 pub use groups::{RowTable, StackedPart, StreamableGroups, UnitGroup, UnitLayer};
 pub use pack::{PackError, PackFile, PackLayer};
+pub use replay::{Geometry, ReplayBatch, RoutingReplay};
 pub use sim::{simulate, simulate_belady, simulate_kind, SimResult};
 pub use size::{parse_size, parse_size_bytes, SizeError, SizeSpec};
 pub use slot::{NoBuf, SlotBuf, SlotMemory};

@@ -109,6 +109,8 @@ pub enum TraceError {
         expected: u128,
         found: u64,
     },
+    #[error("routing trace {path} cannot replay on this model: {what}")]
+    Geometry { path: PathBuf, what: String },
     #[error("recording routing trace {path}: {what}")]
     Record { path: PathBuf, what: String },
 }

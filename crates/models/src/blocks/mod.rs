@@ -37,7 +37,7 @@ pub mod qsa;
 
 use std::sync::Mutex;
 
-use sluice_tier::{ExpertSource, RoutingRecorder};
+use sluice_tier::{ExpertSource, ReplayBatch, RoutingRecorder};
 
 use crate::compute::Compute;
 use crate::weights::Mat;
@@ -51,6 +51,9 @@ pub struct Env<'a> {
     pub experts: &'a dyn ExpertSource,
     /// `--record-routing`: every token's chosen experts, per MoE layer.
     pub routing: Option<&'a Mutex<RoutingRecorder>>,
+    /// `--replay-routing`: this batch's tokens of a recorded trace, whose experts the MoE
+    /// blocks use in place of their routers' choice (an IO benchmark; logits meaningless).
+    pub replay: Option<ReplayBatch<'a>>,
 }
 
 impl Env<'_> {

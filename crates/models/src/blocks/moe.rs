@@ -261,6 +261,29 @@ fn predict_next(
     Some(chosen)
 }
 
+/// `--replay-routing`: every token's experts in layer `il` from the trace instead of the
+/// router (`chosen[t*k + slot]`, router order). The router's weights stay: they only scale
+/// outputs, which an IO benchmark never claims.
+fn replay_choice(
+    rb: &sluice_tier::ReplayBatch<'_>,
+    il: usize,
+    k: usize,
+    chosen: &mut [usize],
+) -> Result<(), ModelError> {
+    for (t, sel) in chosen.chunks_mut(k).enumerate() {
+        let ids = rb.ids(t, il).filter(|ids| ids.len() == k).ok_or_else(|| {
+            ModelError::Compute(format!(
+                "routing trace {}: no top-{k} experts for layer {il}",
+                rb.replay.path().display()
+            ))
+        })?;
+        for (c, &id) in sel.iter_mut().zip(ids) {
+            *c = id as usize;
+        }
+    }
+    Ok(())
+}
+
 /// Tensor names of a GLU expert unit's matrices, in the order [`routed`] reads them.
 pub const GLU_UNIT_TENSORS: [&str; 3] = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
 
@@ -352,7 +375,10 @@ pub fn routed(
     // Small steps (decode) stay on one thread: splitting them costs more than they take.
     let seq_len = if t_len * k < 64 { usize::MAX } else { 1 };
     let logits = env.linear(&w.router_w, h, t_len)?;
-    let (chosen, weights) = w.router.route(&logits, batch.tokens, w.n_expert, k)?;
+    let (mut chosen, weights) = w.router.route(&logits, batch.tokens, w.n_expert, k)?;
+    if let Some(rb) = &env.replay {
+        replay_choice(rb, il, k, &mut chosen)?;
+    }
     if let Some(rec) = env.routing {
         let ids: Vec<u32> = chosen.iter().map(|&x| x as u32).collect();
         lock(rec)
@@ -372,7 +398,7 @@ pub fn routed(
     // Router lookahead (decode): the next layer's likely units, handed over once this
     // layer's own reads are issued (its first batch), so they queue behind them.
     let mut ahead = match &w.next {
-        Some(next) if t_len == 1 && env.experts.lookahead_enabled() => {
+        Some(next) if t_len == 1 && env.replay.is_none() && env.experts.lookahead_enabled() => {
             predict_next(env, batch, next, h).map(|u| (next.layer, u))
         }
         _ => None,
