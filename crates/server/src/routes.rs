@@ -39,7 +39,16 @@ pub(crate) fn make_ready(st: &AppState, loaded: Loaded) -> Result<Arc<Ready>, St
     let template = ChatTemplate::from_gguf(&loaded.model.gguf, &tok);
     let p = st.cfg.session;
     let n_ctx = p.ctx.min(loaded.model.cfg.n_ctx_train).max(1);
+    let disk = match &st.cfg.prefix_cache_dir {
+        Some(dir) => {
+            let id = crate::prefix_disk::model_id(&loaded.model, p.kv_f32);
+            let d = crate::prefix_disk::DiskCache::open(dir, st.cfg.prefix_cache_disk, id)?;
+            Some(Arc::new(d))
+        }
+        None => None,
+    };
     let shared = Arc::new(Shared {
+        disk,
         loaded: Arc::new(loaded),
         tok: Arc::new(tok),
         params: p,
@@ -144,6 +153,9 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         prefix_cache_bytes: pc_bytes,
         prefix_cache_entries: pc_entries,
         prefix_cache_budget: pc_budget,
+        prefix_disk: ready
+            .and_then(|r| r.shared.disk.as_ref())
+            .map(|d| d.gauges()),
         ready: ready.is_some(),
         connections: st.connections.open(),
     };
@@ -339,7 +351,7 @@ fn submit(st: &AppState, ready: &Ready, flavor: Flavor, r: Request2) -> Result<R
         cancel: cancel.clone(),
         events: tx,
         admitted: Instant::now(),
-        snapshot: st.cfg.prefix_cache > 0,
+        snapshot: st.cfg.prefix_cache > 0 || st.cfg.prefix_cache_dir.is_some(),
         logprobs: r.logprobs,
         _slot: slot,
     });
