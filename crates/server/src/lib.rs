@@ -7,12 +7,13 @@
 //! handlers, SSE), `conn` (accept loop, connection cap, header/body/idle timeouts, the
 //! drain's connection side), `api` (request types, error objects), `scheduler` (worker
 //! sequences, bounded queue, the generate loop's hooks), `prefix` (snapshots for prefix
-//! reuse), `prefix_disk` (those snapshots on disk, `--prefix-cache-dir`), `metrics`
-//! (Prometheus text). The CLI only parses flags and calls [`run`].
+//! reuse), `prefix_disk` (those snapshots on disk, `--prefix-cache-dir`), `page` (the chat
+//! page at `/`), `metrics` (Prometheus text). The CLI only parses flags and calls [`run`].
 
 pub mod api;
 mod conn;
 pub mod metrics;
+mod page;
 pub mod prefix;
 pub mod prefix_disk;
 mod routes;

@@ -75,6 +75,7 @@ pub(crate) fn router(st: Arc<AppState>) -> Router {
         .route_layer(middleware::from_fn_with_state(st.clone(), auth));
     Router::new()
         .route("/health", get(health))
+        .merge(crate::page::routes())
         .merge(protected)
         .fallback(not_found)
         .with_state(st)
