@@ -40,6 +40,15 @@ pub(crate) fn make_ready(st: &AppState, loaded: Loaded) -> Result<Arc<Ready>, St
     let p = st.cfg.session;
     let n_ctx = p.ctx.min(loaded.model.cfg.n_ctx_train).max(1);
     let disk = match &st.cfg.prefix_cache_dir {
+        // A device backend's copy of a sequence has no byte form, and a state restored
+        // without it would not match the device's: snapshots stay in RAM.
+        Some(dir) if loaded.model.device_forward().is_some() => {
+            eprintln!(
+                "--prefix-cache-dir {}: not used with --gpu (snapshots stay in RAM)",
+                dir.display()
+            );
+            None
+        }
         Some(dir) => {
             let id = crate::prefix_disk::model_id(&loaded.model, p.kv_f32);
             let d = crate::prefix_disk::DiskCache::open(dir, st.cfg.prefix_cache_disk, id)?;
