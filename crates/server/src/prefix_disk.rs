@@ -192,8 +192,16 @@ impl DiskCache {
                 continue;
             };
             if name.starts_with(".tmp-") && meta.is_file() {
-                // A write that never finished (a crash between create and rename).
-                let _ = fs::remove_file(&path);
+                // A write that never finished (a crash between create and rename); one
+                // younger than an hour may be another server's write in progress.
+                let old = meta
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > std::time::Duration::from_secs(3600));
+                if old {
+                    let _ = fs::remove_file(&path);
+                }
                 continue;
             }
             if !meta.is_file() || path.extension().and_then(|e| e.to_str()) != Some(EXT) {
