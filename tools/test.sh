@@ -26,3 +26,5 @@ SLUICE_NVRTC_DIR="$(tools/get-nvrtc.sh)" \
   cargo test --release -p sluice-cuda --test no_gpu -- --ignored kernels_compile_with_nvrtc
 echo "== sluice serve with the official openai and anthropic clients (PyPI)"
 tools/test-server-clients.sh
+echo "== the chat page in Debian's chromium, driven by Playwright (PyPI)"
+tools/test-chat-page.sh

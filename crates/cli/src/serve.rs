@@ -28,6 +28,19 @@ pub struct ServeArgs {
     /// RAM budget for session snapshots kept for prefix reuse (e.g. 1G, 512MiB; 0 = off).
     #[arg(long = "prefix-cache", value_name = "SIZE", default_value = "1GiB")]
     pub prefix_cache: String,
+    /// Also write those snapshots to files in DIR (created if missing), keyed by the model
+    /// file and the prompt tokens, so a restarted server reuses them. Damaged or foreign
+    /// files are ignored with one line on stderr.
+    #[arg(long = "prefix-cache-dir", value_name = "DIR")]
+    pub prefix_cache_dir: Option<std::path::PathBuf>,
+    /// Most bytes of snapshot files kept in --prefix-cache-dir (least recently used
+    /// removed first; e.g. 16GiB).
+    #[arg(
+        long = "prefix-cache-disk",
+        value_name = "SIZE",
+        default_value = "16GiB"
+    )]
+    pub prefix_cache_disk: String,
     /// Require this API key (`Authorization: Bearer KEY` or `x-api-key: KEY`).
     #[arg(long = "api-key", value_name = "KEY", conflicts_with = "api_key_file")]
     pub api_key: Option<String>,
@@ -159,6 +172,11 @@ pub fn main(args: ServeArgs) -> Result<()> {
     cfg.parallel = args.parallel;
     cfg.queue = args.queue;
     cfg.prefix_cache = size("--prefix-cache", &args.prefix_cache)?;
+    cfg.prefix_cache_dir = args.prefix_cache_dir.clone();
+    cfg.prefix_cache_disk = size("--prefix-cache-disk", &args.prefix_cache_disk)?;
+    if cfg.prefix_cache_dir.is_some() && cfg.prefix_cache_disk == 0 {
+        anyhow::bail!("--prefix-cache-disk 0: the directory must be allowed some bytes");
+    }
     cfg.api_key = api_key;
     cfg.insecure_public = args.insecure_public;
     cfg.max_body = size("--max-body", &args.max_body)? as usize;

@@ -25,6 +25,7 @@ use crate::blocks::{give_buf, take_buf, Batch, Env};
 use crate::kv::KvCache;
 use crate::plan::{DecoderPlan, HyperHead, MlaSelect, PlanAttn, PlanFfn, PlanLayer};
 use crate::state::{ExtraState, SeqState};
+use crate::state_codec::{Dec, DecodeError, Enc};
 use crate::ModelError;
 
 /// How a half-block's output goes back into the residual.
@@ -454,6 +455,57 @@ impl CpuState {
     }
 }
 
+impl CpuState {
+    /// Every f32 array of every layer, in the snapshot byte form's order. Keep in step
+    /// with [`CpuState::arrays_mut`] (the round-trip test compares the two).
+    fn arrays(&self) -> Vec<&Vec<f32>> {
+        let mut a: Vec<&Vec<f32>> = Vec::new();
+        a.extend(self.mla.iter().map(|m| &m.rows));
+        a.extend(self.index.iter().map(|i| &i.keys));
+        self.dsv4.iter().for_each(|l| a.extend(l.arrays()));
+        self.kda
+            .iter()
+            .flatten()
+            .for_each(|k| a.extend([&k.conv, &k.s]));
+        self.pooled.iter().for_each(|p| a.extend(p.arrays()));
+        self.delta
+            .iter()
+            .flatten()
+            .for_each(|d| a.extend([&d.conv, &d.s]));
+        self.qsa.iter().for_each(|q| a.extend([&q.raw, &q.pooled]));
+        if let Some((ps, _)) = &self.ple {
+            a.push(&ps.hist);
+        }
+        a
+    }
+
+    /// [`CpuState::arrays`], writable.
+    fn arrays_mut(&mut self) -> Vec<&mut Vec<f32>> {
+        let mut a: Vec<&mut Vec<f32>> = Vec::new();
+        a.extend(self.mla.iter_mut().map(|m| &mut m.rows));
+        a.extend(self.index.iter_mut().map(|i| &mut i.keys));
+        self.dsv4.iter_mut().for_each(|l| a.extend(l.arrays_mut()));
+        self.kda
+            .iter_mut()
+            .flatten()
+            .for_each(|k| a.extend([&mut k.conv, &mut k.s]));
+        self.pooled
+            .iter_mut()
+            .for_each(|p| a.extend(p.arrays_mut()));
+        self.delta
+            .iter_mut()
+            .flatten()
+            .for_each(|d| a.extend([&mut d.conv, &mut d.s]));
+        self.qsa
+            .iter_mut()
+            .for_each(|q| a.extend([&mut q.raw, &mut q.pooled]));
+        if let Some((ps, _)) = &mut self.ple {
+            a.push(&mut ps.hist);
+        }
+        a
+    }
+}
+
 impl ExtraState for CpuState {
     fn clone_box(&self) -> Box<dyn ExtraState> {
         Box::new(self.clone())
@@ -465,5 +517,54 @@ impl ExtraState for CpuState {
     }
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
         self
+    }
+    fn encode(&self, e: &mut Enc<'_>) -> bool {
+        let arrays = self.arrays();
+        e.u64(arrays.len() as u64);
+        arrays.into_iter().for_each(|a| e.f32s(a));
+        match &self.ple {
+            Some((ps, _)) => {
+                e.u8(1);
+                e.u32s(&ps.ctx);
+            }
+            None => e.u8(0),
+        }
+        e.u64(self.next as u64);
+        true
+    }
+    fn decode(&mut self, d: &mut Dec<'_>) -> Result<(), DecodeError> {
+        let n = d.u64("state arrays")?;
+        let mut arrays = self.arrays_mut();
+        if n != arrays.len() as u64 {
+            return Err(DecodeError(format!(
+                "{n} state arrays, this model's state has {}",
+                arrays.len()
+            )));
+        }
+        for (i, a) in arrays.iter_mut().enumerate() {
+            d.f32s_into(a, &format!("state array {i}"))?;
+        }
+        let has_ple = d.u8("PLE state")? != 0;
+        match (&mut self.ple, has_ple) {
+            (Some((ps, _)), true) => {
+                let ctx = d.u32s("PLE token context")?;
+                if ctx.len() != ps.ctx.len() {
+                    return Err(DecodeError(format!(
+                        "PLE token context of {}, this model's is {}",
+                        ctx.len(),
+                        ps.ctx.len()
+                    )));
+                }
+                ps.ctx = ctx;
+            }
+            (None, false) => {}
+            _ => {
+                return Err(DecodeError(
+                    "PLE state present in one of the two only".into(),
+                ))
+            }
+        }
+        self.next = d.u64("next position")? as usize;
+        Ok(())
     }
 }

@@ -110,6 +110,86 @@ impl KvCache {
     pub(crate) fn layer(&self, il: usize) -> (&[f32], &[f32]) {
         (&self.k[il], &self.v[il])
     }
+
+    /// Append the cache's shape, positions and rows (a snapshot's byte form).
+    pub(crate) fn encode(&self, e: &mut crate::state_codec::Enc<'_>) {
+        for n in [self.k.len(), self.k_dim, self.v_dim, self.len] {
+            e.u64(n as u64);
+        }
+        e.u8(self.f16 as u8);
+        for (k, v) in self.k.iter().zip(&self.v) {
+            // Rows kept at f16 precision are stored as f16 (exact, half the bytes).
+            if self.f16 {
+                e.f16s(k);
+                e.f16s(v);
+            } else {
+                e.f32s(k);
+                e.f32s(v);
+            }
+        }
+    }
+
+    /// Read what [`KvCache::encode`] wrote into this (fresh) cache: the layer count, row
+    /// sizes and KV precision must be this cache's, the positions must fit its context,
+    /// and every layer must hold a row per position (or none). The context stays this one's.
+    pub(crate) fn decode(
+        &mut self,
+        d: &mut crate::state_codec::Dec<'_>,
+    ) -> Result<(), crate::state_codec::DecodeError> {
+        use crate::state_codec::DecodeError;
+        let mut shape = [0u64; 4];
+        for (s, what) in
+            shape
+                .iter_mut()
+                .zip(["kv layers", "kv key size", "kv value size", "kv positions"])
+        {
+            *s = d.u64(what)?;
+        }
+        let [n_layer, k_dim, v_dim, len] = shape;
+        let want = [self.k.len(), self.k_dim, self.v_dim];
+        if [n_layer, k_dim, v_dim] != want.map(|n| n as u64) {
+            return Err(DecodeError(format!(
+                "kv cache shape (layers, key, value) {:?}, this model's is {want:?}",
+                [n_layer, k_dim, v_dim]
+            )));
+        }
+        if len > self.n_ctx as u64 {
+            return Err(DecodeError(format!(
+                "{len} positions, the context holds {}",
+                self.n_ctx
+            )));
+        }
+        let len = len as usize;
+        let f16 = d.u8("kv precision")? != 0;
+        if f16 != self.f16 {
+            return Err(DecodeError(format!(
+                "kv precision {}, this sequence's is {}",
+                if f16 { "f16" } else { "f32" },
+                if self.f16 { "f16" } else { "f32" }
+            )));
+        }
+        for il in 0..self.k.len() {
+            let (k, v) = if f16 {
+                (d.f16s("kv keys")?, d.f16s("kv values")?)
+            } else {
+                (d.f32s("kv keys")?, d.f32s("kv values")?)
+            };
+            // A layer holds a row per position, or none (a layer whose attention keeps its
+            // state elsewhere, e.g. qwen4exp's DeltaNet layers).
+            let rows = |n: usize, dim: usize| n == len * dim || n == 0;
+            if !rows(k.len(), self.k_dim) || !rows(v.len(), self.v_dim) {
+                return Err(DecodeError(format!(
+                    "layer {il}: {} key and {} value floats for {len} positions",
+                    k.len(),
+                    v.len()
+                )));
+            }
+            self.k[il] = k;
+            self.v[il] = v;
+        }
+        self.len = len;
+        Ok(())
+    }
 }
 
 /// Append `src` rounded through f16 (round to nearest even) to `dst`, converted in slices

@@ -3,7 +3,8 @@
 //! Owns: turning a GGUF file into a [`Model`] (the registered [`arch::Architecture`] for
 //! its `general.architecture`) and evaluating tokens with it: [`blocks`] (attention, GLU,
 //! MoE with routers, embedding/head, ...), [`arch`] (the six architectures: keys, tensors,
-//! plans), [`kv`] and [`state`] (what a sequence carries, snapshots), [`compute`] (the
+//! plans), [`kv`] and [`state`] (what a sequence carries, snapshots; [`state_codec`] their byte
+//! form), [`compute`] (the
 //! interface blocks reach kernels through), [`expert`] (the resident expert source),
 //! [`plan`] (an architecture's decoder as data: the one description the CPU and device
 //! backends run), [`decoder`] (the CPU decoder that runs a plan with the blocks). Streaming
@@ -20,6 +21,7 @@ pub mod model;
 pub mod ops;
 pub mod plan;
 pub mod state;
+pub mod state_codec;
 pub mod threads;
 pub mod weights;
 

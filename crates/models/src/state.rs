@@ -18,6 +18,21 @@ pub trait ExtraState: Send + Sync {
     fn clear(&mut self);
     /// Downcast support for the architecture that owns it.
     fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// Append every value to `e` (a snapshot kept on disk); false when this state has no
+    /// byte form (then the snapshot stays in RAM only).
+    fn encode(&self, _e: &mut crate::state_codec::Enc<'_>) -> bool {
+        false
+    }
+    /// Read what [`ExtraState::encode`] wrote into this fresh state of the same model,
+    /// checking every part against it.
+    fn decode(
+        &mut self,
+        _d: &mut crate::state_codec::Dec<'_>,
+    ) -> Result<(), crate::state_codec::DecodeError> {
+        Err(crate::state_codec::DecodeError(
+            "this architecture state has no byte form".into(),
+        ))
+    }
 }
 
 /// `extra` as the architecture state `T` (taken from `SeqState::extra`, so the KV cache
@@ -47,9 +62,9 @@ pub struct SeqState {
 
 /// A copy of a [`SeqState`] at a token boundary.
 pub struct Snapshot {
-    kv: KvCache,
-    extra: Option<Box<dyn ExtraState>>,
-    device: Option<Box<dyn ExtraState>>,
+    pub(crate) kv: KvCache,
+    pub(crate) extra: Option<Box<dyn ExtraState>>,
+    pub(crate) device: Option<Box<dyn ExtraState>>,
 }
 
 impl Snapshot {

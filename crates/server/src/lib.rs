@@ -7,12 +7,15 @@
 //! handlers, SSE), `conn` (accept loop, connection cap, header/body/idle timeouts, the
 //! drain's connection side), `api` (request types, error objects), `scheduler` (worker
 //! sequences, bounded queue, the generate loop's hooks), `prefix` (snapshots for prefix
-//! reuse), `metrics` (Prometheus text). The CLI only parses flags and calls [`run`].
+//! reuse), `prefix_disk` (those snapshots on disk, `--prefix-cache-dir`), `page` (the chat
+//! page at `/`), `metrics` (Prometheus text). The CLI only parses flags and calls [`run`].
 
 pub mod api;
 mod conn;
 pub mod metrics;
+mod page;
 pub mod prefix;
+pub mod prefix_disk;
 mod routes;
 pub mod scheduler;
 pub mod template;
@@ -39,6 +42,11 @@ pub struct ServerConfig {
     pub queue: usize,
     /// RAM budget of session snapshots kept for prefix reuse (0 = off).
     pub prefix_cache: u64,
+    /// Directory where those snapshots are also written, to be found again after a
+    /// restart (`--prefix-cache-dir`; None = RAM only).
+    pub prefix_cache_dir: Option<std::path::PathBuf>,
+    /// Most bytes of snapshot files kept in `prefix_cache_dir`.
+    pub prefix_cache_disk: u64,
     pub api_key: Option<String>,
     /// Allow a non-loopback bind without an API key.
     pub insecure_public: bool,
@@ -84,6 +92,8 @@ impl ServerConfig {
             parallel: 1,
             queue: 16,
             prefix_cache: 1 << 30,
+            prefix_cache_dir: None,
+            prefix_cache_disk: 16 << 30,
             api_key: None,
             insecure_public: false,
             max_body: 4 << 20,

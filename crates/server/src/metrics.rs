@@ -122,6 +122,8 @@ pub struct Gauges {
     pub prefix_cache_bytes: u64,
     pub prefix_cache_entries: usize,
     pub prefix_cache_budget: u64,
+    /// `--prefix-cache-dir`: bytes, this model's files, the bound, files written, loaded.
+    pub prefix_disk: Option<[u64; 5]>,
     pub ready: bool,
     /// Connections open now.
     pub connections: usize,
@@ -250,6 +252,38 @@ impl Metrics {
             "Session snapshots kept for prefix reuse.",
             g.prefix_cache_entries,
         );
+        if let Some([bytes, files, bound, writes, loads]) = g.prefix_disk {
+            gauge(
+                &mut out,
+                "sluice_prefix_disk_bytes",
+                "Bytes of snapshot files in --prefix-cache-dir.",
+                bytes,
+            );
+            gauge(
+                &mut out,
+                "sluice_prefix_disk_bound_bytes",
+                "The directory's size bound (--prefix-cache-disk).",
+                bound,
+            );
+            gauge(
+                &mut out,
+                "sluice_prefix_disk_entries",
+                "This model's snapshot files in --prefix-cache-dir.",
+                files,
+            );
+            counter(
+                &mut out,
+                "sluice_prefix_disk_writes_total",
+                "Snapshot files written.",
+                writes,
+            );
+            counter(
+                &mut out,
+                "sluice_prefix_disk_loads_total",
+                "Snapshots restored from files.",
+                loads,
+            );
+        }
         self.ttft.render(
             &mut out,
             "sluice_time_to_first_token_seconds",

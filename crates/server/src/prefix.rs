@@ -85,7 +85,7 @@ impl PrefixCache {
     }
 
     /// Keep a snapshot of `tokens`; evicts least recently used entries to make room.
-    pub fn insert(&mut self, tokens: Vec<u32>, snap: Snapshot, bytes: u64) {
+    pub fn insert(&mut self, tokens: Vec<u32>, snap: impl Into<Arc<Snapshot>>, bytes: u64) {
         if !self.fits(bytes) || self.contains(&tokens) {
             return;
         }
@@ -106,7 +106,7 @@ impl PrefixCache {
         self.bytes += bytes;
         self.entries.push(Entry {
             tokens: Arc::new(tokens),
-            snap: Arc::new(snap),
+            snap: snap.into(),
             bytes,
             last_used: self.clock,
         });

@@ -39,7 +39,25 @@ pub(crate) fn make_ready(st: &AppState, loaded: Loaded) -> Result<Arc<Ready>, St
     let template = ChatTemplate::from_gguf(&loaded.model.gguf, &tok);
     let p = st.cfg.session;
     let n_ctx = p.ctx.min(loaded.model.cfg.n_ctx_train).max(1);
+    let disk = match &st.cfg.prefix_cache_dir {
+        // A device backend's copy of a sequence has no byte form, and a state restored
+        // without it would not match the device's: snapshots stay in RAM.
+        Some(dir) if loaded.model.device_forward().is_some() => {
+            eprintln!(
+                "--prefix-cache-dir {}: not used with --gpu (snapshots stay in RAM)",
+                dir.display()
+            );
+            None
+        }
+        Some(dir) => {
+            let id = crate::prefix_disk::model_id(&loaded.model, p.kv_f32);
+            let d = crate::prefix_disk::DiskCache::open(dir, st.cfg.prefix_cache_disk, id)?;
+            Some(Arc::new(d))
+        }
+        None => None,
+    };
     let shared = Arc::new(Shared {
+        disk,
         loaded: Arc::new(loaded),
         tok: Arc::new(tok),
         params: p,
@@ -66,6 +84,7 @@ pub(crate) fn router(st: Arc<AppState>) -> Router {
         .route_layer(middleware::from_fn_with_state(st.clone(), auth));
     Router::new()
         .route("/health", get(health))
+        .merge(crate::page::routes())
         .merge(protected)
         .fallback(not_found)
         .with_state(st)
@@ -144,6 +163,9 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         prefix_cache_bytes: pc_bytes,
         prefix_cache_entries: pc_entries,
         prefix_cache_budget: pc_budget,
+        prefix_disk: ready
+            .and_then(|r| r.shared.disk.as_ref())
+            .map(|d| d.gauges()),
         ready: ready.is_some(),
         connections: st.connections.open(),
     };
@@ -339,7 +361,7 @@ fn submit(st: &AppState, ready: &Ready, flavor: Flavor, r: Request2) -> Result<R
         cancel: cancel.clone(),
         events: tx,
         admitted: Instant::now(),
-        snapshot: st.cfg.prefix_cache > 0,
+        snapshot: st.cfg.prefix_cache > 0 || st.cfg.prefix_cache_dir.is_some(),
         logprobs: r.logprobs,
         _slot: slot,
     });

@@ -149,6 +149,8 @@ pub struct Shared {
     pub params: SessionParams,
     pub metrics: Arc<Metrics>,
     pub prefix: Arc<Mutex<PrefixCache>>,
+    /// The snapshots on disk (`--prefix-cache-dir`).
+    pub disk: Option<Arc<crate::prefix_disk::DiskCache>>,
     /// Workers wait at this gate before each job while it is closed (tests).
     pub gate: Option<Arc<Gate>>,
 }
@@ -306,6 +308,9 @@ fn worker(shared: &Shared, q: &(Mutex<Queue>, Condvar), running: &AtomicUsize, a
         }
         running.fetch_sub(1, Ordering::SeqCst);
         drop(job);
+        if let Some(d) = &shared.disk {
+            d.flush();
+        }
     }
 }
 
@@ -330,6 +335,10 @@ fn reuse(shared: &Shared, session: &mut Session<'_>, prompt: &[u32]) -> usize {
         let mut pc = shared.prefix.lock().unwrap_or_else(|e| e.into_inner());
         pc.lookup(head, head.len())
     };
+    let ram = found.as_ref().map_or(0, |f| f.tokens.len());
+    if let Some(n) = reuse_from_disk(shared, session, head, ram.max(own)) {
+        return n;
+    }
     match found {
         Some(f) if f.tokens.len() > own => {
             session.restore(&f.snap, &f.tokens);
@@ -337,6 +346,29 @@ fn reuse(shared: &Shared, session: &mut Session<'_>, prompt: &[u32]) -> usize {
         }
         _ => session.reuse_prefix(&head[..own]),
     }
+}
+
+/// Restore the longest snapshot on disk that covers more than `longer_than` tokens of
+/// `head` (and keep it in the RAM cache too); None when there is none or it was refused.
+fn reuse_from_disk(
+    shared: &Shared,
+    session: &mut Session<'_>,
+    head: &[u32],
+    longer_than: usize,
+) -> Option<usize> {
+    let disk = shared.disk.as_ref()?;
+    let found = disk.lookup(head, longer_than, head.len())?;
+    let p = shared.params;
+    let mut fresh = session.model().new_state(p.ctx, p.kv_f32);
+    disk.load(&found, &mut fresh)?;
+    let snap = fresh.snapshot();
+    drop(fresh);
+    session.restore(&snap, &found.tokens);
+    let cfg = &shared.loaded.model.cfg;
+    let bytes = cfg.kv_bytes_per_pos * found.tokens.len() as u64 + cfg.state_bytes;
+    let mut pc = shared.prefix.lock().unwrap_or_else(|e| e.into_inner());
+    pc.insert(found.tokens.to_vec(), snap, bytes);
+    Some(found.tokens.len())
 }
 
 fn run_job(
@@ -394,10 +426,18 @@ fn run_job(
             let pc = shared.prefix.lock().unwrap_or_else(|e| e.into_inner());
             pc.fits(bytes) && !pc.contains(head)
         };
-        if fits {
+        let disk = (shared.disk.as_ref()).filter(|d| d.fits(bytes) && !d.contains(head));
+        if fits || disk.is_some() {
             let (snap, hist) = session.snapshot();
-            let mut pc = shared.prefix.lock().unwrap_or_else(|e| e.into_inner());
-            pc.insert(hist, snap, bytes);
+            let snap = Arc::new(snap);
+            if let Some(d) = disk {
+                // Written by the worker once the answer is sent (`DiskCache::flush`).
+                d.queue(hist.clone(), snap.clone());
+            }
+            if fits {
+                let mut pc = shared.prefix.lock().unwrap_or_else(|e| e.into_inner());
+                pc.insert(hist, snap, bytes);
+            }
         }
     }
 

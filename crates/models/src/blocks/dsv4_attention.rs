@@ -117,6 +117,26 @@ impl LayerState {
         *self = LayerState::default();
     }
 
+    /// Every array, in the snapshot byte form's order.
+    pub(crate) fn arrays(&self) -> [&Vec<f32>; 7] {
+        let (c, i) = (&self.comp, &self.index);
+        [&self.raw, &c.c, &c.z, &c.rows, &i.c, &i.z, &i.rows]
+    }
+
+    /// [`LayerState::arrays`], writable.
+    pub(crate) fn arrays_mut(&mut self) -> [&mut Vec<f32>; 7] {
+        let (c, i) = (&mut self.comp, &mut self.index);
+        [
+            &mut self.raw,
+            &mut c.c,
+            &mut c.z,
+            &mut c.rows,
+            &mut i.c,
+            &mut i.z,
+            &mut i.rows,
+        ]
+    }
+
     /// Bytes held (for reports).
     pub fn bytes(&self) -> usize {
         4 * (self.raw.len()

@@ -111,6 +111,21 @@ impl PooledState {
         self.pooled.clear();
     }
 
+    /// Every array, in the snapshot byte form's order.
+    pub(crate) fn arrays(&self) -> [&Vec<f32>; 4] {
+        [&self.latent, &self.ik, &self.gt, &self.pooled]
+    }
+
+    /// [`PooledState::arrays`], writable.
+    pub(crate) fn arrays_mut(&mut self) -> [&mut Vec<f32>; 4] {
+        [
+            &mut self.latent,
+            &mut self.ik,
+            &mut self.gt,
+            &mut self.pooled,
+        ]
+    }
+
     pub fn bytes(&self) -> usize {
         4 * (self.latent.len() + self.ik.len() + self.gt.len() + self.pooled.len())
     }
