@@ -355,11 +355,22 @@ fn call_rule(format: Format, d: &ToolDef) -> String {
             })
             .unwrap_or_default()
     };
-    let is_string = |v: &Value| v.get("type").and_then(Value::as_str) == Some("string");
+    let is_string = |v: &Value| {
+        v.get("type").and_then(Value::as_str) == Some("string")
+            || v.get("enum").and_then(Value::as_array).is_some_and(|e| !e.is_empty() && e.iter().all(Value::is_string))
+    };
     // One parameter's markup: strings as text without markup, others as JSON of their schema.
     let param = |open: String, close: &str, v: &Value, opt: bool| {
-        let body = if is_string(v) {
-            r#"/[^<]*/"#.to_string()
+        let body = if let Some(e) = v.get("enum").and_then(Value::as_array).filter(|e| e.iter().all(Value::is_string)) {
+            // Raw text: one of the strings.
+            let alts: Vec<String> = e.iter().filter_map(Value::as_str).map(lit).collect();
+            format!("({})", alts.join(" | "))
+        } else if is_string(v) {
+            // Raw text up to the closing tag, within `maxLength` when the schema gives one.
+            match v.get("maxLength").and_then(Value::as_u64) {
+                Some(m) => format!("/[^<]{{0,{m}}}/"),
+                None => "/[^<]*/".to_string(),
+            }
         } else {
             format!("%json {v}")
         };
@@ -414,10 +425,11 @@ fn call_rule(format: Format, d: &ToolDef) -> String {
             // Values are not JSON in Gemma 4's syntax: the call's name is forced and the
             // arguments are left to the model (the parser checks them).
             let _ = schema;
+            // Any text without `<` except Gemma's string quote `<|"|>`, then `}<tool_call|>`
+            // (one lexeme: the lexer does not backtrack out of a `<` that began a quote).
             format!(
-                "{} /[^<]*/ {}",
+                "{} /([^<]|<\\|\"\\|>)*\\}}<tool_call\\|>/",
                 lit(&format!("<|tool_call>call:{}{{", d.name)),
-                lit("}<tool_call|>")
             )
         }
     }
@@ -525,7 +537,7 @@ mod tests {
              "<tool_call>get_weather<arg_key>days</arg_key><arg_value>three</arg_value></tool_call>"),
             (Format::Dsml, "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
              "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"),
-            (Format::Gemma4, "<|tool_call>call:get_weather{city:x}<tool_call|>", "<|tool_call>call:get_time{}<tool_call|>"),
+            (Format::Gemma4, "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3}<tool_call|>", "<|tool_call>call:get_time{}<tool_call|>"),
         ];
         for (format, good, bad) in cases {
             let spec = forced_call(format, &defs, &Choice::Required, None).unwrap();

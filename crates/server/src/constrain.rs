@@ -181,7 +181,7 @@ impl JobConstraint {
 /// Whether `spec` accepts exactly `text` (byte-level vocabulary: every byte a token).
 pub(crate) fn byte_level_accepts(spec: &Spec, text: &str) -> Result<bool, String> {
     use llguidance::api::TopLevelGrammar;
-    use llguidance::toktrie::{ApproximateTokEnv, TokenizerEnv};
+    use llguidance::toktrie::ApproximateTokEnv;
     let env = ApproximateTokEnv::single_byte_env();
     let f = llguidance::ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
     let g = match spec {

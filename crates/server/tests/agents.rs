@@ -1,6 +1,7 @@
 //! Tool calls, structured output and the reasoning split over HTTP (issue 33), on the tiny
-//! qwen3moe fixture (its built-in ChatML template does not describe tools, so calls use
-//! the JSON fallback). The fixture's text is random, so everything checked here is forced
+//! qwen3moe fixture (built-in ChatML) and, for tool calls, the tiny DeepSeek V4 fixture
+//! (V4's own template: tools in its system prompt, calls in DSML). The fixtures' text is
+//! random, so everything checked here is forced
 //! by constrained decoding and checked against hand-written expectations: the grammar's
 //! exact output split into reasoning and content, JSON that must have the schema's fields
 //! and types, a forced call whose arguments must match its parameter schema. Streamed and
@@ -198,9 +199,9 @@ async fn bad_schemas_and_grammars_are_400() {
 }
 
 fn weather_tool() -> Value {
-    json!({"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+    json!({"type": "function", "function": {"name": "w",
         "parameters": {"type": "object", "properties": {
-            "city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "city": {"type": "string", "maxLength": 8}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
             "required": ["city", "days"], "additionalProperties": false}}})
 }
 
@@ -218,9 +219,14 @@ fn check_weather_args(args: &Value) {
 /// Anthropic API answers a `tool_use` block with `stop_reason: tool_use`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forced_tool_call_matches_the_schema() {
-    let mut s = start(config(), fixture(), false).await;
-    for choice in [json!("required"), json!({"type": "function", "function": {"name": "get_weather"}})] {
-        let body = json!({"messages": user("weather in Paris?"), "max_tokens": 80, "temperature": 0,
+    // The tiny DeepSeek V4 fixture: its file carries V4's own template (tools rendered
+    // natively, calls in DSML), and a context long enough for the tools header.
+    let ds4 = fixture().parent().unwrap().join("../deepseek4/b-mxfp4.gguf");
+    let mut cfg = config();
+    cfg.max_tokens = 600; // the random model spells the DSML markup a byte at a time
+    let mut s = start_ctx(cfg, ds4, false, 2048).await;
+    for choice in [json!("required"), json!({"type": "function", "function": {"name": "w"}})] {
+        let body = json!({"messages": user("Paris?"), "max_tokens": 600, "temperature": 0,
             "tools": [weather_tool()], "tool_choice": choice});
         let (st, v) = s.post("/v1/chat/completions", &body).await;
         assert_eq!(st, 200, "{v}");
@@ -229,7 +235,7 @@ async fn forced_tool_call_matches_the_schema() {
         let calls = ch["message"]["tool_calls"].as_array().unwrap();
         assert_eq!(calls.len(), 1);
         assert_eq!(calls[0]["type"], "function");
-        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        assert_eq!(calls[0]["function"]["name"], "w");
         let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
         check_weather_args(&args);
 
@@ -243,8 +249,8 @@ async fn forced_tool_call_matches_the_schema() {
     }
 
     // Anthropic: the same tool in its shape, `any`.
-    let body = json!({"max_tokens": 80, "temperature": 0, "messages": user("weather in Paris?"),
-        "tools": [{"name": "get_weather", "description": "Weather of a city",
+    let body = json!({"max_tokens": 600, "temperature": 0, "messages": user("Paris?"),
+        "tools": [{"name": "w",
                    "input_schema": weather_tool()["function"]["parameters"]}],
         "tool_choice": {"type": "any"}});
     let (st, v) = s.post("/v1/messages", &body).await;
@@ -253,7 +259,7 @@ async fn forced_tool_call_matches_the_schema() {
     let blocks = v["content"].as_array().unwrap();
     let tu: Vec<&Value> = blocks.iter().filter(|b| b["type"] == "tool_use").collect();
     assert_eq!(tu.len(), 1, "{v}");
-    assert_eq!(tu[0]["name"], "get_weather");
+    assert_eq!(tu[0]["name"], "w");
     check_weather_args(&tu[0]["input"]);
     let mut b = body.clone();
     b["stream"] = json!(true);
@@ -275,8 +281,8 @@ async fn forced_tool_call_matches_the_schema() {
     // A tool result goes back in (Anthropic `tool_result`, OpenAI `tool` message) and the
     // conversation goes on.
     let body = json!({"max_tokens": 4, "temperature": 0, "messages": [
-        {"role": "user", "content": "weather in Paris?"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris", "days": 1}}]},
+        {"role": "user", "content": "Paris?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "w", "input": {"city": "Paris", "days": 1}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]}],
         "tools": body["tools"]});
     let (st, v) = s.post("/v1/messages", &body).await;
