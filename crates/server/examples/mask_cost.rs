@@ -44,10 +44,11 @@ fn main() -> Result<(), String> {
     let t1 = Instant::now();
     let mut compiles = 0.0;
     for i in 0..30 {
+        let tags = ["a", "b", "c"][..i % 4].to_vec();
         let inst = json!({
             "name": names[i % names.len()],
             "age": (i * 7) % 120,
-            "tags": ["a", "b", "c"][..i % 4].to_vec(),
+            "tags": tags,
             "address": {"city": cities[i % cities.len()], "zip": format!("{:05}", i * 1234 % 100000)},
         });
         let text = serde_json::to_string(&inst).map_err(|e| e.to_string())?;
