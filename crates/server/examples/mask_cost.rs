@@ -38,7 +38,14 @@ fn main() -> Result<(), String> {
         "required": ["name", "age", "tags", "address"],
         "additionalProperties": false,
     });
-    let names = ["Ada Lovelace", "Alan", "Grace Hopper", "Édith Piaf", "李白", "Bob"];
+    let names = [
+        "Ada Lovelace",
+        "Alan",
+        "Grace Hopper",
+        "Édith Piaf",
+        "李白",
+        "Bob",
+    ];
     let cities = ["Paris", "London", "New York", "Zürich", "Tokyo"];
     let mut secs = Vec::new();
     let t1 = Instant::now();

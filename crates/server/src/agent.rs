@@ -69,7 +69,12 @@ pub fn anthropic_choice(v: Option<&Value>) -> Result<Choice, String> {
     }
 }
 
-fn tool_def(name: Option<&Value>, desc: Option<&Value>, params: Option<&Value>, i: usize) -> Result<ToolDef, String> {
+fn tool_def(
+    name: Option<&Value>,
+    desc: Option<&Value>,
+    params: Option<&Value>,
+    i: usize,
+) -> Result<ToolDef, String> {
     let name = name
         .and_then(Value::as_str)
         .filter(|n| !n.is_empty())
@@ -77,7 +82,11 @@ fn tool_def(name: Option<&Value>, desc: Option<&Value>, params: Option<&Value>, 
     let parameters = match params {
         None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
         Some(p @ Value::Object(_)) => p.clone(),
-        Some(_) => return Err(format!("the parameter schema of tool `{name}` is not an object")),
+        Some(_) => {
+            return Err(format!(
+                "the parameter schema of tool `{name}` is not an object"
+            ))
+        }
     };
     Ok(ToolDef {
         name: name.to_string(),
@@ -96,7 +105,12 @@ pub fn openai_tools(tools: &[Value]) -> Result<Vec<ToolDef>, String> {
         let f = t
             .get("function")
             .ok_or_else(|| format!("`tools[{i}]` has no `function`"))?;
-        out.push(tool_def(f.get("name"), f.get("description"), f.get("parameters"), i)?);
+        out.push(tool_def(
+            f.get("name"),
+            f.get("description"),
+            f.get("parameters"),
+            i,
+        )?);
     }
     unique(out)
 }
@@ -109,7 +123,12 @@ pub fn anthropic_tools(tools: Option<&Value>) -> Result<Vec<ToolDef>, String> {
     let a = tools.as_array().ok_or("`tools` must be a list")?;
     let mut out = Vec::with_capacity(a.len());
     for (i, t) in a.iter().enumerate() {
-        out.push(tool_def(t.get("name"), t.get("description"), t.get("input_schema"), i)?);
+        out.push(tool_def(
+            t.get("name"),
+            t.get("description"),
+            t.get("input_schema"),
+            i,
+        )?);
     }
     unique(out)
 }
@@ -129,9 +148,9 @@ pub fn check_choice(choice: &Choice, defs: &[ToolDef]) -> Result<(), String> {
         Choice::Required if defs.is_empty() => {
             Err("`tool_choice` asks for a tool call but no `tools` are given".into())
         }
-        Choice::Named(n) if !defs.iter().any(|d| &d.name == n) => {
-            Err(format!("`tool_choice` names `{n}`, which is not in `tools`"))
-        }
+        Choice::Named(n) if !defs.iter().any(|d| &d.name == n) => Err(format!(
+            "`tool_choice` names `{n}`, which is not in `tools`"
+        )),
         _ => Ok(()),
     }
 }
@@ -151,9 +170,7 @@ pub fn template_tools(defs: &[ToolDef]) -> Value {
 /// The system text describing tools to a model whose template does not (the answer
 /// format is the one `toolcall::json` parses).
 pub fn fallback_system(defs: &[ToolDef]) -> String {
-    let mut s = String::from(
-        "You can call these tools (JSON schema of each one's arguments):\n",
-    );
+    let mut s = String::from("You can call these tools (JSON schema of each one's arguments):\n");
     for d in defs {
         s.push_str(
             &json!({"name": d.name, "description": d.description, "parameters": d.parameters})
@@ -244,7 +261,10 @@ pub fn template_messages(mut msgs: Vec<Value>, defs: &[ToolDef], native: bool) -
 
 /// Anthropic messages (with `tool_use` / `tool_result` blocks) as template messages in
 /// OpenAI's shape. `system` first when given.
-pub fn anthropic_messages(system: Option<String>, msgs: &[(String, Value)]) -> Result<Vec<Value>, String> {
+pub fn anthropic_messages(
+    system: Option<String>,
+    msgs: &[(String, Value)],
+) -> Result<Vec<Value>, String> {
     let mut out = Vec::with_capacity(msgs.len() + 1);
     if let Some(s) = system.filter(|s| !s.is_empty()) {
         out.push(json!({"role": "system", "content": s}));
@@ -303,7 +323,10 @@ pub fn anthropic_messages(system: Option<String>, msgs: &[(String, Value)]) -> R
 
 /// `response_format` (`text`, `json_object`, `json_schema` with `json_schema.schema`) and
 /// `grammar` (GBNF or Lark) as a spec. Both at once is an error.
-pub fn output_spec(response_format: Option<&Value>, grammar: Option<&str>) -> Result<Option<Spec>, String> {
+pub fn output_spec(
+    response_format: Option<&Value>,
+    grammar: Option<&str>,
+) -> Result<Option<Spec>, String> {
     let rf = match response_format.filter(|v| !v.is_null()) {
         None => None,
         Some(v) => match v.get("type").and_then(Value::as_str) {
@@ -357,11 +380,17 @@ fn call_rule(format: Format, d: &ToolDef) -> String {
     };
     let is_string = |v: &Value| {
         v.get("type").and_then(Value::as_str) == Some("string")
-            || v.get("enum").and_then(Value::as_array).is_some_and(|e| !e.is_empty() && e.iter().all(Value::is_string))
+            || v.get("enum")
+                .and_then(Value::as_array)
+                .is_some_and(|e| !e.is_empty() && e.iter().all(Value::is_string))
     };
     // One parameter's markup: strings as text without markup, others as JSON of their schema.
     let param = |open: String, close: &str, v: &Value, opt: bool| {
-        let body = if let Some(e) = v.get("enum").and_then(Value::as_array).filter(|e| e.iter().all(Value::is_string)) {
+        let body = if let Some(e) = v
+            .get("enum")
+            .and_then(Value::as_array)
+            .filter(|e| e.iter().all(Value::is_string))
+        {
             // Raw text: one of the strings.
             let alts: Vec<String> = e.iter().filter_map(Value::as_str).map(lit).collect();
             format!("({})", alts.join(" | "))
@@ -406,7 +435,10 @@ fn call_rule(format: Format, d: &ToolDef) -> String {
         }
         Format::Dsml => {
             const T: &str = "｜DSML｜";
-            let mut s = lit(&format!("<{T}tool_calls>\n<{T}invoke name=\"{}\">\n", d.name));
+            let mut s = lit(&format!(
+                "<{T}tool_calls>\n<{T}invoke name=\"{}\">\n",
+                d.name
+            ));
             for (k, v, req) in &props {
                 let flag = if is_string(v) { "true" } else { "false" };
                 s.push(' ');
@@ -451,7 +483,12 @@ fn call_schema(defs: &[ToolDef]) -> Value {
 
 /// The grammar forcing one call (`Required`: of any tool; `Named`: of that one) in the
 /// template's syntax; `reasoning` lets a reasoning block the prompt opened finish first.
-pub fn forced_call(format: Format, defs: &[ToolDef], choice: &Choice, reasoning: Option<&str>) -> Option<Spec> {
+pub fn forced_call(
+    format: Format,
+    defs: &[ToolDef],
+    choice: &Choice,
+    reasoning: Option<&str>,
+) -> Option<Spec> {
     let chosen: Vec<&ToolDef> = match choice {
         Choice::Required => defs.iter().collect(),
         Choice::Named(n) => defs.iter().filter(|d| &d.name == n).collect(),
@@ -464,7 +501,10 @@ pub fn forced_call(format: Format, defs: &[ToolDef], choice: &Choice, reasoning:
     match reasoning {
         // The block ends at the first closing marker (a lazy lexeme), then the call.
         Some(close) => {
-            let esc: String = close.chars().map(|c| format!("\\x{{{:x}}}", c as u32)).collect();
+            let esc: String = close
+                .chars()
+                .map(|c| format!("\\x{{{:x}}}", c as u32))
+                .collect();
             g.push_str(&format!(
                 "start: think /[ \\t\\r\\n]*/ call\nthink[lazy]: /(?s:.*){esc}/\n"
             ));
@@ -486,13 +526,22 @@ mod tests {
     #[test]
     fn choices() {
         assert_eq!(openai_choice(None).unwrap(), Choice::Auto);
-        assert_eq!(openai_choice(Some(&json!("required"))).unwrap(), Choice::Required);
         assert_eq!(
-            openai_choice(Some(&json!({"type": "function", "function": {"name": "f"}}))).unwrap(),
+            openai_choice(Some(&json!("required"))).unwrap(),
+            Choice::Required
+        );
+        assert_eq!(
+            openai_choice(Some(
+                &json!({"type": "function", "function": {"name": "f"}})
+            ))
+            .unwrap(),
             Choice::Named("f".into())
         );
         assert!(openai_choice(Some(&json!("always"))).is_err());
-        assert_eq!(anthropic_choice(Some(&json!({"type": "any"}))).unwrap(), Choice::Required);
+        assert_eq!(
+            anthropic_choice(Some(&json!({"type": "any"}))).unwrap(),
+            Choice::Required
+        );
         assert_eq!(
             anthropic_choice(Some(&json!({"type": "tool", "name": "f"}))).unwrap(),
             Choice::Named("f".into())
@@ -516,7 +565,10 @@ mod tests {
         let out = template_messages(msgs, &defs, false);
         let roles: Vec<&str> = out.iter().map(|m| m["role"].as_str().unwrap()).collect();
         assert_eq!(roles, ["system", "user", "assistant", "user"]);
-        assert_eq!(out[2]["content"], "{\"name\":\"f\",\"arguments\":{\"a\":1}}");
+        assert_eq!(
+            out[2]["content"],
+            "{\"name\":\"f\",\"arguments\":{\"a\":1}}"
+        );
         assert_eq!(out[3]["content"], "Tool result: r1\n\nTool result: r2");
     }
 
@@ -541,19 +593,33 @@ mod tests {
         ];
         for (format, good, bad) in cases {
             let spec = forced_call(format, &defs, &Choice::Required, None).unwrap();
-            assert_eq!(crate::constrain::byte_level_accepts(&spec, good), Ok(true), "{format:?} {spec:?}");
-            assert_eq!(crate::constrain::byte_level_accepts(&spec, bad), Ok(false), "{format:?} {bad}");
+            assert_eq!(
+                crate::constrain::byte_level_accepts(&spec, good),
+                Ok(true),
+                "{format:?} {spec:?}"
+            );
+            assert_eq!(
+                crate::constrain::byte_level_accepts(&spec, bad),
+                Ok(false),
+                "{format:?} {bad}"
+            );
             // After a reasoning block the prompt opened.
             let spec = forced_call(format, &defs, &Choice::Required, Some("</think>")).unwrap();
             let text = format!("let me see </ think> no</think>\n{good}");
-            assert_eq!(crate::constrain::byte_level_accepts(&spec, &text), Ok(true), "{format:?} {spec:?}");
+            assert_eq!(
+                crate::constrain::byte_level_accepts(&spec, &text),
+                Ok(true),
+                "{format:?} {spec:?}"
+            );
         }
         assert!(forced_call(Format::Json, &defs, &Choice::Auto, None).is_none());
     }
 
     #[test]
     fn response_formats() {
-        assert!(output_spec(Some(&json!({"type": "text"})), None).unwrap().is_none());
+        assert!(output_spec(Some(&json!({"type": "text"})), None)
+            .unwrap()
+            .is_none());
         assert!(matches!(
             output_spec(Some(&json!({"type": "json_object"})), None).unwrap(),
             Some(Spec::JsonSchema(_))

@@ -110,14 +110,17 @@ fn lex(src: &str) -> Result<Vec<(usize, Tok)>, String> {
                 let ok = !inner.is_empty()
                     && s.ends_with('}')
                     && inner.split(',').count() <= 2
-                    && inner
-                        .split(',')
-                        .enumerate()
-                        .all(|(k, p)| p.trim().chars().all(|c| c.is_ascii_digit()) && (k == 1 || !p.trim().is_empty()));
+                    && inner.split(',').enumerate().all(|(k, p)| {
+                        p.trim().chars().all(|c| c.is_ascii_digit())
+                            && (k == 1 || !p.trim().is_empty())
+                    });
                 if !ok {
                     return err(line, &format!("a bad repetition `{s}`"));
                 }
-                out.push((line, Tok::Repeat(s.chars().filter(|c| !c.is_whitespace()).collect())));
+                out.push((
+                    line,
+                    Tok::Repeat(s.chars().filter(|c| !c.is_whitespace()).collect()),
+                ));
             }
             '.' => {
                 it.next();
@@ -185,7 +188,13 @@ fn rule_name(n: &str) -> String {
     }
     let mut s: String = n
         .chars()
-        .map(|c| if c == '-' { '_' } else { c.to_ascii_lowercase() })
+        .map(|c| {
+            if c == '-' {
+                '_'
+            } else {
+                c.to_ascii_lowercase()
+            }
+        })
         .collect();
     if !s.starts_with(|c: char| c.is_ascii_lowercase()) || s == "start" {
         s.insert_str(0, "r_");
@@ -208,7 +217,9 @@ pub fn to_lark(grammar: &str) -> Result<String, String> {
             return Err(format!("grammar (GBNF) line {line}: expected a rule name"));
         };
         if toks.get(i + 1).map(|t| &t.1) != Some(&Tok::Define) {
-            return Err(format!("grammar (GBNF) line {line}: expected `::=` after `{n}`"));
+            return Err(format!(
+                "grammar (GBNF) line {line}: expected `::=` after `{n}`"
+            ));
         }
         has_root |= n == "root";
         if !out.is_empty() {
@@ -220,7 +231,9 @@ pub fn to_lark(grammar: &str) -> Result<String, String> {
         let mut empty = true;
         while i < toks.len() {
             // A rule ends where the next `name ::=` starts.
-            if matches!(toks[i].1, Tok::Name(_)) && toks.get(i + 1).map(|t| &t.1) == Some(&Tok::Define) {
+            if matches!(toks[i].1, Tok::Name(_))
+                && toks.get(i + 1).map(|t| &t.1) == Some(&Tok::Define)
+            {
                 break;
             }
             if !matches!(toks[i].1, Tok::Op(_) | Tok::Repeat(_)) {
@@ -266,7 +279,10 @@ mod tests {
     fn translates_llama_cpp_examples() {
         // From llama.cpp's grammars/README.md (hand-translated expected Lark).
         let g = "root ::= answer\nanswer ::= \"yes\" | \"no\"  # a comment\n";
-        assert_eq!(to_lark(g).unwrap(), "start: answer\nanswer: \"yes\" | \"no\"\n");
+        assert_eq!(
+            to_lark(g).unwrap(),
+            "start: answer\nanswer: \"yes\" | \"no\"\n"
+        );
         let g = "root ::= [a-z]+ ws-x{2,3}\nws-x ::= [ \\t\\n]\n  | \".\"";
         assert_eq!(
             to_lark(g).unwrap(),
@@ -280,9 +296,16 @@ mod tests {
     #[test]
     fn translated_grammars_accept_what_gbnf_does() {
         use crate::constrain::{byte_level_accepts, Spec};
-        let g = to_lark("root ::= \"x=\" num (\",\" num){0,2}\nnum ::= [1-9] [0-9]*  # no zero\n").unwrap();
+        let g = to_lark("root ::= \"x=\" num (\",\" num){0,2}\nnum ::= [1-9] [0-9]*  # no zero\n")
+            .unwrap();
         let spec = Spec::Lark(g);
-        for (text, ok) in [("x=1", true), ("x=12,3,40", true), ("x=1,2,3,4", false), ("x=0", false), ("x=", false)] {
+        for (text, ok) in [
+            ("x=1", true),
+            ("x=12,3,40", true),
+            ("x=1,2,3,4", false),
+            ("x=0", false),
+            ("x=", false),
+        ] {
             assert_eq!(byte_level_accepts(&spec, text), Ok(ok), "{text}");
         }
         let spec = Spec::Lark(to_lark("root ::= \"\\\"\" [^\"\\n]* \"\\\"\" .").unwrap());
@@ -294,7 +317,10 @@ mod tests {
     fn errors_name_the_line() {
         for (g, want) in [
             ("root ::= \"abc", "line 1: an unclosed string"),
-            ("root ::= x\nx ::= [a-", "line 2: an unclosed character class"),
+            (
+                "root ::= x\nx ::= [a-",
+                "line 2: an unclosed character class",
+            ),
             ("x ::= \"a\"", "no `root` rule"),
             ("root ::= a{x}", "a bad repetition"),
             ("root ::= a ; b", "unexpected `;`"),

@@ -61,17 +61,18 @@ fn finish_plan(
     let inside = opened(ready, &markers, &prompt);
     let format = Format::detect(src);
     let forced = agent::forced_call(format, &defs, choice, inside.then_some(markers.close));
-    let (spec, field) = match (forced, output) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::bad_request(
+    let (spec, field) =
+        match (forced, output) {
+            (Some(_), Some(_)) => return Err(ApiError::bad_request(
                 f,
-                format!("`{output_field}` cannot be combined with a forced tool call (`tool_choice`)"),
+                format!(
+                    "`{output_field}` cannot be combined with a forced tool call (`tool_choice`)"
+                ),
             )
-            .param(output_field))
-        }
-        (Some(s), None) => (Some(s), "tool_choice"),
-        (None, s) => (s, output_field),
-    };
+            .param(output_field)),
+            (Some(s), None) => (Some(s), "tool_choice"),
+            (None, s) => (s, output_field),
+        };
     let constraint = match spec {
         None => None,
         Some(s) => Some(
@@ -93,7 +94,12 @@ fn finish_plan(
 }
 
 /// Render `msgs` (template messages) with `defs` offered.
-fn tool_prompt(ready: &Ready, f: Flavor, msgs: Vec<Value>, offered: &[ToolDef]) -> Result<Vec<u32>, ApiError> {
+fn tool_prompt(
+    ready: &Ready,
+    f: Flavor,
+    msgs: Vec<Value>,
+    offered: &[ToolDef],
+) -> Result<Vec<u32>, ApiError> {
     let native = Format::template_renders_tools(ready.template.source());
     let msgs = agent::template_messages(msgs, offered, native);
     let tools = if native {
@@ -114,13 +120,32 @@ pub(crate) fn chat(
 ) -> Result<Plan, ApiError> {
     let f = Flavor::OpenAi;
     let bad = |e: String, p: &'static str| ApiError::bad_request(f, e).param(p);
-    let defs = agent::openai_tools(req.tools.as_deref().unwrap_or(&[])).map_err(|e| bad(e, "tools"))?;
-    let choice = agent::openai_choice(req.tool_choice.as_ref()).map_err(|e| bad(e, "tool_choice"))?;
+    let defs =
+        agent::openai_tools(req.tools.as_deref().unwrap_or(&[])).map_err(|e| bad(e, "tools"))?;
+    let choice =
+        agent::openai_choice(req.tool_choice.as_ref()).map_err(|e| bad(e, "tool_choice"))?;
     agent::check_choice(&choice, &defs).map_err(|e| bad(e, "tool_choice"))?;
-    let output = agent::output_spec(req.response_format.as_ref(), req.grammar.as_deref())
-        .map_err(|e| bad(e, if req.grammar.is_some() { "grammar" } else { "response_format" }))?;
-    let output_field = if req.grammar.is_some() { "grammar" } else { "response_format" };
-    let uses_tools = !defs.is_empty() || req.messages.iter().any(|m| m.extra.contains_key("tool_calls"));
+    let output =
+        agent::output_spec(req.response_format.as_ref(), req.grammar.as_deref()).map_err(|e| {
+            bad(
+                e,
+                if req.grammar.is_some() {
+                    "grammar"
+                } else {
+                    "response_format"
+                },
+            )
+        })?;
+    let output_field = if req.grammar.is_some() {
+        "grammar"
+    } else {
+        "response_format"
+    };
+    let uses_tools = !defs.is_empty()
+        || req
+            .messages
+            .iter()
+            .any(|m| m.extra.contains_key("tool_calls"));
     let prompt = if uses_tools {
         let mut values = Vec::with_capacity(req.messages.len());
         for (m, src) in msgs.iter().zip(&req.messages) {
@@ -148,12 +173,17 @@ pub(crate) fn messages(
     let f = Flavor::Anthropic;
     let bad = |e: String, p: &'static str| ApiError::bad_request(f, e).param(p);
     let defs = agent::anthropic_tools(req.tools.as_ref()).map_err(|e| bad(e, "tools"))?;
-    let choice = agent::anthropic_choice(req.tool_choice.as_ref()).map_err(|e| bad(e, "tool_choice"))?;
+    let choice =
+        agent::anthropic_choice(req.tool_choice.as_ref()).map_err(|e| bad(e, "tool_choice"))?;
     agent::check_choice(&choice, &defs).map_err(|e| bad(e, "tool_choice"))?;
     let has_blocks = req.messages.iter().any(|m| {
         m.content.as_array().is_some_and(|a| {
-            a.iter()
-                .any(|b| matches!(b.get("type").and_then(Value::as_str), Some("tool_use" | "tool_result")))
+            a.iter().any(|b| {
+                matches!(
+                    b.get("type").and_then(Value::as_str),
+                    Some("tool_use" | "tool_result")
+                )
+            })
         })
     });
     let prompt = if !defs.is_empty() || has_blocks {

@@ -93,7 +93,11 @@ impl ReasoningSplit {
     pub fn new(m: Markers, inside: bool) -> ReasoningSplit {
         ReasoningSplit {
             m,
-            state: if inside { State::Reasoning } else { State::Start },
+            state: if inside {
+                State::Reasoning
+            } else {
+                State::Start
+            },
             held: String::new(),
             reasoned: false,
         }
@@ -269,7 +273,12 @@ mod tests {
             ("Let me count: 1, 2, 3", ""),
         );
         // Opened by the prompt (GLM / DeepSeek thinking mode), never closed.
-        all_cuts_agree(THINK, true, "still thinking </thi", ("still thinking </thi", ""));
+        all_cuts_agree(
+            THINK,
+            true,
+            "still thinking </thi",
+            ("still thinking </thi", ""),
+        );
     }
 
     #[test]
@@ -287,7 +296,12 @@ mod tests {
 
     #[test]
     fn no_markers_is_all_content() {
-        all_cuts_agree(THINK, false, "  plain <b>answer</b>", ("", "  plain <b>answer</b>"));
+        all_cuts_agree(
+            THINK,
+            false,
+            "  plain <b>answer</b>",
+            ("", "  plain <b>answer</b>"),
+        );
         // A marker later in the content is content (reasoning comes first or not at all).
         all_cuts_agree(
             THINK,

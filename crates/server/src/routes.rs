@@ -597,7 +597,10 @@ impl Sse {
                 Out::Content(t) => ("text", json!({"type": "text_delta", "text": t})),
                 Out::Calls(cs) => {
                     if open.take().is_some() {
-                        s.push_str(&event("content_block_stop", &json!({"type": "content_block_stop", "index": *index})));
+                        s.push_str(&event(
+                            "content_block_stop",
+                            &json!({"type": "content_block_stop", "index": *index}),
+                        ));
                         *index += 1;
                     }
                     for c in cs {
@@ -606,7 +609,10 @@ impl Sse {
                         s.push_str(&event("content_block_start", &json!({"type": "content_block_start", "index": *index, "content_block": block})));
                         s.push_str(&event("content_block_delta", &json!({"type": "content_block_delta", "index": *index,
                             "delta": {"type": "input_json_delta", "partial_json": c.arguments_json()}})));
-                        s.push_str(&event("content_block_stop", &json!({"type": "content_block_stop", "index": *index})));
+                        s.push_str(&event(
+                            "content_block_stop",
+                            &json!({"type": "content_block_stop", "index": *index}),
+                        ));
                         *index += 1;
                         *calls += 1;
                     }
@@ -615,7 +621,10 @@ impl Sse {
             };
             if *open != Some(kind) {
                 if open.is_some() {
-                    s.push_str(&event("content_block_stop", &json!({"type": "content_block_stop", "index": *index})));
+                    s.push_str(&event(
+                        "content_block_stop",
+                        &json!({"type": "content_block_stop", "index": *index}),
+                    ));
                     *index += 1;
                 }
                 let block = if kind == "thinking" {
@@ -629,7 +638,10 @@ impl Sse {
                 }
                 *open = Some(kind);
             }
-            s.push_str(&event("content_block_delta", &json!({"type": "content_block_delta", "index": *index, "delta": delta})));
+            s.push_str(&event(
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "index": *index, "delta": delta}),
+            ));
         }
         s
     }
@@ -739,7 +751,10 @@ impl Sse {
                     *open = Some("text");
                 }
                 if open.take().is_some() {
-                    s.push_str(&event("content_block_stop", &json!({"type": "content_block_stop", "index": *index})));
+                    s.push_str(&event(
+                        "content_block_stop",
+                        &json!({"type": "content_block_stop", "index": *index}),
+                    ));
                 }
                 let (reason, seq) = if *calls > 0 {
                     ("tool_use", Value::Null)
@@ -915,9 +930,7 @@ async fn chat_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
         message["reasoning_content"] = Value::String(reasoning);
     }
     if !calls.is_empty() {
-        message["tool_calls"] = Value::Array(
-            calls.iter().map(|c| openai_call(c, None)).collect(),
-        );
+        message["tool_calls"] = Value::Array(calls.iter().map(|c| openai_call(c, None)).collect());
         if message["content"] == "" {
             message["content"] = Value::Null;
         }

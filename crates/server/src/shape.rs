@@ -77,7 +77,10 @@ impl Shaper {
         if let Some(ts) = &mut self.tools {
             let (pieces, bad) = ts.finish();
             if let Some(e) = bad {
-                eprintln!("sluice serve: a tool-call block did not parse ({}); sent as content", e.0);
+                eprintln!(
+                    "sluice serve: a tool-call block did not parse ({}); sent as content",
+                    e.0
+                );
             }
             for q in pieces {
                 out.push(match q {

@@ -19,7 +19,8 @@ fn user(text: &str) -> Value {
 /// Concatenate a streamed chat's deltas: (reasoning, content, tool calls, finish reason).
 fn chat_stream(ev: &[(String, String)]) -> (String, String, Vec<Value>, String) {
     assert_eq!(ev.last().unwrap().1, "[DONE]");
-    let (mut r, mut c, mut calls, mut finish) = (String::new(), String::new(), Vec::new(), String::new());
+    let (mut r, mut c, mut calls, mut finish) =
+        (String::new(), String::new(), Vec::new(), String::new());
     for (_, d) in &ev[..ev.len() - 1] {
         let v: Value = serde_json::from_str(d).unwrap();
         let ch = &v["choices"][0];
@@ -45,7 +46,8 @@ fn chat_stream(ev: &[(String, String)]) -> (String, String, Vec<Value>, String) 
 async fn reasoning_split_of_a_forced_answer() {
     let mut s = start(config(), fixture(), false).await;
     let grammar = "root ::= \"<think>\" \"\\nweigh it\\n\" \"</think>\" \"\\n\\nforty-two\"";
-    let body = json!({"messages": user("think"), "max_tokens": 40, "temperature": 0, "grammar": grammar});
+    let body =
+        json!({"messages": user("think"), "max_tokens": 40, "temperature": 0, "grammar": grammar});
     let (st, v) = s.post("/v1/chat/completions", &body).await;
     assert_eq!(st, 200, "{v}");
     let m = &v["choices"][0]["message"];
@@ -56,10 +58,14 @@ async fn reasoning_split_of_a_forced_answer() {
     let mut b = body.clone();
     b["stream"] = json!(true);
     let (r, c, calls, finish) = chat_stream(&s.post_sse("/v1/chat/completions", &b).await);
-    assert_eq!((r.as_str(), c.as_str(), calls.len(), finish.as_str()), ("weigh it", "forty-two", 0, "stop"));
+    assert_eq!(
+        (r.as_str(), c.as_str(), calls.len(), finish.as_str()),
+        ("weigh it", "forty-two", 0, "stop")
+    );
 
     // Anthropic (`grammar` is accepted there too): a thinking block, then a text block.
-    let ab = json!({"max_tokens": 40, "temperature": 0, "messages": user("think"), "grammar": grammar});
+    let ab =
+        json!({"max_tokens": 40, "temperature": 0, "messages": user("think"), "grammar": grammar});
     let (st, v) = s.post("/v1/messages", &ab).await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(
@@ -84,11 +90,19 @@ async fn reasoning_split_of_a_forced_answer() {
                 let d = &v["delta"];
                 match d["type"].as_str().unwrap() {
                     "thinking_delta" => {
-                        let t = format!("{}{}", blocks[i]["thinking"].as_str().unwrap(), d["thinking"].as_str().unwrap());
+                        let t = format!(
+                            "{}{}",
+                            blocks[i]["thinking"].as_str().unwrap(),
+                            d["thinking"].as_str().unwrap()
+                        );
                         blocks[i]["thinking"] = json!(t);
                     }
                     "text_delta" => {
-                        let t = format!("{}{}", blocks[i]["text"].as_str().unwrap(), d["text"].as_str().unwrap());
+                        let t = format!(
+                            "{}{}",
+                            blocks[i]["text"].as_str().unwrap(),
+                            d["text"].as_str().unwrap()
+                        );
                         blocks[i]["text"] = json!(t);
                     }
                     other => panic!("{other}"),
@@ -98,7 +112,10 @@ async fn reasoning_split_of_a_forced_answer() {
         }
     }
     assert_eq!(Value::Array(blocks), v["content"]);
-    assert_eq!(&names[..3], &["message_start", "content_block_start", "ping"]);
+    assert_eq!(
+        &names[..3],
+        &["message_start", "content_block_start", "ping"]
+    );
     assert_eq!(
         &names[names.len() - 3..],
         &["content_block_stop", "message_delta", "message_stop"]
@@ -128,7 +145,11 @@ async fn reasoning_split_of_a_forced_answer() {
     let m = &v["choices"][0]["message"];
     assert_eq!(m["content"], "", "{v}");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
-    assert_eq!(m["reasoning_content"], at.trim_start_matches("<think>\n").trim_end_matches('\n'), "{v}");
+    assert_eq!(
+        m["reasoning_content"],
+        at.trim_start_matches("<think>\n").trim_end_matches('\n'),
+        "{v}"
+    );
     s.stop();
 }
 
@@ -143,7 +164,10 @@ async fn json_schema_output_has_the_schema() {
         "response_format": {"type": "json_schema", "json_schema": {"name": "t", "strict": true, "schema": schema}}});
     let (st, v) = s.post("/v1/chat/completions", &body).await;
     assert_eq!(st, 200, "{v}");
-    let text = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let text = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let o: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
     let keys: Vec<&String> = o.as_object().unwrap().keys().collect();
     assert_eq!(keys.len(), 3, "{o}");
@@ -162,7 +186,10 @@ async fn json_schema_output_has_the_schema() {
     assert_eq!(st, 200, "{v}");
     let text = v["choices"][0]["message"]["content"].as_str().unwrap();
     if v["choices"][0]["finish_reason"] == "stop" {
-        assert!(serde_json::from_str::<Value>(text).unwrap().is_object(), "{text}");
+        assert!(
+            serde_json::from_str::<Value>(text).unwrap().is_object(),
+            "{text}"
+        );
     } else {
         assert!(text.starts_with('{'), "{text}");
     }
@@ -174,13 +201,25 @@ async fn json_schema_output_has_the_schema() {
 async fn bad_schemas_and_grammars_are_400() {
     let mut s = start(config(), fixture(), false).await;
     let cases = [
-        (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}}), "response_format"),
-        (json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}), "schema"),
-        (json!({"response_format": {"type": "yaml"}}), "response_format"),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}}),
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+            "schema",
+        ),
+        (
+            json!({"response_format": {"type": "yaml"}}),
+            "response_format",
+        ),
         (json!({"grammar": "root ::= \"abc"}), "unclosed string"),
         (json!({"grammar": "root ::= undefined-rule"}), "grammar"),
         (json!({"tool_choice": "required"}), "tool_choice"),
-        (json!({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}), "`g`"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            "`g`",
+        ),
     ];
     let mut wrong = Vec::new();
     for (extra, want) in cases {
@@ -221,11 +260,17 @@ fn check_weather_args(args: &Value) {
 async fn forced_tool_call_matches_the_schema() {
     // The tiny DeepSeek V4 fixture: its file carries V4's own template (tools rendered
     // natively, calls in DSML), and a context long enough for the tools header.
-    let ds4 = fixture().parent().unwrap().join("../deepseek4/b-mxfp4.gguf");
+    let ds4 = fixture()
+        .parent()
+        .unwrap()
+        .join("../deepseek4/b-mxfp4.gguf");
     let mut cfg = config();
     cfg.max_tokens = 600; // the random model spells the DSML markup a byte at a time
     let mut s = start_ctx(cfg, ds4, false, 2048).await;
-    for choice in [json!("required"), json!({"type": "function", "function": {"name": "w"}})] {
+    for choice in [
+        json!("required"),
+        json!({"type": "function", "function": {"name": "w"}}),
+    ] {
         let body = json!({"messages": user("Paris?"), "max_tokens": 600, "temperature": 0,
             "tools": [weather_tool()], "tool_choice": choice});
         let (st, v) = s.post("/v1/chat/completions", &body).await;
@@ -236,7 +281,8 @@ async fn forced_tool_call_matches_the_schema() {
         assert_eq!(calls.len(), 1);
         assert_eq!(calls[0]["type"], "function");
         assert_eq!(calls[0]["function"]["name"], "w");
-        let args: Value = serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+        let args: Value =
+            serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
         check_weather_args(&args);
 
         let mut b = body.clone();
@@ -276,7 +322,10 @@ async fn forced_tool_call_matches_the_schema() {
         }
     }
     assert_eq!(stop, "tool_use");
-    assert_eq!(serde_json::from_str::<Value>(&json_text).unwrap(), tu[0]["input"]);
+    assert_eq!(
+        serde_json::from_str::<Value>(&json_text).unwrap(),
+        tu[0]["input"]
+    );
 
     // A tool result goes back in (Anthropic `tool_result`, OpenAI `tool` message) and the
     // conversation goes on.
@@ -292,6 +341,9 @@ async fn forced_tool_call_matches_the_schema() {
         "tools": [weather_tool()], "tool_choice": "none"});
     let (st, v) = s.post("/v1/chat/completions", &body).await;
     assert_eq!(st, 200, "{v}");
-    assert!(v["choices"][0]["message"].get("tool_calls").is_none(), "{v}");
+    assert!(
+        v["choices"][0]["message"].get("tool_calls").is_none(),
+        "{v}"
+    );
     s.stop();
 }

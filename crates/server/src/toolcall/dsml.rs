@@ -92,7 +92,9 @@ pub(super) fn parse(block: &str) -> Result<Vec<ToolCall>, Malformed> {
                 Value::String(raw.to_string())
             } else {
                 serde_json::from_str(raw.trim()).map_err(|e| {
-                    Malformed(format!("parameter `{key}` (string=\"false\") is not JSON: {e}"))
+                    Malformed(format!(
+                        "parameter `{key}` (string=\"false\") is not JSON: {e}"
+                    ))
                 })?
             };
             args.insert(key.to_string(), v);

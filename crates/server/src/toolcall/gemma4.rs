@@ -103,10 +103,7 @@ impl P<'_> {
                 return self.err("expected `,` or `]`");
             }
         }
-        let end = self
-            .s
-            .find([',', '}', ']'])
-            .unwrap_or(self.s.len());
+        let end = self.s.find([',', '}', ']']).unwrap_or(self.s.len());
         let word = self.s[..end].trim();
         self.s = &self.s[end..];
         match word {

@@ -29,7 +29,11 @@ fn calls_json(calls: &[ToolCall]) -> Value {
 fn check(format: Format, text: &str, content: &str, calls: Value) {
     let tools = weather();
     let (c, k) = parse_all(format, &tools, text);
-    assert_eq!((c.as_str(), calls_json(&k)), (content, calls.clone()), "{text:?}");
+    assert_eq!(
+        (c.as_str(), calls_json(&k)),
+        (content, calls.clone()),
+        "{text:?}"
+    );
     for i in (0..=text.len()).filter(|&i| text.is_char_boundary(i)) {
         let mut s = ToolStream::new(format, tools.clone());
         let mut pieces = s.push(&text[..i]);
@@ -42,7 +46,11 @@ fn check(format: Format, text: &str, content: &str, calls: Value) {
                 ToolPiece::Calls(v) => k2.extend(v),
             }
         }
-        assert_eq!((c2.as_str(), calls_json(&k2)), (content, calls.clone()), "cut {i}");
+        assert_eq!(
+            (c2.as_str(), calls_json(&k2)),
+            (content, calls.clone()),
+            "cut {i}"
+        );
     }
 }
 
@@ -55,7 +63,10 @@ fn malformed(format: Format, text: &str) {
 
 #[test]
 fn detect_formats_from_template_sources() {
-    assert_eq!(Format::detect("{%- set dsml_token = '｜DSML｜' -%}"), Format::Dsml);
+    assert_eq!(
+        Format::detect("{%- set dsml_token = '｜DSML｜' -%}"),
+        Format::Dsml
+    );
     assert_eq!(
         Format::detect("{{ '<tool_call>' + tc.name }}<arg_key>{{ k }}</arg_key>"),
         Format::Glm
@@ -64,7 +75,10 @@ fn detect_formats_from_template_sources() {
         Format::detect("<tool_call>\\n{\"name\": <function-name>}</tool_call>"),
         Format::Hermes
     );
-    assert_eq!(Format::detect("{{- '<|tool_call>call:' + function['name'] + '{' -}}"), Format::Gemma4);
+    assert_eq!(
+        Format::detect("{{- '<|tool_call>call:' + function['name'] + '{' -}}"),
+        Format::Gemma4
+    );
     assert_eq!(Format::detect("<start_of_turn>model"), Format::Json);
 }
 
@@ -93,12 +107,29 @@ fn hermes_qwen3() {
         one,
     );
     // Cut off inside the JSON, a wrong shape, an unknown tool, text after the object.
-    malformed(Format::Hermes, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"ci");
-    malformed(Format::Hermes, "<tool_call>\n[\"get_weather\"]\n</tool_call>");
-    malformed(Format::Hermes, "<tool_call>\n{\"name\": \"rm_rf\", \"arguments\": {}}\n</tool_call>");
-    malformed(Format::Hermes, "<tool_call>\n{\"name\": \"get_weather\"} oops </tool_call>");
+    malformed(
+        Format::Hermes,
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"ci",
+    );
+    malformed(
+        Format::Hermes,
+        "<tool_call>\n[\"get_weather\"]\n</tool_call>",
+    );
+    malformed(
+        Format::Hermes,
+        "<tool_call>\n{\"name\": \"rm_rf\", \"arguments\": {}}\n</tool_call>",
+    );
+    malformed(
+        Format::Hermes,
+        "<tool_call>\n{\"name\": \"get_weather\"} oops </tool_call>",
+    );
     // No block: all content, even with a `<` that starts like the opener.
-    check(Format::Hermes, "a < b and <tool", "a < b and <tool", json!([]));
+    check(
+        Format::Hermes,
+        "a < b and <tool",
+        "a < b and <tool",
+        json!([]),
+    );
 }
 
 #[test]
@@ -121,7 +152,10 @@ fn dsml_deepseek_v4() {
     // string="false" that is not JSON; a parameter never closed; an invoke never closed.
     malformed(Format::Dsml, "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"days\" string=\"false\">three</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>");
     malformed(Format::Dsml, "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">Par");
-    malformed(Format::Dsml, "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n");
+    malformed(
+        Format::Dsml,
+        "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n",
+    );
     malformed(Format::Dsml, "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>");
 }
 
@@ -142,9 +176,18 @@ fn glm_arg_key_value() {
         "Checking.\n",
         json!([{"name": "get_weather", "arguments": {"city": "New York"}}]),
     );
-    malformed(Format::Glm, "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Pa");
-    malformed(Format::Glm, "<tool_call>get_weather<arg_key>city</arg_key></tool_call>");
-    malformed(Format::Glm, "<tool_call><arg_key>city</arg_key><arg_value>x</arg_value></tool_call>");
+    malformed(
+        Format::Glm,
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Pa",
+    );
+    malformed(
+        Format::Glm,
+        "<tool_call>get_weather<arg_key>city</arg_key></tool_call>",
+    );
+    malformed(
+        Format::Glm,
+        "<tool_call><arg_key>city</arg_key><arg_value>x</arg_value></tool_call>",
+    );
 }
 
 #[test]
@@ -163,8 +206,14 @@ fn gemma4_call_syntax() {
         json!([{"name": "get_weather", "arguments": {}},
                {"name": "get_weather", "arguments": {"days": 1}}]),
     );
-    malformed(Format::Gemma4, "<|tool_call>call:get_weather{city:<|\"|>Par");
-    malformed(Format::Gemma4, "<|tool_call>call:get_weather{days:three}<tool_call|>");
+    malformed(
+        Format::Gemma4,
+        "<|tool_call>call:get_weather{city:<|\"|>Par",
+    );
+    malformed(
+        Format::Gemma4,
+        "<|tool_call>call:get_weather{days:three}<tool_call|>",
+    );
     malformed(Format::Gemma4, "<|tool_call>call:get_weather{days:1");
 }
 
@@ -190,7 +239,15 @@ fn json_fallback() {
         one,
     );
     // Plain answers, JSON that is not a call, a truncated object: content.
-    check(Format::Json, "Paris is sunny {\"name\"}", "Paris is sunny {\"name\"}", json!([]));
+    check(
+        Format::Json,
+        "Paris is sunny {\"name\"}",
+        "Paris is sunny {\"name\"}",
+        json!([]),
+    );
     malformed(Format::Json, "{\"answer\": 4}");
-    malformed(Format::Json, "{\"name\": \"get_weather\", \"arguments\": {\"ci");
+    malformed(
+        Format::Json,
+        "{\"name\": \"get_weather\", \"arguments\": {\"ci",
+    );
 }
