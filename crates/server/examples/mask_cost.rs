@@ -47,7 +47,8 @@ fn main() -> Result<(), String> {
         "Bob",
     ];
     let cities = ["Paris", "London", "New York", "Zürich", "Tokyo"];
-    let mut secs = Vec::new();
+    // The first mask of an answer (no lexer state cached yet) apart from the rest.
+    let (mut first, mut secs) = (Vec::new(), Vec::new());
     let t1 = Instant::now();
     let mut compiles = 0.0;
     for i in 0..30 {
@@ -74,19 +75,25 @@ fn main() -> Result<(), String> {
         if !jc.done() {
             return Err(format!("the grammar did not end after {text}"));
         }
-        secs.extend_from_slice(&jc.mask_secs);
+        first.push(jc.mask_secs[0]);
+        secs.extend_from_slice(&jc.mask_secs[1..]);
     }
     let wall = t1.elapsed().as_secs_f64();
-    secs.sort_by(f64::total_cmp);
-    let q = |p: f64| secs[((secs.len() - 1) as f64 * p).round() as usize] * 1e6;
+    let q = |v: &mut Vec<f64>, p: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() - 1) as f64 * p).round() as usize] * 1e6
+    };
     println!(
-        "vocab {n}: trie + factory {:.0} ms; schema compile {:.2} ms avg; {} masked tokens: median {:.1} us, p99 {:.1} us, max {:.1} us ({:.1} s total)",
+        "vocab {n}: trie + factory {:.0} ms; schema compile {:.2} ms avg; {} masked tokens after the first: median {:.1} us, p99 {:.1} us, max {:.1} us; first mask of each of the {} answers: median {:.1} us, max {:.1} us ({:.1} s total)",
         build * 1e3,
         compiles / 30.0 * 1e3,
         secs.len(),
-        q(0.5),
-        q(0.99),
-        q(1.0),
+        q(&mut secs, 0.5),
+        q(&mut secs, 0.99),
+        q(&mut secs, 1.0),
+        first.len(),
+        q(&mut first, 0.5),
+        q(&mut first, 1.0),
         wall
     );
     Ok(())

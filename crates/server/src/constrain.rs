@@ -11,8 +11,9 @@
 //! asks for (`agent.rs`).
 //!
 //! The trie holds each token's bytes; control tokens get llguidance's special marker
-//! (0xFF + their text) so plain text in a grammar never matches them, and the model's
-//! end-of-generation tokens are the grammar's EOS (allowed where the grammar may end).
+//! (0xFF + their text) so plain text in a grammar never matches them (except reasoning and
+//! tool-call markers, which answers show as text), and the model's end-of-generation
+//! tokens are the grammar's EOS (allowed where the grammar may end).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -61,10 +62,12 @@ impl Constrainer {
     /// Build the trie of `tok`'s vocabulary for a model with `n_logits` outputs.
     pub fn new(tok: Arc<Tokenizer>, n_logits: usize) -> Result<Constrainer, String> {
         let n = tok.n_vocab().max(n_logits);
+        // Marker tokens are shown as text in answers (`plan.rs`): grammars match them as text.
+        let shown = crate::plan::marker_ids(&tok);
         let mut words: Vec<Vec<u8>> = Vec::with_capacity(n);
         for id in 0..n as u32 {
             let piece = tok.piece(id);
-            if tok.is_control(id) || tok.is_eog(id) {
+            if (tok.is_control(id) && !shown.contains(&id)) || tok.is_eog(id) {
                 let text = tok.token_text(id).unwrap_or("");
                 let mut w = Vec::with_capacity(text.len() + 1);
                 w.push(TokTrie::SPECIAL_TOKEN_MARKER);

@@ -25,6 +25,20 @@ pub(crate) struct Plan {
     pub prompt: Vec<u32>,
     pub shape: ShapeCfg,
     pub constraint: Option<JobConstraint>,
+    /// Control tokens the answer's reader needs as text (see [`marker_ids`]).
+    pub show: Vec<u32>,
+}
+
+/// Ids of control tokens whose text is a reasoning or tool-call marker (Gemma 4's
+/// `<|channel>` / `<|tool_call>` / `<|"|>`, `<think>` where a vocabulary marks them as
+/// control): the decoder omits control tokens, and the split and the call parsers must
+/// see them.
+pub(crate) fn marker_ids(tok: &sluice_engine::text::tokenizer::Tokenizer) -> Vec<u32> {
+    crate::toolcall::MARKER_TEXTS
+        .iter()
+        .filter_map(|t| tok.token_id(t))
+        .filter(|&id| tok.is_control(id) && !tok.is_eog(id))
+        .collect()
 }
 
 /// The model's constraint compiler (its vocabulary's trie, built once).
@@ -85,7 +99,9 @@ fn finish_plan(
         })?),
     };
     let tools = (!defs.is_empty() && *choice != Choice::None).then_some((format, defs));
+    let show = marker_ids(&ready.shared.tok);
     Ok(Plan {
+        show,
         prompt,
         shape: ShapeCfg {
             markers,

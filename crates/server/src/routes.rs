@@ -253,6 +253,8 @@ struct Request2 {
     logprobs: Option<usize>,
     /// Constrained decoding (`plan.rs`).
     constraint: Option<crate::constrain::JobConstraint>,
+    /// Control tokens shown as text (`plan.rs`).
+    show: Vec<u32>,
 }
 
 /// A job admitted and queued: its events, and a flag that stops it when dropped.
@@ -347,6 +349,7 @@ fn submit(st: &AppState, ready: &Ready, flavor: Flavor, r: Request2) -> Result<R
         snapshot: st.cfg.prefix_cache > 0,
         logprobs: r.logprobs,
         constraint: std::sync::Mutex::new(r.constraint),
+        show: r.show,
         _slot: slot,
     });
     Ok(Running {
@@ -903,6 +906,7 @@ async fn chat_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
             stop: req.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
             logprobs,
             constraint: plan.constraint,
+            show: plan.show,
         },
     )?;
     let id = new_id("chatcmpl-");
@@ -990,6 +994,7 @@ async fn completions_inner(st: &AppState, body: Body) -> Result<Response, ApiErr
             stop: req.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
             logprobs: None,
             constraint: None,
+            show: Vec::new(),
         },
     )?;
     let id = new_id("cmpl-");
@@ -1082,6 +1087,7 @@ async fn messages_inner(st: &AppState, body: Body) -> Result<Response, ApiError>
             stop: req.stop_sequences.clone().unwrap_or_default(),
             logprobs: None,
             constraint: plan.constraint,
+            show: plan.show,
         },
     )?;
     let id = new_id("msg_");

@@ -86,6 +86,10 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// The grammar sampling is constrained by (taken by the worker).
     pub constraint: Mutex<Option<crate::constrain::JobConstraint>>,
+    /// Control tokens written out as their text (reasoning and tool-call markers that a
+    /// vocabulary marks as control, e.g. Gemma 4's `<|channel>`), so the answer's reader
+    /// sees them.
+    pub show: Vec<u32>,
     /// Releases the job's admission slot when dropped.
     pub _slot: Slot,
 }
@@ -592,7 +596,10 @@ impl Hooks for JobHooks<'_> {
                 self.pending.push(e);
             }
         }
-        let piece = self.decoder.push(id);
+        let mut piece = self.decoder.push(id);
+        if self.job.show.contains(&id) {
+            piece.push_str(self.tok.token_text(id).unwrap_or(""));
+        }
         if piece.is_empty() {
             return Ok(if self.grammar_done {
                 ControlFlow::Break(())

@@ -51,6 +51,26 @@ pub enum Format {
     Json,
 }
 
+/// Reasoning and tool-call marker texts a vocabulary may hold as single tokens, all
+/// syntaxes together. A vocabulary that marks one as a control token still has it shown
+/// as text (`plan.rs`) and matched as text by grammars (`constrain.rs`).
+pub const MARKER_TEXTS: &[&str] = &[
+    "<think>",
+    "</think>",
+    "<|channel>",
+    "<channel|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+    "｜DSML｜",
+    "<|tool_call>",
+    "<tool_call|>",
+    "<|\"|>",
+];
+
 /// A tool definition as the parsers need it: name and parameter schema.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolDef {
