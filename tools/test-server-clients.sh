@@ -2,7 +2,7 @@
 # Talks to `sluice serve` with the official `openai` and `anthropic` Python packages (PyPI,
 # installed into ${SLUICE_CACHE:-~/.cache/sluice}/venv-clients): chat and completions,
 # streamed and not, Messages streamed and not, a second turn that reuses the first's prefix;
-# then tools/check-agents.py: a forced tool call (`tool_choice` required / named / Anthropic
+# then, for a model given as argument, tools/check-agents.py: a forced tool call (`tool_choice` required / named / Anthropic
 # `any`) whose arguments validate against the schema (the `jsonschema` package), streamed
 # and not the same, and `json_schema` output that validates.
 #   tools/test-server-clients.sh [MODEL.gguf]   (default: the tiny qwen3moe fixture)
@@ -71,4 +71,9 @@ assert streamed == atext, (streamed, atext)
 assert final.usage.output_tokens == m.usage.output_tokens
 print(f"openai + anthropic clients: ok (chat {text!r}, cached tokens on turn 2: {cached})")
 PY
-BASE="$base" timeout 300 "$venv/bin/python" tools/check-agents.py
+if [ $# -ge 1 ]; then
+  BASE="$base" timeout 300 "$venv/bin/python" tools/check-agents.py
+else
+  # The tiny fixture's context (256 tokens) cannot hold tool definitions.
+  echo "tools/check-agents.py: skipped for the tiny fixture (give a model, e.g. Gemma 3 270M)"
+fi
