@@ -41,6 +41,13 @@ impl TokenizerEnv for Env {
             Err(_) => self.trie.greedy_tokenize(s),
         }
     }
+
+    /// Not canonical for llguidance: the model may spell text with any tokens, and a
+    /// marker held as one control token (`<think>`) is not what `tokenize_bytes` (no
+    /// special tokens parsed) gives; canonical would forbid it (regression test below).
+    fn tokenize_is_canonical(&self) -> bool {
+        false
+    }
 }
 
 /// What a request constrains its output to.
@@ -197,4 +204,73 @@ pub(crate) fn byte_level_accepts(spec: &Spec, text: &str) -> Result<bool, String
     }
     let toks = env.tokenize_bytes(text.as_bytes());
     Ok(m.consume_tokens(&toks).is_ok() && m.is_accepting().unwrap_or(false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_engine::text::tokenizer::VocabData;
+
+    /// A byte-level vocabulary where `<think>` / `</think>` are control tokens (as some
+    /// GGUFs mark them) and `<|end|>` ends generation.
+    fn vocab() -> Tokenizer {
+        let tokens = [
+            "Ġ", "h", "i", "hi", "<", "t", "k", ">", "/", "n", "<think>", "</think>", "<|end|>",
+        ];
+        let data = VocabData {
+            model: "gpt2".into(),
+            pre: Some("qwen2".into()),
+            token_types: Some(vec![1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3]),
+            tokens: tokens.iter().map(|s| s.to_string()).collect(),
+            merges: vec!["h i".into()],
+            // (BPE vocabularies default BOS / EOS to id 11, here `</think>`.)
+            bos: Some(12),
+            eos: Some(12),
+            ..Default::default()
+        };
+        Tokenizer::from_vocab(data, "test").unwrap()
+    }
+
+    fn allowed(c: &mut JobConstraint, n: usize) -> Vec<u32> {
+        let mut l = vec![0.0f32; n];
+        c.apply(&mut l).unwrap();
+        (0..n as u32).filter(|&i| l[i as usize] == 0.0).collect()
+    }
+
+    /// Marker tokens held as control are matched as their text by a grammar, other
+    /// control tokens never, the end-of-generation token only where the grammar may end;
+    /// the grammar stops once complete.
+    #[test]
+    fn markers_match_as_text_and_eos_only_at_the_end() {
+        let tok = Arc::new(vocab());
+        assert_eq!(crate::plan::marker_ids(&tok), vec![10, 11]);
+        let n = tok.n_vocab();
+        let c = Constrainer::new(tok.clone(), n).unwrap();
+        let mut j = c
+            .compile(&Spec::Lark(
+                "start: \"<think>\" \"hi\" \"</think>\" (\"hi\")?".into(),
+            ))
+            .unwrap();
+        // `<think>` as one control token, or spelled with "<" (then "t", ...).
+        assert_eq!(allowed(&mut j, n), vec![4, 10]);
+        j.commit(10).unwrap();
+        assert_eq!(allowed(&mut j, n), vec![1, 3]);
+        j.commit(3).unwrap();
+        assert_eq!(allowed(&mut j, n), vec![4, 11]);
+        j.commit(11).unwrap();
+        // The optional tail or the end.
+        assert_eq!(allowed(&mut j, n), vec![1, 3, 12]);
+        assert!(!j.done());
+        j.commit(3).unwrap();
+        assert!(j.done());
+        assert_eq!(j.mask_secs.len(), 4);
+        // A bad grammar is an error naming the problem.
+        let e = c.compile(&Spec::Lark("start: nope".into())).err().unwrap();
+        assert!(e.contains("nope"), "{e}");
+        let e = c
+            .compile(&Spec::JsonSchema(serde_json::json!(3)))
+            .err()
+            .unwrap();
+        assert!(e.contains("object"), "{e}");
+    }
 }
