@@ -189,8 +189,9 @@ impl ReasoningSplit {
                 let t = held.trim_end_matches(['\n', '\r']);
                 self.reasoning(&mut out, t);
             }
+            // Whitespace alone is content too (a plain answer is passed through whole).
             State::Start | State::Content => {
-                if !held.trim().is_empty() {
+                if !held.is_empty() {
                     out.push(Piece::Content(held));
                 }
             }
@@ -311,6 +312,8 @@ mod tests {
         );
         // A partial marker that never completes is content.
         all_cuts_agree(THINK, false, "<thi", ("", "<thi"));
+        // A whitespace-only answer is kept as it was generated.
+        all_cuts_agree(THINK, false, " \n ", ("", " \n "));
     }
 
     #[test]
