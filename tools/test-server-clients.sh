@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Talks to `sluice serve` with the official `openai` and `anthropic` Python packages (PyPI,
 # installed into ${SLUICE_CACHE:-~/.cache/sluice}/venv-clients): chat and completions,
-# streamed and not, Messages streamed and not, a second turn that reuses the first's prefix.
+# streamed and not, Messages streamed and not, a second turn that reuses the first's prefix;
+# then, for a model given as argument, tools/check-agents.py: a forced tool call (`tool_choice` required / named / Anthropic
+# `any`) whose arguments validate against the schema (the `jsonschema` package), streamed
+# and not the same, and `json_schema` output that validates.
 #   tools/test-server-clients.sh [MODEL.gguf]   (default: the tiny qwen3moe fixture)
 # Starts the server on a free loopback port with target/release/sluice and stops it after.
 set -euo pipefail
@@ -12,7 +15,7 @@ venv="$cache/venv-clients"
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" >&2
 fi
-"$venv/bin/pip" install --quiet --disable-pip-version-check openai anthropic >&2
+"$venv/bin/pip" install --quiet --disable-pip-version-check openai anthropic jsonschema >&2
 bin=target/release/sluice
 [ -x "$bin" ] || cargo build --release -p sluice-cli >&2
 log="$(mktemp)"
@@ -68,3 +71,9 @@ assert streamed == atext, (streamed, atext)
 assert final.usage.output_tokens == m.usage.output_tokens
 print(f"openai + anthropic clients: ok (chat {text!r}, cached tokens on turn 2: {cached})")
 PY
+if [ $# -ge 1 ]; then
+  BASE="$base" timeout 300 "$venv/bin/python" tools/check-agents.py
+else
+  # The tiny fixture's context (256 tokens) cannot hold tool definitions.
+  echo "tools/check-agents.py: skipped for the tiny fixture (give a model, e.g. Gemma 3 270M)"
+fi

@@ -26,5 +26,7 @@ SLUICE_NVRTC_DIR="$(tools/get-nvrtc.sh)" \
   cargo test --release -p sluice-cuda --test no_gpu -- --ignored kernels_compile_with_nvrtc
 echo "== sluice serve with the official openai and anthropic clients (PyPI)"
 tools/test-server-clients.sh
+echo "== the same clients on Gemma 3 270M, with tool calls and json_schema (issue 33)"
+tools/test-server-clients.sh "$SLUICE_GEMMA"
 echo "== the chat page in Debian's chromium, driven by Playwright (PyPI)"
 tools/test-chat-page.sh

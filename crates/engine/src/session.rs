@@ -67,6 +67,11 @@ pub trait Hooks {
     fn should_stop(&mut self) -> bool {
         false
     }
+    /// Change the logits the next token is sampled from (constrained decoding sets the
+    /// tokens a grammar forbids to -inf). Runs after `should_stop`, before sampling.
+    fn constrain(&mut self, _logits: &mut [f32]) -> Result<(), HookError> {
+        Ok(())
+    }
     /// Whether `id` ends generation (end-of-generation tokens).
     fn is_end(&mut self, _id: u32) -> bool {
         false
@@ -347,6 +352,7 @@ impl<'m> Session<'m> {
                 stop = StopReason::Cancelled;
                 break;
             }
+            hooks.constrain(&mut last).map_err(EngineError::Hook)?;
             let id = sampler.sample(&last, &self.history);
             if hooks.is_end(id) {
                 stop = StopReason::EndToken(id);

@@ -314,8 +314,14 @@ pub struct ChatRequest {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub n: Option<u32>,
-    /// Tool definitions, passed through to the chat template.
+    /// Tool definitions, passed to the chat template (`agent.rs`).
     pub tools: Option<Vec<Value>>,
+    /// `auto` / `none` / `required` / a named function (`agent.rs`).
+    pub tool_choice: Option<Value>,
+    /// `text` / `json_object` / `json_schema` (constrained decoding).
+    pub response_format: Option<Value>,
+    /// llama-server's `grammar`: GBNF (or llguidance Lark).
+    pub grammar: Option<String>,
     #[serde(default)]
     pub logprobs: bool,
     pub top_logprobs: Option<u32>,
@@ -401,7 +407,19 @@ pub enum System {
 #[derive(Debug, Deserialize, Clone)]
 pub struct AnthropicMessage {
     pub role: String,
-    pub content: Content,
+    /// A string or content blocks (`text`, and `tool_use` / `tool_result`, read by
+    /// `agent.rs`).
+    pub content: Value,
+}
+
+impl AnthropicMessage {
+    /// The text of a message without tool blocks.
+    pub fn text(&self, flavor: Flavor) -> Result<String, ApiError> {
+        let c: Content = serde_json::from_value(self.content.clone()).map_err(|e| {
+            ApiError::bad_request(flavor, format!("invalid request: messages: content: {e}"))
+        })?;
+        c.text(flavor)
+    }
 }
 
 /// `POST /v1/messages`.
@@ -417,11 +435,13 @@ pub struct MessagesRequest {
     pub stop_sequences: Option<Vec<String>>,
     #[serde(default)]
     pub stream: bool,
-    /// Not implemented: refused when given (null, `[]` and a disabled `thinking` are
-    /// accepted).
+    /// Tool definitions and choice (`agent.rs`).
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
+    /// Not implemented: refused when given (null and a disabled `thinking` are accepted).
     pub thinking: Option<Value>,
+    /// llama-server's `grammar` (GBNF or Lark), as on the chat API.
+    pub grammar: Option<String>,
 }
 
 impl MessagesRequest {
@@ -429,20 +449,6 @@ impl MessagesRequest {
     /// the assistant (a prefill the answer should continue) is refused too.
     pub fn unsupported(&self) -> Result<(), ApiError> {
         let f = Flavor::Anthropic;
-        if self
-            .tools
-            .as_ref()
-            .is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty()))
-        {
-            return Err(not_supported(f, "tools", " on /v1/messages (no tool use)"));
-        }
-        if self.tool_choice.is_some() {
-            return Err(not_supported(
-                f,
-                "tool_choice",
-                " on /v1/messages (no tool use)",
-            ));
-        }
         if self
             .thinking
             .as_ref()
@@ -576,14 +582,10 @@ mod tests {
             .unwrap()
         };
         assert!(messages("", "").unsupported().is_ok());
+        // Tools are accepted since issue 33.
         let tool = r#", "tools": [{"name": "f", "input_schema": {"type": "object"}}]"#;
-        check(messages(tool, "").unsupported().unwrap_err(), "tools");
-        check(
-            messages(r#", "tool_choice": {"type": "auto"}"#, "")
-                .unsupported()
-                .unwrap_err(),
-            "tool_choice",
-        );
+        assert!(messages(tool, "").unsupported().is_ok());
+        let thinking = r#", "thinking": {"type": "enabled", "budget_tokens": 1024}"#;
         check(
             messages(
                 r#", "thinking": {"type": "enabled", "budget_tokens": 1024}"#,
@@ -603,7 +605,7 @@ mod tests {
                 .is_ok()
         );
         // The error object is Anthropic's shape.
-        let e = messages(tool, "").unsupported().unwrap_err();
+        let e = messages(thinking, "").unsupported().unwrap_err();
         assert_eq!(e.body()["type"], "error");
         assert_eq!(e.body()["error"]["type"], "invalid_request_error");
     }

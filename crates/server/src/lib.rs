@@ -8,17 +8,28 @@
 //! drain's connection side), `api` (request types, error objects), `scheduler` (worker
 //! sequences, bounded queue, the generate loop's hooks), `prefix` (snapshots for prefix
 //! reuse), `prefix_disk` (those snapshots on disk, `--prefix-cache-dir`), `page` (the chat
-//! page at `/`), `metrics` (Prometheus text). The CLI only parses flags and calls [`run`].
+//! page at `/`), `metrics` (Prometheus text); for agents (issue 33): `plan` (what a chat
+//! request asks beyond text), `agent` (tools, `tool_choice`, `response_format`, `grammar`),
+//! `toolcall` (each template's call syntax), `reasoning` (the `<think>` split), `shape`
+//! (an answer as reasoning / content / calls), `constrain` + `gbnf` (llguidance). The CLI
+//! only parses flags and calls [`run`].
 
+mod agent;
 pub mod api;
 mod conn;
+pub mod constrain;
+mod gbnf;
 pub mod metrics;
 mod page;
+mod plan;
 pub mod prefix;
 pub mod prefix_disk;
+pub mod reasoning;
 mod routes;
 pub mod scheduler;
+mod shape;
 pub mod template;
+pub mod toolcall;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -287,6 +298,8 @@ pub(crate) struct Ready {
     pub sched: scheduler::Scheduler,
     pub template: sluice_engine::text::chat::ChatTemplate,
     pub n_ctx: usize,
+    /// Constrained decoding's vocabulary trie, built at the first request that needs it.
+    pub constrainer: OnceLock<Result<Arc<constrain::Constrainer>, String>>,
 }
 
 pub(crate) struct AppState {

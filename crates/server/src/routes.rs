@@ -30,6 +30,8 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use crate::api::{self, ApiError, Flavor};
 use crate::metrics::Gauges;
 use crate::scheduler::{Done, Event, Finish, Job, Scheduler, Shared};
+use crate::shape::{Out, Shaper};
+use crate::toolcall::ToolCall;
 use crate::{AppState, Ready};
 
 /// Build the engine around a loaded model: tokenizer, chat template, workers.
@@ -71,6 +73,7 @@ pub(crate) fn make_ready(st: &AppState, loaded: Loaded) -> Result<Arc<Ready>, St
         sched,
         template,
         n_ctx,
+        constrainer: std::sync::OnceLock::new(),
     }))
 }
 
@@ -270,6 +273,10 @@ struct Request2 {
     max_tokens: Option<u64>,
     stop: Vec<String>,
     logprobs: Option<usize>,
+    /// Constrained decoding (`plan.rs`).
+    constraint: Option<crate::constrain::JobConstraint>,
+    /// Control tokens shown as text (`plan.rs`).
+    show: Vec<u32>,
 }
 
 /// A job admitted and queued: its events, and a flag that stops it when dropped.
@@ -363,6 +370,8 @@ fn submit(st: &AppState, ready: &Ready, flavor: Flavor, r: Request2) -> Result<R
         admitted: Instant::now(),
         snapshot: st.cfg.prefix_cache > 0 || st.cfg.prefix_cache_dir.is_some(),
         logprobs: r.logprobs,
+        constraint: std::sync::Mutex::new(r.constraint),
+        show: r.show,
         _slot: slot,
     });
     Ok(Running {
@@ -458,6 +467,10 @@ enum Sse {
         created: u64,
         include_usage: bool,
         logprobs: bool,
+        /// Reasoning / content / tool calls (`shape.rs`).
+        shaper: Shaper,
+        /// Tool calls sent so far.
+        calls: usize,
     },
     Completion {
         id: String,
@@ -469,6 +482,13 @@ enum Sse {
         id: String,
         model: String,
         input_tokens: usize,
+        shaper: Shaper,
+        /// The open content block's type (`text` / `thinking`), if one is open.
+        open: Option<&'static str>,
+        /// Index of the open block, or of the next one.
+        index: usize,
+        /// `tool_use` blocks sent so far.
+        calls: usize,
     },
 }
 
@@ -478,6 +498,25 @@ fn data(v: &Value) -> String {
 
 fn event(name: &str, v: &Value) -> String {
     format!("event: {name}\ndata: {v}\n\n")
+}
+
+/// An OpenAI `tool_calls` entry (`index` is set in stream deltas).
+fn openai_call(c: &ToolCall, index: Option<usize>) -> Value {
+    let mut v = json!({
+        "id": new_id("call_"),
+        "type": "function",
+        "function": {"name": c.name, "arguments": c.arguments_json()},
+    });
+    if let Some(i) = index {
+        v["index"] = json!(i);
+    }
+    v
+}
+
+/// An Anthropic `tool_use` block.
+fn anthropic_tool_use(c: &ToolCall) -> Value {
+    json!({"type": "tool_use", "id": new_id("toolu_"), "name": c.name,
+           "input": Value::Object(c.arguments.clone())})
 }
 
 impl Sse {
@@ -505,47 +544,138 @@ impl Sse {
                 id,
                 model,
                 input_tokens,
-            } => {
-                let mut s = event(
-                    "message_start",
-                    &json!({"type": "message_start", "message": {
-                        "id": id, "type": "message", "role": "assistant", "model": model,
-                        "content": [], "stop_reason": null, "stop_sequence": null,
-                        "usage": {"input_tokens": input_tokens, "output_tokens": 0},
-                    }}),
-                );
-                s.push_str(&event(
-                    "content_block_start",
-                    &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-                ));
-                s.push_str(&event("ping", &json!({"type": "ping"})));
-                s
-            }
+                ..
+            } => event(
+                "message_start",
+                &json!({"type": "message_start", "message": {
+                    "id": id, "type": "message", "role": "assistant", "model": model,
+                    "content": [], "stop_reason": null, "stop_sequence": null,
+                    "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+                }}),
+            ),
         }
     }
 
-    fn text(&self, t: &str, lp: Vec<Value>) -> String {
-        match self {
-            Sse::Chat {
-                id,
-                model,
-                created,
-                include_usage,
-                logprobs,
-            } => {
-                let lp = if *logprobs {
-                    json!({"content": lp})
-                } else {
-                    Value::Null
-                };
-                let mut v = json!({
-                    "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [{"index": 0, "delta": {"content": t}, "logprobs": lp, "finish_reason": null}],
-                });
-                if *include_usage {
-                    v["usage"] = Value::Null;
+    /// Chat chunks for shaped pieces; logprob entries ride on the first (or on an empty
+    /// delta when the text was held back).
+    fn chat_frames(&mut self, outs: Vec<Out>, mut lp: Option<Vec<Value>>) -> String {
+        let Sse::Chat {
+            id,
+            model,
+            created,
+            include_usage,
+            logprobs,
+            calls,
+            ..
+        } = self
+        else {
+            return String::new();
+        };
+        let mut s = String::new();
+        let mut chunk = |delta: Value, lp: Option<Vec<Value>>| {
+            let lp = match lp {
+                Some(l) if *logprobs => json!({"content": l}),
+                _ => Value::Null,
+            };
+            let mut v = json!({
+                "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": null}],
+            });
+            if *include_usage {
+                v["usage"] = Value::Null;
+            }
+            s.push_str(&data(&v));
+        };
+        for o in outs {
+            let delta = match o {
+                Out::Reasoning(t) => json!({"reasoning_content": t}),
+                Out::Content(t) => json!({"content": t}),
+                Out::Calls(cs) => {
+                    let mut list = Vec::new();
+                    for c in &cs {
+                        list.push(openai_call(c, Some(*calls)));
+                        *calls += 1;
+                    }
+                    json!({"tool_calls": list})
                 }
-                data(&v)
+            };
+            chunk(delta, lp.take());
+        }
+        if let Some(l) = lp.filter(|l| !l.is_empty() && *logprobs) {
+            chunk(json!({}), Some(l));
+        }
+        s
+    }
+
+    /// Anthropic events for shaped pieces: blocks opened and closed as the kind changes.
+    fn message_frames(&mut self, outs: Vec<Out>) -> String {
+        let Sse::Messages {
+            open, index, calls, ..
+        } = self
+        else {
+            return String::new();
+        };
+        let mut s = String::new();
+        for o in outs {
+            let (kind, delta) = match &o {
+                Out::Reasoning(t) => ("thinking", json!({"type": "thinking_delta", "thinking": t})),
+                Out::Content(t) => ("text", json!({"type": "text_delta", "text": t})),
+                Out::Calls(cs) => {
+                    if open.take().is_some() {
+                        s.push_str(&event(
+                            "content_block_stop",
+                            &json!({"type": "content_block_stop", "index": *index}),
+                        ));
+                        *index += 1;
+                    }
+                    for c in cs {
+                        let mut block = anthropic_tool_use(c);
+                        block["input"] = json!({});
+                        s.push_str(&event("content_block_start", &json!({"type": "content_block_start", "index": *index, "content_block": block})));
+                        s.push_str(&event("content_block_delta", &json!({"type": "content_block_delta", "index": *index,
+                            "delta": {"type": "input_json_delta", "partial_json": c.arguments_json()}})));
+                        s.push_str(&event(
+                            "content_block_stop",
+                            &json!({"type": "content_block_stop", "index": *index}),
+                        ));
+                        *index += 1;
+                        *calls += 1;
+                    }
+                    continue;
+                }
+            };
+            if *open != Some(kind) {
+                if open.is_some() {
+                    s.push_str(&event(
+                        "content_block_stop",
+                        &json!({"type": "content_block_stop", "index": *index}),
+                    ));
+                    *index += 1;
+                }
+                let block = if kind == "thinking" {
+                    json!({"type": "thinking", "thinking": "", "signature": ""})
+                } else {
+                    json!({"type": "text", "text": ""})
+                };
+                s.push_str(&event("content_block_start", &json!({"type": "content_block_start", "index": *index, "content_block": block})));
+                if *index == 0 {
+                    s.push_str(&event("ping", &json!({"type": "ping"})));
+                }
+                *open = Some(kind);
+            }
+            s.push_str(&event(
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "index": *index, "delta": delta}),
+            ));
+        }
+        s
+    }
+
+    fn text(&mut self, t: &str, lp: Vec<Value>) -> String {
+        match self {
+            Sse::Chat { shaper, .. } => {
+                let outs = shaper.push(t);
+                self.chat_frames(outs, Some(lp))
             }
             Sse::Completion {
                 id,
@@ -562,27 +692,44 @@ impl Sse {
                 }
                 data(&v)
             }
-            Sse::Messages { .. } => event(
-                "content_block_delta",
-                &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}}),
-            ),
+            Sse::Messages { shaper, .. } => {
+                let outs = shaper.push(t);
+                self.message_frames(outs)
+            }
         }
     }
 
-    fn done(&self, d: &Done) -> String {
+    fn done(&mut self, d: &Done) -> String {
+        let mut s = String::new();
+        match self {
+            Sse::Chat { shaper, .. } => {
+                let outs = shaper.finish();
+                s.push_str(&self.chat_frames(outs, None));
+            }
+            Sse::Messages { shaper, .. } => {
+                let outs = shaper.finish();
+                s.push_str(&self.message_frames(outs));
+            }
+            Sse::Completion { .. } => {}
+        }
         match self {
             Sse::Chat {
                 id,
                 model,
                 created,
                 include_usage,
+                calls,
                 ..
             } => {
+                let finish = if *calls > 0 {
+                    "tool_calls"
+                } else {
+                    openai_finish(&d.finish)
+                };
                 let mut v = json!({
                     "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [{"index": 0, "delta": {}, "logprobs": null, "finish_reason": openai_finish(&d.finish)}],
+                    "choices": [{"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish}],
                 });
-                let mut s = String::new();
                 if *include_usage {
                     v["usage"] = Value::Null;
                     s.push_str(&data(&v));
@@ -606,7 +753,6 @@ impl Sse {
                     "id": id, "object": "text_completion", "created": created, "model": model,
                     "choices": [{"index": 0, "text": "", "logprobs": null, "finish_reason": openai_finish(&d.finish)}],
                 });
-                let mut s = String::new();
                 if *include_usage {
                     v["usage"] = Value::Null;
                     s.push_str(&data(&v));
@@ -620,12 +766,26 @@ impl Sse {
                 s.push_str("data: [DONE]\n\n");
                 s
             }
-            Sse::Messages { .. } => {
-                let (reason, seq) = anthropic_stop(&d.finish);
-                let mut s = event(
-                    "content_block_stop",
-                    &json!({"type": "content_block_stop", "index": 0}),
-                );
+            Sse::Messages {
+                open, index, calls, ..
+            } => {
+                // An answer with no block at all still has its (empty) text block.
+                if open.is_none() && *index == 0 {
+                    s.push_str(&event("content_block_start", &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
+                    s.push_str(&event("ping", &json!({"type": "ping"})));
+                    *open = Some("text");
+                }
+                if open.take().is_some() {
+                    s.push_str(&event(
+                        "content_block_stop",
+                        &json!({"type": "content_block_stop", "index": *index}),
+                    ));
+                }
+                let (reason, seq) = if *calls > 0 {
+                    ("tool_use", Value::Null)
+                } else {
+                    anthropic_stop(&d.finish)
+                };
                 s.push_str(&event(
                     "message_delta",
                     &json!({"type": "message_delta",
@@ -692,6 +852,9 @@ fn sse_response(run: Running, sse: Sse) -> Response {
                 Some(Event::Started { .. }) => continue,
                 Some(Event::Text(t, lp)) => {
                     let s = st.sse.text(&t, lp);
+                    if s.is_empty() {
+                        continue; // held back (a possible marker)
+                    }
                     return Some((Ok(Bytes::from(s)), st));
                 }
                 Some(Event::Done(d)) => {
@@ -743,26 +906,8 @@ async fn chat_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
     }
     let ready = ready(st, f)?;
     let msgs = chat_messages(&req)?;
-    let uses_tools = req.tools.as_ref().is_some_and(|t| !t.is_empty())
-        || req
-            .messages
-            .iter()
-            .any(|m| m.extra.contains_key("tool_calls"));
-    let prompt = if uses_tools {
-        // The model's template with `tools` and the messages' extra fields.
-        let mut values = Vec::with_capacity(msgs.len());
-        for (m, src) in msgs.iter().zip(&req.messages) {
-            let mut o = src.extra.clone();
-            o.insert("role".into(), Value::String(m.role.clone()));
-            o.insert("content".into(), Value::String(m.content.clone()));
-            values.push(Value::Object(o));
-        }
-        let tools = Value::Array(req.tools.clone().unwrap_or_default());
-        crate::template::encode_with_tools(&ready.template, &ready.shared.tok, &values, &tools)
-            .map_err(|e| ApiError::bad_request(f, e))?
-    } else {
-        encode_chat(&ready, f, &msgs)?
-    };
+    // Tools, reasoning, constrained decoding: `plan.rs`.
+    let plan = crate::plan::chat(&ready, &req, &msgs, || encode_chat(&ready, f, &msgs))?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (false, _) => None,
         (true, Some(k)) if k > 20 => {
@@ -777,11 +922,13 @@ async fn chat_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
         &ready,
         f,
         Request2 {
-            prompt,
+            prompt: plan.prompt,
             sampler: req.sampling.config(f)?,
             max_tokens: req.max_completion_tokens.or(req.max_tokens),
             stop: req.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
             logprobs,
+            constraint: plan.constraint,
+            show: plan.show,
         },
     )?;
     let id = new_id("chatcmpl-");
@@ -797,10 +944,23 @@ async fn chat_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
                 created,
                 include_usage,
                 logprobs: logprobs.is_some(),
+                shaper: Shaper::new(plan.shape),
+                calls: 0,
             },
         ));
     }
     let (text, lp, d) = collect(run, f).await?;
+    let (reasoning, content, calls) = crate::shape::whole(plan.shape, &text);
+    let mut message = json!({"role": "assistant", "content": content});
+    if !reasoning.is_empty() {
+        message["reasoning_content"] = Value::String(reasoning);
+    }
+    if !calls.is_empty() {
+        message["tool_calls"] = Value::Array(calls.iter().map(|c| openai_call(c, None)).collect());
+        if message["content"] == "" {
+            message["content"] = Value::Null;
+        }
+    }
     Ok(Json(json!({
         "id": id,
         "object": "chat.completion",
@@ -808,9 +968,9 @@ async fn chat_inner(st: &AppState, body: Body) -> Result<Response, ApiError> {
         "model": model,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "logprobs": if logprobs.is_some() { json!({"content": lp}) } else { Value::Null },
-            "finish_reason": openai_finish(&d.finish),
+            "finish_reason": if calls.is_empty() { openai_finish(&d.finish) } else { "tool_calls" },
         }],
         "usage": openai_usage(&d),
     }))
@@ -855,6 +1015,8 @@ async fn completions_inner(st: &AppState, body: Body) -> Result<Response, ApiErr
             max_tokens: Some(req.max_tokens.unwrap_or(16)),
             stop: req.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
             logprobs: None,
+            constraint: None,
+            show: Vec::new(),
         },
     )?;
     let id = new_id("cmpl-");
@@ -916,6 +1078,7 @@ async fn messages_inner(st: &AppState, body: Body) -> Result<Response, ApiError>
         }
         _ => {}
     }
+    let system = msgs.first().map(|m| m.content.clone());
     for m in &req.messages {
         if m.role != "user" && m.role != "assistant" {
             return Err(ApiError::bad_request(
@@ -926,20 +1089,27 @@ async fn messages_inner(st: &AppState, body: Body) -> Result<Response, ApiError>
                 ),
             ));
         }
-        msgs.push(ChatMessage::new(&m.role, &m.content.text(f)?));
     }
     let ready = ready(st, f)?;
-    let prompt = encode_chat(&ready, f, &msgs)?;
+    // Tools and reasoning: `plan.rs`; the plain conversation as before.
+    let plan = crate::plan::messages(&ready, &req, system, || {
+        for m in &req.messages {
+            msgs.push(ChatMessage::new(&m.role, &m.text(f)?));
+        }
+        encode_chat(&ready, f, &msgs)
+    })?;
     let run = submit(
         st,
         &ready,
         f,
         Request2 {
-            prompt,
+            prompt: plan.prompt,
             sampler: req.sampling.config(f)?,
             max_tokens: Some(req.max_tokens),
             stop: req.stop_sequences.clone().unwrap_or_default(),
             logprobs: None,
+            constraint: plan.constraint,
+            show: plan.show,
         },
     )?;
     let id = new_id("msg_");
@@ -952,17 +1122,36 @@ async fn messages_inner(st: &AppState, body: Body) -> Result<Response, ApiError>
                 id,
                 model,
                 input_tokens,
+                shaper: Shaper::new(plan.shape),
+                open: None,
+                index: 0,
+                calls: 0,
             },
         ));
     }
     let (text, _, d) = collect(run, f).await?;
-    let (reason, seq) = anthropic_stop(&d.finish);
+    let (reasoning, content, calls) = crate::shape::whole(plan.shape, &text);
+    let mut blocks = Vec::new();
+    if !reasoning.is_empty() {
+        blocks.push(json!({"type": "thinking", "thinking": reasoning, "signature": ""}));
+    }
+    if !content.is_empty() || (calls.is_empty() && blocks.is_empty()) {
+        blocks.push(json!({"type": "text", "text": content}));
+    }
+    for c in &calls {
+        blocks.push(anthropic_tool_use(c));
+    }
+    let (reason, seq) = if calls.is_empty() {
+        anthropic_stop(&d.finish)
+    } else {
+        ("tool_use", Value::Null)
+    };
     Ok(Json(json!({
         "id": id,
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [{"type": "text", "text": text}],
+        "content": blocks,
         "stop_reason": reason,
         "stop_sequence": seq,
         "usage": {

@@ -84,6 +84,12 @@ pub struct Job {
     pub snapshot: bool,
     /// Report each token's log-probability and this many alternatives (None = off).
     pub logprobs: Option<usize>,
+    /// The grammar sampling is constrained by (taken by the worker).
+    pub constraint: Mutex<Option<crate::constrain::JobConstraint>>,
+    /// Control tokens written out as their text (reasoning and tool-call markers that a
+    /// vocabulary marks as control, e.g. Gemma 4's `<|channel>`), so the answer's reader
+    /// sees them.
+    pub show: Vec<u32>,
     /// Releases the job's admission slot when dropped.
     pub _slot: Slot,
 }
@@ -455,6 +461,12 @@ fn run_job(
         n_tokens: 0,
         prev: Vec::new(),
         pending: Vec::new(),
+        constraint: job
+            .constraint
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(),
+        grammar_done: false,
     };
     let opts = GenerateOptions {
         max_tokens: job.max_tokens,
@@ -476,6 +488,9 @@ fn run_job(
     }
     let finish = if let Some(s) = hooks.stopped.take() {
         Finish::StopString(s)
+    } else if hooks.grammar_done {
+        // The grammar ended the answer (it accepts nothing more): a normal end.
+        Finish::EndToken
     } else {
         match g.stop {
             Some(StopReason::EndToken(_)) => Finish::EndToken,
@@ -509,6 +524,10 @@ struct JobHooks<'a> {
     prev: Vec<f32>,
     /// Logprob entries not sent yet.
     pending: Vec<serde_json::Value>,
+    /// Constrained decoding: masks before each sample, told each token.
+    constraint: Option<crate::constrain::JobConstraint>,
+    /// The grammar completed (generation stopped there).
+    grammar_done: bool,
 }
 
 impl JobHooks<'_> {
@@ -582,6 +601,13 @@ impl Hooks for JobHooks<'_> {
             || self.abort.load(Ordering::SeqCst)
     }
 
+    fn constrain(&mut self, logits: &mut [f32]) -> Result<(), HookError> {
+        if let Some(c) = &mut self.constraint {
+            c.apply(logits)?;
+        }
+        Ok(())
+    }
+
     fn is_end(&mut self, id: u32) -> bool {
         self.tok.is_eog(id)
     }
@@ -600,15 +626,26 @@ impl Hooks for JobHooks<'_> {
         }
         self.last = Some(now);
         self.n_tokens += 1;
+        if let Some(c) = &mut self.constraint {
+            c.commit(id)?;
+            self.grammar_done = c.done();
+        }
         if let Some(top) = self.job.logprobs {
             if !self.prev.is_empty() {
                 let e = logprob_entry(self.tok, &self.prev, id, top);
                 self.pending.push(e);
             }
         }
-        let piece = self.decoder.push(id);
+        let mut piece = self.decoder.push(id);
+        if self.job.show.contains(&id) {
+            piece.push_str(self.tok.token_text(id).unwrap_or(""));
+        }
         if piece.is_empty() {
-            return Ok(ControlFlow::Continue(()));
+            return Ok(if self.grammar_done {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            });
         }
         let before = self.text.len();
         self.text.push_str(&piece);
@@ -627,6 +664,9 @@ impl Hooks for JobHooks<'_> {
             }
         }
         self.flush(false);
+        if self.grammar_done {
+            return Ok(ControlFlow::Break(()));
+        }
         Ok(ControlFlow::Continue(()))
     }
 }

@@ -597,7 +597,10 @@ async fn load_failure_stops_the_server() {
 async fn tools_pass_through() {
     let path = fixture();
     let mut s = start(config(), path.clone(), false).await;
-    // The fixture's template (built-in ChatML) ignores tools: same prompt as without.
+    // The fixture's template (built-in ChatML) does not describe tools: they are described
+    // in a system message, the assistant's call is written as the JSON object the model is
+    // asked for, and the tool result becomes a user turn (issue 33; before, the tools were
+    // dropped). The expected conversation is written out by hand here.
     let body = json!({
         "messages": [
             {"role": "user", "content": "weather?"},
@@ -607,11 +610,19 @@ async fn tools_pass_through() {
         "max_tokens": 4, "temperature": 0});
     let (st, v) = s.post("/v1/chat/completions", &body).await;
     assert_eq!(st, 200, "{v}");
-    let plain = chat_tokens(
+    let system = "You can call these tools (JSON schema of each one's arguments):\n\
+        {\"name\":\"get_weather\",\"description\":\"\",\"parameters\":{\"type\":\"object\"}}\n\
+        To call a tool, answer with only a JSON object: {\"name\": <tool name>, \"arguments\": <arguments object>}.";
+    let expected = chat_tokens(
         &path,
-        &[("user", "weather?"), ("assistant", ""), ("tool", "sunny")],
+        &[
+            ("system", system),
+            ("user", "weather?"),
+            ("assistant", "{\"name\":\"get_weather\",\"arguments\":{}}"),
+            ("user", "Tool result: sunny"),
+        ],
     );
-    assert_eq!(v["usage"]["prompt_tokens"], plain.len());
+    assert_eq!(v["usage"]["prompt_tokens"], expected.len());
     s.stop();
 }
 

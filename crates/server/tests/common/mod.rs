@@ -71,7 +71,14 @@ pub fn config() -> ServerConfig {
 
 /// Start on 127.0.0.1:0 and wait until /health says ready.
 pub async fn start(cfg: ServerConfig, path: PathBuf, stream: bool) -> Server {
-    let opts = options(&path, stream);
+    start_ctx(cfg, path, stream, params().ctx).await
+}
+
+/// [`start`] with a context of `ctx` tokens (prompts with tool definitions are long).
+pub async fn start_ctx(mut cfg: ServerConfig, path: PathBuf, stream: bool, ctx: usize) -> Server {
+    let mut opts = options(&path, stream);
+    opts.ctx = ctx;
+    cfg.session.ctx = ctx;
     let srv = sluice_server::start(
         cfg,
         Box::new(move || opts.load().map_err(|e| e.to_string())),
