@@ -50,7 +50,8 @@ use sluice_tier::Stop;
 use crate::lru::Lru;
 
 mod glm5next;
-mod qwen4exp;
+pub(crate) mod qwen4exp;
+use crate::kernels;
 use crate::{grow, kernel_format, Cuda, Device, Mma, FORMATS};
 use glm5next::{DKda, DPool};
 use qwen4exp::{DDelta, DFew, DMix, DPle, DQsa, NextDims, NextScratch, Rows};
@@ -68,7 +69,7 @@ const MAX_EXPERTS: usize = 1024;
 /// Captured decode steps kept (sequences decoding in turn each replay their own).
 const GRAPHS_KEPT: usize = 8;
 /// Threads of one attention block (`ATT_THREADS` of `forward.cu`).
-const ATT_THREADS: u32 = 256;
+pub(crate) const ATT_THREADS: u32 = 256;
 /// Blocks per token of the lightning indexer's scores (rows strided over them; a fixed
 /// count, so a captured decode step replays at any position).
 const INDEX_BLOCKS: u32 = 64;
@@ -401,62 +402,62 @@ pub fn kernel_signature(name: &str) -> Option<&'static str> {
 }
 
 /// A loaded kernel and what it takes.
-struct Kernel {
+pub(crate) struct Kernel {
     f: CudaFunction,
     name: String,
     sig: &'static str,
 }
 
 /// Kernels of `forward.cu` (per format where they dequantize).
-struct Funcs {
-    mvg: Vec<Kernel>,
+pub(crate) struct Funcs {
+    pub(crate) mvg: Vec<Kernel>,
     /// The tensor-core form per format (None: F32, BF16, or no sm_80): for chunks of at
     /// most 8 rows (`mvt1_*`, fewer registers) and of up to MVG_N (`mvt_*`); both compute
     /// a row the same way.
-    mvt: Vec<Option<[Kernel; 2]>>,
-    embed: Vec<Kernel>,
-    rms_norm_rows: Kernel,
-    residual_norm: Kernel,
-    qk_norm_rope: Kernel,
+    pub(crate) mvt: Vec<Option<[Kernel; 2]>>,
+    pub(crate) embed: Vec<Kernel>,
+    pub(crate) rms_norm_rows: Kernel,
+    pub(crate) residual_norm: Kernel,
+    pub(crate) qk_norm_rope: Kernel,
     /// (f16 cache, f32 cache)
-    kv_store: [Kernel; 2],
-    attention: [Kernel; 2],
-    topk_route: Kernel,
-    moe_chunks: Kernel,
-    glu_act: Kernel,
-    moe_combine: Kernel,
-    mla_kv_prep: Kernel,
-    mla_q_split: Kernel,
-    mla_q_join: Kernel,
-    hc_expand: Kernel,
-    hc_pre: Kernel,
-    hc_post: Kernel,
-    dsv4_heads: Kernel,
-    dsv4_kv_prep: Kernel,
-    dsv4_compress: Kernel,
-    ring_store: Kernel,
-    dsv4_index_scores: Kernel,
-    dsv4_topk: Kernel,
-    dsv4_attention: Kernel,
-    dsa_key_prep: Kernel,
+    pub(crate) kv_store: [Kernel; 2],
+    pub(crate) attention: [Kernel; 2],
+    pub(crate) topk_route: Kernel,
+    pub(crate) moe_chunks: Kernel,
+    pub(crate) glu_act: Kernel,
+    pub(crate) moe_combine: Kernel,
+    pub(crate) mla_kv_prep: Kernel,
+    pub(crate) mla_q_split: Kernel,
+    pub(crate) mla_q_join: Kernel,
+    pub(crate) hc_expand: Kernel,
+    pub(crate) hc_pre: Kernel,
+    pub(crate) hc_post: Kernel,
+    pub(crate) dsv4_heads: Kernel,
+    pub(crate) dsv4_kv_prep: Kernel,
+    pub(crate) dsv4_compress: Kernel,
+    pub(crate) ring_store: Kernel,
+    pub(crate) dsv4_index_scores: Kernel,
+    pub(crate) dsv4_topk: Kernel,
+    pub(crate) dsv4_attention: Kernel,
+    pub(crate) dsa_key_prep: Kernel,
     /// Qwen3.8-Flash-Next's parts (`qwen4exp.cu`, [`qwen4exp`]).
-    rms_groups: Kernel,
-    lr_act: Kernel,
-    lr_mix: Kernel,
-    lr_post: Kernel,
-    ple_gate: Kernel,
-    conv_ring: Kernel,
-    delta_rule: Kernel,
-    qsa_prep: Kernel,
-    qsa_pool: Kernel,
-    qsa_expand: Kernel,
-    rows_gather: Kernel,
-    dot_rows_f32: Kernel,
+    pub(crate) rms_groups: Kernel,
+    pub(crate) lr_act: Kernel,
+    pub(crate) lr_mix: Kernel,
+    pub(crate) lr_post: Kernel,
+    pub(crate) ple_gate: Kernel,
+    pub(crate) conv_ring: Kernel,
+    pub(crate) delta_rule: Kernel,
+    pub(crate) qsa_prep: Kernel,
+    pub(crate) qsa_pool: Kernel,
+    pub(crate) qsa_expand: Kernel,
+    pub(crate) rows_gather: Kernel,
+    pub(crate) dot_rows_f32: Kernel,
     /// GLM-5.3-Flash's parts (`glm5next.cu`, [`glm5next`]).
-    stream_mean: Kernel,
-    kda_gate: Kernel,
-    pool_prep: Kernel,
-    pool_make: Kernel,
+    pub(crate) stream_mean: Kernel,
+    pub(crate) kda_gate: Kernel,
+    pub(crate) pool_prep: Kernel,
+    pub(crate) pool_make: Kernel,
 }
 
 /// Routed experts kept in VRAM by (layer, unit) when they are not resident whole.
@@ -836,7 +837,7 @@ pub struct GpuDecoder {
     index_dims: IndexDims,
     next_dims: NextDims,
     plan: DecoderPlan,
-    f: Funcs,
+    pub(crate) f: Funcs,
     layers: Vec<DLayer>,
     embd: DMat,
     embd_ptr: u64,
@@ -2171,7 +2172,7 @@ impl Uploader<'_> {
 
 /// One kernel parameter.
 #[derive(Clone, Copy)]
-enum A {
+pub(crate) enum A {
     /// A device address (or 0 for a null pointer).
     P(u64),
     I(i32),
@@ -2264,18 +2265,9 @@ impl Header {
 }
 
 impl GpuDecoder {
-    fn launch(
-        &self,
-        k: &Kernel,
-        grid: (u32, u32, u32),
-        block: u32,
-        args: &[A],
-    ) -> Result<(), ModelError> {
-        self.launch_smem(k, grid, block, 0, args)
-    }
-
-    /// [`Self::launch`] with `smem` bytes of dynamic shared memory.
-    fn launch_smem(
+    /// Launch `k` over `grid` with `block` threads and `smem` bytes of dynamic shared
+    /// memory (the one door every typed launch of [`crate::kernels`] goes through).
+    pub(crate) fn launch_smem(
         &self,
         k: &Kernel,
         grid: (u32, u32, u32),
@@ -2337,19 +2329,15 @@ impl GpuDecoder {
         cols: usize,
         eps: f32,
     ) -> Result<(), ModelError> {
-        self.launch(
-            &self.f.rms_norm_rows,
-            (n as u32, 1, 1),
-            256,
-            &[
-                A::P(x),
-                A::P(w),
-                A::P(out),
-                A::P(rows),
-                A::I(i32_of(cols, "n_embd")?),
-                A::F(eps),
-            ],
-        )
+        kernels::RmsNormRows {
+            x,
+            w,
+            out,
+            rows,
+            cols: i32_of(cols, "n_embd")?,
+            eps,
+        }
+        .launch(self, (n as u32, 1, 1))
     }
 
     /// `x += post ? rms_norm(o) * post : o`, then `h = rms_norm(x) * next` if `next`
@@ -2366,30 +2354,28 @@ impl GpuDecoder {
         cols: usize,
         eps: f32,
     ) -> Result<(), ModelError> {
-        self.launch(
-            &self.f.residual_norm,
-            (n as u32, 1, 1),
-            256,
-            &[
-                A::P(x),
-                A::P(o),
-                A::P(post),
-                A::P(next),
-                A::P(h),
-                A::I(i32_of(cols, "n_embd")?),
-                A::F(eps),
-            ],
-        )
+        kernels::ResidualNorm {
+            x,
+            o,
+            post,
+            next,
+            h,
+            cols: i32_of(cols, "n_embd")?,
+            eps,
+        }
+        .launch(self, (n as u32, 1, 1))
     }
 
     /// `g = act(g) * u` over `len` values.
     fn glu(&self, g: u64, u: u64, len: usize, act: Act) -> Result<(), ModelError> {
-        self.launch(
-            &self.f.glu_act,
-            (len.div_ceil(256) as u32, 1, 1),
-            256,
-            &[A::P(g), A::P(u), A::L(len as i64), A::I(act.0), A::F(act.1)],
-        )
+        kernels::GluAct {
+            g,
+            u,
+            n: len as i64,
+            act: act.0,
+            limit: act.1,
+        }
+        .launch(self, (len.div_ceil(256) as u32, 1, 1))
     }
 
     /// The mix `w` of every token's hyper-connection streams `x` (`[n][hc][e]`): their
@@ -2415,43 +2401,35 @@ impl GpuDecoder {
         let width = hs.n_hc * hs.n_embd;
         self.rms_norm(x, 0, hcf, 0, n, width, hs.rms_eps)?;
         self.mv_rows(&[(&w.proj, hcm)], segs, hcf)?;
-        self.launch(
-            &self.f.hc_pre,
-            (n as u32, 1, 1),
-            256,
-            &[
-                A::P(hcm),
-                A::P(w.base),
-                A::P(w.scale),
-                A::P(x),
-                A::P(pc),
-                A::P(norm),
-                A::P(h),
-                A::I(hs.n_hc as i32),
-                A::I(i32_of(hs.n_embd, "n_embd")?),
-                A::I(i32_of(hs.sinkhorn_iters, "Sinkhorn iterations")?),
-                A::I(w.nseg as i32),
-                A::F(hs.eps),
-                A::F(eps),
-            ],
-        )
+        kernels::HcPre {
+            m: hcm,
+            base: w.base,
+            scale: w.scale,
+            x,
+            pc,
+            norm,
+            h,
+            hc: hs.n_hc as i32,
+            e: i32_of(hs.n_embd, "n_embd")?,
+            iters: i32_of(hs.sinkhorn_iters, "Sinkhorn iterations")?,
+            nseg: w.nseg as i32,
+            eps: hs.eps,
+            rms_eps: eps,
+        }
+        .launch(self, (n as u32, 1, 1))
     }
 
     /// `x[t][dst] = post[dst] y[t] + sum_src comb[src][dst] x[t][src]` (`pc` from
     /// [`Self::hc_mix`]).
     fn hc_post(&self, hs: &HcShape, x: u64, y: u64, pc: u64, n: usize) -> Result<(), ModelError> {
-        self.launch(
-            &self.f.hc_post,
-            (n as u32, hs.n_embd.div_ceil(256) as u32, 1),
-            256,
-            &[
-                A::P(x),
-                A::P(y),
-                A::P(pc),
-                A::I(hs.n_hc as i32),
-                A::I(i32_of(hs.n_embd, "n_embd")?),
-            ],
-        )
+        kernels::HcPost {
+            x,
+            y,
+            pc,
+            hc: hs.n_hc as i32,
+            e: i32_of(hs.n_embd, "n_embd")?,
+        }
+        .launch(self, (n as u32, hs.n_embd.div_ceil(256) as u32, 1))
     }
 
     /// Store `n` tokens' key and value rows (`k`, `v`) to the cache rows their positions
@@ -2469,20 +2447,17 @@ impl GpuDecoder {
         kdim: usize,
         vdim: usize,
     ) -> Result<(), ModelError> {
-        self.launch(
-            &self.f.kv_store[kvt],
-            (n as u32, 1, 1),
-            256,
-            &[
-                A::P(k),
-                A::P(v),
-                A::P(kc),
-                A::P(vc),
-                A::P(pos),
-                A::I(i32_of(kdim, "key row")?),
-                A::I(i32_of(vdim, "value row")?),
-            ],
-        )
+        kernels::KvStore {
+            cache: kvt,
+            k,
+            v,
+            kc,
+            vc,
+            pos,
+            kdim: i32_of(kdim, "key row")?,
+            vdim: i32_of(vdim, "value row")?,
+        }
+        .launch(self, (n as u32, 1, 1))
     }
 
     /// An indexer's choice for each of `n` tokens (positions at `pos`): the scores of the
@@ -2504,41 +2479,33 @@ impl GpuDecoder {
         while t0 < n {
             let m = tile.min(n - t0);
             let t = t0 as u64;
-            self.launch(
-                &self.f.dsv4_index_scores,
-                (m as u32, INDEX_BLOCKS, 1),
-                256,
-                &[
-                    A::P(ix.iq + 4 * t * qn),
-                    // (QSA's indexer has no head weights: a null pointer.)
-                    A::P(if ix.wh == 0 {
-                        0
-                    } else {
-                        ix.wh + 4 * t * ix.n_head as u64
-                    }),
-                    A::P(ix.rows),
-                    A::P(pos + 4 * t),
-                    A::P(scores),
-                    A::I(ix.n_head as i32),
-                    A::I(ix.head_dim as i32),
-                    A::I(ix.ratio as i32),
-                    A::I(stride_i),
-                ],
-            )?;
-            self.launch(
-                &self.f.dsv4_topk,
-                (m as u32, 1, 1),
-                256,
-                &[
-                    A::P(scores),
-                    A::P(pos + 4 * t),
-                    A::P(sel + 4 * t * ix.top_k as u64),
-                    A::P(nsel + 4 * t),
-                    A::I(ix.ratio as i32),
-                    A::I(stride_i),
-                    A::I(i32_of(ix.top_k, "top-k")?),
-                ],
-            )?;
+            kernels::Dsv4IndexScores {
+                iq: ix.iq + 4 * t * qn,
+                // (QSA's indexer has no head weights: a null pointer.)
+                wh: if ix.wh == 0 {
+                    0
+                } else {
+                    ix.wh + 4 * t * ix.n_head as u64
+                },
+                rows: ix.rows,
+                pos: pos + 4 * t,
+                scores,
+                n_head: ix.n_head as i32,
+                ihd: ix.head_dim as i32,
+                ratio: ix.ratio as i32,
+                stride: stride_i,
+            }
+            .launch(self, (m as u32, INDEX_BLOCKS, 1))?;
+            kernels::Dsv4Topk {
+                scores,
+                pos: pos + 4 * t,
+                sel: sel + 4 * t * ix.top_k as u64,
+                nsel: nsel + 4 * t,
+                ratio: ix.ratio as i32,
+                stride: stride_i,
+                k: i32_of(ix.top_k, "top-k")?,
+            }
+            .launch(self, (m as u32, 1, 1))?;
             t0 += m;
         }
         Ok(())
@@ -2558,21 +2525,17 @@ impl GpuDecoder {
         slots: usize,
         n: usize,
     ) -> Result<(), ModelError> {
-        self.launch(
-            &self.f.ring_store,
-            (n as u32, width.div_ceil(256).min(64) as u32, 1),
-            256,
-            &[
-                A::P(c),
-                A::P(z),
-                A::P(rc),
-                A::P(rz),
-                A::P(pos),
-                A::I(i32_of(width, "carry row")?),
-                A::I(i32_of(slots, "carry slots")?),
-                A::I(n as i32),
-            ],
-        )
+        kernels::RingStore {
+            c,
+            z,
+            rc,
+            rz,
+            pos,
+            width: i32_of(width, "carry row")?,
+            slots: i32_of(slots, "carry slots")?,
+            n: n as i32,
+        }
+        .launch(self, (n as u32, width.div_ceil(256).min(64) as u32, 1))
     }
 
     /// Attention of `n` tokens' query heads `q` over the cache (`window` 0: global; `select`:
@@ -2593,27 +2556,24 @@ impl GpuDecoder {
     ) -> Result<(), ModelError> {
         let sh = &self.plan.shape;
         let (sel, nsel, top_k) = select;
-        self.launch(
-            &self.f.attention[kvt],
-            (n as u32, sh.n_head as u32, 1),
-            ATT_THREADS,
-            &[
-                A::P(q),
-                A::P(kc),
-                A::P(vc),
-                A::P(out),
-                A::P(pos),
-                A::I(sh.n_head as i32),
-                A::I(sh.n_head_kv as i32),
-                A::I(sh.head_dim as i32),
-                A::I(sh.head_dim_v as i32),
-                A::F(sh.scale),
-                A::I(window),
-                A::P(sel),
-                A::P(nsel),
-                A::I(i32_of(top_k, "top-k")?),
-            ],
-        )
+        kernels::Attention {
+            cache: kvt,
+            q,
+            kc,
+            vc,
+            out,
+            pos,
+            nh: sh.n_head as i32,
+            nkv: sh.n_head_kv as i32,
+            hd: sh.head_dim as i32,
+            hdv: sh.head_dim_v as i32,
+            scale: sh.scale,
+            window,
+            sel,
+            nsel,
+            top_k: i32_of(top_k, "top-k")?,
+        }
+        .launch(self, (n as u32, sh.n_head as u32, 1))
     }
 
     /// `y[rows_of_chunks] = W x` for every `(W, y)` of `parts`, through the chunk table at
@@ -2661,30 +2621,32 @@ impl GpuDecoder {
                 .iter()
                 .map(|r| r.div_ceil(rows_per_block))
                 .sum();
-            let mut args = vec![
-                A::P(self.ptrs_base + 8 * p0.0.tab as u64),
-                A::P(self.ptrs_base + 8 * p1.0.tab as u64),
-                A::P(self.ptrs_base + 8 * p2.0.tab as u64),
-                A::P(chunks),
-                A::P(nchunks),
-                A::P(x),
-                A::I(x_div as i32),
-                A::P(p0.2),
-                A::P(p1.2),
-                A::P(p2.2),
-                A::I(i32_of(p0.1, "rows")?),
-                A::I(i32_of(p1.1, "rows")?),
-                A::I(i32_of(p2.1, "rows")?),
-                A::I(i32_of(m.cols, "columns")?),
-                A::L(m.row_bytes),
-            ];
             let mut smem = 0;
+            let mut staging = None;
             if decode {
                 let (stages, step, stage, bytes) = self.mvt1.layout(m.cols, m.row_bytes as usize);
-                args.extend([A::I(stages as i32), A::I(step as i32), A::I(stage as i32)]);
+                staging = Some([stages as i32, step as i32, stage as i32]);
                 smem = bytes;
             }
-            self.launch_smem(k, (blocks as u32, gy, 1), threads, smem, &args)?;
+            kernels::Mv {
+                w0: self.ptrs_base + 8 * p0.0.tab as u64,
+                w1: self.ptrs_base + 8 * p1.0.tab as u64,
+                w2: self.ptrs_base + 8 * p2.0.tab as u64,
+                chunks,
+                n_chunks: nchunks,
+                x,
+                x_div: x_div as i32,
+                y0: p0.2,
+                y1: p1.2,
+                y2: p2.2,
+                rows0: i32_of(p0.1, "rows")?,
+                rows1: i32_of(p1.1, "rows")?,
+                rows2: i32_of(p2.1, "rows")?,
+                cols: i32_of(m.cols, "columns")?,
+                row_bytes: m.row_bytes,
+                staging,
+            }
+            .launch(self, k, (blocks as u32, gy, 1), threads, smem)?;
         }
         Ok(())
     }
@@ -3041,30 +3003,28 @@ impl DeviceForward for GpuDecoder {
         };
         let run = || -> Result<(), ModelError> {
             // With hyper-connections the embedding goes to `o`, then into every stream.
-            self.launch(
-                &self.f.embed[self.embd.fi],
-                rows_n(n),
-                128,
-                &[
-                    A::P(self.embd_ptr),
-                    A::L(self.embd.row_bytes),
-                    A::P(tokens),
-                    A::P(if hs.is_some() || lr_streams.is_some() {
-                        o
-                    } else {
-                        x
-                    }),
-                    A::I(ei),
-                    A::F(p.embd_scale),
-                ],
-            )?;
+            kernels::Embed {
+                format: self.embd.fi,
+                w: self.embd_ptr,
+                row_bytes: self.embd.row_bytes,
+                tokens,
+                x: if hs.is_some() || lr_streams.is_some() {
+                    o
+                } else {
+                    x
+                },
+                cols: ei,
+                scale: p.embd_scale,
+            }
+            .launch(self, rows_n(n))?;
             if hs.is_some() || lr_streams.is_some() {
-                self.launch(
-                    &self.f.hc_expand,
-                    (n as u32, e.div_ceil(256) as u32, 1),
-                    256,
-                    &[A::P(o), A::P(x), A::I(ei), A::I(n_hc as i32)],
-                )?;
+                kernels::HcExpand {
+                    src: o,
+                    x,
+                    e: ei,
+                    hc: n_hc as i32,
+                }
+                .launch(self, (n as u32, e.div_ceil(256) as u32, 1))?;
             } else if let Some(l0) = self.layers.first() {
                 self.rms_norm(x, l0.attn_norm, h, 0, n, e, eps)?;
             }
@@ -3105,23 +3065,19 @@ impl DeviceForward for GpuDecoder {
                             1,
                             small,
                         )?;
-                        self.launch(
-                            &self.f.qk_norm_rope,
-                            (n as u32, (nh + nkv) as u32, 1),
-                            128,
-                            &[
-                                A::P(q),
-                                A::P(k),
-                                A::P(*q_norm),
-                                A::P(*k_norm),
-                                A::P(pos),
-                                A::P(*inv_freq),
-                                A::I(nh as i32),
-                                A::I(nkv as i32),
-                                A::I(hd as i32),
-                                A::F(eps),
-                            ],
-                        )?;
+                        kernels::QkNormRope {
+                            q,
+                            k,
+                            qn: *q_norm,
+                            kn: *k_norm,
+                            pos,
+                            inv_freq: *inv_freq,
+                            nh: nh as i32,
+                            nkv: nkv as i32,
+                            hd: hd as i32,
+                            eps,
+                        }
+                        .launch(self, (n as u32, (nh + nkv) as u32, 1))?;
                         self.kv_store(kvt, k, v, kc, vc, pos, n, kdim, vdim)?;
                         self.attention(kvt, q, kc, vc, att, pos, n, *window, (0, 0, 0))?;
                         (wo, att)
@@ -3159,37 +3115,29 @@ impl DeviceForward for GpuDecoder {
                             // their first dims, every visible position scored, the top-k.
                             let keys = rec_ptrs[il][0];
                             let (ih, id) = (ix.n_head as i32, ix.head_dim as i32);
-                            self.launch(
-                                &self.f.dsv4_heads,
-                                (n as u32, ix.n_head as u32, 1),
-                                128,
-                                &[
-                                    A::P(iq),
-                                    A::P(pos),
-                                    A::P(*inv_freq),
-                                    A::I(ih),
-                                    A::I(id),
-                                    A::I(rope),
-                                    A::I(4),
-                                    A::F(eps),
-                                ],
-                            )?;
-                            self.launch(
-                                &self.f.dsa_key_prep,
-                                rows_n(n),
-                                256,
-                                &[
-                                    A::P(ik),
-                                    A::P(ix.k_norm),
-                                    A::P(ix.k_norm_bias),
-                                    A::P(pos),
-                                    A::P(*inv_freq),
-                                    A::P(keys),
-                                    A::I(id),
-                                    A::I(rope),
-                                    A::F(ix.k_norm_eps),
-                                ],
-                            )?;
+                            kernels::Dsv4Heads {
+                                x: iq,
+                                pos,
+                                inv_freq: *inv_freq,
+                                n_heads: ih,
+                                hd: id,
+                                n_rot: rope,
+                                flags: 4,
+                                eps,
+                            }
+                            .launch(self, (n as u32, ix.n_head as u32, 1))?;
+                            kernels::DsaKeyPrep {
+                                ik,
+                                w: ix.k_norm,
+                                b: ix.k_norm_bias,
+                                pos,
+                                inv_freq: *inv_freq,
+                                keys,
+                                d: id,
+                                n_rot: rope,
+                                eps: ix.k_norm_eps,
+                            }
+                            .launch(self, rows_n(n))?;
                             let ix_sel = IndexSelect {
                                 iq,
                                 wh,
@@ -3216,53 +3164,41 @@ impl DeviceForward for GpuDecoder {
                             let st = &rec_ptrs[il];
                             mla_sel = self.pool_select(ix, st, pos, &bufs, &nb, kvt == 0, n)?;
                         }
-                        self.launch(
-                            &self.f.mla_kv_prep,
-                            rows_n(n),
-                            256,
-                            &[
-                                A::P(kva),
-                                A::P(*kv_a_norm),
-                                A::P(pos),
-                                A::P(*inv_freq),
-                                A::P(k),
-                                A::P(v),
-                                A::I(kl),
-                                A::I(rope),
-                                A::F(eps),
-                            ],
-                        )?;
+                        kernels::MlaKvPrep {
+                            kva,
+                            norm: *kv_a_norm,
+                            pos,
+                            inv_freq: *inv_freq,
+                            k,
+                            v,
+                            kl,
+                            rope,
+                            eps,
+                        }
+                        .launch(self, rows_n(n))?;
                         self.kv_store(kvt, k, v, kc, vc, pos, n, kdim, vdim)?;
-                        self.launch(
-                            &self.f.mla_q_split,
-                            heads_grid,
-                            64,
-                            &[
-                                A::P(q),
-                                A::P(qn),
-                                A::I(m.n_head as i32),
-                                A::I(nope),
-                                A::I(rope),
-                            ],
-                        )?;
+                        kernels::MlaQSplit {
+                            q,
+                            qn,
+                            nh: m.n_head as i32,
+                            nope,
+                            rope,
+                        }
+                        .launch(self, heads_grid)?;
                         let gy = heads * nd;
                         self.mv(&[(k_b, qabs)], head_chunks, n_headc, gy, qn, 1, small)?;
-                        self.launch(
-                            &self.f.mla_q_join,
-                            heads_grid,
-                            128,
-                            &[
-                                A::P(qabs),
-                                A::P(q),
-                                A::P(pos),
-                                A::P(*inv_freq),
-                                A::P(qatt),
-                                A::I(m.n_head as i32),
-                                A::I(nope),
-                                A::I(rope),
-                                A::I(kl),
-                            ],
-                        )?;
+                        kernels::MlaQJoin {
+                            qabs,
+                            q,
+                            pos,
+                            inv_freq: *inv_freq,
+                            qatt,
+                            nh: m.n_head as i32,
+                            nope,
+                            rope,
+                            kl,
+                        }
+                        .launch(self, heads_grid)?;
                         let sel = match select {
                             DSelect::All => (0, 0, 0),
                             DSelect::Indexer(_) | DSelect::Pooled(_) | DSelect::Previous => mla_sel,
@@ -3296,61 +3232,49 @@ impl DeviceForward for GpuDecoder {
                         self.mv(&from_q, dense, n_dense, nd, qan, 1, small)?;
                         let heads =
                             |buf: u64, n_heads: usize, dim: usize, freq: u64, flags: i32| {
-                                self.launch(
-                                    &self.f.dsv4_heads,
-                                    (n as u32, n_heads as u32, 1),
-                                    128,
-                                    &[
-                                        A::P(buf),
-                                        A::P(pos),
-                                        A::P(freq),
-                                        A::I(n_heads as i32),
-                                        A::I(dim as i32),
-                                        A::I(nrot),
-                                        A::I(flags),
-                                        A::F(eps),
-                                    ],
-                                )
+                                kernels::Dsv4Heads {
+                                    x: buf,
+                                    pos,
+                                    inv_freq: freq,
+                                    n_heads: n_heads as i32,
+                                    hd: dim as i32,
+                                    n_rot: nrot,
+                                    flags,
+                                    eps,
+                                }
+                                .launch(self, (n as u32, n_heads as u32, 1))
                             };
                         heads(q, s.n_head, s.head_dim, a.rope, 1)?;
-                        self.launch(
-                            &self.f.dsv4_kv_prep,
-                            rows_n(n),
-                            256,
-                            &[
-                                A::P(k),
-                                A::P(a.kv_norm),
-                                A::P(pos),
-                                A::P(a.rope),
-                                A::I(s.head_dim as i32),
-                                A::I(nrot),
-                                A::I(round),
-                                A::F(eps),
-                            ],
-                        )?;
+                        kernels::Dsv4KvPrep {
+                            kv: k,
+                            norm: a.kv_norm,
+                            pos,
+                            inv_freq: a.rope,
+                            hd: s.head_dim as i32,
+                            n_rot: nrot,
+                            round,
+                            eps,
+                        }
+                        .launch(self, rows_n(n))?;
                         let compress = |c: &DComp, cb: u64, zb: u64, st: [u64; 3]| {
-                            self.launch(
-                                &self.f.dsv4_compress,
-                                rows_n(n),
-                                256,
-                                &[
-                                    A::P(cb),
-                                    A::P(zb),
-                                    A::P(st[0]),
-                                    A::P(st[1]),
-                                    A::P(c.ape),
-                                    A::P(c.norm),
-                                    A::P(pos),
-                                    A::P(a.rope_compress),
-                                    A::P(st[2]),
-                                    A::I(c.ratio as i32),
-                                    A::I(c.head_dim as i32),
-                                    A::I(c.coff as i32),
-                                    A::I(nrot),
-                                    A::I(round),
-                                    A::F(eps),
-                                ],
-                            )?;
+                            kernels::Dsv4Compress {
+                                c: cb,
+                                z: zb,
+                                rc: st[0],
+                                rz: st[1],
+                                ape: c.ape,
+                                norm: c.norm,
+                                pos,
+                                inv_freq: a.rope_compress,
+                                rows: st[2],
+                                ratio: c.ratio as i32,
+                                hd: c.head_dim as i32,
+                                coff: c.coff as i32,
+                                n_rot: nrot,
+                                round,
+                                eps,
+                            }
+                            .launch(self, rows_n(n))?;
                             let width = c.coff * c.head_dim;
                             self.ring_store(cb, zb, st[0], st[1], pos, width, c.coff * c.ratio, n)
                         };
@@ -3375,28 +3299,24 @@ impl DeviceForward for GpuDecoder {
                             (sel, nsel, top) = (selb, nselb, ix.top_k);
                         }
                         let ratio = a.comp.as_ref().map_or(0, |c| c.ratio);
-                        self.launch(
-                            &self.f.dsv4_attention,
-                            (n as u32, s.n_head as u32, 1),
-                            ATT_THREADS,
-                            &[
-                                A::P(q),
-                                A::P(k),
-                                A::P(dp.ring),
-                                A::P(dp.comp[2]),
-                                A::P(sel),
-                                A::P(nsel),
-                                A::P(a.sinks),
-                                A::P(att),
-                                A::P(pos),
-                                A::I(s.n_head as i32),
-                                A::I(s.head_dim as i32),
-                                A::I(i32_of(s.window, "window")?),
-                                A::I(ratio as i32),
-                                A::I(top as i32),
-                                A::F(sh.scale),
-                            ],
-                        )?;
+                        kernels::Dsv4Attention {
+                            q,
+                            kb: k,
+                            ring: dp.ring,
+                            rows: dp.comp[2],
+                            sel,
+                            nsel,
+                            sinks: a.sinks,
+                            out: att,
+                            pos,
+                            nh: s.n_head as i32,
+                            hd: s.head_dim as i32,
+                            window: i32_of(s.window, "window")?,
+                            ratio: ratio as i32,
+                            top_k: top as i32,
+                            scale: sh.scale,
+                        }
+                        .launch(self, (n as u32, s.n_head as u32, 1))?;
                         // The window's ring after every read of it.
                         self.ring_store(k, 0, dp.ring, 0, pos, s.head_dim, s.window, n)?;
                         heads(att, s.n_head, s.head_dim, a.rope, 2)?;
@@ -3462,24 +3382,20 @@ impl DeviceForward for GpuDecoder {
                     } => {
                         let (ne, kk) = (*n_expert, *top);
                         self.mv(&[(router, rl)], dense, n_dense, nd, h, 1, small)?;
-                        self.launch(
-                            &self.f.topk_route,
-                            rows_n(n),
-                            32,
-                            &[
-                                A::P(rl),
-                                A::P(*bias),
-                                A::I(ne as i32),
-                                A::I(kk as i32),
-                                A::I(*score),
-                                A::I(*norm as i32),
-                                A::F(*scale),
-                                A::P(ids),
-                                A::P(wts),
-                                A::P(*table),
-                                A::P(tokens),
-                            ],
-                        )?;
+                        kernels::TopkRoute {
+                            logits: rl,
+                            bias: *bias,
+                            n_expert: ne as i32,
+                            k: kk as i32,
+                            score: *score,
+                            norm: *norm as i32,
+                            scale: *scale,
+                            ids,
+                            wts,
+                            table: *table,
+                            tokens,
+                        }
+                        .launch(self, rows_n(n))?;
                         let np = n * kk;
                         if self.units.is_some() || env.routing.is_some() {
                             host_ids.resize(np, 0);
@@ -3540,18 +3456,14 @@ impl DeviceForward for GpuDecoder {
                                 small,
                             )?;
                         } else {
-                            self.launch(
-                                &self.f.moe_chunks,
-                                (1, 1, 1),
-                                1024,
-                                &[
-                                    A::P(ids),
-                                    A::I(np as i32),
-                                    A::I(ne as i32),
-                                    A::P(chunks),
-                                    A::P(nchunks),
-                                ],
-                            )?;
+                            kernels::MoeChunks {
+                                gids: ids,
+                                n_pairs: np as i32,
+                                n_expert: ne as i32,
+                                chunks,
+                                n_chunks: nchunks,
+                            }
+                            .launch(self, (1, 1, 1))?;
                             let gy = np / MVG_N + ne.min(np);
                             let gu = [(&parts[0], g), (&parts[1], u)];
                             self.mv(&gu, chunks, nchunks, gy, h, kk, small)?;
@@ -3561,20 +3473,16 @@ impl DeviceForward for GpuDecoder {
                         let sh_or_null = if shared.is_some() { shb } else { 0 };
                         let gated = shared.as_ref().is_some_and(|sh| sh.scale.is_some());
                         let sg_or_null = if gated { nb.sg } else { 0 };
-                        self.launch(
-                            &self.f.moe_combine,
-                            (n as u32, e.div_ceil(256) as u32, 1),
-                            256,
-                            &[
-                                A::P(dd),
-                                A::P(wts),
-                                A::P(sh_or_null),
-                                A::P(sg_or_null),
-                                A::P(o),
-                                A::I(kk as i32),
-                                A::I(ei),
-                            ],
-                        )?;
+                        kernels::MoeCombine {
+                            d: dd,
+                            wts,
+                            sh: sh_or_null,
+                            sg: sg_or_null,
+                            o,
+                            k: kk as i32,
+                            cols: ei,
+                        }
+                        .launch(self, (n as u32, e.div_ceil(256) as u32, 1))?;
                     }
                 }
                 if let (Some(_), Some(hs)) = (&l.hc, &hs) {

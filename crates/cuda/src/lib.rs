@@ -37,6 +37,7 @@
 //! architectures that describe themselves as a `sluice_models::plan::DecoderPlan`.
 
 pub mod forward;
+mod kernels;
 mod lru;
 
 use std::collections::{BTreeMap, HashMap};

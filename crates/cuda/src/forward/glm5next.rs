@@ -19,8 +19,10 @@ use sluice_models::plan::{DecoderPlan, PlanAttn};
 use sluice_models::weights::Stacked;
 use sluice_models::ModelError;
 
+use crate::kernels;
+
 use super::qwen4exp::{gdn_smem, DFew, NextBufs, Rows};
-use super::{err, i32_of, kernel_format, DMat, GpuDecoder, IndexSelect, Uploader, A, IDX_MAX_Q};
+use super::{err, i32_of, kernel_format, DMat, GpuDecoder, IndexSelect, Uploader, IDX_MAX_Q};
 
 /// Kimi delta attention of one layer in VRAM (`kda::KdaWeights`).
 pub(super) struct DKda {
@@ -348,20 +350,16 @@ impl GpuDecoder {
         self.mv_rows(&[(&w.f_b, b.alpha)], rows, b.fl)?;
         self.mv_rows(&[(&w.g_b, b.z)], rows, b.gl)?;
         let ii = i32_of(inner, "KDA width")?;
-        self.launch(
-            &self.f.kda_gate,
-            (n as u32, inner.div_ceil(256) as u32, 1),
-            256,
-            &[
-                A::P(b.alpha),
-                A::P(w.dt_bias),
-                A::P(w.a),
-                A::I(ii),
-                A::I(s.head_dim as i32),
-                A::F(s.lower_bound.unwrap_or(0.0)),
-                A::I(i32::from(s.lower_bound.is_some())),
-            ],
-        )?;
+        kernels::KdaGate {
+            f: b.alpha,
+            dt_bias: w.dt_bias,
+            a: w.a,
+            inner: ii,
+            d: s.head_dim as i32,
+            lb: s.lower_bound.unwrap_or(0.0),
+            has_lb: i32::from(s.lower_bound.is_some()),
+        }
+        .launch(self, (n as u32, inner.div_ceil(256) as u32, 1))?;
         for i in 0..3 {
             let taps = (w.conv[i], s.conv_kernel, 1);
             self.conv(raw[i], st[i], taps, 0, conv[i], pos, inner, n)?;
@@ -401,38 +399,30 @@ impl GpuDecoder {
     ) -> Result<(u64, u64, usize), ModelError> {
         let (keys, gates, pooled) = (st[0], st[1], st[2]);
         let id = i32_of(ix.head_dim, "indexer keys")?;
-        self.launch(
-            &self.f.pool_prep,
-            (n as u32, 1, 1),
-            128,
-            &[
-                A::P(bufs.ik),
-                A::P(bufs.gt),
-                A::P(ix.k_norm),
-                A::P(ix.k_norm_b),
-                A::P(pos),
-                A::P(keys),
-                A::P(gates),
-                A::I(id),
-                A::F(ix.ln_eps),
-                A::I(i32::from(round)),
-            ],
-        )?;
-        self.launch(
-            &self.f.pool_make,
-            (n as u32, 1, 1),
-            128,
-            &[
-                A::P(keys),
-                A::P(gates),
-                A::P(ix.ape),
-                A::P(pooled),
-                A::P(pos),
-                A::I(id),
-                A::I(ix.kpool as i32),
-                A::I(i32::from(round)),
-            ],
-        )?;
+        kernels::PoolPrep {
+            ik: bufs.ik,
+            gt: bufs.gt,
+            lnw: ix.k_norm,
+            lnb: ix.k_norm_b,
+            pos,
+            keys,
+            gates,
+            id,
+            eps: ix.ln_eps,
+            round: i32::from(round),
+        }
+        .launch(self, (n as u32, 1, 1))?;
+        kernels::PoolMake {
+            keys,
+            gates,
+            ape: ix.ape,
+            pooled,
+            pos,
+            id,
+            kp: ix.kpool as i32,
+            round: i32::from(round),
+        }
+        .launch(self, (n as u32, 1, 1))?;
         let sel = IndexSelect {
             iq: bufs.iq,
             wh: bufs.wh,
@@ -452,11 +442,12 @@ impl GpuDecoder {
     /// The streams' mean (`[n][s][e]` -> `[n][e]`).
     pub(super) fn stream_mean(&self, x: u64, h: u64, s: usize, n: usize) -> Result<(), ModelError> {
         let e = self.plan.n_embd;
-        self.launch(
-            &self.f.stream_mean,
-            (n as u32, e.div_ceil(256) as u32, 1),
-            256,
-            &[A::P(x), A::P(h), A::I(i32_of(e, "n_embd")?), A::I(s as i32)],
-        )
+        kernels::StreamMean {
+            x,
+            h,
+            e: i32_of(e, "n_embd")?,
+            s: s as i32,
+        }
+        .launch(self, (n as u32, e.div_ceil(256) as u32, 1))
     }
 }

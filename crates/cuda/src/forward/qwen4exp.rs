@@ -22,17 +22,17 @@ use sluice_models::plan::{DecoderPlan, PlanAttn, PlanFfn};
 use sluice_models::weights::Mat;
 use sluice_models::ModelError;
 
-use super::{
-    addr, err, i32_of, DMat, GpuDecoder, IndexSelect, Uploader, A, ACT_SIGMOID, IDX_MAX_Q,
-};
+use crate::kernels;
+
+use super::{addr, err, i32_of, DMat, GpuDecoder, IndexSelect, Uploader, ACT_SIGMOID, IDX_MAX_Q};
 
 /// Threads of a block that reduces over one stream of a token (`rms_groups`, `ple_gate`):
 /// a decode step has one block per stream, so each is wide.
-const GROUP_THREADS: u32 = 1024;
+pub(crate) const GROUP_THREADS: u32 = 1024;
 
 /// Threads of `delta_rule` and the value columns each owns at most (`GDN_THREADS`,
 /// `GDN_COLS` of qwen4exp.cu): the widest value head it takes.
-const GDN_THREADS: u32 = 128;
+pub(crate) const GDN_THREADS: u32 = 128;
 const GDN_COLS: usize = 4;
 pub(super) const DV_MAX: usize = GDN_THREADS as usize * GDN_COLS;
 
@@ -609,39 +609,39 @@ impl GpuDecoder {
         let e = self.plan.n_embd;
         let ei = i32_of(e, "n_embd")?;
         let si = i32_of(s, "streams")?;
-        self.launch(
-            &self.f.rms_groups,
-            (n as u32, s as u32, 1),
-            GROUP_THREADS,
-            &[A::P(x), A::P(w.norm), A::P(b.xn), A::I(ei), A::F(eps)],
-        )?;
+        kernels::RmsGroups {
+            x,
+            w: w.norm,
+            out: b.xn,
+            e: ei,
+            eps,
+        }
+        .launch(self, (n as u32, s as u32, 1))?;
         let down = if w.nseg > 1 { seg } else { rows };
         self.mv_rows(&[(&w.down, b.ud)], down, b.xn)?;
         if let Some(m) = &w.inject {
             self.few(m, b.xn, b.inj, rows, n)?;
         }
         let inj = if w.inject.is_some() { b.inj } else { 0 };
-        self.launch(
-            &self.f.lr_act,
-            (n as u32, 1, 1),
-            128,
-            &[
-                A::P(b.ud),
-                A::P(b.u),
-                A::P(inj),
-                A::I(i32_of(w.down.rows, "rank")?),
-                A::I(si),
-                A::I(w.nseg as i32),
-                A::F(1.0 / s as f32),
-            ],
-        )?;
+        kernels::LrAct {
+            part: b.ud,
+            u: b.u,
+            inj,
+            r: i32_of(w.down.rows, "rank")?,
+            s: si,
+            nseg: w.nseg as i32,
+            inv_s: 1.0 / s as f32,
+        }
+        .launch(self, (n as u32, 1, 1))?;
         self.mv_rows(&[(&w.up, b.gw)], rows, b.u)?;
-        self.launch(
-            &self.f.lr_mix,
-            (n as u32, e.div_ceil(256) as u32, 1),
-            256,
-            &[A::P(b.gw), A::P(b.xn), A::P(h), A::I(ei), A::I(si)],
-        )
+        kernels::LrMix {
+            gw: b.gw,
+            xn: b.xn,
+            m: h,
+            e: ei,
+            s: si,
+        }
+        .launch(self, (n as u32, e.div_ceil(256) as u32, 1))
     }
 
     /// `x[t][st] += inj[t][st] * y[t]` for `n` tokens of `s` streams.
@@ -654,18 +654,14 @@ impl GpuDecoder {
         n: usize,
     ) -> Result<(), ModelError> {
         let e = self.plan.n_embd;
-        self.launch(
-            &self.f.lr_post,
-            (n as u32, e.div_ceil(256) as u32, 1),
-            256,
-            &[
-                A::P(x),
-                A::P(y),
-                A::P(inj),
-                A::I(i32_of(e, "n_embd")?),
-                A::I(s as i32),
-            ],
-        )
+        kernels::LrPost {
+            x,
+            y,
+            inj,
+            e: i32_of(e, "n_embd")?,
+            s: s as i32,
+        }
+        .launch(self, (n as u32, e.div_ceil(256) as u32, 1))
     }
 
     /// The PLE layer `w` on the streams `x` (`[n][s][e]`) from the gathered rows in `b.pe`:
@@ -688,22 +684,26 @@ impl GpuDecoder {
         let ei = i32_of(e, "n_embd")?;
         let width = s * e;
         let norm = |src: u64, wt: u64, dst: u64| {
-            self.launch(
-                &self.f.rms_groups,
-                (n as u32, s as u32, 1),
-                GROUP_THREADS,
-                &[A::P(src), A::P(wt), A::P(dst), A::I(ei), A::F(eps)],
-            )
+            kernels::RmsGroups {
+                x: src,
+                w: wt,
+                out: dst,
+                e: ei,
+                eps,
+            }
+            .launch(self, (n as u32, s as u32, 1))
         };
         self.mv_rows(&[(&w.key, b.pk), (&w.value, b.pv)], rows, b.pe)?;
         norm(b.pk, w.norm_key, b.pkn)?;
         norm(x, w.norm_query, b.pq)?;
-        self.launch(
-            &self.f.ple_gate,
-            (n as u32, s as u32, 1),
-            GROUP_THREADS,
-            &[A::P(b.pkn), A::P(b.pq), A::P(b.pv), A::P(b.gv), A::I(ei)],
-        )?;
+        kernels::PleGate {
+            k: b.pkn,
+            q: b.pq,
+            v: b.pv,
+            gv: b.gv,
+            e: ei,
+        }
+        .launch(self, (n as u32, s as u32, 1))?;
         norm(b.gv, w.norm_conv, b.pn)?;
         let taps = (w.conv, w.kernel, w.dilation);
         self.conv(b.pn, hist, taps, b.gv, x, pos, width, n)
@@ -726,22 +726,18 @@ impl GpuDecoder {
         n: usize,
     ) -> Result<(), ModelError> {
         let (w, kernel, dil) = taps;
-        self.launch(
-            &self.f.conv_ring,
-            (n as u32, width.div_ceil(256) as u32, 1),
-            256,
-            &[
-                A::P(input),
-                A::P(ring),
-                A::P(w),
-                A::P(gv),
-                A::P(out),
-                A::P(pos),
-                A::I(i32_of(width, "convolution channels")?),
-                A::I(kernel as i32),
-                A::I(dil as i32),
-            ],
-        )?;
+        kernels::ConvRing {
+            input,
+            ring,
+            w,
+            gv,
+            out,
+            pos,
+            width: i32_of(width, "convolution channels")?,
+            kernel: kernel as i32,
+            dil: dil as i32,
+        }
+        .launch(self, (n as u32, width.div_ceil(256) as u32, 1))?;
         let slots = (kernel - 1) * dil;
         if slots > 0 {
             self.ring_store(input, 0, ring, 0, pos, width, slots, n)?;
@@ -805,34 +801,29 @@ impl GpuDecoder {
         n: usize,
         per_channel: bool,
     ) -> Result<(), ModelError> {
-        self.launch_smem(
-            &self.f.delta_rule,
-            (sh.n_v_heads as u32, 1, 1),
-            GDN_THREADS,
-            gdn_smem(sh),
-            &[
-                A::P(qkv.0),
-                A::P(qkv.1),
-                A::P(qkv.2),
-                A::P(gates.0),
-                A::P(gates.1),
-                A::P(gates.2),
-                A::P(ab.0),
-                A::P(ab.1),
-                A::P(norm),
-                A::P(st.0),
-                A::P(st.1),
-                A::P(pos),
-                A::I(i32_of(qkv.3, "row stride")?),
-                A::I(n as i32),
-                A::I(sh.n_k_heads as i32),
-                A::I(sh.d_k as i32),
-                A::I(sh.d_v as i32),
-                A::I(i32::from(sh.gate_sigmoid)),
-                A::I(i32::from(per_channel)),
-                A::F(sh.rms_eps),
-            ],
-        )
+        kernels::DeltaRule {
+            q: qkv.0,
+            k: qkv.1,
+            v: qkv.2,
+            beta: gates.0,
+            g: gates.1,
+            z: gates.2,
+            a: ab.0,
+            dt_bias: ab.1,
+            norm,
+            state: st.0,
+            out: st.1,
+            pos,
+            ts: i32_of(qkv.3, "row stride")?,
+            n: n as i32,
+            hk: sh.n_k_heads as i32,
+            dk: sh.d_k as i32,
+            dv: sh.d_v as i32,
+            gate_sigmoid: i32::from(sh.gate_sigmoid),
+            per_channel: i32::from(per_channel),
+            eps: sh.rms_eps,
+        }
+        .launch_smem(self, (sh.n_v_heads as u32, 1, 1), gdn_smem(sh))
     }
 
     /// The positions of `n` tokens from their indexer's chosen blocks (`bsel`, counts `nb`,
@@ -851,22 +842,18 @@ impl GpuDecoder {
         tail: bool,
         n: usize,
     ) -> Result<(), ModelError> {
-        self.launch(
-            &self.f.qsa_expand,
-            (n as u32, 1, 1),
-            128,
-            &[
-                A::P(bsel),
-                A::P(nb),
-                A::P(pos),
-                A::P(b.psel),
-                A::P(b.npsel),
-                A::I(ratio as i32),
-                A::I(i32_of(kb, "blocks")?),
-                A::I(i32_of(kp, "positions")?),
-                A::I(i32::from(tail)),
-            ],
-        )
+        kernels::QsaExpand {
+            bsel,
+            nb,
+            pos,
+            psel: b.psel,
+            np: b.npsel,
+            ratio: ratio as i32,
+            kb: i32_of(kb, "blocks")?,
+            kp: i32_of(kp, "positions")?,
+            tail: i32::from(tail),
+        }
+        .launch(self, (n as u32, 1, 1))
     }
 
     /// QSA attention `w` of the block input `h`, gated (`[n][nh * hd]`, before the output
@@ -897,53 +884,45 @@ impl GpuDecoder {
         // With an indexer: its query heads and one more block storing the raw keys.
         let blocks = nh + nkv + if indexed { s.idx_heads + 1 } else { 0 };
         let keys = st.first().copied().unwrap_or(0);
-        self.launch(
-            &self.f.qsa_prep,
-            (n as u32, blocks as u32, 1),
-            128,
-            &[
-                A::P(b.qg),
-                A::P(bufs.q),
-                A::P(b.gate),
-                A::P(bufs.k),
-                A::P(bufs.iq),
-                A::P(bufs.ik),
-                A::P(keys),
-                A::P(w.q_norm),
-                A::P(w.k_norm),
-                A::P(w.idx_q_norm),
-                A::P(pos),
-                A::P(w.inv_freq),
-                A::I(nh as i32),
-                A::I(nkv as i32),
-                A::I(hd as i32),
-                A::I(s.idx_heads as i32),
-                A::I(s.idx_dim as i32),
-                A::I(s.n_rot as i32),
-                A::F(s.rms_eps),
-            ],
-        )?;
+        kernels::QsaPrep {
+            qg: b.qg,
+            q: bufs.q,
+            gate: b.gate,
+            k: bufs.k,
+            iq: bufs.iq,
+            ik: bufs.ik,
+            keys,
+            qn: w.q_norm,
+            kn: w.k_norm,
+            iqn: w.idx_q_norm,
+            pos,
+            inv_freq: w.inv_freq,
+            nh: nh as i32,
+            nkv: nkv as i32,
+            hd: hd as i32,
+            ih: s.idx_heads as i32,
+            id: s.idx_dim as i32,
+            n_rot: s.n_rot as i32,
+            eps: s.rms_eps,
+        }
+        .launch(self, (n as u32, blocks as u32, 1))?;
         let (kdim, vdim) = (nkv * hd, nkv * hd);
         self.kv_store(kvt, bufs.k, bufs.v, cache.0, cache.1, pos, n, kdim, vdim)?;
         let mut sel = (0, 0, 0);
         if indexed {
             let pooled = st[1];
-            self.launch(
-                &self.f.qsa_pool,
-                (n as u32, 1, 1),
-                128,
-                &[
-                    A::P(keys),
-                    A::P(pooled),
-                    A::P(w.idx_k_norm),
-                    A::P(pos),
-                    A::P(w.inv_freq),
-                    A::I(s.idx_dim as i32),
-                    A::I(s.ratio as i32),
-                    A::I(s.n_rot as i32),
-                    A::F(s.rms_eps),
-                ],
-            )?;
+            kernels::QsaPool {
+                keys,
+                pooled,
+                norm: w.idx_k_norm,
+                pos,
+                inv_freq: w.inv_freq,
+                id: s.idx_dim as i32,
+                ratio: s.ratio as i32,
+                n_rot: s.n_rot as i32,
+                eps: s.rms_eps,
+            }
+            .launch(self, (n as u32, 1, 1))?;
             let kb = s.budget / s.ratio;
             let ix = IndexSelect {
                 iq: bufs.iq,
@@ -976,18 +955,14 @@ impl GpuDecoder {
         n: usize,
     ) -> Result<(), ModelError> {
         match w {
-            DFew::F32 { ptr, rows: r, cols } => self.launch(
-                &self.f.dot_rows_f32,
-                (n as u32, *r as u32, 1),
-                256,
-                &[
-                    A::P(*ptr),
-                    A::P(x),
-                    A::P(y),
-                    A::I(*r as i32),
-                    A::I(i32_of(*cols, "columns")?),
-                ],
-            ),
+            DFew::F32 { ptr, rows: r, cols } => kernels::DotRowsF32 {
+                w: *ptr,
+                x,
+                y,
+                rows: *r as i32,
+                cols: i32_of(*cols, "columns")?,
+            }
+            .launch(self, (n as u32, *r as u32, 1)),
             DFew::Mat(m) => self.mv_rows(&[(m, y)], rows, x),
         }
     }
@@ -1001,11 +976,12 @@ impl GpuDecoder {
         n: usize,
         cols: usize,
     ) -> Result<(), ModelError> {
-        self.launch(
-            &self.f.rows_gather,
-            (n as u32, cols.div_ceil(256) as u32, 1),
-            256,
-            &[A::P(x), A::P(rows), A::P(out), A::I(i32_of(cols, "row")?)],
-        )
+        kernels::RowsGather {
+            x,
+            rows,
+            out,
+            cols: i32_of(cols, "row")?,
+        }
+        .launch(self, (n as u32, cols.div_ceil(256) as u32, 1))
     }
 }
