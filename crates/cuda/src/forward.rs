@@ -49,148 +49,118 @@ use sluice_tier::Stop;
 
 use crate::lru::Lru;
 
-mod glm5next;
+pub(crate) mod glm5next;
 pub(crate) mod qwen4exp;
+use crate::blocks::attention::Gqa;
+use crate::blocks::ffn::DenseFfn;
+use crate::blocks::mla::Mla;
+use crate::blocks::moe::{self, Moe};
 use crate::kernels;
 use crate::{grow, kernel_format, Cuda, Device, Mma, FORMATS};
 use glm5next::{DKda, DPool};
-use qwen4exp::{DDelta, DFew, DMix, DPle, DQsa, NextDims, NextScratch, Rows};
+use qwen4exp::{DDelta, DMix, DPle, DQsa, NextBufs, NextDims, NextScratch, Rows};
 
 /// Rows of X one chunk holds (`MVG_N` of `forward.cu`).
-const MVG_N: usize = 32;
+pub(crate) const MVG_N: usize = 32;
 
 /// Bytes of one `Chunk` of `forward.cu`.
-const CHUNK_BYTES: usize = 8 + 4 * MVG_N;
+pub(crate) const CHUNK_BYTES: usize = 8 + 4 * MVG_N;
 /// Widest key and value heads and most experts the kernels take (`ATT_MAX_D`,
 /// `ATT_MAX_V`, `ROUTER_MAX`).
-const MAX_HEAD_DIM: usize = 576;
-const MAX_HEAD_DIM_V: usize = 512;
-const MAX_EXPERTS: usize = 1024;
+pub(crate) const MAX_HEAD_DIM: usize = 576;
+pub(crate) const MAX_HEAD_DIM_V: usize = 512;
+pub(crate) const MAX_EXPERTS: usize = 1024;
 /// Captured decode steps kept (sequences decoding in turn each replay their own).
-const GRAPHS_KEPT: usize = 8;
+pub(crate) const GRAPHS_KEPT: usize = 8;
 /// Threads of one attention block (`ATT_THREADS` of `forward.cu`).
 pub(crate) const ATT_THREADS: u32 = 256;
 /// Blocks per token of the lightning indexer's scores (rows strided over them; a fixed
 /// count, so a captured decode step replays at any position).
-const INDEX_BLOCKS: u32 = 64;
+pub(crate) const INDEX_BLOCKS: u32 = 64;
 /// Most indexer scores held at once (floats; 256 MiB): longer prompts at longer contexts
 /// are scored in tiles of tokens.
-const SCORES_MAX: usize = 1 << 26;
+pub(crate) const SCORES_MAX: usize = 1 << 26;
 
 /// One layer's lightning indexer as `GpuDecoder::index_select` runs it: queries `iq`
 /// (`[n][n_head * head_dim]`, roped), head weights `wh` (`[n][n_head]`), the rows it scores
 /// (`[..][head_dim]`; token t sees `(pos + 1) / ratio` of them) and its top-k.
-struct IndexSelect {
-    iq: u64,
-    wh: u64,
-    n_head: usize,
-    head_dim: usize,
-    rows: u64,
-    ratio: usize,
-    top_k: usize,
+pub(crate) struct IndexSelect {
+    pub(crate) iq: u64,
+    pub(crate) wh: u64,
+    pub(crate) n_head: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) rows: u64,
+    pub(crate) ratio: usize,
+    pub(crate) top_k: usize,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn err(what: &str, e: impl std::fmt::Display) -> ModelError {
+pub(crate) fn err(what: &str, e: impl std::fmt::Display) -> ModelError {
     ModelError::Compute(format!("cuda: {what}: {e}"))
 }
 
 /// A weight matrix in VRAM: the index of its pointer-table entry (or of the first of
 /// `n_expert` entries for a routed part), format and shape.
 #[derive(Debug, Clone, Copy)]
-struct DMat {
-    tab: usize,
-    fi: usize,
-    rows: usize,
-    cols: usize,
-    row_bytes: i64,
+pub(crate) struct DMat {
+    pub(crate) tab: usize,
+    pub(crate) fi: usize,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) row_bytes: i64,
 }
 
-enum DFfn {
-    Dense {
-        gate: DMat,
-        up: DMat,
-        down: DMat,
-        act: Act,
-    },
-    Moe {
-        router: DMat,
-        norm: bool,
-        n_expert: usize,
-        k: usize,
-        /// Gate, up, down; `tab` is the first of `n_expert` entries.
-        parts: [DMat; 3],
-        /// Index of the first of this layer's entries in the pointer table.
-        tab_index: usize,
-        act: Act,
-        /// `topk_route`'s score function (0 softmax, 1 sigmoid, 2 sqrt-softplus), the
-        /// selection bias (0: none), renormalisation and scale.
-        score: i32,
-        bias: u64,
-        scale: f32,
-        /// A hashed router's token -> experts table (`[n_vocab][k]` i32; 0: none).
-        table: u64,
-        /// The shared expert (added to the routed sum).
-        shared: Option<Box<DShared>>,
-    },
-}
-
-/// A MoE layer's shared expert: gate, up, down and its activation, and the `[1, n_embd]`
-/// gate whose sigmoid scales its output (Qwen3.8-Flash-Next; None: unscaled).
-struct DShared {
-    gate: DMat,
-    up: DMat,
-    down: DMat,
-    act: Act,
-    scale: Option<DFew>,
+pub(crate) enum DFfn {
+    Dense(DenseFfn),
+    Moe(Box<Moe>),
 }
 
 /// `glu_act`'s activation id and its clamp limit ([`act_id`]).
-type Act = (i32, f32);
+pub(crate) type Act = (i32, f32);
 
 /// `glu_act`'s sigmoid (`g = sigmoid(g) * u`: QSA's output gate).
-const ACT_SIGMOID: Act = (3, 0.0);
+pub(crate) const ACT_SIGMOID: Act = (3, 0.0);
 
 /// One hyper-connection mix in VRAM: the projection of the normalised streams, its bias
 /// and scales.
-struct DHc {
+pub(crate) struct DHc {
     /// The projection's `nseg` column segments, each its own `[n_out, cols / nseg]` matrix
     /// (re-laid out at upload; one pointer-table entry each): a decode step's projection is
     /// spread over `nseg` times the blocks, and a segment's sums do not depend on the
     /// chunk, so neither do their sum's bits (`hc_pre` adds them in segment order).
-    proj: DMat,
-    nseg: usize,
-    base: u64,
-    scale: u64,
+    pub(crate) proj: DMat,
+    pub(crate) nseg: usize,
+    pub(crate) base: u64,
+    pub(crate) scale: u64,
 }
 
 /// A DeepSeek V4 KV compressor (the attention's or the indexer's).
-struct DComp {
-    ratio: usize,
-    head_dim: usize,
-    coff: usize,
-    kv: DMat,
-    gate: DMat,
-    ape: u64,
-    norm: u64,
+pub(crate) struct DComp {
+    pub(crate) ratio: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) coff: usize,
+    pub(crate) kv: DMat,
+    pub(crate) gate: DMat,
+    pub(crate) ape: u64,
+    pub(crate) norm: u64,
 }
 
 /// A DeepSeek V4 layer's lightning indexer.
-struct DIndexer {
-    n_head: usize,
-    head_dim: usize,
-    top_k: usize,
-    q_b: DMat,
-    proj: DMat,
-    comp: DComp,
+pub(crate) struct DIndexer {
+    pub(crate) n_head: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) top_k: usize,
+    pub(crate) q_b: DMat,
+    pub(crate) proj: DMat,
+    pub(crate) comp: DComp,
 }
 
 /// The positions an MLA layer attends to (`sluice_models::plan::MlaSelect`; a pooled
 /// layer's k-pool indexer, or its reuse of the previous full layer's selection).
-enum DSelect {
+pub(crate) enum DSelect {
     All,
     Indexer(Box<DDsa>),
     Pooled(Box<DPool>),
@@ -198,60 +168,39 @@ enum DSelect {
 }
 
 /// GLM's DSA lightning indexer of one MLA layer.
-struct DDsa {
-    n_head: usize,
-    head_dim: usize,
-    top_k: usize,
-    q_b: DMat,
-    k: DMat,
-    k_norm: u64,
-    k_norm_bias: u64,
-    k_norm_eps: f32,
-    proj: DMat,
+pub(crate) struct DDsa {
+    pub(crate) n_head: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) top_k: usize,
+    pub(crate) q_b: DMat,
+    pub(crate) k: DMat,
+    pub(crate) k_norm: u64,
+    pub(crate) k_norm_bias: u64,
+    pub(crate) k_norm_eps: f32,
+    pub(crate) proj: DMat,
 }
 
 /// DeepSeek V4 attention of one layer (`out_a` with one pointer-table entry per output
 /// group, `rows` a group's).
-struct DDsv4 {
-    q_a: DMat,
-    q_a_norm: u64,
-    q_b: DMat,
-    kv: DMat,
-    kv_norm: u64,
-    sinks: u64,
-    out_a: DMat,
-    out_b: DMat,
-    rope: u64,
-    rope_compress: u64,
-    comp: Option<DComp>,
-    indexer: Option<DIndexer>,
+pub(crate) struct DDsv4 {
+    pub(crate) q_a: DMat,
+    pub(crate) q_a_norm: u64,
+    pub(crate) q_b: DMat,
+    pub(crate) kv: DMat,
+    pub(crate) kv_norm: u64,
+    pub(crate) sinks: u64,
+    pub(crate) out_a: DMat,
+    pub(crate) out_b: DMat,
+    pub(crate) rope: u64,
+    pub(crate) rope_compress: u64,
+    pub(crate) comp: Option<DComp>,
+    pub(crate) indexer: Option<DIndexer>,
 }
 
-enum DAttn {
-    Gqa {
-        wq: DMat,
-        wk: DMat,
-        wv: DMat,
-        wo: DMat,
-        q_norm: u64,
-        k_norm: u64,
-        inv_freq: u64,
-        window: i32,
-    },
-    /// Absorbed MLA (`k_b` and `v_b` with one pointer-table entry per head, `rows` a
-    /// head's rows).
-    Mla {
-        q_a: DMat,
-        q_a_norm: u64,
-        q_b: DMat,
-        kv_a: DMat,
-        kv_a_norm: u64,
-        k_b: DMat,
-        v_b: DMat,
-        out: DMat,
-        inv_freq: u64,
-        select: DSelect,
-    },
+pub(crate) enum DAttn {
+    Gqa(Gqa),
+    /// Absorbed MLA (and GLM-5.3-Flash's pooled layers through the same view).
+    Mla(Box<Mla>),
     /// DeepSeek V4 attention (sliding window, compressed rows, sinks).
     Dsv4(Box<DDsv4>),
     /// Gated DeltaNet (a recurrent state per value head).
@@ -262,7 +211,7 @@ enum DAttn {
     Kda(Box<DKda>),
 }
 
-struct DLayer {
+pub(crate) struct DLayer {
     attn_norm: u64,
     attn: DAttn,
     post_attn: u64,
@@ -332,29 +281,29 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
 /// Whether the tensor-core products (`mvt_*`, f16 operands) take weights of `ty`: every
 /// format whose values f16 holds, i.e. all but F32 and BF16 (their range and precision
 /// stay on the f32 kernels).
-fn takes_f16(ty: GgmlType) -> bool {
+pub(crate) fn takes_f16(ty: GgmlType) -> bool {
     !matches!(ty, GgmlType::F32 | GgmlType::BF16)
 }
 
 /// Weight rows and threads of one block of `mvt_*` (`MVT_ROWS`, `MVT_WARPS` of
 /// `forward.cu`) and of `mvg_*` (a warp per row, `MVG_WARPS`).
-const MVT_ROWS: usize = 16;
-const MVT_THREADS: u32 = 16 * 32;
-const MVG_ROWS: usize = 4;
-const MVG_THREADS: u32 = MVG_ROWS as u32 * 32;
+pub(crate) const MVT_ROWS: usize = 16;
+pub(crate) const MVT_THREADS: u32 = 16 * 32;
+pub(crate) const MVG_ROWS: usize = 4;
+pub(crate) const MVG_THREADS: u32 = MVG_ROWS as u32 * 32;
 /// Columns of one step of `mvt_*` (MVT_WARPS * 32) and the bytes of `mvt1_*`'s partial
 /// sums (`MVT_PART(1)`), the least dynamic shared memory it takes.
-const MVT_STEP: usize = 512;
-const MVT1_PART: usize = 16 * 4 * 32 * 4;
-const MVT1_MAX_STAGES: usize = 8;
+pub(crate) const MVT_STEP: usize = 512;
+pub(crate) const MVT1_PART: usize = 16 * 4 * 32 * 4;
+pub(crate) const MVT1_MAX_STAGES: usize = 8;
 /// The decode kernel's default staging: three steps of 1536 columns in flight. On the H200
 /// (tg64, `SLUICE_CUDA_MVT1_STAGES` / `SLUICE_CUDA_MVT1_STEP` swept in one call): 30B-A3B
 /// Q4_K 158.1 t/s vs 130.1 with 512-column steps (145.2 for the static 3 x 16 KB buffers
 /// before), GLM-5.2 4-layer cut (Q8_0, IQ2_XXS) 307.9 vs 212.0, Gemma 3 cut 4293 vs 3807;
 /// 2048-column and wider steps were slower on the 30B and the GLM cut (115.6, 200.7) and
 /// about even on the Gemma cut (4321-4340); more stages gained nothing.
-const MVT1_STAGES: usize = 3;
-const MVT1_STEP: usize = 1536;
+pub(crate) const MVT1_STAGES: usize = 3;
+pub(crate) const MVT1_STEP: usize = 1536;
 
 /// How the decode kernel `mvt1_*` stages a matrix's bytes: `stages` steps at once of
 /// `step` columns (a multiple of MVT_STEP; fewer when the matrix has fewer or their bytes
@@ -362,7 +311,7 @@ const MVT1_STEP: usize = 1536;
 /// Never changes a bit (forward.cu: a warp takes the same column groups in the same order
 /// whatever the step).
 #[derive(Debug, Clone, Copy)]
-struct Mvt1Staging {
+pub(crate) struct Mvt1Staging {
     stages: usize,
     step: usize,
     stage_bytes: usize,
@@ -461,34 +410,34 @@ pub(crate) struct Funcs {
 }
 
 /// Routed experts kept in VRAM by (layer, unit) when they are not resident whole.
-struct UnitCache {
+pub(crate) struct UnitCache {
     /// (layer, unit) -> the unit's gate, up and down bytes in one buffer.
-    lru: Lru<(usize, usize), CudaSlice<u8>>,
+    pub(crate) lru: Lru<(usize, usize), CudaSlice<u8>>,
     /// Units of the layer in progress that did not fit the budget next to the layer's
     /// other units (a prefill chunk may use more experts than the cache holds): copied for
     /// this layer only, freed at the next layer (counted as copied per use).
-    transient: Vec<(usize, CudaSlice<u8>)>,
+    pub(crate) transient: Vec<(usize, CudaSlice<u8>)>,
     /// Host copy of the pointer table (rewritten per layer for the units it uses).
-    tab: Vec<u64>,
+    pub(crate) tab: Vec<u64>,
     /// The layer's chunk table built on the host ([`layer_table`]).
-    chunks: Option<CudaSlice<u8>>,
+    pub(crate) chunks: Option<CudaSlice<u8>>,
 }
 
 /// One MoE layer's expert chunks when experts come through the VRAM unit cache: `hit`
 /// chunks (experts already in VRAM) from `table`, then `miss` chunks; the counts at
 /// `counts` (hits), `counts + 4` (misses), `counts + 8` (all).
-struct LayerChunks {
-    table: u64,
-    counts: u64,
-    hit: usize,
-    miss: usize,
+pub(crate) struct LayerChunks {
+    pub(crate) table: u64,
+    pub(crate) counts: u64,
+    pub(crate) hit: usize,
+    pub(crate) miss: usize,
 }
 
 /// Bytes of [`layer_table`]'s header (the counts, padded).
-const LAYER_COUNTS_BYTES: usize = 16;
+pub(crate) const LAYER_COUNTS_BYTES: usize = 16;
 
 /// One `Chunk` of forward.cu: `unit`, the row count, the rows padded to MVG_N with 0.
-fn push_chunk(out: &mut Vec<u8>, unit: usize, rows: &[usize]) {
+pub(crate) fn push_chunk(out: &mut Vec<u8>, unit: usize, rows: &[usize]) {
     debug_assert!(rows.len() <= MVG_N);
     out.extend_from_slice(&(unit as i32).to_le_bytes());
     out.extend_from_slice(&(rows.len() as i32).to_le_bytes());
@@ -499,7 +448,7 @@ fn push_chunk(out: &mut Vec<u8>, unit: usize, rows: &[usize]) {
 
 /// The rows `i` of a layer's (token, slot) pairs grouped by the unit `ids[i]` chose, in
 /// row order; the keys are the units the layer needs, ascending.
-fn rows_by_unit(ids: &[i32]) -> BTreeMap<usize, Vec<usize>> {
+pub(crate) fn rows_by_unit(ids: &[i32]) -> BTreeMap<usize, Vec<usize>> {
     let mut m: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for (i, &u) in ids.iter().enumerate() {
         m.entry(u as usize).or_default().push(i);
@@ -511,7 +460,7 @@ fn rows_by_unit(ids: &[i32]) -> BTreeMap<usize, Vec<usize>> {
 /// misses, all]` (LAYER_COUNTS_BYTES), then the chunks of the `hits` units, then those of
 /// the `misses`, up to MVG_N rows each. Which rows share a chunk never changes a row's
 /// bits (each row is computed the same way in any chunk). Returns (bytes, hit, miss).
-fn layer_table(
+pub(crate) fn layer_table(
     rows_of: &BTreeMap<usize, Vec<usize>>,
     hits: &[usize],
     misses: &[usize],
@@ -537,7 +486,7 @@ fn layer_table(
 
 /// Per-call device buffers, grown as needed (one call at a time: the mutex).
 #[derive(Default)]
-struct Scratch {
+pub(crate) struct Scratch {
     x: Option<CudaSlice<f32>>,
     h: Option<CudaSlice<f32>>,
     q: Option<CudaSlice<f32>>,
@@ -591,7 +540,7 @@ struct Scratch {
 }
 
 /// The device address of `b` after growing it to `len` elements.
-fn addr<T: cudarc::driver::DeviceRepr>(
+pub(crate) fn addr<T: cudarc::driver::DeviceRepr>(
     stream: &Arc<CudaStream>,
     b: &mut Option<CudaSlice<T>>,
     len: usize,
@@ -629,7 +578,7 @@ pub struct GpuKv {
 /// A compressor's state in VRAM: the carry of the last `coff * ratio` positions' kv and
 /// gate products (slot `p % (coff * ratio)`), and every emitted row (f32, rounded to f16
 /// with an f16 cache).
-struct CompKv {
+pub(crate) struct CompKv {
     rc: CudaSlice<f32>,
     rz: CudaSlice<f32>,
     rows: CudaSlice<f32>,
@@ -637,7 +586,7 @@ struct CompKv {
 
 /// One DeepSeek V4 layer's state in VRAM: the ring of the last `window` key rows (slot
 /// `p % window`), the compressor's and the indexer's.
-struct Dsv4Kv {
+pub(crate) struct Dsv4Kv {
     ring: CudaSlice<f32>,
     comp: Option<CompKv>,
     index: Option<CompKv>,
@@ -646,10 +595,10 @@ struct Dsv4Kv {
 /// Device addresses of one layer's [`Dsv4Kv`] (0 where absent): ring, then (carry kv, carry
 /// gate, rows) of the compressor and of the indexer.
 #[derive(Clone, Copy, Default)]
-struct Dsv4Ptrs {
-    ring: u64,
-    comp: [u64; 3],
-    index: [u64; 3],
+pub(crate) struct Dsv4Ptrs {
+    pub(crate) ring: u64,
+    pub(crate) comp: [u64; 3],
+    pub(crate) index: [u64; 3],
 }
 
 impl Dsv4Kv {
@@ -755,7 +704,7 @@ impl ExtraState for GpuKv {
 /// every position and pooled keys of every complete block (with an indexer); a k-pool
 /// indexer's ([`glm5next::pool_state`]); none for the others (DeepSeek V4's is
 /// [`Dsv4Kv`]).
-fn layer_state(
+pub(crate) fn layer_state(
     stream: &Arc<CudaStream>,
     attn: &DAttn,
     n_ctx: usize,
@@ -766,14 +715,11 @@ fn layer_state(
             .map_err(|e| err("attention state", e))
     };
     match attn {
-        DAttn::Mla {
-            select: DSelect::Indexer(ix),
-            ..
-        } => Ok(vec![zeros(n_ctx * ix.head_dim)?]),
-        DAttn::Mla {
-            select: DSelect::Pooled(ix),
-            ..
-        } => glm5next::pool_state(stream, ix, n_ctx),
+        DAttn::Mla(m) => match &m.select {
+            DSelect::Indexer(ix) => Ok(vec![zeros(n_ctx * ix.head_dim)?]),
+            DSelect::Pooled(ix) => glm5next::pool_state(stream, ix, n_ctx),
+            DSelect::All | DSelect::Previous => Ok(Vec::new()),
+        },
         DAttn::Delta(w) => {
             let s = &w.shape;
             Ok(vec![
@@ -795,7 +741,7 @@ fn layer_state(
 
 /// A captured decode step (`CudaGraph` holds raw driver handles, so it is neither `Send`
 /// nor `Sync` by itself).
-struct Graph(cudarc::driver::CudaGraph);
+pub(crate) struct Graph(cudarc::driver::CudaGraph);
 
 // SAFETY: the graph is only touched under `GpuDecoder::graph`'s mutex (launched or
 // dropped by one thread at a time), which is what the driver requires of graph objects;
@@ -806,60 +752,60 @@ unsafe impl Sync for Graph {}
 
 /// A plain decoder's forward pass on one GPU (see the module header).
 pub struct GpuDecoder {
-    d: Arc<Device>,
+    pub(crate) d: Arc<Device>,
     /// The decoder's own stream (the device's default stream cannot be captured).
-    stream: Arc<CudaStream>,
+    pub(crate) stream: Arc<CudaStream>,
     /// Uploads of VRAM expert-cache misses, while the hits' products run on `stream`.
-    copy: Arc<CudaStream>,
+    pub(crate) copy: Arc<CudaStream>,
     /// Captured decode steps, most recent first, keyed by every address their launches
     /// take (scratch buffers, the sequence's KV cache): one per sequence a server
     /// interleaves, up to [`GRAPHS_KEPT`].
-    graph: Mutex<Vec<(Vec<u64>, Graph)>>,
+    pub(crate) graph: Mutex<Vec<(Vec<u64>, Graph)>>,
     /// Whether decode steps are captured and replayed (`SLUICE_CUDA_GRAPHS=0`: never;
     /// turned off if a capture fails).
-    graphs: std::sync::atomic::AtomicBool,
+    pub(crate) graphs: std::sync::atomic::AtomicBool,
     /// The decode kernel's staging.
-    mvt1: Mvt1Staging,
+    pub(crate) mvt1: Mvt1Staging,
     /// The plan's MLA layers' shape (`DecoderPlan::mla_shape`; checked to be every one's),
     /// or its pooled layers' absorbed view.
-    mla: Option<MlaShape>,
+    pub(crate) mla: Option<MlaShape>,
     /// Column segments of the hyper-connection projections.
-    hc_nseg: usize,
+    pub(crate) hc_nseg: usize,
     /// The plan's DeepSeek V4 layers' shape (checked to be every one's).
-    dsv4: Option<Dsv4Shape>,
+    pub(crate) dsv4: Option<Dsv4Shape>,
     /// The hyper-connection residual's shape and head mix (None: the streams' mean).
-    hyper: Option<(HcShape, Option<DHc>)>,
+    pub(crate) hyper: Option<(HcShape, Option<DHc>)>,
     /// The low-rank residual's output mixer (its stream count is `next_dims.streams`).
-    lowrank: Option<DMix>,
+    pub(crate) lowrank: Option<DMix>,
     /// Whether some layer keeps state that only continues or restarts at position 0
     /// (DeepSeek V4's windows, DeltaNet's recurrence, the PLE convolution).
-    sequential: bool,
-    index_dims: IndexDims,
-    next_dims: NextDims,
-    plan: DecoderPlan,
+    pub(crate) sequential: bool,
+    pub(crate) index_dims: IndexDims,
+    pub(crate) next_dims: NextDims,
+    pub(crate) plan: DecoderPlan,
     pub(crate) f: Funcs,
-    layers: Vec<DLayer>,
-    embd: DMat,
-    embd_ptr: u64,
-    output_norm: u64,
-    output: DMat,
+    pub(crate) layers: Vec<DLayer>,
+    pub(crate) embd: DMat,
+    pub(crate) embd_ptr: u64,
+    pub(crate) output_norm: u64,
+    pub(crate) output: DMat,
     /// Pointer table: one entry per dense matrix, `n_expert` per routed part (written
     /// again per layer for cached experts).
-    ptrs: Mutex<CudaSlice<u64>>,
+    pub(crate) ptrs: Mutex<CudaSlice<u64>>,
     /// The table's device address (entry i at `ptrs_base + 8 i`).
-    ptrs_base: u64,
+    pub(crate) ptrs_base: u64,
     /// Experts not resident whole: the VRAM unit cache.
-    units: Option<Mutex<UnitCache>>,
+    pub(crate) units: Option<Mutex<UnitCache>>,
     /// Largest FFN width (dense) and routed-expert width.
-    ff_dense: usize,
-    ff_moe: usize,
-    k_max: usize,
-    n_expert_max: usize,
-    scratch: Mutex<Scratch>,
+    pub(crate) ff_dense: usize,
+    pub(crate) ff_moe: usize,
+    pub(crate) k_max: usize,
+    pub(crate) n_expert_max: usize,
+    pub(crate) scratch: Mutex<Scratch>,
     /// Device memory the weights took (statistics).
     pub weight_bytes: u64,
-    _owned: Vec<CudaSlice<u8>>,
-    _norms: Vec<CudaSlice<f32>>,
+    pub(crate) _owned: Vec<CudaSlice<u8>>,
+    pub(crate) _norms: Vec<CudaSlice<f32>>,
 }
 
 /// Where routed experts live on the GPU.
@@ -873,7 +819,7 @@ pub enum ExpertPlacement {
 }
 
 /// `glu_act`'s activation id and clamp limit.
-fn act_id(a: Activation) -> Act {
+pub(crate) fn act_id(a: Activation) -> Act {
     match a {
         Activation::Silu => (0, 0.0),
         Activation::GeluTanh => (1, 0.0),
@@ -882,7 +828,7 @@ fn act_id(a: Activation) -> Act {
 }
 
 /// What `topk_route` takes of a router.
-struct RouterKind<'a> {
+pub(crate) struct RouterKind<'a> {
     /// Score function id (0 softmax, 1 sigmoid, 2 sqrt-softplus).
     score: i32,
     bias: Option<&'a [f32]>,
@@ -892,7 +838,7 @@ struct RouterKind<'a> {
     table: Option<&'a [u32]>,
 }
 
-fn router_kind(r: &Router) -> RouterKind<'_> {
+pub(crate) fn router_kind(r: &Router) -> RouterKind<'_> {
     let score = |f: ScoreFn| match f {
         ScoreFn::Softmax => 0,
         ScoreFn::Sigmoid => 1,
@@ -936,7 +882,7 @@ fn router_kind(r: &Router) -> RouterKind<'_> {
 /// Per-token widths of the compressor and indexer scratch, the widest over the layers
 /// (found once, when the decoder is built).
 #[derive(Debug, Clone, Copy)]
-struct IndexDims {
+pub(crate) struct IndexDims {
     /// A DeepSeek V4 compressor's and its indexer compressor's products (`coff * head_dim`).
     comp_w: usize,
     idx_w: usize,
@@ -963,14 +909,15 @@ impl IndexDims {
         };
         for l in layers {
             match &l.attn {
-                DAttn::Mla {
-                    select: DSelect::Indexer(ix),
-                    ..
-                } => d.indexer(ix.n_head, ix.head_dim, ix.top_k, 1, ix.head_dim),
-                DAttn::Mla {
-                    select: DSelect::Pooled(ix),
-                    ..
-                } => d.indexer(ix.n_head, ix.head_dim, ix.keep, ix.kpool, ix.head_dim),
+                DAttn::Mla(m) => match &m.select {
+                    DSelect::Indexer(ix) => {
+                        d.indexer(ix.n_head, ix.head_dim, ix.top_k, 1, ix.head_dim)
+                    }
+                    DSelect::Pooled(ix) => {
+                        d.indexer(ix.n_head, ix.head_dim, ix.keep, ix.kpool, ix.head_dim)
+                    }
+                    DSelect::All | DSelect::Previous => {}
+                },
                 DAttn::Qsa(a) => {
                     let s = &a.shape;
                     if let Some(blocks) = s.budget.checked_div(s.ratio) {
@@ -1010,17 +957,17 @@ impl IndexDims {
 /// Most residual streams, widest compressed row, most indexer query values and widest
 /// DeepSeek V4 head the kernels take (`HC_MAX`, `2 * DSV4_PAIRS * 256`, `IDX_MAX_Q`,
 /// `ATT_MAX_V` of forward.cu).
-const HC_MAX: usize = 8;
+pub(crate) const HC_MAX: usize = 8;
 /// The most dynamic shared memory a block of any GPU this backend runs on may opt in to
 /// (Hopper's 227 KiB); the device's own limit is checked again when the decoder is built.
-const SMEM_OPTIN_MAX: usize = 227 * 1024;
-const DSV4_MAX_COMP: usize = 1024;
-const IDX_MAX_Q: usize = 8192;
+pub(crate) const SMEM_OPTIN_MAX: usize = 227 * 1024;
+pub(crate) const DSV4_MAX_COMP: usize = 1024;
+pub(crate) const IDX_MAX_Q: usize = 8192;
 
 /// Column segments a hyper-connection projection of `cols` columns of `ty` is split into:
 /// the most of 32, 16, .. 2 whose segments are whole multiples of the decode kernel's step
 /// (MVT_STEP columns) and of the format's blocks; 1 (no split) otherwise.
-fn hc_segments(ty: GgmlType, cols: usize) -> usize {
+pub(crate) fn hc_segments(ty: GgmlType, cols: usize) -> usize {
     let Some(row) = ty.row_bytes(cols as u64) else {
         return 1;
     };
@@ -1035,7 +982,7 @@ fn hc_segments(ty: GgmlType, cols: usize) -> usize {
 }
 
 /// Why DeepSeek V4 attention layer `il` does not fit the kernels, if it does not.
-fn check_dsv4(
+pub(crate) fn check_dsv4(
     il: usize,
     w: &sluice_models::blocks::dsv4_attention::Dsv4AttnWeights,
     s: &Dsv4Shape,
@@ -1573,12 +1520,12 @@ impl GpuDecoder {
             let ffn = match &l.ffn {
                 PlanFfn::Dense { w, act } => {
                     ff_dense = ff_dense.max(w.gate.rows);
-                    DFfn::Dense {
+                    DFfn::Dense(DenseFfn {
                         gate: up.mat(&w.gate)?,
                         up: up.mat(&w.up)?,
                         down: up.mat(&w.down)?,
                         act: act_id(*act),
-                    }
+                    })
                 }
                 PlanFfn::Moe {
                     moe,
@@ -1615,7 +1562,7 @@ impl GpuDecoder {
                     let shared = match shared {
                         Some(sh) => {
                             ff_dense = ff_dense.max(sh.w.gate.rows);
-                            Some(Box::new(DShared {
+                            Some(Box::new(moe::DShared {
                                 gate: up.mat(&sh.w.gate)?,
                                 up: up.mat(&sh.w.up)?,
                                 down: up.mat(&sh.w.down)?,
@@ -1636,7 +1583,7 @@ impl GpuDecoder {
                         }
                         None => 0,
                     };
-                    DFfn::Moe {
+                    DFfn::Moe(Box::new(Moe {
                         router,
                         norm: rk.norm,
                         score: rk.score,
@@ -1649,7 +1596,7 @@ impl GpuDecoder {
                         parts: [parts[0], parts[1], parts[2]],
                         tab_index,
                         act: act_id(*act),
-                    }
+                    }))
                 }
             };
             let attn = match &l.attn {
@@ -1657,7 +1604,7 @@ impl GpuDecoder {
                     w: a,
                     inv_freq,
                     window,
-                } => DAttn::Gqa {
+                } => DAttn::Gqa(Gqa {
                     wq: up.mat(&a.wq)?,
                     wk: up.mat(&a.wk)?,
                     wv: up.mat(&a.wv)?,
@@ -1666,10 +1613,10 @@ impl GpuDecoder {
                     k_norm: up.opt_norm(&a.k_norm)?,
                     inv_freq: up.norm(inv_freq)?,
                     window: window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
-                },
+                }),
                 PlanAttn::Kda { w, shape } => DAttn::Kda(Box::new(up.kda(w, shape)?)),
                 // Absorbed MLA without RoPE over the positions its k-pool indexer picks.
-                PlanAttn::Pooled { w, shape } => DAttn::Mla {
+                PlanAttn::Pooled { w, shape } => DAttn::Mla(Box::new(Mla {
                     select: match &w.indexer {
                         Some(ix) => DSelect::Pooled(Box::new(up.pool(ix, shape)?)),
                         None => DSelect::Previous,
@@ -1684,7 +1631,7 @@ impl GpuDecoder {
                     out: up.mat(&w.out)?,
                     // (No RoPE: never read.)
                     inv_freq: up.norm(&[0.0])?,
-                },
+                })),
                 PlanAttn::Delta { w, shape } => DAttn::Delta(Box::new(up.delta(w, shape)?)),
                 PlanAttn::Qsa { w, shape, inv_freq } => {
                     DAttn::Qsa(Box::new(up.qsa(w, shape, inv_freq)?))
@@ -1745,7 +1692,7 @@ impl GpuDecoder {
                             proj: up.mat(&ix.proj)?,
                         })),
                     };
-                    DAttn::Mla {
+                    DAttn::Mla(Box::new(Mla {
                         select,
                         q_a: up.mat(&w.q_a)?,
                         q_a_norm: up.norm(&w.q_a_norm)?,
@@ -1756,7 +1703,7 @@ impl GpuDecoder {
                         v_b: up.heads(&w.v_b, nh)?,
                         out: up.mat(&w.out)?,
                         inv_freq: up.norm(&w.inv_freq)?,
-                    }
+                    }))
                 }
             };
             let hc = match &l.hc {
@@ -1875,7 +1822,7 @@ impl GpuDecoder {
     /// their rows of the pointer table are written. The caller queues the misses' products
     /// after this returns (the copies are done by then).
     #[allow(clippy::too_many_arguments)]
-    fn ensure_units(
+    pub(crate) fn ensure_units(
         &self,
         env: &Env<'_>,
         il: usize,
@@ -2044,7 +1991,7 @@ impl GpuDecoder {
 }
 
 /// Uploads weights at start and keeps their device buffers and the host pointer table.
-struct Uploader<'m> {
+pub(crate) struct Uploader<'m> {
     stream: Arc<CudaStream>,
     map: &'m [u8],
     owned: Vec<CudaSlice<u8>>,
@@ -2180,8 +2127,87 @@ pub(crate) enum A {
     L(i64),
 }
 
-fn i32_of(v: usize, what: &str) -> Result<i32, ModelError> {
+pub(crate) fn i32_of(v: usize, what: &str) -> Result<i32, ModelError> {
     i32::try_from(v).map_err(|_| ModelError::Compute(format!("cuda: {what} {v} is too large")))
+}
+
+/// The addresses and sizes of one forward call that the blocks' launch sequences read
+/// (`GpuDecoder::forward` makes it once per call): the batch (`n` tokens, `tokens` and
+/// `pos` in the header), the call's chunk tables, the scratch buffers, the sequence's
+/// per-layer state addresses.
+#[derive(Clone, Copy)]
+pub(crate) struct Call<'a> {
+    pub(crate) n: usize,
+    pub(crate) e: usize,
+    pub(crate) ei: i32,
+    pub(crate) nh: usize,
+    pub(crate) nkv: usize,
+    pub(crate) hd: usize,
+    pub(crate) kdim: usize,
+    pub(crate) vdim: usize,
+    pub(crate) eps: f32,
+    /// At most 8 tokens (the decode kernel).
+    pub(crate) small: bool,
+    /// The KV cache's type (0 f16, 1 f32).
+    pub(crate) kvt: usize,
+    pub(crate) tokens: u64,
+    pub(crate) pos: u64,
+    /// Every token's rows: the chunk table, its count's address, its chunks.
+    pub(crate) dense: u64,
+    pub(crate) n_dense: u64,
+    pub(crate) nd: usize,
+    pub(crate) dense_rows: Rows,
+    /// The per-head (MLA) or per-group (DeepSeek V4 output) chunks and their unit count.
+    pub(crate) head_chunks: u64,
+    pub(crate) n_headc: u64,
+    pub(crate) heads: usize,
+    pub(crate) h: u64,
+    pub(crate) q: u64,
+    pub(crate) k: u64,
+    pub(crate) v: u64,
+    pub(crate) att: u64,
+    pub(crate) o: u64,
+    pub(crate) qa: u64,
+    pub(crate) qan: u64,
+    pub(crate) kva: u64,
+    pub(crate) qn: u64,
+    pub(crate) qabs: u64,
+    pub(crate) qatt: u64,
+    pub(crate) ov: u64,
+    pub(crate) shb: u64,
+    pub(crate) g: u64,
+    pub(crate) u: u64,
+    pub(crate) rl: u64,
+    pub(crate) ids: u64,
+    pub(crate) wts: u64,
+    pub(crate) dd: u64,
+    pub(crate) chunks: u64,
+    pub(crate) nchunks: u64,
+    pub(crate) cc: u64,
+    pub(crate) cz: u64,
+    pub(crate) ic: u64,
+    pub(crate) iz: u64,
+    pub(crate) iq: u64,
+    pub(crate) wh: u64,
+    pub(crate) ik: u64,
+    pub(crate) scores: u64,
+    pub(crate) stride: usize,
+    pub(crate) idx_tile: usize,
+    pub(crate) selb: u64,
+    pub(crate) nselb: u64,
+    pub(crate) dz: u64,
+    pub(crate) nb: NextBufs,
+    pub(crate) mla: Option<MlaShape>,
+    pub(crate) p: &'a DecoderPlan,
+    pub(crate) stream: &'a Arc<CudaStream>,
+    pub(crate) sc_ids: &'a CudaSlice<i32>,
+    pub(crate) rec_ptrs: &'a [Vec<u64>],
+    pub(crate) dsv4_ptrs: &'a [Dsv4Ptrs],
+}
+
+/// A grid of one block per row.
+pub(crate) fn rows_n(n: usize) -> (u32, u32, u32) {
+    (n as u32, 1, 1)
 }
 
 /// Byte layout of a call's header: tokens, positions, the four chunk counts, the logits'
@@ -2189,7 +2215,7 @@ fn i32_of(v: usize, what: &str) -> Result<i32, ModelError> {
 /// chunks (MLA's heads or DeepSeek V4's output groups; unit h: rows `t * heads + h` of every
 /// token t) and the per-segment chunks of the hyper-connection projections (the same with
 /// `segs` units).
-struct Header {
+pub(crate) struct Header {
     bytes: Vec<u8>,
     tokens: usize,
     pos: usize,
@@ -2202,7 +2228,7 @@ struct Header {
 }
 
 /// Chunks of `units` units per token: unit u takes rows `t * units + u` of every token t.
-fn unit_chunks(out: &mut Vec<u8>, n: usize, units: usize) {
+pub(crate) fn unit_chunks(out: &mut Vec<u8>, n: usize, units: usize) {
     for u in 0..units {
         let of_unit: Vec<usize> = (0..n).map(|t| t * units + u).collect();
         for c in of_unit.chunks(MVG_N) {
@@ -2211,7 +2237,7 @@ fn unit_chunks(out: &mut Vec<u8>, n: usize, units: usize) {
     }
 }
 
-fn chunk_bytes(out: &mut Vec<u8>, n: usize) {
+pub(crate) fn chunk_bytes(out: &mut Vec<u8>, n: usize) {
     let rows: Vec<usize> = (0..n).collect();
     for c in rows.chunks(MVG_N) {
         push_chunk(out, 0, c);
@@ -2319,7 +2345,7 @@ impl GpuDecoder {
 
     /// `out[i] = rms_norm(x[rows ? rows[i] : i]) * w` for `n` rows of `cols`.
     #[allow(clippy::too_many_arguments)]
-    fn rms_norm(
+    pub(crate) fn rms_norm(
         &self,
         x: u64,
         w: u64,
@@ -2343,7 +2369,7 @@ impl GpuDecoder {
     /// `x += post ? rms_norm(o) * post : o`, then `h = rms_norm(x) * next` if `next`
     /// (addresses; 0 = none), for `n` rows.
     #[allow(clippy::too_many_arguments)]
-    fn residual(
+    pub(crate) fn residual(
         &self,
         x: u64,
         o: u64,
@@ -2367,7 +2393,7 @@ impl GpuDecoder {
     }
 
     /// `g = act(g) * u` over `len` values.
-    fn glu(&self, g: u64, u: u64, len: usize, act: Act) -> Result<(), ModelError> {
+    pub(crate) fn glu(&self, g: u64, u: u64, len: usize, act: Act) -> Result<(), ModelError> {
         kernels::GluAct {
             g,
             u,
@@ -2384,7 +2410,7 @@ impl GpuDecoder {
     /// (RMS-normed with `norm` unless 0) and, when `pc` is not 0, post and comb into it for
     /// [`Self::hc_post`].
     #[allow(clippy::too_many_arguments)]
-    fn hc_mix(
+    pub(crate) fn hc_mix(
         &self,
         w: &DHc,
         hs: &HcShape,
@@ -2421,7 +2447,14 @@ impl GpuDecoder {
 
     /// `x[t][dst] = post[dst] y[t] + sum_src comb[src][dst] x[t][src]` (`pc` from
     /// [`Self::hc_mix`]).
-    fn hc_post(&self, hs: &HcShape, x: u64, y: u64, pc: u64, n: usize) -> Result<(), ModelError> {
+    pub(crate) fn hc_post(
+        &self,
+        hs: &HcShape,
+        x: u64,
+        y: u64,
+        pc: u64,
+        n: usize,
+    ) -> Result<(), ModelError> {
         kernels::HcPost {
             x,
             y,
@@ -2435,7 +2468,7 @@ impl GpuDecoder {
     /// Store `n` tokens' key and value rows (`k`, `v`) to the cache rows their positions
     /// name (`kvt`: 0 f16 cache, 1 f32).
     #[allow(clippy::too_many_arguments)]
-    fn kv_store(
+    pub(crate) fn kv_store(
         &self,
         kvt: usize,
         k: u64,
@@ -2465,7 +2498,7 @@ impl GpuDecoder {
     /// `scratch.3` (`[n][top_k]`) and the counts into `scratch.4`, in tiles of `scratch.2`
     /// tokens (the scores buffer holds one tile). A token's scores and choice do not depend
     /// on its tile.
-    fn index_select(
+    pub(crate) fn index_select(
         &self,
         ix: &IndexSelect,
         pos: u64,
@@ -2514,7 +2547,7 @@ impl GpuDecoder {
     /// The carry of the batch's last `slots` tokens (positions at `pos`): rows of `c` (and
     /// `z` unless 0) to slot `position % slots` of `rc` (`rz`).
     #[allow(clippy::too_many_arguments)]
-    fn ring_store(
+    pub(crate) fn ring_store(
         &self,
         c: u64,
         z: u64,
@@ -2542,7 +2575,7 @@ impl GpuDecoder {
     /// (positions `[n][top_k]`, their counts, top_k), the positions each token attends to,
     /// or (0, 0, 0) for all).
     #[allow(clippy::too_many_arguments)]
-    fn attention(
+    pub(crate) fn attention(
         &self,
         kvt: usize,
         q: u64,
@@ -2580,7 +2613,7 @@ impl GpuDecoder {
     /// `chunks` (`grid_y` blocks in y, the count at `nchunks`). Consecutive matrices of the
     /// same format and shape (q, k and v; gate and up) share a launch, up to three.
     #[allow(clippy::too_many_arguments)]
-    fn mv(
+    pub(crate) fn mv(
         &self,
         parts: &[(&DMat, u64)],
         chunks: u64,
@@ -2653,7 +2686,12 @@ impl GpuDecoder {
 
     /// `y = W x` for every `(W, y)` of `parts` over the rows `rows` names ([`Self::mv`] with
     /// one row of X per output row).
-    fn mv_rows(&self, parts: &[(&DMat, u64)], rows: Rows, x: u64) -> Result<(), ModelError> {
+    pub(crate) fn mv_rows(
+        &self,
+        parts: &[(&DMat, u64)],
+        rows: Rows,
+        x: u64,
+    ) -> Result<(), ModelError> {
         self.mv(parts, rows.table, rows.count, rows.chunks, x, 1, rows.small)
     }
 
@@ -2974,7 +3012,6 @@ impl DeviceForward for GpuDecoder {
         }
         let eps = sh.rms_eps;
         let ei = i32_of(e, "n_embd")?;
-        let rows_n = |n: usize| (n as u32, 1u32, 1u32);
         // At most 8 tokens: every chunk has at most 8 rows (a token picks an expert once).
         let small = n <= 8;
 
@@ -3000,6 +3037,70 @@ impl DeviceForward for GpuDecoder {
             iq,
             ik,
             index: (scores, stride, idx_tile, selb, nselb),
+        };
+        let call = Call {
+            n,
+            e,
+            ei,
+            nh,
+            nkv,
+            hd,
+            kdim,
+            vdim,
+            eps,
+            small,
+            kvt,
+            tokens,
+            pos,
+            dense,
+            n_dense,
+            nd,
+            dense_rows,
+            head_chunks,
+            n_headc,
+            heads,
+            h,
+            q,
+            k,
+            v,
+            att,
+            o,
+            qa,
+            qan,
+            kva,
+            qn,
+            qabs,
+            qatt,
+            ov,
+            shb,
+            g,
+            u,
+            rl,
+            ids,
+            wts,
+            dd,
+            chunks,
+            nchunks,
+            cc,
+            cz,
+            ic,
+            iz,
+            iq,
+            wh,
+            ik,
+            scores,
+            stride,
+            idx_tile,
+            selb,
+            nselb,
+            dz,
+            nb,
+            mla,
+            p,
+            stream: &stream,
+            sc_ids,
+            rec_ptrs: &rec_ptrs,
+            dsv4_ptrs: &dsv4_ptrs,
         };
         let run = || -> Result<(), ModelError> {
             // With hyper-connections the embedding goes to `o`, then into every stream.
@@ -3046,284 +3147,9 @@ impl DeviceForward for GpuDecoder {
                     self.lr_mixer(&mx[0], n_hc, x, h, &nb, rows, n, eps)?;
                 }
                 let wo = match &l.attn {
-                    DAttn::Gqa {
-                        wq,
-                        wk,
-                        wv,
-                        wo,
-                        q_norm,
-                        k_norm,
-                        inv_freq,
-                        window,
-                    } => {
-                        self.mv(
-                            &[(wq, q), (wk, k), (wv, v)],
-                            dense,
-                            n_dense,
-                            nd,
-                            h,
-                            1,
-                            small,
-                        )?;
-                        kernels::QkNormRope {
-                            q,
-                            k,
-                            qn: *q_norm,
-                            kn: *k_norm,
-                            pos,
-                            inv_freq: *inv_freq,
-                            nh: nh as i32,
-                            nkv: nkv as i32,
-                            hd: hd as i32,
-                            eps,
-                        }
-                        .launch(self, (n as u32, (nh + nkv) as u32, 1))?;
-                        self.kv_store(kvt, k, v, kc, vc, pos, n, kdim, vdim)?;
-                        self.attention(kvt, q, kc, vc, att, pos, n, *window, (0, 0, 0))?;
-                        (wo, att)
-                    }
-                    DAttn::Mla {
-                        q_a,
-                        q_a_norm,
-                        q_b,
-                        kv_a,
-                        kv_a_norm,
-                        k_b,
-                        v_b,
-                        out,
-                        inv_freq,
-                        select,
-                    } => {
-                        let m = mla.as_ref().expect("checked: MLA layers have a shape");
-                        let (nope, rope, kl) = (m.nope as i32, m.rope as i32, m.kv_lora as i32);
-                        let heads_grid = (n as u32, m.n_head as u32, 1);
-                        let mut from_h: Vec<(&DMat, u64)> = vec![(q_a, qa), (kv_a, kva)];
-                        let mut from_q: Vec<(&DMat, u64)> = vec![(q_b, q)];
-                        if let DSelect::Indexer(ix) = select {
-                            from_h.extend([(&ix.k, ik), (&ix.proj, wh)]);
-                            from_q.push((&ix.q_b, iq));
-                        }
-                        if let DSelect::Pooled(ix) = select {
-                            from_h.extend([(&ix.k, ik), (&ix.gate, nb.pg), (&ix.proj, wh)]);
-                            from_q.push((ix.q_b(), iq));
-                        }
-                        self.mv(&from_h, dense, n_dense, nd, h, 1, small)?;
-                        self.rms_norm(qa, *q_a_norm, qan, 0, n, m.q_lora, eps)?;
-                        self.mv(&from_q, dense, n_dense, nd, qan, 1, small)?;
-                        if let DSelect::Indexer(ix) = select {
-                            // GLM's DSA indexer: its queries and this batch's keys roped on
-                            // their first dims, every visible position scored, the top-k.
-                            let keys = rec_ptrs[il][0];
-                            let (ih, id) = (ix.n_head as i32, ix.head_dim as i32);
-                            kernels::Dsv4Heads {
-                                x: iq,
-                                pos,
-                                inv_freq: *inv_freq,
-                                n_heads: ih,
-                                hd: id,
-                                n_rot: rope,
-                                flags: 4,
-                                eps,
-                            }
-                            .launch(self, (n as u32, ix.n_head as u32, 1))?;
-                            kernels::DsaKeyPrep {
-                                ik,
-                                w: ix.k_norm,
-                                b: ix.k_norm_bias,
-                                pos,
-                                inv_freq: *inv_freq,
-                                keys,
-                                d: id,
-                                n_rot: rope,
-                                eps: ix.k_norm_eps,
-                            }
-                            .launch(self, rows_n(n))?;
-                            let ix_sel = IndexSelect {
-                                iq,
-                                wh,
-                                n_head: ix.n_head,
-                                head_dim: ix.head_dim,
-                                rows: keys,
-                                ratio: 1,
-                                top_k: ix.top_k,
-                            };
-                            let scratch = (scores, stride, idx_tile, selb, nselb);
-                            self.index_select(&ix_sel, pos, scratch, n)?;
-                            mla_sel = (selb, nselb, ix.top_k);
-                        }
-                        if let DSelect::Pooled(ix) = select {
-                            // GLM-5.3-Flash's k-pool indexer: keys, gates and pools, the
-                            // pools' top-k, their positions and the tail.
-                            let bufs = glm5next::PoolBufs {
-                                iq,
-                                wh,
-                                ik,
-                                gt: nb.pg,
-                                index: (scores, stride, idx_tile, selb, nselb),
-                            };
-                            let st = &rec_ptrs[il];
-                            mla_sel = self.pool_select(ix, st, pos, &bufs, &nb, kvt == 0, n)?;
-                        }
-                        kernels::MlaKvPrep {
-                            kva,
-                            norm: *kv_a_norm,
-                            pos,
-                            inv_freq: *inv_freq,
-                            k,
-                            v,
-                            kl,
-                            rope,
-                            eps,
-                        }
-                        .launch(self, rows_n(n))?;
-                        self.kv_store(kvt, k, v, kc, vc, pos, n, kdim, vdim)?;
-                        kernels::MlaQSplit {
-                            q,
-                            qn,
-                            nh: m.n_head as i32,
-                            nope,
-                            rope,
-                        }
-                        .launch(self, heads_grid)?;
-                        let gy = heads * nd;
-                        self.mv(&[(k_b, qabs)], head_chunks, n_headc, gy, qn, 1, small)?;
-                        kernels::MlaQJoin {
-                            qabs,
-                            q,
-                            pos,
-                            inv_freq: *inv_freq,
-                            qatt,
-                            nh: m.n_head as i32,
-                            nope,
-                            rope,
-                            kl,
-                        }
-                        .launch(self, heads_grid)?;
-                        let sel = match select {
-                            DSelect::All => (0, 0, 0),
-                            DSelect::Indexer(_) | DSelect::Pooled(_) | DSelect::Previous => mla_sel,
-                        };
-                        self.attention(kvt, qatt, kc, vc, att, pos, n, 0, sel)?;
-                        self.mv(&[(v_b, ov)], head_chunks, n_headc, gy, att, 1, small)?;
-                        (out, ov)
-                    }
-                    DAttn::Dsv4(a) => {
-                        let s = self
-                            .dsv4
-                            .as_ref()
-                            .expect("checked: DeepSeek V4 has a shape");
-                        let dp = dsv4_ptrs[il];
-                        let nrot = s.n_rot as i32;
-                        let round = i32::from(kvt == 0);
-                        // Every product of the normed input.
-                        let mut from_h: Vec<(&DMat, u64)> = vec![(&a.q_a, qa), (&a.kv, k)];
-                        if let Some(c) = &a.comp {
-                            from_h.extend([(&c.kv, cc), (&c.gate, cz)]);
-                        }
-                        if let Some(ix) = &a.indexer {
-                            from_h.extend([(&ix.proj, wh), (&ix.comp.kv, ic), (&ix.comp.gate, iz)]);
-                        }
-                        self.mv(&from_h, dense, n_dense, nd, h, 1, small)?;
-                        self.rms_norm(qa, a.q_a_norm, qan, 0, n, s.q_lora, eps)?;
-                        let mut from_q: Vec<(&DMat, u64)> = vec![(&a.q_b, q)];
-                        if let Some(ix) = &a.indexer {
-                            from_q.push((&ix.q_b, iq));
-                        }
-                        self.mv(&from_q, dense, n_dense, nd, qan, 1, small)?;
-                        let heads =
-                            |buf: u64, n_heads: usize, dim: usize, freq: u64, flags: i32| {
-                                kernels::Dsv4Heads {
-                                    x: buf,
-                                    pos,
-                                    inv_freq: freq,
-                                    n_heads: n_heads as i32,
-                                    hd: dim as i32,
-                                    n_rot: nrot,
-                                    flags,
-                                    eps,
-                                }
-                                .launch(self, (n as u32, n_heads as u32, 1))
-                            };
-                        heads(q, s.n_head, s.head_dim, a.rope, 1)?;
-                        kernels::Dsv4KvPrep {
-                            kv: k,
-                            norm: a.kv_norm,
-                            pos,
-                            inv_freq: a.rope,
-                            hd: s.head_dim as i32,
-                            n_rot: nrot,
-                            round,
-                            eps,
-                        }
-                        .launch(self, rows_n(n))?;
-                        let compress = |c: &DComp, cb: u64, zb: u64, st: [u64; 3]| {
-                            kernels::Dsv4Compress {
-                                c: cb,
-                                z: zb,
-                                rc: st[0],
-                                rz: st[1],
-                                ape: c.ape,
-                                norm: c.norm,
-                                pos,
-                                inv_freq: a.rope_compress,
-                                rows: st[2],
-                                ratio: c.ratio as i32,
-                                hd: c.head_dim as i32,
-                                coff: c.coff as i32,
-                                n_rot: nrot,
-                                round,
-                                eps,
-                            }
-                            .launch(self, rows_n(n))?;
-                            let width = c.coff * c.head_dim;
-                            self.ring_store(cb, zb, st[0], st[1], pos, width, c.coff * c.ratio, n)
-                        };
-                        if let Some(c) = &a.comp {
-                            compress(c, cc, cz, dp.comp)?;
-                        }
-                        let (mut sel, mut nsel, mut top) = (0, 0, 0);
-                        if let Some(ix) = &a.indexer {
-                            heads(iq, ix.n_head, ix.head_dim, a.rope_compress, 0)?;
-                            compress(&ix.comp, ic, iz, dp.index)?;
-                            let ix_sel = IndexSelect {
-                                iq,
-                                wh,
-                                n_head: ix.n_head,
-                                head_dim: ix.head_dim,
-                                rows: dp.index[2],
-                                ratio: ix.comp.ratio,
-                                top_k: ix.top_k,
-                            };
-                            let scratch = (scores, stride, idx_tile, selb, nselb);
-                            self.index_select(&ix_sel, pos, scratch, n)?;
-                            (sel, nsel, top) = (selb, nselb, ix.top_k);
-                        }
-                        let ratio = a.comp.as_ref().map_or(0, |c| c.ratio);
-                        kernels::Dsv4Attention {
-                            q,
-                            kb: k,
-                            ring: dp.ring,
-                            rows: dp.comp[2],
-                            sel,
-                            nsel,
-                            sinks: a.sinks,
-                            out: att,
-                            pos,
-                            nh: s.n_head as i32,
-                            hd: s.head_dim as i32,
-                            window: i32_of(s.window, "window")?,
-                            ratio: ratio as i32,
-                            top_k: top as i32,
-                            scale: sh.scale,
-                        }
-                        .launch(self, (n as u32, s.n_head as u32, 1))?;
-                        // The window's ring after every read of it.
-                        self.ring_store(k, 0, dp.ring, 0, pos, s.head_dim, s.window, n)?;
-                        heads(att, s.n_head, s.head_dim, a.rope, 2)?;
-                        let gy = s.o_groups * nd;
-                        self.mv(&[(&a.out_a, dz)], head_chunks, n_headc, gy, att, 1, small)?;
-                        (&a.out_b, dz)
-                    }
+                    DAttn::Gqa(w) => self.gqa(w, &call, (kc, vc))?,
+                    DAttn::Mla(w) => self.mla(w, il, &call, (kc, vc), &mut mla_sel)?,
+                    DAttn::Dsv4(a) => self.dsv4(a, il, &call)?,
                     DAttn::Delta(w) => {
                         let st = &rec_ptrs[il];
                         self.delta(w, (st[0], st[1]), pos, h, &nb, dense_rows, n)?;
@@ -3355,135 +3181,8 @@ impl DeviceForward for GpuDecoder {
                 }
                 // Feed-forward.
                 match &l.ffn {
-                    DFfn::Dense {
-                        gate,
-                        up,
-                        down,
-                        act,
-                    } => {
-                        self.mv(&[(gate, g), (up, u)], dense, n_dense, nd, h, 1, small)?;
-                        let len = n * gate.rows;
-                        self.glu(g, u, len, *act)?;
-                        self.mv(&[(down, o)], dense, n_dense, nd, g, 1, small)?;
-                    }
-                    DFfn::Moe {
-                        router,
-                        norm,
-                        score,
-                        bias,
-                        scale,
-                        table,
-                        shared,
-                        n_expert,
-                        k: top,
-                        parts,
-                        tab_index,
-                        act,
-                    } => {
-                        let (ne, kk) = (*n_expert, *top);
-                        self.mv(&[(router, rl)], dense, n_dense, nd, h, 1, small)?;
-                        kernels::TopkRoute {
-                            logits: rl,
-                            bias: *bias,
-                            n_expert: ne as i32,
-                            k: kk as i32,
-                            score: *score,
-                            norm: *norm as i32,
-                            scale: *scale,
-                            ids,
-                            wts,
-                            table: *table,
-                            tokens,
-                        }
-                        .launch(self, rows_n(n))?;
-                        let np = n * kk;
-                        if self.units.is_some() || env.routing.is_some() {
-                            host_ids.resize(np, 0);
-                            stream
-                                .memcpy_dtoh(&sc_ids.slice(0..np), &mut host_ids[..])
-                                .map_err(|e| err("expert ids", e))?;
-                            stream.synchronize().map_err(|e| err("expert ids", e))?;
-                            if let Some(rec) = env.routing {
-                                let v: Vec<u32> = host_ids.iter().map(|&i| i as u32).collect();
-                                lock(rec)
-                                    .record_layer(il as u32, &v)
-                                    .map_err(sluice_tier::StreamError::from)?;
-                            }
-                        }
-                        // The shared expert before the routed products (into `shb`; g and u
-                        // are free until those), added by moe_combine after the routed sum.
-                        // Queued after the expert ids' download, so with the VRAM unit cache
-                        // it runs while the misses are read.
-                        if let Some(sh) = shared {
-                            let gu = [(&sh.gate, g), (&sh.up, u)];
-                            self.mv(&gu, dense, n_dense, nd, h, 1, small)?;
-                            self.glu(g, u, n * sh.gate.rows, sh.act)?;
-                            self.mv(&[(&sh.down, shb)], dense, n_dense, nd, g, 1, small)?;
-                            if let Some(sg) = &sh.scale {
-                                self.few(sg, h, nb.sg, dense_rows, n)?;
-                            }
-                        }
-                        let len = np * parts[0].rows;
-                        if self.units.is_some() {
-                            // Hits first: their gate / up products run while the misses
-                            // are read and copied; then the misses', then down for all.
-                            let PlanFfn::Moe { experts, .. } = &p.layers[il].ffn else {
-                                unreachable!("the plan's layer kinds match")
-                            };
-                            let gate_up = |table: u64, count: u64, chunks: usize| {
-                                let gu = [(&parts[0], g), (&parts[1], u)];
-                                self.mv(&gu, table, count, chunks, h, kk, small)
-                            };
-                            let lc = self.ensure_units(
-                                env,
-                                il,
-                                &host_ids,
-                                experts,
-                                ne,
-                                *tab_index,
-                                &mut |lc| gate_up(lc.table, lc.counts, lc.hit),
-                            )?;
-                            let miss_table = lc.table + (lc.hit * CHUNK_BYTES) as u64;
-                            gate_up(miss_table, lc.counts + 4, lc.miss)?;
-                            self.glu(g, u, len, *act)?;
-                            self.mv(
-                                &[(&parts[2], dd)],
-                                lc.table,
-                                lc.counts + 8,
-                                lc.hit + lc.miss,
-                                g,
-                                1,
-                                small,
-                            )?;
-                        } else {
-                            kernels::MoeChunks {
-                                gids: ids,
-                                n_pairs: np as i32,
-                                n_expert: ne as i32,
-                                chunks,
-                                n_chunks: nchunks,
-                            }
-                            .launch(self, (1, 1, 1))?;
-                            let gy = np / MVG_N + ne.min(np);
-                            let gu = [(&parts[0], g), (&parts[1], u)];
-                            self.mv(&gu, chunks, nchunks, gy, h, kk, small)?;
-                            self.glu(g, u, len, *act)?;
-                            self.mv(&[(&parts[2], dd)], chunks, nchunks, gy, g, 1, small)?;
-                        }
-                        let sh_or_null = if shared.is_some() { shb } else { 0 };
-                        let gated = shared.as_ref().is_some_and(|sh| sh.scale.is_some());
-                        let sg_or_null = if gated { nb.sg } else { 0 };
-                        kernels::MoeCombine {
-                            d: dd,
-                            wts,
-                            sh: sh_or_null,
-                            sg: sg_or_null,
-                            o,
-                            k: kk as i32,
-                            cols: ei,
-                        }
-                        .launch(self, (n as u32, e.div_ceil(256) as u32, 1))?;
-                    }
+                    DFfn::Dense(w) => self.dense_ffn(w, &call)?,
+                    DFfn::Moe(w) => self.moe(w, il, &call, env, &mut host_ids)?,
                 }
                 if let (Some(_), Some(hs)) = (&l.hc, &hs) {
                     self.hc_post(hs, x, o, hcpc, n)?;

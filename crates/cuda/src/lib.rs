@@ -36,6 +36,7 @@
 //! stays on the CPU; [`forward::GpuDecoder`] runs the whole pass on the GPU instead for
 //! architectures that describe themselves as a `sluice_models::plan::DecoderPlan`.
 
+mod blocks;
 pub mod forward;
 mod kernels;
 mod lru;

@@ -25,7 +25,7 @@ use super::qwen4exp::{gdn_smem, DFew, NextBufs, Rows};
 use super::{err, i32_of, kernel_format, DMat, GpuDecoder, IndexSelect, Uploader, IDX_MAX_Q};
 
 /// Kimi delta attention of one layer in VRAM (`kda::KdaWeights`).
-pub(super) struct DKda {
+pub(crate) struct DKda {
     q: DMat,
     k: DMat,
     v: DMat,
@@ -44,7 +44,7 @@ pub(super) struct DKda {
 }
 
 /// The k-pool indexer of a full pooled layer in VRAM (`mla_pooled::PooledIndexer`).
-pub(super) struct DPool {
+pub(crate) struct DPool {
     q_b: DMat,
     pub k: DMat,
     k_norm: u64,
@@ -63,18 +63,18 @@ pub(super) struct DPool {
 }
 
 impl DPool {
-    pub(super) fn q_b(&self) -> &DMat {
+    pub(crate) fn q_b(&self) -> &DMat {
         &self.q_b
     }
 
     /// Positions a token may attend to at most (its pools and the tail).
-    pub(super) fn positions(&self) -> usize {
+    pub(crate) fn positions(&self) -> usize {
         self.keep * self.kpool + self.kpool - 1
     }
 }
 
 impl Uploader<'_> {
-    pub(super) fn kda(&mut self, w: &KdaWeights, shape: &KdaShape) -> Result<DKda, String> {
+    pub(crate) fn kda(&mut self, w: &KdaWeights, shape: &KdaShape) -> Result<DKda, String> {
         Ok(DKda {
             q: self.mat(&w.q)?,
             k: self.mat(&w.k)?,
@@ -97,7 +97,7 @@ impl Uploader<'_> {
         })
     }
 
-    pub(super) fn pool(&mut self, ix: &PooledIndexer, sh: &PooledShape) -> Result<DPool, String> {
+    pub(crate) fn pool(&mut self, ix: &PooledIndexer, sh: &PooledShape) -> Result<DPool, String> {
         Ok(DPool {
             q_b: self.mat(&ix.q_b)?,
             k: self.mat(&ix.k)?,
@@ -117,7 +117,7 @@ impl Uploader<'_> {
 
     /// Upload a per-head stacked tensor (`k_b`, `v_b` of a pooled layer) and give each
     /// head a pointer-table entry (consecutive); the result's rows are one head's.
-    pub(super) fn stacked_heads(&mut self, s: &Stacked) -> Result<DMat, String> {
+    pub(crate) fn stacked_heads(&mut self, s: &Stacked) -> Result<DMat, String> {
         let base = self.bytes(&self.map[s.range.clone()])?;
         let first = self.tab.len();
         for h in 0..s.n_expert {
@@ -136,7 +136,7 @@ impl Uploader<'_> {
 
 /// A KDA layer as the delta-rule kernel sees it: a DeltaNet of as many key as value heads,
 /// square, with the sigmoid-gated output norm.
-pub(super) fn delta_shape(s: &KdaShape) -> DeltaShape {
+pub(crate) fn delta_shape(s: &KdaShape) -> DeltaShape {
     DeltaShape {
         n_k_heads: s.n_head,
         n_v_heads: s.n_head,
@@ -150,7 +150,7 @@ pub(super) fn delta_shape(s: &KdaShape) -> DeltaShape {
 
 /// A pooled layer's attention as the absorbed-MLA kernels see it: latent rows of
 /// `kv_lora` values without a RoPE part.
-pub(super) fn pooled_mla_shape(s: &PooledShape) -> MlaShape {
+pub(crate) fn pooled_mla_shape(s: &PooledShape) -> MlaShape {
     MlaShape {
         n_head: s.n_head,
         q_lora: s.q_lora,
@@ -164,7 +164,7 @@ pub(super) fn pooled_mla_shape(s: &PooledShape) -> MlaShape {
 }
 
 /// The shapes these kernels assume, for `GpuDecoder::check` (the reason when not).
-pub(super) fn check(plan: &DecoderPlan, smem: usize) -> Result<(), String> {
+pub(crate) fn check(plan: &DecoderPlan, smem: usize) -> Result<(), String> {
     let e = plan.n_embd;
     let first = plan.layers.iter().find_map(|l| match &l.attn {
         PlanAttn::Pooled { shape, .. } => Some(*shape),
@@ -273,7 +273,7 @@ pub(super) fn check(plan: &DecoderPlan, smem: usize) -> Result<(), String> {
 
 /// One KDA layer's state for a sequence, zeros: the q, k and v convolution rings (the last
 /// `kernel - 1` inputs each) and the recurrent matrices.
-pub(super) fn kda_state(
+pub(crate) fn kda_state(
     stream: &std::sync::Arc<cudarc::driver::CudaStream>,
     s: &KdaShape,
 ) -> Result<Vec<CudaSlice<f32>>, ModelError> {
@@ -293,7 +293,7 @@ pub(super) fn kda_state(
 
 /// One full pooled layer's indexer state for a sequence of `n_ctx` positions: every
 /// position's key and gate logits, every complete pool's key.
-pub(super) fn pool_state(
+pub(crate) fn pool_state(
     stream: &std::sync::Arc<cudarc::driver::CudaStream>,
     ix: &DPool,
     n_ctx: usize,
@@ -314,7 +314,7 @@ pub(super) fn pool_state(
 /// A pooled layer's indexer buffers: its queries (`[n][heads * dim]`), head weights, keys
 /// and gate logits of the batch, and the shared indexer scratch (scores, their stride,
 /// tokens per tile, chosen pools, their counts).
-pub(super) struct PoolBufs {
+pub(crate) struct PoolBufs {
     pub iq: u64,
     pub wh: u64,
     pub ik: u64,
@@ -326,7 +326,7 @@ impl GpuDecoder {
     /// Kimi delta attention `w` of the block input `h` into `b.dout` (`[n][inner]`, before
     /// the output product); `st`: the q, k, v convolution rings and the recurrent matrices.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn kda(
+    pub(crate) fn kda(
         &self,
         w: &DKda,
         st: &[u64],
@@ -387,7 +387,7 @@ impl GpuDecoder {
     /// `b.psel` / `b.npsel`. Returns (positions, counts, positions per token) for the
     /// attention.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn pool_select(
+    pub(crate) fn pool_select(
         &self,
         ix: &DPool,
         st: &[u64],
@@ -440,7 +440,7 @@ impl GpuDecoder {
     }
 
     /// The streams' mean (`[n][s][e]` -> `[n][e]`).
-    pub(super) fn stream_mean(&self, x: u64, h: u64, s: usize, n: usize) -> Result<(), ModelError> {
+    pub(crate) fn stream_mean(&self, x: u64, h: u64, s: usize, n: usize) -> Result<(), ModelError> {
         let e = self.plan.n_embd;
         kernels::StreamMean {
             x,

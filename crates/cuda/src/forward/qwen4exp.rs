@@ -34,12 +34,12 @@ pub(crate) const GROUP_THREADS: u32 = 1024;
 /// `GDN_COLS` of qwen4exp.cu): the widest value head it takes.
 pub(crate) const GDN_THREADS: u32 = 128;
 const GDN_COLS: usize = 4;
-pub(super) const DV_MAX: usize = GDN_THREADS as usize * GDN_COLS;
+pub(crate) const DV_MAX: usize = GDN_THREADS as usize * GDN_COLS;
 
 /// Where a product's rows come from: the chunk table, the address of its count, the
 /// chunks in the grid, whether every chunk has at most 8 rows (`GpuDecoder::mv`).
 #[derive(Clone, Copy)]
-pub(super) struct Rows {
+pub(crate) struct Rows {
     pub table: u64,
     pub count: u64,
     pub chunks: usize,
@@ -48,7 +48,7 @@ pub(super) struct Rows {
 
 /// A low-rank mixer in VRAM (`hyper_lowrank::HcWeights`): the down product in `nseg`
 /// column segments (`Uploader::segments`; 1: whole).
-pub(super) struct DMix {
+pub(crate) struct DMix {
     norm: u64,
     down: DMat,
     nseg: usize,
@@ -63,13 +63,13 @@ const FEW_ROWS: usize = 64;
 
 /// A product of few rows: f32 weights through `dot_rows_f32` (their address and shape),
 /// others through the product kernels.
-pub(super) enum DFew {
+pub(crate) enum DFew {
     F32 { ptr: u64, rows: usize, cols: usize },
     Mat(DMat),
 }
 
 /// The PLE layer in VRAM (`ple::PleWeights`).
-pub(super) struct DPle {
+pub(crate) struct DPle {
     key: DMat,
     value: DMat,
     norm_key: u64,
@@ -81,7 +81,7 @@ pub(super) struct DPle {
 }
 
 /// A Gated DeltaNet layer in VRAM (`deltanet::DeltaWeights`).
-pub(super) struct DDelta {
+pub(crate) struct DDelta {
     qkv: DMat,
     gate: DMat,
     beta: DFew,
@@ -95,7 +95,7 @@ pub(super) struct DDelta {
 }
 
 /// A QSA layer in VRAM (`qsa::QsaWeights`).
-pub(super) struct DQsa {
+pub(crate) struct DQsa {
     wq: DMat,
     wk: DMat,
     wv: DMat,
@@ -112,7 +112,7 @@ pub(super) struct DQsa {
 
 impl Uploader<'_> {
     /// A low-rank mixer, its down product in `nseg` column segments.
-    pub(super) fn mix(&mut self, w: &HcWeights, nseg: usize) -> Result<DMix, String> {
+    pub(crate) fn mix(&mut self, w: &HcWeights, nseg: usize) -> Result<DMix, String> {
         Ok(DMix {
             norm: self.norm(&w.norm)?,
             down: if nseg > 1 {
@@ -127,7 +127,7 @@ impl Uploader<'_> {
     }
 
     /// A product of few rows ([`DFew`]).
-    pub(super) fn few(&mut self, m: &Mat) -> Result<DFew, String> {
+    pub(crate) fn few(&mut self, m: &Mat) -> Result<DFew, String> {
         if m.ty == GgmlType::F32 && m.rows <= FEW_ROWS {
             Ok(DFew::F32 {
                 ptr: self.bytes(m.bytes(self.map))?,
@@ -139,7 +139,7 @@ impl Uploader<'_> {
         }
     }
 
-    pub(super) fn ple(&mut self, w: &PleWeights) -> Result<DPle, String> {
+    pub(crate) fn ple(&mut self, w: &PleWeights) -> Result<DPle, String> {
         Ok(DPle {
             key: self.mat(&w.key)?,
             value: self.mat(&w.value)?,
@@ -152,7 +152,7 @@ impl Uploader<'_> {
         })
     }
 
-    pub(super) fn delta(&mut self, w: &DeltaWeights, shape: &DeltaShape) -> Result<DDelta, String> {
+    pub(crate) fn delta(&mut self, w: &DeltaWeights, shape: &DeltaShape) -> Result<DDelta, String> {
         Ok(DDelta {
             qkv: self.mat(&w.qkv)?,
             gate: self.mat(&w.gate)?,
@@ -167,7 +167,7 @@ impl Uploader<'_> {
         })
     }
 
-    pub(super) fn qsa(
+    pub(crate) fn qsa(
         &mut self,
         w: &QsaWeights,
         shape: &QsaShape,
@@ -192,17 +192,17 @@ impl Uploader<'_> {
 
 /// Dynamic shared memory of `delta_rule` for a head of `dk x dv` (the state, q, k and the
 /// rows' decay).
-pub(super) fn gdn_smem(sh: &DeltaShape) -> usize {
+pub(crate) fn gdn_smem(sh: &DeltaShape) -> usize {
     4 * (sh.d_k * sh.d_v + 3 * sh.d_k)
 }
 
 /// Shared memory `delta_rule` declares statically (`block_sum`'s partial sums), with room
 /// to spare: the dynamic part may have the opt-in limit less this.
-pub(super) const GDN_STATIC_SMEM: usize = 1024;
+pub(crate) const GDN_STATIC_SMEM: usize = 1024;
 
 /// The shapes these kernels assume, for `GpuDecoder::check` (the reason when not). `smem`:
 /// the dynamic shared memory a block may have.
-pub(super) fn check(plan: &DecoderPlan, smem: usize) -> Result<(), String> {
+pub(crate) fn check(plan: &DecoderPlan, smem: usize) -> Result<(), String> {
     let e = plan.n_embd;
     let s = plan.lowrank.as_ref().map_or(1, |lr| lr.n_stream);
     if s == 0 {
@@ -346,7 +346,7 @@ pub(super) fn check(plan: &DecoderPlan, smem: usize) -> Result<(), String> {
 /// Per-token widths of this module's scratch, the widest over the layers (1 where a part
 /// is absent), found once when the decoder is built.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct NextDims {
+pub(crate) struct NextDims {
     /// Whether the residual has low-rank mixers, its streams (1: a plain residual), the
     /// mixers' widest rank, and the column segments of their down products.
     lowrank: bool,
@@ -372,7 +372,7 @@ pub(super) struct NextDims {
 }
 
 impl NextDims {
-    pub(super) fn of(plan: &DecoderPlan, segs: usize) -> NextDims {
+    pub(crate) fn of(plan: &DecoderPlan, segs: usize) -> NextDims {
         let mut d = NextDims {
             lowrank: plan.lowrank.is_some(),
             streams: plan.lowrank.as_ref().map_or(1, |lr| lr.n_stream),
@@ -433,7 +433,7 @@ impl NextDims {
 
 /// Per-call device buffers of these parts, grown as needed.
 #[derive(Default)]
-pub(super) struct NextScratch {
+pub(crate) struct NextScratch {
     xn: Option<CudaSlice<f32>>,
     ud: Option<CudaSlice<f32>>,
     gw: Option<CudaSlice<f32>>,
@@ -465,7 +465,7 @@ pub(super) struct NextScratch {
 
 /// The addresses of [`NextScratch`]'s buffers for one call.
 #[derive(Clone, Copy)]
-pub(super) struct NextBufs {
+pub(crate) struct NextBufs {
     /// Low-rank mixer: the normed streams, the down product's partial sums, the
     /// per-element gates, the rank values, the injection weights, the head's gathered rows.
     pub xn: u64,
@@ -508,7 +508,7 @@ pub(super) struct NextBufs {
 
 impl NextBufs {
     /// Every address (a captured graph's key).
-    pub(super) fn all(&self) -> [u64; 27] {
+    pub(crate) fn all(&self) -> [u64; 27] {
         [
             self.xn, self.ud, self.gw, self.u, self.inj, self.xg, self.pe, self.pk, self.pkn,
             self.pq, self.pv, self.gv, self.pn, self.cqkv, self.cconv, self.z, self.beta,
@@ -520,7 +520,7 @@ impl NextBufs {
 
 impl NextScratch {
     /// The buffers for `n` tokens and `nr` logits rows.
-    pub(super) fn grow(
+    pub(crate) fn grow(
         &mut self,
         stream: &Arc<CudaStream>,
         d: &NextDims,
@@ -566,7 +566,7 @@ impl NextScratch {
 
 /// The PLE layer's convolution ring for a sequence: the last `(kernel - 1) * dilation`
 /// normed gated values of every stream.
-pub(super) fn ple_state(
+pub(crate) fn ple_state(
     stream: &Arc<CudaStream>,
     w: &DPle,
     width: usize,
@@ -579,7 +579,7 @@ pub(super) fn ple_state(
 /// A QSA layer's view of the shared scratch: the q, k, v and attention buffers, the
 /// indexer's queries and keys, and the indexer scratch (scores, their row stride, tokens
 /// per tile, chosen blocks, their counts).
-pub(super) struct QsaBufs {
+pub(crate) struct QsaBufs {
     pub q: u64,
     pub k: u64,
     pub v: u64,
@@ -594,7 +594,7 @@ impl GpuDecoder {
     /// `h`, and the injection weights into `b.inj` when `w` has them. `rows`: the rows'
     /// chunk table and the per-segment one (for a segmented down product).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn lr_mixer(
+    pub(crate) fn lr_mixer(
         &self,
         w: &DMix,
         s: usize,
@@ -645,7 +645,7 @@ impl GpuDecoder {
     }
 
     /// `x[t][st] += inj[t][st] * y[t]` for `n` tokens of `s` streams.
-    pub(super) fn lr_post(
+    pub(crate) fn lr_post(
         &self,
         s: usize,
         x: u64,
@@ -668,7 +668,7 @@ impl GpuDecoder {
     /// `x += G + silu(conv(norm(G)))`, the convolution reading the ring `hist` for
     /// positions before the batch; the ring gets the batch's last values after.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn ple_layer(
+    pub(crate) fn ple_layer(
         &self,
         w: &DPle,
         s: usize,
@@ -714,7 +714,7 @@ impl GpuDecoder {
     /// positions, into `out` (`gv` null: SiLU of it; else `out += gv + SiLU`), then the
     /// batch's last inputs into the ring: every read of the ring comes first.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn conv(
+    pub(crate) fn conv(
         &self,
         input: u64,
         ring: u64,
@@ -748,7 +748,7 @@ impl GpuDecoder {
     /// Gated DeltaNet `w` of the block input `h` into `b.dout` (`[n][hv * dv]`, before the
     /// output product); `st`: the layer's convolution ring and recurrent matrices.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn delta(
+    pub(crate) fn delta(
         &self,
         w: &DDelta,
         st: (u64, u64),
@@ -789,7 +789,7 @@ impl GpuDecoder {
     /// (alpha, or the per-channel log-decay when `per_channel`) and the output gate; `ab`:
     /// the per-head rate and dt bias (DeltaNet); `st`: the state and the output.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn delta_rule(
+    pub(crate) fn delta_rule(
         &self,
         sh: &DeltaShape,
         qkv: (u64, u64, u64, usize),
@@ -830,7 +830,7 @@ impl GpuDecoder {
     /// `kb` per token) of `ratio` tokens, with the incomplete block's tail when `tail`,
     /// into `b.psel` (`kp` per token) and `b.npsel`.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn expand(
+    pub(crate) fn expand(
         &self,
         bsel: u64,
         nb: u64,
@@ -860,7 +860,7 @@ impl GpuDecoder {
     /// product; its address is returned): the KV cache `cache` (`kvt` its type), the
     /// indexer's state `st` (raw keys, pooled keys; empty without an indexer).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn qsa(
+    pub(crate) fn qsa(
         &self,
         w: &DQsa,
         kvt: usize,
@@ -946,7 +946,7 @@ impl GpuDecoder {
     }
 
     /// `y = W x` for `n` rows of `x` (`rows`: their chunk table) of a few-row product.
-    pub(super) fn few(
+    pub(crate) fn few(
         &self,
         w: &DFew,
         x: u64,
@@ -968,7 +968,7 @@ impl GpuDecoder {
     }
 
     /// `out[i] = x[rows[i]]` for `n` rows of `cols`.
-    pub(super) fn gather(
+    pub(crate) fn gather(
         &self,
         x: u64,
         rows: u64,

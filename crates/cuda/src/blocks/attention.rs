@@ -1,0 +1,96 @@
+//! GQA softmax attention on the GPU (the CPU's `sluice_models::blocks::attention`).
+//!
+//! Owns: [`Gqa`] (its device weights: q / k / v / o, the optional q / k norms, the RoPE
+//! frequencies, the sliding window) and its launch sequence ([`GpuDecoder::gqa`]). The
+//! KV cache rows (`kv_store_*`) and the softmax attention kernel (`attention_*`) it
+//! launches are shared with MLA and QSA (`GpuDecoder::kv_store` / `attention`). Its
+//! per-sequence state is the KV cache of [`crate::forward::GpuKv`].
+
+use sluice_models::ModelError;
+
+use crate::forward::{Call, DMat, GpuDecoder};
+use crate::kernels;
+
+/// A GQA layer in VRAM.
+pub(crate) struct Gqa {
+    pub(crate) wq: DMat,
+    pub(crate) wk: DMat,
+    pub(crate) wv: DMat,
+    pub(crate) wo: DMat,
+    /// Per-head q / k RMS norms (0: none).
+    pub(crate) q_norm: u64,
+    pub(crate) k_norm: u64,
+    pub(crate) inv_freq: u64,
+    /// Sliding window (0: global).
+    pub(crate) window: i32,
+}
+
+impl GpuDecoder {
+    /// GQA softmax attention (the CPU's `blocks::attention`): q / k / v products of the
+    /// normed input, q / k norms and NEOX RoPE, the KV cache rows, attention over the
+    /// cache (`cache`: this layer's keys and values). Its output rows and matrix.
+    pub(crate) fn gqa<'w>(
+        &self,
+        w: &'w Gqa,
+        c: &Call<'_>,
+        cache: (u64, u64),
+    ) -> Result<(&'w DMat, u64), ModelError> {
+        let Gqa {
+            wq,
+            wk,
+            wv,
+            wo,
+            q_norm,
+            k_norm,
+            inv_freq,
+            window,
+        } = w;
+        let Call {
+            n,
+            nh,
+            nkv,
+            hd,
+            kdim,
+            vdim,
+            eps,
+            small,
+            kvt,
+            pos,
+            dense,
+            n_dense,
+            nd,
+            h,
+            q,
+            k,
+            v,
+            att,
+            ..
+        } = *c;
+        let (kc, vc) = cache;
+        self.mv(
+            &[(wq, q), (wk, k), (wv, v)],
+            dense,
+            n_dense,
+            nd,
+            h,
+            1,
+            small,
+        )?;
+        kernels::QkNormRope {
+            q,
+            k,
+            qn: *q_norm,
+            kn: *k_norm,
+            pos,
+            inv_freq: *inv_freq,
+            nh: nh as i32,
+            nkv: nkv as i32,
+            hd: hd as i32,
+            eps,
+        }
+        .launch(self, (n as u32, (nh + nkv) as u32, 1))?;
+        self.kv_store(kvt, k, v, kc, vc, pos, n, kdim, vdim)?;
+        self.attention(kvt, q, kc, vc, att, pos, n, *window, (0, 0, 0))?;
+        Ok((wo, att))
+    }
+}

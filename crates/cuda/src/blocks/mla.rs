@@ -1,0 +1,212 @@
+//! Absorbed multi-head latent attention on the GPU (the CPU's `sluice_models::blocks::mla`;
+//! GLM-5.3-Flash's pooled layers, `blocks::mla_pooled`, run through the same view).
+//!
+//! Owns: [`Mla`] (its device weights: q-LoRA, the latent projection, `k_b` / `v_b` with
+//! one pointer-table entry per head, the output, and the positions it attends to,
+//! [`DSelect`]) and its launch sequence ([`GpuDecoder::mla`]): `mla_kv_prep` (the normed
+//! latent and the roped shared key as one `[c | k_rope]` key row and a `c` value row),
+//! `mla_q_split` / `mla_q_join` around the per-head `k_b` products, attention over the
+//! latent cache, the per-head `v_b` products. GLM's DSA indexer lives in
+//! `blocks::dsa_indexer`, the k-pool indexer in `blocks::mla_pooled`.
+
+use sluice_models::ModelError;
+
+use crate::forward::glm5next;
+use crate::forward::{rows_n, Call, DMat, DSelect, GpuDecoder, IndexSelect};
+use crate::kernels;
+
+/// An absorbed MLA layer in VRAM (`k_b` and `v_b` with one pointer-table entry per head,
+/// `rows` a head's rows).
+pub(crate) struct Mla {
+    pub(crate) q_a: DMat,
+    pub(crate) q_a_norm: u64,
+    pub(crate) q_b: DMat,
+    pub(crate) kv_a: DMat,
+    pub(crate) kv_a_norm: u64,
+    pub(crate) k_b: DMat,
+    pub(crate) v_b: DMat,
+    pub(crate) out: DMat,
+    pub(crate) inv_freq: u64,
+    pub(crate) select: DSelect,
+}
+
+impl GpuDecoder {
+    /// Absorbed MLA of layer `il` (the CPU's `blocks::mla`, and `blocks::mla_pooled`
+    /// through the same view): q-LoRA and the latent row, the selection (all, GLM's DSA
+    /// indexer, a k-pool indexer, or the previous layer's, `mla_sel`), the per-head k_b
+    /// products, attention over the latent cache, the per-head v_b products. Its output
+    /// rows and matrix.
+    pub(crate) fn mla<'w>(
+        &self,
+        w: &'w Mla,
+        il: usize,
+        c: &Call<'_>,
+        cache: (u64, u64),
+        mla_sel: &mut (u64, u64, usize),
+    ) -> Result<(&'w DMat, u64), ModelError> {
+        let Mla {
+            q_a,
+            q_a_norm,
+            q_b,
+            kv_a,
+            kv_a_norm,
+            k_b,
+            v_b,
+            out,
+            inv_freq,
+            select,
+        } = w;
+        let Call {
+            n,
+            kdim,
+            vdim,
+            eps,
+            small,
+            kvt,
+            pos,
+            dense,
+            n_dense,
+            nd,
+            head_chunks,
+            n_headc,
+            heads,
+            h,
+            q,
+            k,
+            v,
+            att,
+            qa,
+            qan,
+            kva,
+            qn,
+            qabs,
+            qatt,
+            ov,
+            iq,
+            wh,
+            ik,
+            scores,
+            stride,
+            idx_tile,
+            selb,
+            nselb,
+            nb,
+            mla,
+            rec_ptrs,
+            ..
+        } = *c;
+        let (kc, vc) = cache;
+        let m = mla.as_ref().expect("checked: MLA layers have a shape");
+        let (nope, rope, kl) = (m.nope as i32, m.rope as i32, m.kv_lora as i32);
+        let heads_grid = (n as u32, m.n_head as u32, 1);
+        let mut from_h: Vec<(&DMat, u64)> = vec![(q_a, qa), (kv_a, kva)];
+        let mut from_q: Vec<(&DMat, u64)> = vec![(q_b, q)];
+        if let DSelect::Indexer(ix) = select {
+            from_h.extend([(&ix.k, ik), (&ix.proj, wh)]);
+            from_q.push((&ix.q_b, iq));
+        }
+        if let DSelect::Pooled(ix) = select {
+            from_h.extend([(&ix.k, ik), (&ix.gate, nb.pg), (&ix.proj, wh)]);
+            from_q.push((ix.q_b(), iq));
+        }
+        self.mv(&from_h, dense, n_dense, nd, h, 1, small)?;
+        self.rms_norm(qa, *q_a_norm, qan, 0, n, m.q_lora, eps)?;
+        self.mv(&from_q, dense, n_dense, nd, qan, 1, small)?;
+        if let DSelect::Indexer(ix) = select {
+            // GLM's DSA indexer: its queries and this batch's keys roped on
+            // their first dims, every visible position scored, the top-k.
+            let keys = rec_ptrs[il][0];
+            let (ih, id) = (ix.n_head as i32, ix.head_dim as i32);
+            kernels::Dsv4Heads {
+                x: iq,
+                pos,
+                inv_freq: *inv_freq,
+                n_heads: ih,
+                hd: id,
+                n_rot: rope,
+                flags: 4,
+                eps,
+            }
+            .launch(self, (n as u32, ix.n_head as u32, 1))?;
+            kernels::DsaKeyPrep {
+                ik,
+                w: ix.k_norm,
+                b: ix.k_norm_bias,
+                pos,
+                inv_freq: *inv_freq,
+                keys,
+                d: id,
+                n_rot: rope,
+                eps: ix.k_norm_eps,
+            }
+            .launch(self, rows_n(n))?;
+            let ix_sel = IndexSelect {
+                iq,
+                wh,
+                n_head: ix.n_head,
+                head_dim: ix.head_dim,
+                rows: keys,
+                ratio: 1,
+                top_k: ix.top_k,
+            };
+            let scratch = (scores, stride, idx_tile, selb, nselb);
+            self.index_select(&ix_sel, pos, scratch, n)?;
+            *mla_sel = (selb, nselb, ix.top_k);
+        }
+        if let DSelect::Pooled(ix) = select {
+            // GLM-5.3-Flash's k-pool indexer: keys, gates and pools, the
+            // pools' top-k, their positions and the tail.
+            let bufs = glm5next::PoolBufs {
+                iq,
+                wh,
+                ik,
+                gt: nb.pg,
+                index: (scores, stride, idx_tile, selb, nselb),
+            };
+            let st = &rec_ptrs[il];
+            *mla_sel = self.pool_select(ix, st, pos, &bufs, &nb, kvt == 0, n)?;
+        }
+        kernels::MlaKvPrep {
+            kva,
+            norm: *kv_a_norm,
+            pos,
+            inv_freq: *inv_freq,
+            k,
+            v,
+            kl,
+            rope,
+            eps,
+        }
+        .launch(self, rows_n(n))?;
+        self.kv_store(kvt, k, v, kc, vc, pos, n, kdim, vdim)?;
+        kernels::MlaQSplit {
+            q,
+            qn,
+            nh: m.n_head as i32,
+            nope,
+            rope,
+        }
+        .launch(self, heads_grid)?;
+        let gy = heads * nd;
+        self.mv(&[(k_b, qabs)], head_chunks, n_headc, gy, qn, 1, small)?;
+        kernels::MlaQJoin {
+            qabs,
+            q,
+            pos,
+            inv_freq: *inv_freq,
+            qatt,
+            nh: m.n_head as i32,
+            nope,
+            rope,
+            kl,
+        }
+        .launch(self, heads_grid)?;
+        let sel = match select {
+            DSelect::All => (0, 0, 0),
+            DSelect::Indexer(_) | DSelect::Pooled(_) | DSelect::Previous => *mla_sel,
+        };
+        self.attention(kvt, qatt, kc, vc, att, pos, n, 0, sel)?;
+        self.mv(&[(v_b, ov)], head_chunks, n_headc, gy, att, 1, small)?;
+        Ok((out, ov))
+    }
+}
