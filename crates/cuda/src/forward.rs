@@ -2203,6 +2203,24 @@ pub(crate) struct Call<'a> {
     pub(crate) sc_ids: &'a CudaSlice<i32>,
     pub(crate) rec_ptrs: &'a [Vec<u64>],
     pub(crate) dsv4_ptrs: &'a [Dsv4Ptrs],
+    /// The residual's streams, hyper-connection and head buffers (the loop's own).
+    pub(crate) x: u64,
+    pub(crate) hcf: u64,
+    pub(crate) hcm: u64,
+    pub(crate) hcpc: u64,
+    pub(crate) seg_rows: Rows,
+    pub(crate) n_hc: usize,
+    pub(crate) lr_streams: Option<usize>,
+    pub(crate) hs: Option<HcShape>,
+    pub(crate) qsa_bufs: qwen4exp::QsaBufs,
+    pub(crate) nr: usize,
+    pub(crate) row_chunks: u64,
+    pub(crate) n_rowc: u64,
+    pub(crate) rowmap: u64,
+    pub(crate) hsel: u64,
+    pub(crate) lg: u64,
+    pub(crate) kv_ptrs: &'a [(u64, u64)],
+    pub(crate) ple_ptrs: &'a [u64],
 }
 
 /// A grid of one block per row.
@@ -2806,6 +2824,226 @@ impl GpuDecoder {
     }
 }
 
+impl GpuDecoder {
+    /// Launch the decode step captured under `key` (every address its launches take), or
+    /// capture `run` under it first; `run` directly when the step cannot be captured.
+    fn replay(
+        &self,
+        key: Vec<u64>,
+        run: &dyn Fn() -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        let stream = &self.stream;
+        let mut gc = lock(&self.graph);
+        match gc.iter().position(|(k0, _)| *k0 == key) {
+            Some(i) => {
+                let hit = gc.remove(i);
+                gc.insert(0, hit);
+            }
+            None => {
+                stream
+                    .begin_capture(
+                        cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                    )
+                    .map_err(|e| err("graph capture", e))?;
+                let r = run();
+                let captured = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+                r?;
+                match captured {
+                    Ok(Some(gr)) => {
+                        gc.truncate(GRAPHS_KEPT - 1);
+                        gc.insert(0, (key, Graph(gr)));
+                    }
+                    // Not capturable here: launch directly from now on.
+                    _ => {
+                        self.graphs
+                            .store(false, std::sync::atomic::Ordering::Relaxed);
+                        gc.clear();
+                    }
+                }
+            }
+        }
+        match gc.first() {
+            Some((_, gr)) => gr.0.launch().map_err(|e| err("graph launch", e))?,
+            None => run()?,
+        }
+        Ok(())
+    }
+
+    /// One forward call's launches, in the plan's order (the GPU form of `CpuDecoder`'s
+    /// loop): the embedding, per layer the PLE layer, the attention half (its block from
+    /// `blocks`) and the feed-forward half, each between its residual mixes (norms,
+    /// hyper-connections or low-rank mixers), then the head's rows. Captured as a graph
+    /// for a decode step.
+    fn run(&self, c: &Call<'_>, env: &Env<'_>) -> Result<(), ModelError> {
+        let call = *c;
+        let Call {
+            n,
+            e,
+            ei,
+            eps,
+            small,
+            kvt,
+            tokens,
+            pos,
+            dense,
+            n_dense,
+            nd,
+            dense_rows,
+            h,
+            o,
+            nb,
+            p,
+            rec_ptrs,
+            x,
+            hcf,
+            hcm,
+            hcpc,
+            seg_rows,
+            n_hc,
+            lr_streams,
+            hs,
+            qsa_bufs,
+            nr,
+            row_chunks,
+            n_rowc,
+            rowmap,
+            hsel,
+            lg,
+            kv_ptrs,
+            ple_ptrs,
+            ..
+        } = call;
+        // With hyper-connections the embedding goes to `o`, then into every stream.
+        kernels::Embed {
+            format: self.embd.fi,
+            w: self.embd_ptr,
+            row_bytes: self.embd.row_bytes,
+            tokens,
+            x: if hs.is_some() || lr_streams.is_some() {
+                o
+            } else {
+                x
+            },
+            cols: ei,
+            scale: p.embd_scale,
+        }
+        .launch(self, rows_n(n))?;
+        if hs.is_some() || lr_streams.is_some() {
+            kernels::HcExpand {
+                src: o,
+                x,
+                e: ei,
+                hc: n_hc as i32,
+            }
+            .launch(self, (n as u32, e.div_ceil(256) as u32, 1))?;
+        } else if let Some(l0) = self.layers.first() {
+            self.rms_norm(x, l0.attn_norm, h, 0, n, e, eps)?;
+        }
+        let mut host_ids: Vec<i32> = Vec::new();
+        // The most recent DSA indexer's selection (positions, counts, top-k; zeros: all).
+        let mut mla_sel: (u64, u64, usize) = (0, 0, 0);
+        for (il, l) in self.layers.iter().enumerate() {
+            // Attention.
+            let (kc, vc) = kv_ptrs[il];
+            if let Some(w) = &l.ple {
+                self.ple_layer(w, n_hc, x, ple_ptrs[il], pos, &nb, dense_rows, n, eps)?;
+            }
+            if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
+                let b = (hcf, hcm);
+                self.hc_mix(&hw[0], hs, x, b, hcpc, l.attn_norm, h, n, seg_rows, eps)?;
+            }
+            if let Some(mx) = &l.lr {
+                let rows = (dense_rows, seg_rows);
+                self.lr_mixer(&mx[0], n_hc, x, h, &nb, rows, n, eps)?;
+            }
+            let wo = match &l.attn {
+                DAttn::Gqa(w) => self.gqa(w, &call, (kc, vc))?,
+                DAttn::Mla(w) => self.mla(w, il, &call, (kc, vc), &mut mla_sel)?,
+                DAttn::Dsv4(a) => self.dsv4(a, il, &call)?,
+                DAttn::Delta(w) => {
+                    let st = &rec_ptrs[il];
+                    self.delta(w, (st[0], st[1]), pos, h, &nb, dense_rows, n)?;
+                    (&w.out, nb.dout)
+                }
+                DAttn::Qsa(w) => {
+                    let st = &rec_ptrs[il];
+                    let cache = (kc, vc);
+                    let y = self.qsa(w, kvt, cache, st, pos, h, &qsa_bufs, &nb, dense_rows, n)?;
+                    (&w.wo, y)
+                }
+                DAttn::Kda(w) => {
+                    self.kda(w, &rec_ptrs[il], pos, h, &nb, dense_rows, n)?;
+                    (&w.out, nb.dout)
+                }
+            };
+            self.mv(&[(wo.0, o)], dense, n_dense, nd, wo.1, 1, small)?;
+            if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
+                self.hc_post(hs, x, o, hcpc, n)?;
+                let b = (hcf, hcm);
+                self.hc_mix(&hw[1], hs, x, b, hcpc, l.ffn_norm, h, n, seg_rows, eps)?;
+            } else if let Some(mx) = &l.lr {
+                self.lr_post(n_hc, x, o, nb.inj, n)?;
+                let rows = (dense_rows, seg_rows);
+                self.lr_mixer(&mx[1], n_hc, x, h, &nb, rows, n, eps)?;
+            } else {
+                self.residual(x, o, l.post_attn, l.ffn_norm, h, n, e, eps)?;
+            }
+            // Feed-forward.
+            match &l.ffn {
+                DFfn::Dense(w) => self.dense_ffn(w, &call)?,
+                DFfn::Moe(w) => self.moe(w, il, &call, env, &mut host_ids)?,
+            }
+            if let (Some(_), Some(hs)) = (&l.hc, &hs) {
+                self.hc_post(hs, x, o, hcpc, n)?;
+            } else if l.lr.is_some() {
+                self.lr_post(n_hc, x, o, nb.inj, n)?;
+            } else {
+                let next = self.layers.get(il + 1).map_or(0, |nl| nl.attn_norm);
+                self.residual(x, o, l.post_ffn, next, h, n, e, eps)?;
+            }
+        }
+        if let (true, Some(w)) = (nr > 0, &self.lowrank) {
+            // The output mixer normalises: it reads the logits rows' streams.
+            let head_rows = Rows {
+                table: row_chunks,
+                count: n_rowc,
+                chunks: nr.div_ceil(MVG_N),
+                small,
+            };
+            self.gather(x, rowmap, nb.xg, nr, n_hc * e)?;
+            // (Its down product is not segmented: the rows are the logits rows.)
+            let rows = (head_rows, head_rows);
+            self.lr_mixer(w, n_hc, nb.xg, hsel, &nb, rows, nr, eps)?;
+        } else if nr > 0 {
+            // Hyper-connections: the head's collapse of the streams first (into h).
+            let last = match &self.hyper {
+                Some((hs, Some(w))) => {
+                    self.hc_mix(w, hs, x, (hcf, hcm), 0, 0, h, n, seg_rows, eps)?;
+                    h
+                }
+                Some((hs, None)) => {
+                    self.stream_mean(x, h, hs.n_hc, n)?;
+                    h
+                }
+                None => x,
+            };
+            self.rms_norm(last, self.output_norm, hsel, rowmap, nr, e, eps)?;
+        }
+        if nr > 0 {
+            self.mv(
+                &[(&self.output, lg)],
+                row_chunks,
+                n_rowc,
+                nr.div_ceil(MVG_N),
+                hsel,
+                1,
+                small,
+            )?;
+        }
+        Ok(())
+    }
+}
+
 impl DeviceForward for GpuDecoder {
     fn forward(
         &self,
@@ -3101,138 +3339,25 @@ impl DeviceForward for GpuDecoder {
             sc_ids,
             rec_ptrs: &rec_ptrs,
             dsv4_ptrs: &dsv4_ptrs,
+            x,
+            hcf,
+            hcm,
+            hcpc,
+            seg_rows,
+            n_hc,
+            lr_streams,
+            hs,
+            qsa_bufs,
+            nr,
+            row_chunks,
+            n_rowc,
+            rowmap,
+            hsel,
+            lg,
+            kv_ptrs: &kv_ptrs,
+            ple_ptrs: &ple_ptrs,
         };
-        let run = || -> Result<(), ModelError> {
-            // With hyper-connections the embedding goes to `o`, then into every stream.
-            kernels::Embed {
-                format: self.embd.fi,
-                w: self.embd_ptr,
-                row_bytes: self.embd.row_bytes,
-                tokens,
-                x: if hs.is_some() || lr_streams.is_some() {
-                    o
-                } else {
-                    x
-                },
-                cols: ei,
-                scale: p.embd_scale,
-            }
-            .launch(self, rows_n(n))?;
-            if hs.is_some() || lr_streams.is_some() {
-                kernels::HcExpand {
-                    src: o,
-                    x,
-                    e: ei,
-                    hc: n_hc as i32,
-                }
-                .launch(self, (n as u32, e.div_ceil(256) as u32, 1))?;
-            } else if let Some(l0) = self.layers.first() {
-                self.rms_norm(x, l0.attn_norm, h, 0, n, e, eps)?;
-            }
-            let mut host_ids: Vec<i32> = Vec::new();
-            // The most recent DSA indexer's selection (positions, counts, top-k; zeros: all).
-            let mut mla_sel: (u64, u64, usize) = (0, 0, 0);
-            for (il, l) in self.layers.iter().enumerate() {
-                // Attention.
-                let (kc, vc) = kv_ptrs[il];
-                if let Some(w) = &l.ple {
-                    self.ple_layer(w, n_hc, x, ple_ptrs[il], pos, &nb, dense_rows, n, eps)?;
-                }
-                if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
-                    let b = (hcf, hcm);
-                    self.hc_mix(&hw[0], hs, x, b, hcpc, l.attn_norm, h, n, seg_rows, eps)?;
-                }
-                if let Some(mx) = &l.lr {
-                    let rows = (dense_rows, seg_rows);
-                    self.lr_mixer(&mx[0], n_hc, x, h, &nb, rows, n, eps)?;
-                }
-                let wo = match &l.attn {
-                    DAttn::Gqa(w) => self.gqa(w, &call, (kc, vc))?,
-                    DAttn::Mla(w) => self.mla(w, il, &call, (kc, vc), &mut mla_sel)?,
-                    DAttn::Dsv4(a) => self.dsv4(a, il, &call)?,
-                    DAttn::Delta(w) => {
-                        let st = &rec_ptrs[il];
-                        self.delta(w, (st[0], st[1]), pos, h, &nb, dense_rows, n)?;
-                        (&w.out, nb.dout)
-                    }
-                    DAttn::Qsa(w) => {
-                        let st = &rec_ptrs[il];
-                        let cache = (kc, vc);
-                        let y =
-                            self.qsa(w, kvt, cache, st, pos, h, &qsa_bufs, &nb, dense_rows, n)?;
-                        (&w.wo, y)
-                    }
-                    DAttn::Kda(w) => {
-                        self.kda(w, &rec_ptrs[il], pos, h, &nb, dense_rows, n)?;
-                        (&w.out, nb.dout)
-                    }
-                };
-                self.mv(&[(wo.0, o)], dense, n_dense, nd, wo.1, 1, small)?;
-                if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
-                    self.hc_post(hs, x, o, hcpc, n)?;
-                    let b = (hcf, hcm);
-                    self.hc_mix(&hw[1], hs, x, b, hcpc, l.ffn_norm, h, n, seg_rows, eps)?;
-                } else if let Some(mx) = &l.lr {
-                    self.lr_post(n_hc, x, o, nb.inj, n)?;
-                    let rows = (dense_rows, seg_rows);
-                    self.lr_mixer(&mx[1], n_hc, x, h, &nb, rows, n, eps)?;
-                } else {
-                    self.residual(x, o, l.post_attn, l.ffn_norm, h, n, e, eps)?;
-                }
-                // Feed-forward.
-                match &l.ffn {
-                    DFfn::Dense(w) => self.dense_ffn(w, &call)?,
-                    DFfn::Moe(w) => self.moe(w, il, &call, env, &mut host_ids)?,
-                }
-                if let (Some(_), Some(hs)) = (&l.hc, &hs) {
-                    self.hc_post(hs, x, o, hcpc, n)?;
-                } else if l.lr.is_some() {
-                    self.lr_post(n_hc, x, o, nb.inj, n)?;
-                } else {
-                    let next = self.layers.get(il + 1).map_or(0, |nl| nl.attn_norm);
-                    self.residual(x, o, l.post_ffn, next, h, n, e, eps)?;
-                }
-            }
-            if let (true, Some(w)) = (nr > 0, &self.lowrank) {
-                // The output mixer normalises: it reads the logits rows' streams.
-                let head_rows = Rows {
-                    table: row_chunks,
-                    count: n_rowc,
-                    chunks: nr.div_ceil(MVG_N),
-                    small,
-                };
-                self.gather(x, rowmap, nb.xg, nr, n_hc * e)?;
-                // (Its down product is not segmented: the rows are the logits rows.)
-                let rows = (head_rows, head_rows);
-                self.lr_mixer(w, n_hc, nb.xg, hsel, &nb, rows, nr, eps)?;
-            } else if nr > 0 {
-                // Hyper-connections: the head's collapse of the streams first (into h).
-                let last = match &self.hyper {
-                    Some((hs, Some(w))) => {
-                        self.hc_mix(w, hs, x, (hcf, hcm), 0, 0, h, n, seg_rows, eps)?;
-                        h
-                    }
-                    Some((hs, None)) => {
-                        self.stream_mean(x, h, hs.n_hc, n)?;
-                        h
-                    }
-                    None => x,
-                };
-                self.rms_norm(last, self.output_norm, hsel, rowmap, nr, e, eps)?;
-            }
-            if nr > 0 {
-                self.mv(
-                    &[(&self.output, lg)],
-                    row_chunks,
-                    n_rowc,
-                    nr.div_ceil(MVG_N),
-                    hsel,
-                    1,
-                    small,
-                )?;
-            }
-            Ok(())
-        };
+        let run = || self.run(&call, env);
         // A decode step whose buffers and sequence were captured before replays those
         // launches (one graph launch instead of ~16 launches per layer; the same kernels
         // with the same arguments, so the same bits: `--dump-logits` with
@@ -3259,40 +3384,7 @@ impl DeviceForward for GpuDecoder {
                     .iter()
                     .flat_map(|d| [[d.ring, 0, 0], d.comp, d.index].into_iter().flatten()),
             );
-            let mut gc = lock(&self.graph);
-            match gc.iter().position(|(k0, _)| *k0 == key) {
-                Some(i) => {
-                    let hit = gc.remove(i);
-                    gc.insert(0, hit);
-                }
-                None => {
-                    stream
-                        .begin_capture(
-                            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-                        )
-                        .map_err(|e| err("graph capture", e))?;
-                    let r = run();
-                    let captured =
-                        stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
-                    r?;
-                    match captured {
-                        Ok(Some(gr)) => {
-                            gc.truncate(GRAPHS_KEPT - 1);
-                            gc.insert(0, (key, Graph(gr)));
-                        }
-                        // Not capturable here: launch directly from now on.
-                        _ => {
-                            self.graphs
-                                .store(false, std::sync::atomic::Ordering::Relaxed);
-                            gc.clear();
-                        }
-                    }
-                }
-            }
-            match gc.first() {
-                Some((_, gr)) => gr.0.launch().map_err(|e| err("graph launch", e))?,
-                None => run()?,
-            }
+            self.replay(key, &run)?;
         } else {
             run()?;
         }

@@ -579,6 +579,7 @@ pub(crate) fn ple_state(
 /// A QSA layer's view of the shared scratch: the q, k, v and attention buffers, the
 /// indexer's queries and keys, and the indexer scratch (scores, their row stride, tokens
 /// per tile, chosen blocks, their counts).
+#[derive(Clone, Copy)]
 pub(crate) struct QsaBufs {
     pub q: u64,
     pub k: u64,
