@@ -154,7 +154,7 @@ impl GpuDecoder {
                 let gu = [(&parts[0], g), (&parts[1], u)];
                 self.mv(&gu, table, count, chunks, h, kk, small)
             };
-            let lc = self.ensure_units(env, il, &host_ids, experts, ne, *tab_index, &mut |lc| {
+            let lc = self.ensure_units(env, il, host_ids, experts, ne, *tab_index, &mut |lc| {
                 gate_up(lc.table, lc.counts, lc.hit)
             })?;
             let miss_table = lc.table + (lc.hit * CHUNK_BYTES) as u64;
