@@ -1,20 +1,18 @@
 //! The whole forward pass of a plain decoder on the GPU.
 //!
 //! Owns: [`GpuDecoder`], a `sluice_models::plan::DeviceForward` over a
-//! [`DecoderPlan`] (qwen3moe, gemma3, glm-dsa, deepseek4; Qwen3.8-Flash-Next's and
-//! GLM-5.3-Flash's own parts in the `qwen4exp` and `glm5next` submodules): every resident
-//! weight uploaded once at start; per forward call one upload of the batch's header (tokens,
-//! positions, chunk tables), then only kernel launches on one stream (`forward.cu`:
-//! embedding, norms, q/k norm + RoPE or absorbed MLA's latent rows and queries, an f16 KV
-//! cache in VRAM per sequence ([`GpuKv`], in `SeqState::device`; MLA's is one KV head of
-//! `[c | k_rope]` keys and `c` values, plus GLM's DSA indexer keys; DeepSeek V4's is its
-//! window ring, compressor carry and compressed rows), attention (over every visible
-//! position, a DSA selection, or DeepSeek V4's window + chosen compressed rows with sinks),
-//! hyper-connection mixes, the softmax, biased or hashed top-k router,
-//! experts grouped by the device itself, the weight products - on tensor cores with f16
-//! operands for every format but F32 / BF16 (`mvt_*`), else f32 (`mvg_*`) - GLU, the
-//! weighted combine with the shared expert, the output head) and one download of the
-//! logits.
+//! [`DecoderPlan`] (every architecture's): its check (`check`; the blocks' own checks in
+//! `blocks` and `forward/check.rs`), the upload of every resident weight at start (`new`;
+//! [`Uploader`], whose block methods live with the blocks), the per-sequence state
+//! ([`GpuKv`], in `SeqState::device`: the KV cache in VRAM and each layer's own state), and
+//! per forward call one upload of the batch's header (tokens, positions, chunk tables,
+//! [`Header`]), then only kernel launches on one stream through the typed launches of
+//! `crate::kernels`: [`GpuDecoder::run`] is the loop (embedding, per layer the PLE layer,
+//! the attention block, the residual mix, the feed-forward block, the residual mix, the
+//! head), each block's launch sequence a method in `crate::blocks` reading the call's
+//! addresses from [`Call`]; the weight products are `forward/products.rs`, the blocks'
+//! scratch `forward/scratch.rs`. Decode steps are captured as CUDA graphs and replayed
+//! ([`GpuDecoder::replay`]). One download of the logits.
 //!
 //! Routed experts either live in VRAM whole (the stacked tensors uploaded at start; the
 //! router's choice never leaves the device) or, when they do not fit or stream from the
@@ -29,70 +27,60 @@
 //! chunk it is in, so prompt chunking never does either.
 
 use std::any::Any;
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
-use sluice_kernels::GgmlType;
 use sluice_models::blocks::dsv4_attention::Dsv4Shape;
-use sluice_models::blocks::ffn::Activation;
 use sluice_models::blocks::hyper::HcShape;
 use sluice_models::blocks::mla::MlaShape;
-use sluice_models::blocks::moe::{Router, ScoreFn};
 use sluice_models::blocks::{head, Batch, Env};
 use sluice_models::plan::{DecoderPlan, DeviceForward, HyperHead, MlaSelect, PlanAttn, PlanFfn};
 use sluice_models::state::{ExtraState, SeqState};
-use sluice_models::weights::{Mat, Stacked};
+use sluice_models::weights::Mat;
 use sluice_models::ModelError;
-use sluice_tier::Stop;
 
-use crate::lru::Lru;
-
-pub(crate) mod glm5next;
-pub(crate) mod qwen4exp;
 use crate::blocks::attention::Gqa;
-use crate::blocks::ffn::DenseFfn;
-use crate::blocks::mla::Mla;
-use crate::blocks::moe::{self, Moe};
-use crate::kernels;
-use crate::{grow, kernel_format, Cuda, Device, Mma, FORMATS};
-use glm5next::{DKda, DPool};
-use qwen4exp::{DDelta, DMix, DPle, DQsa, NextBufs, NextDims, NextScratch, Rows};
+use crate::blocks::deltanet::{gdn_smem, DDelta, GDN_STATIC_SMEM};
+use crate::blocks::dsa_indexer::{DDsa, IDX_MAX_Q, SCORES_MAX};
+use crate::blocks::dsv4_attention::{check_dsv4, CompKv, DComp, DDsv4, DIndexer, Dsv4Kv, Dsv4Ptrs};
+use crate::blocks::ffn::{act_id, DenseFfn};
+use crate::blocks::hyper::{hc_segments, DHc, HC_MAX};
+use crate::blocks::hyper_lowrank::DMix;
+use crate::blocks::kda::{delta_shape, kda_state, DKda};
+use crate::blocks::mla::{DSelect, Mla};
+use crate::blocks::mla_pooled::{pool_state, pooled_mla_shape};
+use crate::blocks::moe::{router_kind, DShared, Moe, UnitCache, MAX_EXPERTS};
+use crate::blocks::ple::{ple_state, DPle};
+use crate::blocks::qsa::{DQsa, QsaBufs};
+use crate::forward::check::{glm5next_parts, qwen4exp_parts};
+use crate::forward::products::{takes_f16, Mvt1Staging, MVT1_MAX_STAGES, MVT1_STAGES, MVT1_STEP};
+use crate::forward::scratch::{NextBufs, NextDims, NextScratch, Rows};
+use crate::lru::Lru;
+use crate::{grow, Device};
+use crate::{kernel_format, kernels, Cuda, Mma, FORMATS};
+
+mod check;
+pub(crate) mod products;
+pub(crate) mod scratch;
 
 /// Rows of X one chunk holds (`MVG_N` of `forward.cu`).
 pub(crate) const MVG_N: usize = 32;
 
 /// Bytes of one `Chunk` of `forward.cu`.
 pub(crate) const CHUNK_BYTES: usize = 8 + 4 * MVG_N;
+
 /// Widest key and value heads and most experts the kernels take (`ATT_MAX_D`,
 /// `ATT_MAX_V`, `ROUTER_MAX`).
 pub(crate) const MAX_HEAD_DIM: usize = 576;
+
 pub(crate) const MAX_HEAD_DIM_V: usize = 512;
-pub(crate) const MAX_EXPERTS: usize = 1024;
+
 /// Captured decode steps kept (sequences decoding in turn each replay their own).
 pub(crate) const GRAPHS_KEPT: usize = 8;
+
 /// Threads of one attention block (`ATT_THREADS` of `forward.cu`).
 pub(crate) const ATT_THREADS: u32 = 256;
-/// Blocks per token of the lightning indexer's scores (rows strided over them; a fixed
-/// count, so a captured decode step replays at any position).
-pub(crate) const INDEX_BLOCKS: u32 = 64;
-/// Most indexer scores held at once (floats; 256 MiB): longer prompts at longer contexts
-/// are scored in tiles of tokens.
-pub(crate) const SCORES_MAX: usize = 1 << 26;
-
-/// One layer's lightning indexer as `GpuDecoder::index_select` runs it: queries `iq`
-/// (`[n][n_head * head_dim]`, roped), head weights `wh` (`[n][n_head]`), the rows it scores
-/// (`[..][head_dim]`; token t sees `(pos + 1) / ratio` of them) and its top-k.
-pub(crate) struct IndexSelect {
-    pub(crate) iq: u64,
-    pub(crate) wh: u64,
-    pub(crate) n_head: usize,
-    pub(crate) head_dim: usize,
-    pub(crate) rows: u64,
-    pub(crate) ratio: usize,
-    pub(crate) top_k: usize,
-}
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -116,85 +104,6 @@ pub(crate) struct DMat {
 pub(crate) enum DFfn {
     Dense(DenseFfn),
     Moe(Box<Moe>),
-}
-
-/// `glu_act`'s activation id and its clamp limit ([`act_id`]).
-pub(crate) type Act = (i32, f32);
-
-/// `glu_act`'s sigmoid (`g = sigmoid(g) * u`: QSA's output gate).
-pub(crate) const ACT_SIGMOID: Act = (3, 0.0);
-
-/// One hyper-connection mix in VRAM: the projection of the normalised streams, its bias
-/// and scales.
-pub(crate) struct DHc {
-    /// The projection's `nseg` column segments, each its own `[n_out, cols / nseg]` matrix
-    /// (re-laid out at upload; one pointer-table entry each): a decode step's projection is
-    /// spread over `nseg` times the blocks, and a segment's sums do not depend on the
-    /// chunk, so neither do their sum's bits (`hc_pre` adds them in segment order).
-    pub(crate) proj: DMat,
-    pub(crate) nseg: usize,
-    pub(crate) base: u64,
-    pub(crate) scale: u64,
-}
-
-/// A DeepSeek V4 KV compressor (the attention's or the indexer's).
-pub(crate) struct DComp {
-    pub(crate) ratio: usize,
-    pub(crate) head_dim: usize,
-    pub(crate) coff: usize,
-    pub(crate) kv: DMat,
-    pub(crate) gate: DMat,
-    pub(crate) ape: u64,
-    pub(crate) norm: u64,
-}
-
-/// A DeepSeek V4 layer's lightning indexer.
-pub(crate) struct DIndexer {
-    pub(crate) n_head: usize,
-    pub(crate) head_dim: usize,
-    pub(crate) top_k: usize,
-    pub(crate) q_b: DMat,
-    pub(crate) proj: DMat,
-    pub(crate) comp: DComp,
-}
-
-/// The positions an MLA layer attends to (`sluice_models::plan::MlaSelect`; a pooled
-/// layer's k-pool indexer, or its reuse of the previous full layer's selection).
-pub(crate) enum DSelect {
-    All,
-    Indexer(Box<DDsa>),
-    Pooled(Box<DPool>),
-    Previous,
-}
-
-/// GLM's DSA lightning indexer of one MLA layer.
-pub(crate) struct DDsa {
-    pub(crate) n_head: usize,
-    pub(crate) head_dim: usize,
-    pub(crate) top_k: usize,
-    pub(crate) q_b: DMat,
-    pub(crate) k: DMat,
-    pub(crate) k_norm: u64,
-    pub(crate) k_norm_bias: u64,
-    pub(crate) k_norm_eps: f32,
-    pub(crate) proj: DMat,
-}
-
-/// DeepSeek V4 attention of one layer (`out_a` with one pointer-table entry per output
-/// group, `rows` a group's).
-pub(crate) struct DDsv4 {
-    pub(crate) q_a: DMat,
-    pub(crate) q_a_norm: u64,
-    pub(crate) q_b: DMat,
-    pub(crate) kv: DMat,
-    pub(crate) kv_norm: u64,
-    pub(crate) sinks: u64,
-    pub(crate) out_a: DMat,
-    pub(crate) out_b: DMat,
-    pub(crate) rope: u64,
-    pub(crate) rope_compress: u64,
-    pub(crate) comp: Option<DComp>,
-    pub(crate) indexer: Option<DIndexer>,
 }
 
 pub(crate) enum DAttn {
@@ -278,64 +187,6 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("pool_make", "PPPPPIII"),
 ];
 
-/// Whether the tensor-core products (`mvt_*`, f16 operands) take weights of `ty`: every
-/// format whose values f16 holds, i.e. all but F32 and BF16 (their range and precision
-/// stay on the f32 kernels).
-pub(crate) fn takes_f16(ty: GgmlType) -> bool {
-    !matches!(ty, GgmlType::F32 | GgmlType::BF16)
-}
-
-/// Weight rows and threads of one block of `mvt_*` (`MVT_ROWS`, `MVT_WARPS` of
-/// `forward.cu`) and of `mvg_*` (a warp per row, `MVG_WARPS`).
-pub(crate) const MVT_ROWS: usize = 16;
-pub(crate) const MVT_THREADS: u32 = 16 * 32;
-pub(crate) const MVG_ROWS: usize = 4;
-pub(crate) const MVG_THREADS: u32 = MVG_ROWS as u32 * 32;
-/// Columns of one step of `mvt_*` (MVT_WARPS * 32) and the bytes of `mvt1_*`'s partial
-/// sums (`MVT_PART(1)`), the least dynamic shared memory it takes.
-pub(crate) const MVT_STEP: usize = 512;
-pub(crate) const MVT1_PART: usize = 16 * 4 * 32 * 4;
-pub(crate) const MVT1_MAX_STAGES: usize = 8;
-/// The decode kernel's default staging: three steps of 1536 columns in flight. On the H200
-/// (tg64, `SLUICE_CUDA_MVT1_STAGES` / `SLUICE_CUDA_MVT1_STEP` swept in one call): 30B-A3B
-/// Q4_K 158.1 t/s vs 130.1 with 512-column steps (145.2 for the static 3 x 16 KB buffers
-/// before), GLM-5.2 4-layer cut (Q8_0, IQ2_XXS) 307.9 vs 212.0, Gemma 3 cut 4293 vs 3807;
-/// 2048-column and wider steps were slower on the 30B and the GLM cut (115.6, 200.7) and
-/// about even on the Gemma cut (4321-4340); more stages gained nothing.
-pub(crate) const MVT1_STAGES: usize = 3;
-pub(crate) const MVT1_STEP: usize = 1536;
-
-/// How the decode kernel `mvt1_*` stages a matrix's bytes: `stages` steps at once of
-/// `step` columns (a multiple of MVT_STEP; fewer when the matrix has fewer or their bytes
-/// pass `stage_bytes`, 0: no byte limit), in at most `smem_max` bytes of shared memory.
-/// Never changes a bit (forward.cu: a warp takes the same column groups in the same order
-/// whatever the step).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Mvt1Staging {
-    stages: usize,
-    step: usize,
-    stage_bytes: usize,
-    smem_max: usize,
-}
-
-impl Mvt1Staging {
-    /// (stages, step columns, stage buffer bytes, dynamic shared memory) for a matrix of
-    /// `cols` columns and `row_bytes` a row.
-    fn layout(&self, cols: usize, row_bytes: usize) -> (usize, usize, usize, usize) {
-        let per_step = MVT_ROWS * MVT_STEP * row_bytes / cols;
-        let fit = |bytes: usize| (bytes / per_step.max(1)).max(1);
-        let mut mult = (self.step / MVT_STEP).max(1);
-        if self.stage_bytes > 0 {
-            mult = mult.min(fit(self.stage_bytes));
-        }
-        mult = mult.min(cols.div_ceil(MVT_STEP)).min(fit(self.smem_max));
-        let step = MVT_STEP * mult;
-        let stage = (per_step * mult).next_multiple_of(16);
-        let stages = self.stages.clamp(1, (self.smem_max / stage).max(1));
-        (stages, step, stage, (stages * stage).max(MVT1_PART))
-    }
-}
-
 /// The parameter kinds of kernel `name` ([`KERNEL_SIGNATURES`]).
 pub fn kernel_signature(name: &str) -> Option<&'static str> {
     KERNEL_SIGNATURES
@@ -409,33 +260,6 @@ pub(crate) struct Funcs {
     pub(crate) pool_make: Kernel,
 }
 
-/// Routed experts kept in VRAM by (layer, unit) when they are not resident whole.
-pub(crate) struct UnitCache {
-    /// (layer, unit) -> the unit's gate, up and down bytes in one buffer.
-    pub(crate) lru: Lru<(usize, usize), CudaSlice<u8>>,
-    /// Units of the layer in progress that did not fit the budget next to the layer's
-    /// other units (a prefill chunk may use more experts than the cache holds): copied for
-    /// this layer only, freed at the next layer (counted as copied per use).
-    pub(crate) transient: Vec<(usize, CudaSlice<u8>)>,
-    /// Host copy of the pointer table (rewritten per layer for the units it uses).
-    pub(crate) tab: Vec<u64>,
-    /// The layer's chunk table built on the host ([`layer_table`]).
-    pub(crate) chunks: Option<CudaSlice<u8>>,
-}
-
-/// One MoE layer's expert chunks when experts come through the VRAM unit cache: `hit`
-/// chunks (experts already in VRAM) from `table`, then `miss` chunks; the counts at
-/// `counts` (hits), `counts + 4` (misses), `counts + 8` (all).
-pub(crate) struct LayerChunks {
-    pub(crate) table: u64,
-    pub(crate) counts: u64,
-    pub(crate) hit: usize,
-    pub(crate) miss: usize,
-}
-
-/// Bytes of [`layer_table`]'s header (the counts, padded).
-pub(crate) const LAYER_COUNTS_BYTES: usize = 16;
-
 /// One `Chunk` of forward.cu: `unit`, the row count, the rows padded to MVG_N with 0.
 pub(crate) fn push_chunk(out: &mut Vec<u8>, unit: usize, rows: &[usize]) {
     debug_assert!(rows.len() <= MVG_N);
@@ -444,44 +268,6 @@ pub(crate) fn push_chunk(out: &mut Vec<u8>, unit: usize, rows: &[usize]) {
     for t in 0..MVG_N {
         out.extend_from_slice(&(rows.get(t).copied().unwrap_or(0) as i32).to_le_bytes());
     }
-}
-
-/// The rows `i` of a layer's (token, slot) pairs grouped by the unit `ids[i]` chose, in
-/// row order; the keys are the units the layer needs, ascending.
-pub(crate) fn rows_by_unit(ids: &[i32]) -> BTreeMap<usize, Vec<usize>> {
-    let mut m: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for (i, &u) in ids.iter().enumerate() {
-        m.entry(u as usize).or_default().push(i);
-    }
-    m
-}
-
-/// A MoE layer's table for the VRAM unit cache, uploaded in one copy: the counts `[hits,
-/// misses, all]` (LAYER_COUNTS_BYTES), then the chunks of the `hits` units, then those of
-/// the `misses`, up to MVG_N rows each. Which rows share a chunk never changes a row's
-/// bits (each row is computed the same way in any chunk). Returns (bytes, hit, miss).
-pub(crate) fn layer_table(
-    rows_of: &BTreeMap<usize, Vec<usize>>,
-    hits: &[usize],
-    misses: &[usize],
-) -> (Vec<u8>, usize, usize) {
-    let mut out = vec![0u8; LAYER_COUNTS_BYTES];
-    let push = |units: &[usize], out: &mut Vec<u8>| {
-        let mut n = 0;
-        for &u in units {
-            for c in rows_of[&u].chunks(MVG_N) {
-                push_chunk(out, u, c);
-                n += 1;
-            }
-        }
-        n
-    };
-    let hit = push(hits, &mut out);
-    let miss = push(misses, &mut out);
-    for (k, v) in [hit, miss, hit + miss].into_iter().enumerate() {
-        out[4 * k..4 * k + 4].copy_from_slice(&(v as i32).to_le_bytes());
-    }
-    (out, hit, miss)
 }
 
 /// Per-call device buffers, grown as needed (one call at a time: the mutex).
@@ -575,69 +361,6 @@ pub struct GpuKv {
     ok: bool,
 }
 
-/// A compressor's state in VRAM: the carry of the last `coff * ratio` positions' kv and
-/// gate products (slot `p % (coff * ratio)`), and every emitted row (f32, rounded to f16
-/// with an f16 cache).
-pub(crate) struct CompKv {
-    rc: CudaSlice<f32>,
-    rz: CudaSlice<f32>,
-    rows: CudaSlice<f32>,
-}
-
-/// One DeepSeek V4 layer's state in VRAM: the ring of the last `window` key rows (slot
-/// `p % window`), the compressor's and the indexer's.
-pub(crate) struct Dsv4Kv {
-    ring: CudaSlice<f32>,
-    comp: Option<CompKv>,
-    index: Option<CompKv>,
-}
-
-/// Device addresses of one layer's [`Dsv4Kv`] (0 where absent): ring, then (carry kv, carry
-/// gate, rows) of the compressor and of the indexer.
-#[derive(Clone, Copy, Default)]
-pub(crate) struct Dsv4Ptrs {
-    pub(crate) ring: u64,
-    pub(crate) comp: [u64; 3],
-    pub(crate) index: [u64; 3],
-}
-
-impl Dsv4Kv {
-    fn ptrs(&self, stream: &Arc<CudaStream>) -> Dsv4Ptrs {
-        let c = |c: &Option<CompKv>| {
-            c.as_ref().map_or([0; 3], |c| {
-                [
-                    c.rc.device_ptr(stream).0,
-                    c.rz.device_ptr(stream).0,
-                    c.rows.device_ptr(stream).0,
-                ]
-            })
-        };
-        Dsv4Ptrs {
-            ring: self.ring.device_ptr(stream).0,
-            comp: c(&self.comp),
-            index: c(&self.index),
-        }
-    }
-
-    fn copy(&self, stream: &Arc<CudaStream>) -> Option<Dsv4Kv> {
-        let c = |c: &Option<CompKv>| -> Option<Option<CompKv>> {
-            match c {
-                None => Some(None),
-                Some(c) => Some(Some(CompKv {
-                    rc: stream.clone_dtod(&c.rc).ok()?,
-                    rz: stream.clone_dtod(&c.rz).ok()?,
-                    rows: stream.clone_dtod(&c.rows).ok()?,
-                })),
-            }
-        };
-        Some(Dsv4Kv {
-            ring: stream.clone_dtod(&self.ring).ok()?,
-            comp: c(&self.comp)?,
-            index: c(&self.index)?,
-        })
-    }
-}
-
 impl ExtraState for GpuKv {
     fn clone_box(&self) -> Box<dyn ExtraState> {
         let copy = |src: &[CudaSlice<u8>]| -> Option<Vec<CudaSlice<u8>>> {
@@ -700,9 +423,9 @@ impl ExtraState for GpuKv {
 
 /// One layer's own attention state for a sequence of `n_ctx` positions, zeros: GLM's DSA
 /// indexer keys (every position's, f32); DeltaNet's convolution ring of the last `kernel -
-/// 1` inputs and recurrent matrices; KDA's ([`glm5next::kda_state`]); QSA's raw keys of
+/// 1` inputs and recurrent matrices; KDA's ([`kda_state`]); QSA's raw keys of
 /// every position and pooled keys of every complete block (with an indexer); a k-pool
-/// indexer's ([`glm5next::pool_state`]); none for the others (DeepSeek V4's is
+/// indexer's ([`pool_state`]); none for the others (DeepSeek V4's is
 /// [`Dsv4Kv`]).
 pub(crate) fn layer_state(
     stream: &Arc<CudaStream>,
@@ -717,7 +440,7 @@ pub(crate) fn layer_state(
     match attn {
         DAttn::Mla(m) => match &m.select {
             DSelect::Indexer(ix) => Ok(vec![zeros(n_ctx * ix.head_dim)?]),
-            DSelect::Pooled(ix) => glm5next::pool_state(stream, ix, n_ctx),
+            DSelect::Pooled(ix) => pool_state(stream, ix, n_ctx),
             DSelect::All | DSelect::Previous => Ok(Vec::new()),
         },
         DAttn::Delta(w) => {
@@ -727,7 +450,7 @@ pub(crate) fn layer_state(
                 zeros(s.n_v_heads * s.d_k * s.d_v)?,
             ])
         }
-        DAttn::Kda(w) => glm5next::kda_state(stream, &w.shape),
+        DAttn::Kda(w) => kda_state(stream, &w.shape),
         DAttn::Qsa(w) if w.shape.ratio > 0 => {
             let s = &w.shape;
             Ok(vec![
@@ -747,6 +470,7 @@ pub(crate) struct Graph(cudarc::driver::CudaGraph);
 // dropped by one thread at a time), which is what the driver requires of graph objects;
 // its handles are not tied to the thread that made them.
 unsafe impl Send for Graph {}
+
 // SAFETY: as above: every use goes through the mutex.
 unsafe impl Sync for Graph {}
 
@@ -816,67 +540,6 @@ pub enum ExpertPlacement {
     /// A VRAM unit cache of the backend's `--gpu-expert-cache` budget over the expert
     /// source.
     Cached,
-}
-
-/// `glu_act`'s activation id and clamp limit.
-pub(crate) fn act_id(a: Activation) -> Act {
-    match a {
-        Activation::Silu => (0, 0.0),
-        Activation::GeluTanh => (1, 0.0),
-        Activation::SiluClamped { limit } => (2, limit),
-    }
-}
-
-/// What `topk_route` takes of a router.
-pub(crate) struct RouterKind<'a> {
-    /// Score function id (0 softmax, 1 sigmoid, 2 sqrt-softplus).
-    score: i32,
-    bias: Option<&'a [f32]>,
-    norm: bool,
-    scale: f32,
-    /// A hashed router's `[n_vocab][k]` experts.
-    table: Option<&'a [u32]>,
-}
-
-pub(crate) fn router_kind(r: &Router) -> RouterKind<'_> {
-    let score = |f: ScoreFn| match f {
-        ScoreFn::Softmax => 0,
-        ScoreFn::Sigmoid => 1,
-        ScoreFn::SqrtSoftplus => 2,
-    };
-    match r {
-        Router::Softmax { norm } => RouterKind {
-            score: 0,
-            bias: None,
-            norm: *norm,
-            scale: 1.0,
-            table: None,
-        },
-        Router::Biased {
-            score: f,
-            bias,
-            norm,
-            scale,
-        } => RouterKind {
-            score: score(*f),
-            bias: Some(&bias[..]),
-            norm: *norm,
-            scale: *scale,
-            table: None,
-        },
-        Router::Hash {
-            table,
-            score: f,
-            norm,
-            scale,
-        } => RouterKind {
-            score: score(*f),
-            bias: None,
-            norm: *norm,
-            scale: *scale,
-            table: Some(&table[..]),
-        },
-    }
 }
 
 /// Per-token widths of the compressor and indexer scratch, the widest over the layers
@@ -954,136 +617,9 @@ impl IndexDims {
     }
 }
 
-/// Most residual streams, widest compressed row, most indexer query values and widest
-/// DeepSeek V4 head the kernels take (`HC_MAX`, `2 * DSV4_PAIRS * 256`, `IDX_MAX_Q`,
-/// `ATT_MAX_V` of forward.cu).
-pub(crate) const HC_MAX: usize = 8;
 /// The most dynamic shared memory a block of any GPU this backend runs on may opt in to
 /// (Hopper's 227 KiB); the device's own limit is checked again when the decoder is built.
 pub(crate) const SMEM_OPTIN_MAX: usize = 227 * 1024;
-pub(crate) const DSV4_MAX_COMP: usize = 1024;
-pub(crate) const IDX_MAX_Q: usize = 8192;
-
-/// Column segments a hyper-connection projection of `cols` columns of `ty` is split into:
-/// the most of 32, 16, .. 2 whose segments are whole multiples of the decode kernel's step
-/// (MVT_STEP columns) and of the format's blocks; 1 (no split) otherwise.
-pub(crate) fn hc_segments(ty: GgmlType, cols: usize) -> usize {
-    let Some(row) = ty.row_bytes(cols as u64) else {
-        return 1;
-    };
-    [32, 16, 8, 4, 2]
-        .into_iter()
-        .find(|&n| {
-            cols.is_multiple_of(n)
-                && (cols / n).is_multiple_of(MVT_STEP)
-                && ty.row_bytes((cols / n) as u64).map(|b| b * n as u64) == Some(row)
-        })
-        .unwrap_or(1)
-}
-
-/// Why DeepSeek V4 attention layer `il` does not fit the kernels, if it does not.
-pub(crate) fn check_dsv4(
-    il: usize,
-    w: &sluice_models::blocks::dsv4_attention::Dsv4AttnWeights,
-    s: &Dsv4Shape,
-    first: &Dsv4Shape,
-) -> Result<(), String> {
-    let bad = |what: String| Err(format!("layer {il}: DeepSeek V4 attention: {what}"));
-    let same = (
-        s.n_embd, s.n_head, s.head_dim, s.n_rot, s.q_lora, s.o_groups, s.o_lora,
-    ) == (
-        first.n_embd,
-        first.n_head,
-        first.head_dim,
-        first.n_rot,
-        first.q_lora,
-        first.o_groups,
-        first.o_lora,
-    ) && s.window == first.window;
-    if !same {
-        return bad("its shape differs from the first layer's".into());
-    }
-    let (nh, hd) = (s.n_head, s.head_dim);
-    if hd > MAX_HEAD_DIM_V || hd == 0 || s.n_rot == 0 || !s.n_rot.is_multiple_of(2) || s.n_rot > hd
-    {
-        return bad(format!(
-            "heads of {hd} with {} roped dims (the kernel takes even rotations within heads up to {MAX_HEAD_DIM_V})",
-            s.n_rot
-        ));
-    }
-    if s.window == 0 || s.o_groups == 0 || !(nh * hd).is_multiple_of(s.o_groups) {
-        return bad(format!(
-            "window {}, {} output groups over {nh} heads of {hd}",
-            s.window, s.o_groups
-        ));
-    }
-    if w.rope.len() != s.n_rot / 2
-        || w.rope_compress.len() != s.n_rot / 2
-        || w.sinks.len() != nh
-        || w.kv_norm.len() != hd
-        || w.q_a_norm.len() != s.q_lora
-    {
-        return bad("RoPE tables, sinks or norms of the wrong length".into());
-    }
-    let shapes = (
-        w.q_a.rows,
-        w.q_b.rows,
-        w.q_b.cols,
-        w.kv.rows,
-        w.out_a.rows,
-        w.out_a.cols,
-    ) == (
-        s.q_lora,
-        nh * hd,
-        s.q_lora,
-        hd,
-        s.o_groups * s.o_lora,
-        nh * hd / s.o_groups,
-    ) && (w.out_b.rows, w.out_b.cols) == (s.n_embd, s.o_groups * s.o_lora)
-        && (w.q_a.cols, w.kv.cols) == (s.n_embd, s.n_embd);
-    if !shapes {
-        return bad("projection shapes do not match its shape".into());
-    }
-    let comp_ok = |c: &sluice_models::blocks::dsv4_attention::CompressorWeights| {
-        c.ratio > 0
-            && (c.coff == 1 || c.coff == 2)
-            && c.head_dim <= DSV4_MAX_COMP
-            && c.head_dim.is_multiple_of(2)
-            && c.head_dim >= s.n_rot
-            && c.ape.len() == c.ratio * c.coff * c.head_dim
-            && c.norm.len() == c.head_dim
-            && (c.kv.rows, c.gate.rows) == (c.coff * c.head_dim, c.coff * c.head_dim)
-            && (c.kv.cols, c.gate.cols) == (s.n_embd, s.n_embd)
-    };
-    if let Some(c) = &w.comp {
-        if !comp_ok(c) || c.head_dim != hd {
-            return bad(format!(
-                "a compressor of ratio {} rows of {} (the kernel takes rows of the head size, up to {DSV4_MAX_COMP})",
-                c.ratio, c.head_dim
-            ));
-        }
-    }
-    match (&w.indexer, &w.comp) {
-        (None, _) => {}
-        (Some(ix), Some(c)) => {
-            let ok = comp_ok(&ix.comp)
-                && ix.comp.ratio == c.ratio
-                && ix.comp.head_dim == ix.head_dim
-                && ix.n_head * ix.head_dim <= IDX_MAX_Q
-                && ix.top_k > 0
-                && (ix.q_b.rows, ix.proj.rows) == (ix.n_head * ix.head_dim, ix.n_head)
-                && (ix.q_b.cols, ix.proj.cols) == (s.q_lora, s.n_embd);
-            if !ok {
-                return bad(format!(
-                    "an indexer of {} heads of {} (top {}) the kernels do not take",
-                    ix.n_head, ix.head_dim, ix.top_k
-                ));
-            }
-        }
-        (Some(_), None) => return bad("an indexer without a compressor".into()),
-    }
-    Ok(())
-}
 
 impl GpuDecoder {
     /// Whether `plan` can run on the GPU: every matrix in a format the kernels take, heads
@@ -1103,9 +639,9 @@ impl GpuDecoder {
         if plan.lowrank.is_some() && plan.hyper.is_some() {
             return Err("low-rank and learned hyper-connections together".into());
         }
-        let gdn_max = SMEM_OPTIN_MAX - qwen4exp::GDN_STATIC_SMEM;
-        qwen4exp::check(plan, gdn_max)?;
-        glm5next::check(plan, gdn_max)?;
+        let gdn_max = SMEM_OPTIN_MAX - GDN_STATIC_SMEM;
+        qwen4exp_parts(plan, gdn_max)?;
+        glm5next_parts(plan, gdn_max)?;
         if let Some(h) = &plan.hyper {
             let hc = h.shape.n_hc;
             if hc == 0 || hc > HC_MAX || h.shape.n_embd != plan.n_embd {
@@ -1401,17 +937,15 @@ impl GpuDecoder {
         // DeltaNet's state lives in shared memory while a batch runs: the kernel may have
         // what its widest head needs (the opt-in limit less the kernel's static shared
         // memory is the driver's to check).
-        let gdn_max = smem_max.saturating_sub(qwen4exp::GDN_STATIC_SMEM);
-        qwen4exp::check(&plan, gdn_max)?;
-        glm5next::check(&plan, gdn_max)?;
+        let gdn_max = smem_max.saturating_sub(GDN_STATIC_SMEM);
+        qwen4exp_parts(&plan, gdn_max)?;
+        glm5next_parts(&plan, gdn_max)?;
         let gdn_need = plan
             .layers
             .iter()
             .filter_map(|l| match &l.attn {
-                PlanAttn::Delta { shape, .. } => Some(qwen4exp::gdn_smem(shape)),
-                PlanAttn::Kda { shape, .. } => {
-                    Some(qwen4exp::gdn_smem(&glm5next::delta_shape(shape)))
-                }
+                PlanAttn::Delta { shape, .. } => Some(gdn_smem(shape)),
+                PlanAttn::Kda { shape, .. } => Some(gdn_smem(&delta_shape(shape))),
                 _ => None,
             })
             .max()
@@ -1562,7 +1096,7 @@ impl GpuDecoder {
                     let shared = match shared {
                         Some(sh) => {
                             ff_dense = ff_dense.max(sh.w.gate.rows);
-                            Some(Box::new(moe::DShared {
+                            Some(Box::new(DShared {
                                 gate: up.mat(&sh.w.gate)?,
                                 up: up.mat(&sh.w.up)?,
                                 down: up.mat(&sh.w.down)?,
@@ -1778,7 +1312,7 @@ impl GpuDecoder {
             mla: plan
                 .mla_shape()
                 .or(plan.layers.iter().find_map(|l| match &l.attn {
-                    PlanAttn::Pooled { shape, .. } => Some(glm5next::pooled_mla_shape(shape)),
+                    PlanAttn::Pooled { shape, .. } => Some(pooled_mla_shape(shape)),
                     _ => None,
                 })),
             hc_nseg,
@@ -1813,196 +1347,21 @@ impl GpuDecoder {
             _norms: norms,
         })
     }
-
-    /// MoE layer `il`'s experts through the VRAM unit cache, hits first: the units its
-    /// (token, slot) rows chose (`ids`) are looked up; the hits' rows of the pointer table
-    /// and the layer's chunk table (hits' chunks, then misses') are uploaded and
-    /// `launch_hits` queues the hits' products on the compute stream; then the misses are
-    /// read through the expert source and copied on the copy stream while those run, and
-    /// their rows of the pointer table are written. The caller queues the misses' products
-    /// after this returns (the copies are done by then).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn ensure_units(
-        &self,
-        env: &Env<'_>,
-        il: usize,
-        ids: &[i32],
-        stacked: &[Stacked; 3],
-        n_expert: usize,
-        tab_index: usize,
-        launch_hits: &mut dyn FnMut(&LayerChunks) -> Result<(), ModelError>,
-    ) -> Result<LayerChunks, ModelError> {
-        let stream = &self.stream;
-        let rows_of = rows_by_unit(ids);
-        let needed: Vec<usize> = rows_of.keys().copied().collect();
-        let mut uc = lock(self.units.as_ref().expect("cached placement"));
-        let uc = &mut *uc;
-        let sizes: Vec<usize> = stacked.iter().map(|s| s.expert_bytes()).collect();
-        let unit_bytes: usize = sizes.iter().sum();
-        let mut offs = [0usize; 3];
-        for pi in 1..3 {
-            offs[pi] = offs[pi - 1] + sizes[pi - 1];
-        }
-        let (mut hit_units, mut misses) = (Vec::new(), Vec::new());
-        for &u in &needed {
-            uc.lru.tick();
-            match uc.lru.touch(&(il, u)) {
-                Some(_) => hit_units.push(u),
-                None => misses.push(u),
-            }
-        }
-        // The previous layer's kernels are done (its ids were downloaded after them).
-        uc.transient.clear();
-        // The hits' table rows, the chunk table, then the hits' products.
-        let (lo, hi) = (tab_index, tab_index + 3 * n_expert);
-        let write_rows = |uc: &mut UnitCache, units: &[usize]| -> Result<(), ModelError> {
-            for &u in units {
-                let slot = match uc.lru.get(&(il, u)) {
-                    Some(e) => e,
-                    None => {
-                        &uc.transient
-                            .iter()
-                            .find(|t| t.0 == u)
-                            .expect("uploaded above")
-                            .1
-                    }
-                };
-                let a = slot.device_ptr(stream).0;
-                for (pi, off) in offs.iter().enumerate() {
-                    uc.tab[tab_index + pi * n_expert + u] = a + *off as u64;
-                }
-            }
-            let mut ptrs = lock(&self.ptrs);
-            stream
-                .memcpy_htod(&uc.tab[lo..hi], &mut ptrs.slice_mut(lo..hi))
-                .map_err(|e| err("pointer table", e))
-        };
-        write_rows(uc, &hit_units)?;
-        let (table, hit, miss) = layer_table(&rows_of, &hit_units, &misses);
-        let base = addr(stream, &mut uc.chunks, table.len())?;
-        let dev_chunks = uc.chunks.as_mut().expect("grown");
-        stream
-            .memcpy_htod(&table[..], &mut dev_chunks.slice_mut(0..table.len()))
-            .map_err(|e| err("chunk table", e))?;
-        let lc = LayerChunks {
-            table: base + LAYER_COUNTS_BYTES as u64,
-            counts: base,
-            hit,
-            miss,
-        };
-        launch_hits(&lc)?;
-
-        // How many of this layer's units the cache can hold at once; the hits are in it.
-        let capacity = (uc.lru.budget() / unit_bytes.max(1) as u64) as usize;
-        let mut in_cache = hit_units.len();
-        let mut evictions = 0u64;
-        let mut transient_bytes = 0u64;
-        // Time spent copying (not waiting for the expert source's reads).
-        let mut copy_ns = 0u64;
-        let (mut uploaded, mut pinned) = (0u64, 0u64);
-        let mut failed: Option<ModelError> = None;
-        let copy = &self.copy;
-        if !misses.is_empty() {
-            let walked = env
-                .experts
-                .for_each_batch(env.map, il, &misses, &mut |batch| {
-                    for &(i, view) in batch {
-                        let u = misses[i];
-                        let keep = in_cache < capacity;
-                        if keep {
-                            // Least recently used, never a unit this layer uses.
-                            let protected =
-                                |k: &(usize, usize)| k.0 == il && rows_of.contains_key(&k.1);
-                            evictions += uc.lru.make_room(unit_bytes as u64, protected).0;
-                        }
-                        // SAFETY: every byte of the buffer is written by the copies below
-                        // (same stream, in order) before the misses' kernels, queued after
-                        // this layer's copies are synchronized, read it.
-                        let mut slot = match unsafe { copy.alloc::<u8>(unit_bytes) } {
-                            Ok(s) => s,
-                            Err(e) => {
-                                failed = Some(err("expert slot", e));
-                                return Err(Stop);
-                            }
-                        };
-                        let mut off = 0;
-                        let c0 = std::time::Instant::now();
-                        for (pi, &len) in sizes.iter().enumerate() {
-                            let src = view.part(pi);
-                            if src.len() != len {
-                                failed = Some(ModelError::Compute(format!(
-                                    "cuda: layer {il} unit {u} part {pi}: {} bytes, expected {len}",
-                                    src.len()
-                                )));
-                                return Err(Stop);
-                            }
-                            if self.d.host().covers(src.as_ptr() as usize, len) {
-                                pinned += len as u64;
-                            }
-                            if let Err(e) =
-                                copy.memcpy_htod(src, &mut slot.slice_mut(off..off + len))
-                            {
-                                failed = Some(err("expert upload", e));
-                                return Err(Stop);
-                            }
-                            off += len;
-                        }
-                        copy_ns += c0.elapsed().as_nanos() as u64;
-                        uploaded += unit_bytes as u64;
-                        if keep {
-                            in_cache += 1;
-                            uc.lru.insert((il, u), slot, unit_bytes as u64);
-                        } else {
-                            transient_bytes += unit_bytes as u64;
-                            uc.transient.push((u, slot));
-                        }
-                    }
-                    // The views are released when this returns: their copies must be done
-                    // (the hits' products keep running on the compute stream meanwhile).
-                    let c0 = std::time::Instant::now();
-                    if let Err(e) = copy.synchronize() {
-                        failed = Some(err("expert upload", e));
-                        return Err(Stop);
-                    }
-                    copy_ns += c0.elapsed().as_nanos() as u64;
-                    Ok(())
-                });
-            if let Some(e) = failed {
-                return Err(e);
-            }
-            walked?;
-            write_rows(uc, &misses)?;
-        }
-        let peak = uc.lru.held();
-        let mut g = self.d.lock();
-        let s = &mut g.stats;
-        s.expert_hits += hit_units.len() as u64;
-        s.expert_misses += misses.len() as u64;
-        s.expert_evictions += evictions;
-        s.expert_upload_bytes += uploaded - transient_bytes;
-        s.transient_bytes += transient_bytes;
-        s.upload_bytes += uploaded;
-        s.upload_pinned_bytes += pinned;
-        s.expert_bytes = peak;
-        s.expert_peak = s.expert_peak.max(peak);
-        s.upload_ns += copy_ns;
-        Ok(lc)
-    }
 }
 
 /// Uploads weights at start and keeps their device buffers and the host pointer table.
 pub(crate) struct Uploader<'m> {
-    stream: Arc<CudaStream>,
-    map: &'m [u8],
-    owned: Vec<CudaSlice<u8>>,
-    norms: Vec<CudaSlice<f32>>,
-    tab: Vec<u64>,
-    uploaded: u64,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) map: &'m [u8],
+    pub(crate) owned: Vec<CudaSlice<u8>>,
+    pub(crate) norms: Vec<CudaSlice<f32>>,
+    pub(crate) tab: Vec<u64>,
+    pub(crate) uploaded: u64,
 }
 
 impl Uploader<'_> {
     /// Upload `bytes`; their device address.
-    fn bytes(&mut self, bytes: &[u8]) -> Result<u64, String> {
+    pub(crate) fn bytes(&mut self, bytes: &[u8]) -> Result<u64, String> {
         let s = self
             .stream
             .clone_htod(bytes)
@@ -2014,7 +1373,7 @@ impl Uploader<'_> {
     }
 
     /// Upload a matrix and give it a pointer-table entry.
-    fn mat(&mut self, m: &Mat) -> Result<DMat, String> {
+    pub(crate) fn mat(&mut self, m: &Mat) -> Result<DMat, String> {
         let a = self.bytes(m.bytes(self.map))?;
         self.tab.push(a);
         Ok(DMat {
@@ -2028,7 +1387,7 @@ impl Uploader<'_> {
 
     /// Upload a matrix of `n` heads' row blocks and give each head a pointer-table entry
     /// (consecutive); the result's `rows` are one head's.
-    fn heads(&mut self, m: &Mat, n: usize) -> Result<DMat, String> {
+    pub(crate) fn heads(&mut self, m: &Mat, n: usize) -> Result<DMat, String> {
         let a = self.bytes(m.bytes(self.map))?;
         let row_bytes = m.ty.row_bytes(m.cols as u64).expect("checked") as i64;
         let rows = m.rows / n;
@@ -2045,7 +1404,7 @@ impl Uploader<'_> {
         })
     }
 
-    fn norm(&mut self, v: &[f32]) -> Result<u64, String> {
+    pub(crate) fn norm(&mut self, v: &[f32]) -> Result<u64, String> {
         let s = self
             .stream
             .clone_htod(v)
@@ -2056,24 +1415,9 @@ impl Uploader<'_> {
     }
 
     /// Upload integers (a hash router's table); their device address.
-    fn ints(&mut self, v: &[i32]) -> Result<u64, String> {
+    pub(crate) fn ints(&mut self, v: &[i32]) -> Result<u64, String> {
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         self.bytes(&bytes)
-    }
-
-    /// Upload a hyper-connection mix, its projection in `nseg` column segments ([`DHc`];
-    /// [`hc_segments`] of it or fewer).
-    fn hc(
-        &mut self,
-        w: &sluice_models::blocks::hyper::HcWeights,
-        nseg: usize,
-    ) -> Result<DHc, String> {
-        Ok(DHc {
-            proj: self.segments(&w.proj, nseg)?,
-            nseg,
-            base: self.norm(&w.base)?,
-            scale: self.norm(&w.scale)?,
-        })
     }
 
     /// Upload a matrix as `nseg` column segments, each its own `[rows, cols / nseg]` matrix
@@ -2081,7 +1425,7 @@ impl Uploader<'_> {
     /// product through a per-segment chunk table (unit s: the s-th `cols / nseg` values of
     /// each input row) gives every segment's partial sums, which a kernel adds in segment
     /// order, so a short, wide product spreads over `nseg` times the blocks.
-    fn segments(&mut self, m: &Mat, nseg: usize) -> Result<DMat, String> {
+    pub(crate) fn segments(&mut self, m: &Mat, nseg: usize) -> Result<DMat, String> {
         let row_bytes = m.ty.row_bytes(m.cols as u64).expect("checked") as usize;
         let seg_cols = m.cols / nseg;
         let seg_bytes = row_bytes / nseg;
@@ -2109,7 +1453,7 @@ impl Uploader<'_> {
     }
 
     /// A norm's address, 0 (a null pointer for the kernels) when there is none.
-    fn opt_norm(&mut self, v: &Option<Vec<f32>>) -> Result<u64, String> {
+    pub(crate) fn opt_norm(&mut self, v: &Option<Vec<f32>>) -> Result<u64, String> {
         match v {
             Some(v) => self.norm(v),
             None => Ok(0),
@@ -2212,7 +1556,7 @@ pub(crate) struct Call<'a> {
     pub(crate) n_hc: usize,
     pub(crate) lr_streams: Option<usize>,
     pub(crate) hs: Option<HcShape>,
-    pub(crate) qsa_bufs: qwen4exp::QsaBufs,
+    pub(crate) qsa_bufs: QsaBufs,
     pub(crate) nr: usize,
     pub(crate) row_chunks: u64,
     pub(crate) n_rowc: u64,
@@ -2410,309 +1754,6 @@ impl GpuDecoder {
         .launch(self, (n as u32, 1, 1))
     }
 
-    /// `g = act(g) * u` over `len` values.
-    pub(crate) fn glu(&self, g: u64, u: u64, len: usize, act: Act) -> Result<(), ModelError> {
-        kernels::GluAct {
-            g,
-            u,
-            n: len as i64,
-            act: act.0,
-            limit: act.1,
-        }
-        .launch(self, (len.div_ceil(256) as u32, 1, 1))
-    }
-
-    /// The mix `w` of every token's hyper-connection streams `x` (`[n][hc][e]`): their
-    /// unweighted RMS norm into `hcf`, its projection's column segments into `hcm` (through
-    /// the per-segment chunk table `segs`), then `hc_pre`: the collapsed input into `h`
-    /// (RMS-normed with `norm` unless 0) and, when `pc` is not 0, post and comb into it for
-    /// [`Self::hc_post`].
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn hc_mix(
-        &self,
-        w: &DHc,
-        hs: &HcShape,
-        x: u64,
-        bufs: (u64, u64),
-        pc: u64,
-        norm: u64,
-        h: u64,
-        n: usize,
-        segs: Rows,
-        eps: f32,
-    ) -> Result<(), ModelError> {
-        let (hcf, hcm) = bufs;
-        let width = hs.n_hc * hs.n_embd;
-        self.rms_norm(x, 0, hcf, 0, n, width, hs.rms_eps)?;
-        self.mv_rows(&[(&w.proj, hcm)], segs, hcf)?;
-        kernels::HcPre {
-            m: hcm,
-            base: w.base,
-            scale: w.scale,
-            x,
-            pc,
-            norm,
-            h,
-            hc: hs.n_hc as i32,
-            e: i32_of(hs.n_embd, "n_embd")?,
-            iters: i32_of(hs.sinkhorn_iters, "Sinkhorn iterations")?,
-            nseg: w.nseg as i32,
-            eps: hs.eps,
-            rms_eps: eps,
-        }
-        .launch(self, (n as u32, 1, 1))
-    }
-
-    /// `x[t][dst] = post[dst] y[t] + sum_src comb[src][dst] x[t][src]` (`pc` from
-    /// [`Self::hc_mix`]).
-    pub(crate) fn hc_post(
-        &self,
-        hs: &HcShape,
-        x: u64,
-        y: u64,
-        pc: u64,
-        n: usize,
-    ) -> Result<(), ModelError> {
-        kernels::HcPost {
-            x,
-            y,
-            pc,
-            hc: hs.n_hc as i32,
-            e: i32_of(hs.n_embd, "n_embd")?,
-        }
-        .launch(self, (n as u32, hs.n_embd.div_ceil(256) as u32, 1))
-    }
-
-    /// Store `n` tokens' key and value rows (`k`, `v`) to the cache rows their positions
-    /// name (`kvt`: 0 f16 cache, 1 f32).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn kv_store(
-        &self,
-        kvt: usize,
-        k: u64,
-        v: u64,
-        kc: u64,
-        vc: u64,
-        pos: u64,
-        n: usize,
-        kdim: usize,
-        vdim: usize,
-    ) -> Result<(), ModelError> {
-        kernels::KvStore {
-            cache: kvt,
-            k,
-            v,
-            kc,
-            vc,
-            pos,
-            kdim: i32_of(kdim, "key row")?,
-            vdim: i32_of(vdim, "value row")?,
-        }
-        .launch(self, (n as u32, 1, 1))
-    }
-
-    /// An indexer's choice for each of `n` tokens (positions at `pos`): the scores of the
-    /// rows each sees into `scratch.0` (row stride `scratch.1`), then the top-k into
-    /// `scratch.3` (`[n][top_k]`) and the counts into `scratch.4`, in tiles of `scratch.2`
-    /// tokens (the scores buffer holds one tile). A token's scores and choice do not depend
-    /// on its tile.
-    pub(crate) fn index_select(
-        &self,
-        ix: &IndexSelect,
-        pos: u64,
-        scratch: (u64, usize, usize, u64, u64),
-        n: usize,
-    ) -> Result<(), ModelError> {
-        let (scores, stride, tile, sel, nsel) = scratch;
-        let stride_i = i32_of(stride, "indexer rows")?;
-        let qn = (ix.n_head * ix.head_dim) as u64;
-        let mut t0 = 0;
-        while t0 < n {
-            let m = tile.min(n - t0);
-            let t = t0 as u64;
-            kernels::Dsv4IndexScores {
-                iq: ix.iq + 4 * t * qn,
-                // (QSA's indexer has no head weights: a null pointer.)
-                wh: if ix.wh == 0 {
-                    0
-                } else {
-                    ix.wh + 4 * t * ix.n_head as u64
-                },
-                rows: ix.rows,
-                pos: pos + 4 * t,
-                scores,
-                n_head: ix.n_head as i32,
-                ihd: ix.head_dim as i32,
-                ratio: ix.ratio as i32,
-                stride: stride_i,
-            }
-            .launch(self, (m as u32, INDEX_BLOCKS, 1))?;
-            kernels::Dsv4Topk {
-                scores,
-                pos: pos + 4 * t,
-                sel: sel + 4 * t * ix.top_k as u64,
-                nsel: nsel + 4 * t,
-                ratio: ix.ratio as i32,
-                stride: stride_i,
-                k: i32_of(ix.top_k, "top-k")?,
-            }
-            .launch(self, (m as u32, 1, 1))?;
-            t0 += m;
-        }
-        Ok(())
-    }
-
-    /// The carry of the batch's last `slots` tokens (positions at `pos`): rows of `c` (and
-    /// `z` unless 0) to slot `position % slots` of `rc` (`rz`).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn ring_store(
-        &self,
-        c: u64,
-        z: u64,
-        rc: u64,
-        rz: u64,
-        pos: u64,
-        width: usize,
-        slots: usize,
-        n: usize,
-    ) -> Result<(), ModelError> {
-        kernels::RingStore {
-            c,
-            z,
-            rc,
-            rz,
-            pos,
-            width: i32_of(width, "carry row")?,
-            slots: i32_of(slots, "carry slots")?,
-            n: n as i32,
-        }
-        .launch(self, (n as u32, width.div_ceil(256).min(64) as u32, 1))
-    }
-
-    /// Attention of `n` tokens' query heads `q` over the cache (`window` 0: global; `select`:
-    /// (positions `[n][top_k]`, their counts, top_k), the positions each token attends to,
-    /// or (0, 0, 0) for all).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn attention(
-        &self,
-        kvt: usize,
-        q: u64,
-        kc: u64,
-        vc: u64,
-        out: u64,
-        pos: u64,
-        n: usize,
-        window: i32,
-        select: (u64, u64, usize),
-    ) -> Result<(), ModelError> {
-        let sh = &self.plan.shape;
-        let (sel, nsel, top_k) = select;
-        kernels::Attention {
-            cache: kvt,
-            q,
-            kc,
-            vc,
-            out,
-            pos,
-            nh: sh.n_head as i32,
-            nkv: sh.n_head_kv as i32,
-            hd: sh.head_dim as i32,
-            hdv: sh.head_dim_v as i32,
-            scale: sh.scale,
-            window,
-            sel,
-            nsel,
-            top_k: i32_of(top_k, "top-k")?,
-        }
-        .launch(self, (n as u32, sh.n_head as u32, 1))
-    }
-
-    /// `y[rows_of_chunks] = W x` for every `(W, y)` of `parts`, through the chunk table at
-    /// `chunks` (`grid_y` blocks in y, the count at `nchunks`). Consecutive matrices of the
-    /// same format and shape (q, k and v; gate and up) share a launch, up to three.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn mv(
-        &self,
-        parts: &[(&DMat, u64)],
-        chunks: u64,
-        nchunks: u64,
-        grid_y: usize,
-        x: u64,
-        x_div: usize,
-        small: bool,
-    ) -> Result<(), ModelError> {
-        if grid_y == 0 {
-            return Ok(());
-        }
-        let gy = u32::try_from(grid_y)
-            .ok()
-            .filter(|&g| g <= 65_535)
-            .ok_or_else(|| ModelError::Compute(format!("cuda: {grid_y} chunks in one launch")))?;
-        let mut rest = parts;
-        while let Some((&(m, _), _)) = rest.split_first() {
-            let same = |(o, _): &&(&DMat, u64)| {
-                o.fi == m.fi && o.cols == m.cols && o.row_bytes == m.row_bytes
-            };
-            let n = rest.iter().take(3).take_while(same).count();
-            let (group, tail) = rest.split_at(n);
-            rest = tail;
-            let mvt = match &self.f.mvt[m.fi] {
-                Some(_) if small && self.d.mma == Mma::Prefill => None,
-                k => k.as_ref(),
-            };
-            let (k, rows_per_block, threads) = match mvt {
-                Some([one, four]) => (if small { one } else { four }, MVT_ROWS, MVT_THREADS),
-                None => (&self.f.mvg[m.fi], MVG_ROWS, MVG_THREADS),
-            };
-            let decode = mvt.is_some() && small;
-            // Unused slots: no rows (no blocks), their table and output never read.
-            let part = |i: usize| group.get(i).map_or((m, 0, 0u64), |&(d, y)| (d, d.rows, y));
-            let (p0, p1, p2) = (part(0), part(1), part(2));
-            let blocks: usize = [p0.1, p1.1, p2.1]
-                .iter()
-                .map(|r| r.div_ceil(rows_per_block))
-                .sum();
-            let mut smem = 0;
-            let mut staging = None;
-            if decode {
-                let (stages, step, stage, bytes) = self.mvt1.layout(m.cols, m.row_bytes as usize);
-                staging = Some([stages as i32, step as i32, stage as i32]);
-                smem = bytes;
-            }
-            kernels::Mv {
-                w0: self.ptrs_base + 8 * p0.0.tab as u64,
-                w1: self.ptrs_base + 8 * p1.0.tab as u64,
-                w2: self.ptrs_base + 8 * p2.0.tab as u64,
-                chunks,
-                n_chunks: nchunks,
-                x,
-                x_div: x_div as i32,
-                y0: p0.2,
-                y1: p1.2,
-                y2: p2.2,
-                rows0: i32_of(p0.1, "rows")?,
-                rows1: i32_of(p1.1, "rows")?,
-                rows2: i32_of(p2.1, "rows")?,
-                cols: i32_of(m.cols, "columns")?,
-                row_bytes: m.row_bytes,
-                staging,
-            }
-            .launch(self, k, (blocks as u32, gy, 1), threads, smem)?;
-        }
-        Ok(())
-    }
-
-    /// `y = W x` for every `(W, y)` of `parts` over the rows `rows` names ([`Self::mv`] with
-    /// one row of X per output row).
-    pub(crate) fn mv_rows(
-        &self,
-        parts: &[(&DMat, u64)],
-        rows: Rows,
-        x: u64,
-    ) -> Result<(), ModelError> {
-        self.mv(parts, rows.table, rows.count, rows.chunks, x, 1, rows.small)
-    }
-
     /// The sequence's KV cache in VRAM, made on its first call.
     fn kv<'s>(&self, state: &'s mut SeqState, pos0: usize) -> Result<&'s mut GpuKv, ModelError> {
         let want_f32 = !state.kv.f16();
@@ -2795,7 +1836,7 @@ impl GpuDecoder {
                 .map(|l| {
                     l.ple
                         .as_ref()
-                        .map(|w| qwen4exp::ple_state(stream, w, width))
+                        .map(|w| ple_state(stream, w, width))
                         .transpose()
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -3267,7 +2308,7 @@ impl DeviceForward for GpuDecoder {
             small,
         };
         // QSA's view of the shared buffers.
-        let qsa_bufs = qwen4exp::QsaBufs {
+        let qsa_bufs = QsaBufs {
             q,
             k,
             v,
@@ -3423,6 +2464,8 @@ impl DeviceForward for GpuDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::blocks::moe::{layer_table, rows_by_unit, LAYER_COUNTS_BYTES};
+    use crate::forward::products::MVT1_PART;
 
     fn i32_at(b: &[u8], off: usize) -> i32 {
         i32::from_le_bytes(b[off..off + 4].try_into().unwrap())

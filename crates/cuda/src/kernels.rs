@@ -13,7 +13,8 @@
 
 use sluice_models::ModelError;
 
-use crate::forward::qwen4exp::{GDN_THREADS, GROUP_THREADS};
+use crate::blocks::deltanet::GDN_THREADS;
+use crate::blocks::hyper_lowrank::GROUP_THREADS;
 use crate::forward::{GpuDecoder, Kernel, A, ATT_THREADS};
 
 /// The Rust type of a parameter kind of `KERNEL_SIGNATURES`.

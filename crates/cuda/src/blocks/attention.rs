@@ -8,7 +8,7 @@
 
 use sluice_models::ModelError;
 
-use crate::forward::{Call, DMat, GpuDecoder};
+use crate::forward::{i32_of, Call, DMat, GpuDecoder};
 use crate::kernels;
 
 /// A GQA layer in VRAM.
@@ -92,5 +92,73 @@ impl GpuDecoder {
         self.kv_store(kvt, k, v, kc, vc, pos, n, kdim, vdim)?;
         self.attention(kvt, q, kc, vc, att, pos, n, *window, (0, 0, 0))?;
         Ok((wo, att))
+    }
+}
+
+impl GpuDecoder {
+    /// Store `n` tokens' key and value rows (`k`, `v`) to the cache rows their positions
+    /// name (`kvt`: 0 f16 cache, 1 f32).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn kv_store(
+        &self,
+        kvt: usize,
+        k: u64,
+        v: u64,
+        kc: u64,
+        vc: u64,
+        pos: u64,
+        n: usize,
+        kdim: usize,
+        vdim: usize,
+    ) -> Result<(), ModelError> {
+        kernels::KvStore {
+            cache: kvt,
+            k,
+            v,
+            kc,
+            vc,
+            pos,
+            kdim: i32_of(kdim, "key row")?,
+            vdim: i32_of(vdim, "value row")?,
+        }
+        .launch(self, (n as u32, 1, 1))
+    }
+
+    /// Attention of `n` tokens' query heads `q` over the cache (`window` 0: global; `select`:
+    /// (positions `[n][top_k]`, their counts, top_k), the positions each token attends to,
+    /// or (0, 0, 0) for all).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention(
+        &self,
+        kvt: usize,
+        q: u64,
+        kc: u64,
+        vc: u64,
+        out: u64,
+        pos: u64,
+        n: usize,
+        window: i32,
+        select: (u64, u64, usize),
+    ) -> Result<(), ModelError> {
+        let sh = &self.plan.shape;
+        let (sel, nsel, top_k) = select;
+        kernels::Attention {
+            cache: kvt,
+            q,
+            kc,
+            vc,
+            out,
+            pos,
+            nh: sh.n_head as i32,
+            nkv: sh.n_head_kv as i32,
+            hd: sh.head_dim as i32,
+            hdv: sh.head_dim_v as i32,
+            scale: sh.scale,
+            window,
+            sel,
+            nsel,
+            top_k: i32_of(top_k, "top-k")?,
+        }
+        .launch(self, (n as u32, sh.n_head as u32, 1))
     }
 }

@@ -6,11 +6,18 @@
 //! ring), the lightning indexer (scores and top-k through `GpuDecoder::index_select`),
 //! `dsv4_attention` (window rows from the batch or the ring, the chosen compressed rows, the
 //! head's sink), the window ring's update, the output's de-rotation and the grouped
-//! low-rank output. Its device weights are `forward::DDsv4`, its state `forward::Dsv4Kv`.
+//! low-rank output. Also its device weights ([`DDsv4`], [`DComp`], [`DIndexer`]), its
+//! check ([`check_dsv4`]: what the kernels refuse) and its per-sequence state ([`Dsv4Kv`]:
+//! the window ring, the compressors' carries and rows), which continues or restarts at 0.
 
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use sluice_models::blocks::dsv4_attention::Dsv4Shape;
 use sluice_models::ModelError;
 
-use crate::forward::{i32_of, rows_n, Call, DComp, DDsv4, DMat, GpuDecoder, IndexSelect};
+use crate::blocks::dsa_indexer::{IndexSelect, IDX_MAX_Q};
+use crate::forward::{i32_of, rows_n, Call, DMat, GpuDecoder, MAX_HEAD_DIM_V};
 use crate::kernels;
 
 impl GpuDecoder {
@@ -171,5 +178,241 @@ impl GpuDecoder {
         let gy = s.o_groups * nd;
         self.mv(&[(&a.out_a, dz)], head_chunks, n_headc, gy, att, 1, small)?;
         Ok((&a.out_b, dz))
+    }
+}
+
+/// A DeepSeek V4 KV compressor (the attention's or the indexer's).
+pub(crate) struct DComp {
+    pub(crate) ratio: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) coff: usize,
+    pub(crate) kv: DMat,
+    pub(crate) gate: DMat,
+    pub(crate) ape: u64,
+    pub(crate) norm: u64,
+}
+
+/// A DeepSeek V4 layer's lightning indexer.
+pub(crate) struct DIndexer {
+    pub(crate) n_head: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) top_k: usize,
+    pub(crate) q_b: DMat,
+    pub(crate) proj: DMat,
+    pub(crate) comp: DComp,
+}
+
+/// DeepSeek V4 attention of one layer (`out_a` with one pointer-table entry per output
+/// group, `rows` a group's).
+pub(crate) struct DDsv4 {
+    pub(crate) q_a: DMat,
+    pub(crate) q_a_norm: u64,
+    pub(crate) q_b: DMat,
+    pub(crate) kv: DMat,
+    pub(crate) kv_norm: u64,
+    pub(crate) sinks: u64,
+    pub(crate) out_a: DMat,
+    pub(crate) out_b: DMat,
+    pub(crate) rope: u64,
+    pub(crate) rope_compress: u64,
+    pub(crate) comp: Option<DComp>,
+    pub(crate) indexer: Option<DIndexer>,
+}
+
+/// A compressor's state in VRAM: the carry of the last `coff * ratio` positions' kv and
+/// gate products (slot `p % (coff * ratio)`), and every emitted row (f32, rounded to f16
+/// with an f16 cache).
+pub(crate) struct CompKv {
+    pub(crate) rc: CudaSlice<f32>,
+    pub(crate) rz: CudaSlice<f32>,
+    pub(crate) rows: CudaSlice<f32>,
+}
+
+/// One DeepSeek V4 layer's state in VRAM: the ring of the last `window` key rows (slot
+/// `p % window`), the compressor's and the indexer's.
+pub(crate) struct Dsv4Kv {
+    pub(crate) ring: CudaSlice<f32>,
+    pub(crate) comp: Option<CompKv>,
+    pub(crate) index: Option<CompKv>,
+}
+
+/// Device addresses of one layer's [`Dsv4Kv`] (0 where absent): ring, then (carry kv, carry
+/// gate, rows) of the compressor and of the indexer.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Dsv4Ptrs {
+    pub(crate) ring: u64,
+    pub(crate) comp: [u64; 3],
+    pub(crate) index: [u64; 3],
+}
+
+pub(crate) const DSV4_MAX_COMP: usize = 1024;
+
+/// Why DeepSeek V4 attention layer `il` does not fit the kernels, if it does not.
+pub(crate) fn check_dsv4(
+    il: usize,
+    w: &sluice_models::blocks::dsv4_attention::Dsv4AttnWeights,
+    s: &Dsv4Shape,
+    first: &Dsv4Shape,
+) -> Result<(), String> {
+    let bad = |what: String| Err(format!("layer {il}: DeepSeek V4 attention: {what}"));
+    let same = (
+        s.n_embd, s.n_head, s.head_dim, s.n_rot, s.q_lora, s.o_groups, s.o_lora,
+    ) == (
+        first.n_embd,
+        first.n_head,
+        first.head_dim,
+        first.n_rot,
+        first.q_lora,
+        first.o_groups,
+        first.o_lora,
+    ) && s.window == first.window;
+    if !same {
+        return bad("its shape differs from the first layer's".into());
+    }
+    let (nh, hd) = (s.n_head, s.head_dim);
+    if hd > MAX_HEAD_DIM_V || hd == 0 || s.n_rot == 0 || !s.n_rot.is_multiple_of(2) || s.n_rot > hd
+    {
+        return bad(format!(
+            "heads of {hd} with {} roped dims (the kernel takes even rotations within heads up to {MAX_HEAD_DIM_V})",
+            s.n_rot
+        ));
+    }
+    if s.window == 0 || s.o_groups == 0 || !(nh * hd).is_multiple_of(s.o_groups) {
+        return bad(format!(
+            "window {}, {} output groups over {nh} heads of {hd}",
+            s.window, s.o_groups
+        ));
+    }
+    if w.rope.len() != s.n_rot / 2
+        || w.rope_compress.len() != s.n_rot / 2
+        || w.sinks.len() != nh
+        || w.kv_norm.len() != hd
+        || w.q_a_norm.len() != s.q_lora
+    {
+        return bad("RoPE tables, sinks or norms of the wrong length".into());
+    }
+    let shapes = (
+        w.q_a.rows,
+        w.q_b.rows,
+        w.q_b.cols,
+        w.kv.rows,
+        w.out_a.rows,
+        w.out_a.cols,
+    ) == (
+        s.q_lora,
+        nh * hd,
+        s.q_lora,
+        hd,
+        s.o_groups * s.o_lora,
+        nh * hd / s.o_groups,
+    ) && (w.out_b.rows, w.out_b.cols) == (s.n_embd, s.o_groups * s.o_lora)
+        && (w.q_a.cols, w.kv.cols) == (s.n_embd, s.n_embd);
+    if !shapes {
+        return bad("projection shapes do not match its shape".into());
+    }
+    let comp_ok = |c: &sluice_models::blocks::dsv4_attention::CompressorWeights| {
+        c.ratio > 0
+            && (c.coff == 1 || c.coff == 2)
+            && c.head_dim <= DSV4_MAX_COMP
+            && c.head_dim.is_multiple_of(2)
+            && c.head_dim >= s.n_rot
+            && c.ape.len() == c.ratio * c.coff * c.head_dim
+            && c.norm.len() == c.head_dim
+            && (c.kv.rows, c.gate.rows) == (c.coff * c.head_dim, c.coff * c.head_dim)
+            && (c.kv.cols, c.gate.cols) == (s.n_embd, s.n_embd)
+    };
+    if let Some(c) = &w.comp {
+        if !comp_ok(c) || c.head_dim != hd {
+            return bad(format!(
+                "a compressor of ratio {} rows of {} (the kernel takes rows of the head size, up to {DSV4_MAX_COMP})",
+                c.ratio, c.head_dim
+            ));
+        }
+    }
+    match (&w.indexer, &w.comp) {
+        (None, _) => {}
+        (Some(ix), Some(c)) => {
+            let ok = comp_ok(&ix.comp)
+                && ix.comp.ratio == c.ratio
+                && ix.comp.head_dim == ix.head_dim
+                && ix.n_head * ix.head_dim <= IDX_MAX_Q
+                && ix.top_k > 0
+                && (ix.q_b.rows, ix.proj.rows) == (ix.n_head * ix.head_dim, ix.n_head)
+                && (ix.q_b.cols, ix.proj.cols) == (s.q_lora, s.n_embd);
+            if !ok {
+                return bad(format!(
+                    "an indexer of {} heads of {} (top {}) the kernels do not take",
+                    ix.n_head, ix.head_dim, ix.top_k
+                ));
+            }
+        }
+        (Some(_), None) => return bad("an indexer without a compressor".into()),
+    }
+    Ok(())
+}
+
+impl Dsv4Kv {
+    pub(crate) fn ptrs(&self, stream: &Arc<CudaStream>) -> Dsv4Ptrs {
+        let c = |c: &Option<CompKv>| {
+            c.as_ref().map_or([0; 3], |c| {
+                [
+                    c.rc.device_ptr(stream).0,
+                    c.rz.device_ptr(stream).0,
+                    c.rows.device_ptr(stream).0,
+                ]
+            })
+        };
+        Dsv4Ptrs {
+            ring: self.ring.device_ptr(stream).0,
+            comp: c(&self.comp),
+            index: c(&self.index),
+        }
+    }
+
+    pub(crate) fn copy(&self, stream: &Arc<CudaStream>) -> Option<Dsv4Kv> {
+        let c = |c: &Option<CompKv>| -> Option<Option<CompKv>> {
+            match c {
+                None => Some(None),
+                Some(c) => Some(Some(CompKv {
+                    rc: stream.clone_dtod(&c.rc).ok()?,
+                    rz: stream.clone_dtod(&c.rz).ok()?,
+                    rows: stream.clone_dtod(&c.rows).ok()?,
+                })),
+            }
+        };
+        Some(Dsv4Kv {
+            ring: stream.clone_dtod(&self.ring).ok()?,
+            comp: c(&self.comp)?,
+            index: c(&self.index)?,
+        })
+    }
+}
+
+impl GpuDecoder {
+    /// The carry of the batch's last `slots` tokens (positions at `pos`): rows of `c` (and
+    /// `z` unless 0) to slot `position % slots` of `rc` (`rz`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn ring_store(
+        &self,
+        c: u64,
+        z: u64,
+        rc: u64,
+        rz: u64,
+        pos: u64,
+        width: usize,
+        slots: usize,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        kernels::RingStore {
+            c,
+            z,
+            rc,
+            rz,
+            pos,
+            width: i32_of(width, "carry row")?,
+            slots: i32_of(slots, "carry slots")?,
+            n: n as i32,
+        }
+        .launch(self, (n as u32, width.div_ceil(256).min(64) as u32, 1))
     }
 }

@@ -3,9 +3,11 @@
 //! Owns: [`DenseFfn`] (gate, up, down and the activation) and its launches
 //! ([`GpuDecoder::dense_ffn`]): the gate / up products in one launch, `glu_act`, down.
 
+use sluice_models::blocks::ffn::Activation;
 use sluice_models::ModelError;
 
-use crate::forward::{Act, Call, DMat, GpuDecoder};
+use crate::forward::{Call, DMat, GpuDecoder};
+use crate::kernels;
 
 /// A dense feed-forward in VRAM.
 pub(crate) struct DenseFfn {
@@ -42,5 +44,34 @@ impl GpuDecoder {
         self.glu(g, u, len, *act)?;
         self.mv(&[(down, o)], dense, n_dense, nd, g, 1, small)?;
         Ok(())
+    }
+}
+
+/// `glu_act`'s activation id and its clamp limit ([`act_id`]).
+pub(crate) type Act = (i32, f32);
+
+/// `glu_act`'s sigmoid (`g = sigmoid(g) * u`: QSA's output gate).
+pub(crate) const ACT_SIGMOID: Act = (3, 0.0);
+
+/// `glu_act`'s activation id and clamp limit.
+pub(crate) fn act_id(a: Activation) -> Act {
+    match a {
+        Activation::Silu => (0, 0.0),
+        Activation::GeluTanh => (1, 0.0),
+        Activation::SiluClamped { limit } => (2, limit),
+    }
+}
+
+impl GpuDecoder {
+    /// `g = act(g) * u` over `len` values.
+    pub(crate) fn glu(&self, g: u64, u: u64, len: usize, act: Act) -> Result<(), ModelError> {
+        kernels::GluAct {
+            g,
+            u,
+            n: len as i64,
+            act: act.0,
+            limit: act.1,
+        }
+        .launch(self, (len.div_ceil(256) as u32, 1, 1))
     }
 }

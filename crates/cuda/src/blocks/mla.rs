@@ -11,8 +11,9 @@
 
 use sluice_models::ModelError;
 
-use crate::forward::glm5next;
-use crate::forward::{rows_n, Call, DMat, DSelect, GpuDecoder, IndexSelect};
+use crate::blocks::dsa_indexer::{DDsa, IndexSelect};
+use crate::blocks::mla_pooled::{DPool, PoolBufs};
+use crate::forward::{rows_n, Call, DMat, GpuDecoder};
 use crate::kernels;
 
 /// An absorbed MLA layer in VRAM (`k_b` and `v_b` with one pointer-table entry per head,
@@ -156,7 +157,7 @@ impl GpuDecoder {
         if let DSelect::Pooled(ix) = select {
             // GLM-5.3-Flash's k-pool indexer: keys, gates and pools, the
             // pools' top-k, their positions and the tail.
-            let bufs = glm5next::PoolBufs {
+            let bufs = PoolBufs {
                 iq,
                 wh,
                 ik,
@@ -209,4 +210,13 @@ impl GpuDecoder {
         self.mv(&[(v_b, ov)], head_chunks, n_headc, gy, att, 1, small)?;
         Ok((out, ov))
     }
+}
+
+/// The positions an MLA layer attends to (`sluice_models::plan::MlaSelect`; a pooled
+/// layer's k-pool indexer, or its reuse of the previous full layer's selection).
+pub(crate) enum DSelect {
+    All,
+    Indexer(Box<DDsa>),
+    Pooled(Box<DPool>),
+    Previous,
 }

@@ -6,13 +6,23 @@
 //! grouped on the device (`moe_chunks`; resident experts) or through the VRAM unit cache
 //! (`GpuDecoder::ensure_units`, hits first), GLU, down, `moe_combine`.
 
+use std::collections::BTreeMap;
+
+use cudarc::driver::{CudaSlice, DevicePtr};
+use sluice_models::blocks::moe::{Router, ScoreFn};
 use sluice_models::blocks::Env;
 use sluice_models::plan::PlanFfn;
+use sluice_models::weights::Stacked;
 use sluice_models::ModelError;
+use sluice_tier::Stop;
 
-use crate::forward::qwen4exp::DFew;
-use crate::forward::{err, lock, rows_n, Act, Call, DMat, GpuDecoder, CHUNK_BYTES, MVG_N};
+use crate::blocks::ffn::Act;
+use crate::blocks::hyper_lowrank::DFew;
+use crate::forward::{
+    addr, err, lock, push_chunk, rows_n, Call, DMat, GpuDecoder, CHUNK_BYTES, MVG_N,
+};
 use crate::kernels;
+use crate::lru::Lru;
 
 /// A MoE layer in VRAM.
 pub(crate) struct Moe {
@@ -198,5 +208,301 @@ impl GpuDecoder {
         }
         .launch(self, (n as u32, e.div_ceil(256) as u32, 1))?;
         Ok(())
+    }
+}
+
+pub(crate) const MAX_EXPERTS: usize = 1024;
+
+/// Routed experts kept in VRAM by (layer, unit) when they are not resident whole.
+pub(crate) struct UnitCache {
+    /// (layer, unit) -> the unit's gate, up and down bytes in one buffer.
+    pub(crate) lru: Lru<(usize, usize), CudaSlice<u8>>,
+    /// Units of the layer in progress that did not fit the budget next to the layer's
+    /// other units (a prefill chunk may use more experts than the cache holds): copied for
+    /// this layer only, freed at the next layer (counted as copied per use).
+    pub(crate) transient: Vec<(usize, CudaSlice<u8>)>,
+    /// Host copy of the pointer table (rewritten per layer for the units it uses).
+    pub(crate) tab: Vec<u64>,
+    /// The layer's chunk table built on the host ([`layer_table`]).
+    pub(crate) chunks: Option<CudaSlice<u8>>,
+}
+
+/// One MoE layer's expert chunks when experts come through the VRAM unit cache: `hit`
+/// chunks (experts already in VRAM) from `table`, then `miss` chunks; the counts at
+/// `counts` (hits), `counts + 4` (misses), `counts + 8` (all).
+pub(crate) struct LayerChunks {
+    pub(crate) table: u64,
+    pub(crate) counts: u64,
+    pub(crate) hit: usize,
+    pub(crate) miss: usize,
+}
+
+/// Bytes of [`layer_table`]'s header (the counts, padded).
+pub(crate) const LAYER_COUNTS_BYTES: usize = 16;
+
+/// The rows `i` of a layer's (token, slot) pairs grouped by the unit `ids[i]` chose, in
+/// row order; the keys are the units the layer needs, ascending.
+pub(crate) fn rows_by_unit(ids: &[i32]) -> BTreeMap<usize, Vec<usize>> {
+    let mut m: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, &u) in ids.iter().enumerate() {
+        m.entry(u as usize).or_default().push(i);
+    }
+    m
+}
+
+/// A MoE layer's table for the VRAM unit cache, uploaded in one copy: the counts `[hits,
+/// misses, all]` (LAYER_COUNTS_BYTES), then the chunks of the `hits` units, then those of
+/// the `misses`, up to MVG_N rows each. Which rows share a chunk never changes a row's
+/// bits (each row is computed the same way in any chunk). Returns (bytes, hit, miss).
+pub(crate) fn layer_table(
+    rows_of: &BTreeMap<usize, Vec<usize>>,
+    hits: &[usize],
+    misses: &[usize],
+) -> (Vec<u8>, usize, usize) {
+    let mut out = vec![0u8; LAYER_COUNTS_BYTES];
+    let push = |units: &[usize], out: &mut Vec<u8>| {
+        let mut n = 0;
+        for &u in units {
+            for c in rows_of[&u].chunks(MVG_N) {
+                push_chunk(out, u, c);
+                n += 1;
+            }
+        }
+        n
+    };
+    let hit = push(hits, &mut out);
+    let miss = push(misses, &mut out);
+    for (k, v) in [hit, miss, hit + miss].into_iter().enumerate() {
+        out[4 * k..4 * k + 4].copy_from_slice(&(v as i32).to_le_bytes());
+    }
+    (out, hit, miss)
+}
+
+/// What `topk_route` takes of a router.
+pub(crate) struct RouterKind<'a> {
+    /// Score function id (0 softmax, 1 sigmoid, 2 sqrt-softplus).
+    pub(crate) score: i32,
+    pub(crate) bias: Option<&'a [f32]>,
+    pub(crate) norm: bool,
+    pub(crate) scale: f32,
+    /// A hashed router's `[n_vocab][k]` experts.
+    pub(crate) table: Option<&'a [u32]>,
+}
+
+pub(crate) fn router_kind(r: &Router) -> RouterKind<'_> {
+    let score = |f: ScoreFn| match f {
+        ScoreFn::Softmax => 0,
+        ScoreFn::Sigmoid => 1,
+        ScoreFn::SqrtSoftplus => 2,
+    };
+    match r {
+        Router::Softmax { norm } => RouterKind {
+            score: 0,
+            bias: None,
+            norm: *norm,
+            scale: 1.0,
+            table: None,
+        },
+        Router::Biased {
+            score: f,
+            bias,
+            norm,
+            scale,
+        } => RouterKind {
+            score: score(*f),
+            bias: Some(&bias[..]),
+            norm: *norm,
+            scale: *scale,
+            table: None,
+        },
+        Router::Hash {
+            table,
+            score: f,
+            norm,
+            scale,
+        } => RouterKind {
+            score: score(*f),
+            bias: None,
+            norm: *norm,
+            scale: *scale,
+            table: Some(&table[..]),
+        },
+    }
+}
+
+impl GpuDecoder {
+    /// MoE layer `il`'s experts through the VRAM unit cache, hits first: the units its
+    /// (token, slot) rows chose (`ids`) are looked up; the hits' rows of the pointer table
+    /// and the layer's chunk table (hits' chunks, then misses') are uploaded and
+    /// `launch_hits` queues the hits' products on the compute stream; then the misses are
+    /// read through the expert source and copied on the copy stream while those run, and
+    /// their rows of the pointer table are written. The caller queues the misses' products
+    /// after this returns (the copies are done by then).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn ensure_units(
+        &self,
+        env: &Env<'_>,
+        il: usize,
+        ids: &[i32],
+        stacked: &[Stacked; 3],
+        n_expert: usize,
+        tab_index: usize,
+        launch_hits: &mut dyn FnMut(&LayerChunks) -> Result<(), ModelError>,
+    ) -> Result<LayerChunks, ModelError> {
+        let stream = &self.stream;
+        let rows_of = rows_by_unit(ids);
+        let needed: Vec<usize> = rows_of.keys().copied().collect();
+        let mut uc = lock(self.units.as_ref().expect("cached placement"));
+        let uc = &mut *uc;
+        let sizes: Vec<usize> = stacked.iter().map(|s| s.expert_bytes()).collect();
+        let unit_bytes: usize = sizes.iter().sum();
+        let mut offs = [0usize; 3];
+        for pi in 1..3 {
+            offs[pi] = offs[pi - 1] + sizes[pi - 1];
+        }
+        let (mut hit_units, mut misses) = (Vec::new(), Vec::new());
+        for &u in &needed {
+            uc.lru.tick();
+            match uc.lru.touch(&(il, u)) {
+                Some(_) => hit_units.push(u),
+                None => misses.push(u),
+            }
+        }
+        // The previous layer's kernels are done (its ids were downloaded after them).
+        uc.transient.clear();
+        // The hits' table rows, the chunk table, then the hits' products.
+        let (lo, hi) = (tab_index, tab_index + 3 * n_expert);
+        let write_rows = |uc: &mut UnitCache, units: &[usize]| -> Result<(), ModelError> {
+            for &u in units {
+                let slot = match uc.lru.get(&(il, u)) {
+                    Some(e) => e,
+                    None => {
+                        &uc.transient
+                            .iter()
+                            .find(|t| t.0 == u)
+                            .expect("uploaded above")
+                            .1
+                    }
+                };
+                let a = slot.device_ptr(stream).0;
+                for (pi, off) in offs.iter().enumerate() {
+                    uc.tab[tab_index + pi * n_expert + u] = a + *off as u64;
+                }
+            }
+            let mut ptrs = lock(&self.ptrs);
+            stream
+                .memcpy_htod(&uc.tab[lo..hi], &mut ptrs.slice_mut(lo..hi))
+                .map_err(|e| err("pointer table", e))
+        };
+        write_rows(uc, &hit_units)?;
+        let (table, hit, miss) = layer_table(&rows_of, &hit_units, &misses);
+        let base = addr(stream, &mut uc.chunks, table.len())?;
+        let dev_chunks = uc.chunks.as_mut().expect("grown");
+        stream
+            .memcpy_htod(&table[..], &mut dev_chunks.slice_mut(0..table.len()))
+            .map_err(|e| err("chunk table", e))?;
+        let lc = LayerChunks {
+            table: base + LAYER_COUNTS_BYTES as u64,
+            counts: base,
+            hit,
+            miss,
+        };
+        launch_hits(&lc)?;
+
+        // How many of this layer's units the cache can hold at once; the hits are in it.
+        let capacity = (uc.lru.budget() / unit_bytes.max(1) as u64) as usize;
+        let mut in_cache = hit_units.len();
+        let mut evictions = 0u64;
+        let mut transient_bytes = 0u64;
+        // Time spent copying (not waiting for the expert source's reads).
+        let mut copy_ns = 0u64;
+        let (mut uploaded, mut pinned) = (0u64, 0u64);
+        let mut failed: Option<ModelError> = None;
+        let copy = &self.copy;
+        if !misses.is_empty() {
+            let walked = env
+                .experts
+                .for_each_batch(env.map, il, &misses, &mut |batch| {
+                    for &(i, view) in batch {
+                        let u = misses[i];
+                        let keep = in_cache < capacity;
+                        if keep {
+                            // Least recently used, never a unit this layer uses.
+                            let protected =
+                                |k: &(usize, usize)| k.0 == il && rows_of.contains_key(&k.1);
+                            evictions += uc.lru.make_room(unit_bytes as u64, protected).0;
+                        }
+                        // SAFETY: every byte of the buffer is written by the copies below
+                        // (same stream, in order) before the misses' kernels, queued after
+                        // this layer's copies are synchronized, read it.
+                        let mut slot = match unsafe { copy.alloc::<u8>(unit_bytes) } {
+                            Ok(s) => s,
+                            Err(e) => {
+                                failed = Some(err("expert slot", e));
+                                return Err(Stop);
+                            }
+                        };
+                        let mut off = 0;
+                        let c0 = std::time::Instant::now();
+                        for (pi, &len) in sizes.iter().enumerate() {
+                            let src = view.part(pi);
+                            if src.len() != len {
+                                failed = Some(ModelError::Compute(format!(
+                                    "cuda: layer {il} unit {u} part {pi}: {} bytes, expected {len}",
+                                    src.len()
+                                )));
+                                return Err(Stop);
+                            }
+                            if self.d.host().covers(src.as_ptr() as usize, len) {
+                                pinned += len as u64;
+                            }
+                            if let Err(e) =
+                                copy.memcpy_htod(src, &mut slot.slice_mut(off..off + len))
+                            {
+                                failed = Some(err("expert upload", e));
+                                return Err(Stop);
+                            }
+                            off += len;
+                        }
+                        copy_ns += c0.elapsed().as_nanos() as u64;
+                        uploaded += unit_bytes as u64;
+                        if keep {
+                            in_cache += 1;
+                            uc.lru.insert((il, u), slot, unit_bytes as u64);
+                        } else {
+                            transient_bytes += unit_bytes as u64;
+                            uc.transient.push((u, slot));
+                        }
+                    }
+                    // The views are released when this returns: their copies must be done
+                    // (the hits' products keep running on the compute stream meanwhile).
+                    let c0 = std::time::Instant::now();
+                    if let Err(e) = copy.synchronize() {
+                        failed = Some(err("expert upload", e));
+                        return Err(Stop);
+                    }
+                    copy_ns += c0.elapsed().as_nanos() as u64;
+                    Ok(())
+                });
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            walked?;
+            write_rows(uc, &misses)?;
+        }
+        let peak = uc.lru.held();
+        let mut g = self.d.lock();
+        let s = &mut g.stats;
+        s.expert_hits += hit_units.len() as u64;
+        s.expert_misses += misses.len() as u64;
+        s.expert_evictions += evictions;
+        s.expert_upload_bytes += uploaded - transient_bytes;
+        s.transient_bytes += transient_bytes;
+        s.upload_bytes += uploaded;
+        s.upload_pinned_bytes += pinned;
+        s.expert_bytes = peak;
+        s.expert_peak = s.expert_peak.max(peak);
+        s.upload_ns += copy_ns;
+        Ok(lc)
     }
 }

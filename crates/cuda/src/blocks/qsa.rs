@@ -1,0 +1,192 @@
+//! QSA indexed attention on the GPU (the CPU's `sluice_models::blocks::qsa`).
+//!
+//! Owns: [`DQsa`] (its device weights), its view of the shared scratch ([`QsaBufs`]) and
+//! its launches ([`GpuDecoder::qsa`]: the products, `qsa_prep` (norms, RoPE, the output
+//! gate, the indexer's queries and keys), `qsa_pool` (pooled block keys), the blocks'
+//! scores and top-k through `GpuDecoder::index_select`, [`GpuDecoder::expand`] (blocks to
+//! positions), attention over them, the gate). Its per-sequence state (raw and pooled
+//! indexer keys) is made by `forward::layer_state`.
+
+use sluice_models::blocks::qsa::{QsaShape, QsaWeights};
+use sluice_models::ModelError;
+
+use crate::blocks::dsa_indexer::IndexSelect;
+use crate::blocks::ffn::ACT_SIGMOID;
+use crate::forward::scratch::{NextBufs, Rows};
+use crate::forward::{i32_of, DMat, GpuDecoder, Uploader};
+use crate::kernels;
+
+/// A QSA layer in VRAM (`qsa::QsaWeights`).
+pub(crate) struct DQsa {
+    pub(crate) wq: DMat,
+    pub(crate) wk: DMat,
+    pub(crate) wv: DMat,
+    pub(crate) wo: DMat,
+    pub(crate) idx_q: DMat,
+    pub(crate) idx_k: DMat,
+    pub(crate) q_norm: u64,
+    pub(crate) k_norm: u64,
+    pub(crate) idx_q_norm: u64,
+    pub(crate) idx_k_norm: u64,
+    pub(crate) inv_freq: u64,
+    pub(crate) shape: QsaShape,
+}
+
+/// A QSA layer's view of the shared scratch: the q, k, v and attention buffers, the
+/// indexer's queries and keys, and the indexer scratch (scores, their row stride, tokens
+/// per tile, chosen blocks, their counts).
+#[derive(Clone, Copy)]
+pub(crate) struct QsaBufs {
+    pub(crate) q: u64,
+    pub(crate) k: u64,
+    pub(crate) v: u64,
+    pub(crate) att: u64,
+    pub(crate) iq: u64,
+    pub(crate) ik: u64,
+    pub(crate) index: (u64, usize, usize, u64, u64),
+}
+
+impl Uploader<'_> {
+    pub(crate) fn qsa(
+        &mut self,
+        w: &QsaWeights,
+        shape: &QsaShape,
+        inv_freq: &[f32],
+    ) -> Result<DQsa, String> {
+        Ok(DQsa {
+            wq: self.mat(&w.wq)?,
+            wk: self.mat(&w.wk)?,
+            wv: self.mat(&w.wv)?,
+            wo: self.mat(&w.wo)?,
+            idx_q: self.mat(&w.idx_q)?,
+            idx_k: self.mat(&w.idx_k)?,
+            q_norm: self.norm(&w.q_norm)?,
+            k_norm: self.norm(&w.k_norm)?,
+            idx_q_norm: self.norm(&w.idx_q_norm)?,
+            idx_k_norm: self.norm(&w.idx_k_norm)?,
+            inv_freq: self.norm(inv_freq)?,
+            shape: *shape,
+        })
+    }
+}
+
+impl GpuDecoder {
+    /// The positions of `n` tokens from their indexer's chosen blocks (`bsel`, counts `nb`,
+    /// `kb` per token) of `ratio` tokens, with the incomplete block's tail when `tail`,
+    /// into `b.psel` (`kp` per token) and `b.npsel`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn expand(
+        &self,
+        bsel: u64,
+        nb: u64,
+        pos: u64,
+        b: &NextBufs,
+        ratio: usize,
+        kb: usize,
+        kp: usize,
+        tail: bool,
+        n: usize,
+    ) -> Result<(), ModelError> {
+        kernels::QsaExpand {
+            bsel,
+            nb,
+            pos,
+            psel: b.psel,
+            np: b.npsel,
+            ratio: ratio as i32,
+            kb: i32_of(kb, "blocks")?,
+            kp: i32_of(kp, "positions")?,
+            tail: i32::from(tail),
+        }
+        .launch(self, (n as u32, 1, 1))
+    }
+
+    /// QSA attention `w` of the block input `h`, gated (`[n][nh * hd]`, before the output
+    /// product; its address is returned): the KV cache `cache` (`kvt` its type), the
+    /// indexer's state `st` (raw keys, pooled keys; empty without an indexer).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn qsa(
+        &self,
+        w: &DQsa,
+        kvt: usize,
+        cache: (u64, u64),
+        st: &[u64],
+        pos: u64,
+        h: u64,
+        bufs: &QsaBufs,
+        b: &NextBufs,
+        rows: Rows,
+        n: usize,
+    ) -> Result<u64, ModelError> {
+        let s = &w.shape;
+        let (nh, nkv, hd) = (s.n_head, s.n_head_kv, s.head_dim);
+        let indexed = s.ratio > 0;
+        let mut parts = vec![(&w.wq, b.qg), (&w.wk, bufs.k), (&w.wv, bufs.v)];
+        if indexed {
+            parts.extend([(&w.idx_q, bufs.iq), (&w.idx_k, bufs.ik)]);
+        }
+        self.mv_rows(&parts, rows, h)?;
+        // With an indexer: its query heads and one more block storing the raw keys.
+        let blocks = nh + nkv + if indexed { s.idx_heads + 1 } else { 0 };
+        let keys = st.first().copied().unwrap_or(0);
+        kernels::QsaPrep {
+            qg: b.qg,
+            q: bufs.q,
+            gate: b.gate,
+            k: bufs.k,
+            iq: bufs.iq,
+            ik: bufs.ik,
+            keys,
+            qn: w.q_norm,
+            kn: w.k_norm,
+            iqn: w.idx_q_norm,
+            pos,
+            inv_freq: w.inv_freq,
+            nh: nh as i32,
+            nkv: nkv as i32,
+            hd: hd as i32,
+            ih: s.idx_heads as i32,
+            id: s.idx_dim as i32,
+            n_rot: s.n_rot as i32,
+            eps: s.rms_eps,
+        }
+        .launch(self, (n as u32, blocks as u32, 1))?;
+        let (kdim, vdim) = (nkv * hd, nkv * hd);
+        self.kv_store(kvt, bufs.k, bufs.v, cache.0, cache.1, pos, n, kdim, vdim)?;
+        let mut sel = (0, 0, 0);
+        if indexed {
+            let pooled = st[1];
+            kernels::QsaPool {
+                keys,
+                pooled,
+                norm: w.idx_k_norm,
+                pos,
+                inv_freq: w.inv_freq,
+                id: s.idx_dim as i32,
+                ratio: s.ratio as i32,
+                n_rot: s.n_rot as i32,
+                eps: s.rms_eps,
+            }
+            .launch(self, (n as u32, 1, 1))?;
+            let kb = s.budget / s.ratio;
+            let ix = IndexSelect {
+                iq: bufs.iq,
+                wh: 0,
+                n_head: s.idx_heads,
+                head_dim: s.idx_dim,
+                rows: pooled,
+                ratio: s.ratio,
+                top_k: kb,
+            };
+            self.index_select(&ix, pos, bufs.index, n)?;
+            let kp = s.budget + s.ratio - 1;
+            let (_, _, _, bsel, nb) = bufs.index;
+            self.expand(bsel, nb, pos, b, s.ratio, kb, kp, true, n)?;
+            sel = (b.psel, b.npsel, kp);
+        }
+        self.attention(kvt, bufs.q, cache.0, cache.1, bufs.att, pos, n, 0, sel)?;
+        // The output gate: gate = sigmoid(gate) * attention, the output product's input.
+        self.glu(b.gate, bufs.att, n * nh * hd, ACT_SIGMOID)?;
+        Ok(b.gate)
+    }
+}
