@@ -50,7 +50,7 @@ use crate::blocks::hyper_lowrank::DMix;
 use crate::blocks::kda::{delta_shape, kda_state, DKda};
 use crate::blocks::mla::{DSelect, Mla};
 use crate::blocks::mla_pooled::{pool_state, pooled_mla_shape};
-use crate::blocks::moe::{router_kind, DShared, Moe, UnitCache, MAX_EXPERTS};
+use crate::blocks::moe::{router_kind, Moe, UnitCache, MAX_EXPERTS};
 use crate::blocks::ple::{ple_state, DPle};
 use crate::blocks::qsa::{DQsa, QsaBufs};
 use crate::forward::check::{glm5next_parts, qwen4exp_parts};
@@ -842,15 +842,6 @@ impl GpuDecoder {
             .ctx
             .new_stream()
             .map_err(|e| format!("a stream for expert uploads: {e}"))?;
-        let load = |n: &str| -> Result<Kernel, String> {
-            Ok(Kernel {
-                f: d.module
-                    .load_function(n)
-                    .map_err(|e| format!("kernel {n}: {e}"))?,
-                name: n.to_string(),
-                sig: kernel_signature(n).ok_or_else(|| format!("kernel {n}: no signature"))?,
-            })
-        };
         // The decode kernel's dynamic shared memory: up to what a block may opt in to.
         let smem_max = d
             .ctx
@@ -869,71 +860,7 @@ impl GpuDecoder {
             stage_bytes: env_usize("SLUICE_CUDA_MVT1_STAGE_KB", 0) * 1024,
             smem_max,
         };
-        let mut mvg = Vec::new();
-        let mut mvt = Vec::new();
-        let mut embed = Vec::new();
-        for (ty, s) in FORMATS {
-            mvg.push(load(&format!("mvg_{s}"))?);
-            mvt.push(if d.mma != Mma::Never && takes_f16(ty) {
-                let one = load(&format!("mvt1_{s}"))?;
-                one.f
-                    .set_attribute(
-                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        smem_max as i32,
-                    )
-                    .map_err(|e| {
-                        format!("kernel mvt1_{s}: {smem_max} bytes of shared memory: {e}")
-                    })?;
-                Some([one, load(&format!("mvt_{s}"))?])
-            } else {
-                None
-            });
-            embed.push(load(&format!("embed_{s}"))?);
-        }
-        let f = Funcs {
-            mvg,
-            mvt,
-            embed,
-            rms_norm_rows: load("rms_norm_rows")?,
-            residual_norm: load("residual_norm")?,
-            qk_norm_rope: load("qk_norm_rope")?,
-            kv_store: [load("kv_store_f16")?, load("kv_store_f32")?],
-            attention: [load("attention_f16")?, load("attention_f32")?],
-            topk_route: load("topk_route")?,
-            moe_chunks: load("moe_chunks")?,
-            glu_act: load("glu_act")?,
-            moe_combine: load("moe_combine")?,
-            mla_kv_prep: load("mla_kv_prep")?,
-            mla_q_split: load("mla_q_split")?,
-            mla_q_join: load("mla_q_join")?,
-            hc_expand: load("hc_expand")?,
-            hc_pre: load("hc_pre")?,
-            hc_post: load("hc_post")?,
-            dsv4_heads: load("dsv4_heads")?,
-            dsv4_kv_prep: load("dsv4_kv_prep")?,
-            dsv4_compress: load("dsv4_compress")?,
-            ring_store: load("ring_store")?,
-            dsv4_index_scores: load("dsv4_index_scores")?,
-            dsv4_topk: load("dsv4_topk")?,
-            dsv4_attention: load("dsv4_attention")?,
-            dsa_key_prep: load("dsa_key_prep")?,
-            rms_groups: load("rms_groups")?,
-            lr_act: load("lr_act")?,
-            lr_mix: load("lr_mix")?,
-            lr_post: load("lr_post")?,
-            ple_gate: load("ple_gate")?,
-            conv_ring: load("conv_ring")?,
-            delta_rule: load("delta_rule")?,
-            qsa_prep: load("qsa_prep")?,
-            qsa_pool: load("qsa_pool")?,
-            qsa_expand: load("qsa_expand")?,
-            rows_gather: load("rows_gather")?,
-            dot_rows_f32: load("dot_rows_f32")?,
-            stream_mean: load("stream_mean")?,
-            kda_gate: load("kda_gate")?,
-            pool_prep: load("pool_prep")?,
-            pool_make: load("pool_make")?,
-        };
+        let f = Funcs::load(&d, smem_max)?;
         // DeltaNet's state lives in shared memory while a batch runs: the kernel may have
         // what its widest head needs (the opt-in limit less the kernel's static shared
         // memory is the driver's to check).
@@ -961,56 +888,7 @@ impl GpuDecoder {
                     format!("kernel delta_rule: {gdn_need} bytes of shared memory: {e}")
                 })?;
         }
-        // What the weights need, against what the backend may hold.
-        // (Pooled layers' per-head k_b / v_b are stacked tensors, outside `matrices`.)
-        let stacked: u64 = plan
-            .layers
-            .iter()
-            .map(|l| match &l.attn {
-                PlanAttn::Pooled { w, .. } => (w.k_b.range.len() + w.v_b.range.len()) as u64,
-                _ => 0,
-            })
-            .sum();
-        let dense: u64 = stacked
-            + plan
-                .matrices()
-                .iter()
-                .map(|(_, m)| m.range.len() as u64)
-                .sum::<u64>();
-        let routed: u64 = plan
-            .layers
-            .iter()
-            .map(|l| match &l.ffn {
-                PlanFfn::Moe { experts, .. } => {
-                    experts.iter().map(|s| s.range.len() as u64).sum::<u64>()
-                }
-                PlanFfn::Dense { .. } => 0,
-            })
-            .sum();
-        let (budget, held, expert_budget) = {
-            let g = d.lock();
-            (g.budget, g.stats.resident_bytes, g.stats.expert_budget)
-        };
-        let need = dense
-            + if experts == ExpertPlacement::Resident {
-                routed
-            } else {
-                0
-            };
-        if held + need > budget {
-            return Err(format!(
-                "the weights need {:.2} GiB of VRAM ({:.2} GiB routed experts{}), {:.2} GiB is left for weights; set --gpu-expert-cache to stream the experts",
-                need as f64 / (1u64 << 30) as f64,
-                routed as f64 / (1u64 << 30) as f64,
-                if experts == ExpertPlacement::Resident { " included" } else { " not included" },
-                budget.saturating_sub(held) as f64 / (1u64 << 30) as f64
-            ));
-        }
-        if experts == ExpertPlacement::Cached && routed > 0 && expert_budget == 0 {
-            return Err(
-                "experts outside VRAM need a VRAM expert cache (--gpu-expert-cache SIZE)".into(),
-            );
-        }
+        let expert_budget = weights_fit(&d, &plan, experts)?;
         let mut up = Uploader {
             stream: stream.clone(),
             map,
@@ -1066,180 +944,16 @@ impl GpuDecoder {
                     experts: st,
                     shared,
                 } => {
-                    let (router_w, n_expert, k, act) =
-                        (&moe.router_w, &moe.n_expert, &moe.k, &moe.act);
-                    let rk = router_kind(&moe.router);
                     ff_moe = ff_moe.max(st[0].rows);
-                    k_max = k_max.max(*k);
-                    n_expert_max = n_expert_max.max(*n_expert);
-                    let router = up.mat(router_w)?;
-                    let tab_index = up.tab.len();
-                    let mut parts = Vec::with_capacity(3);
-                    for (pi, s) in st.iter().enumerate() {
-                        let base = match experts {
-                            ExpertPlacement::Resident => Some(up.bytes(&map[s.range.clone()])?),
-                            ExpertPlacement::Cached => None,
-                        };
-                        for e in 0..*n_expert {
-                            up.tab.push(
-                                base.map_or(0, |b| b + (e * s.slice_bytes() + s.sub.start) as u64),
-                            );
-                        }
-                        parts.push(DMat {
-                            tab: tab_index + pi * n_expert,
-                            fi: kernel_format(s.ty, s.cols).expect("checked"),
-                            rows: s.rows,
-                            cols: s.cols,
-                            row_bytes: s.ty.row_bytes(s.cols as u64).expect("checked") as i64,
-                        });
+                    k_max = k_max.max(moe.k);
+                    n_expert_max = n_expert_max.max(moe.n_expert);
+                    if let Some(sh) = shared {
+                        ff_dense = ff_dense.max(sh.w.gate.rows);
                     }
-                    let shared = match shared {
-                        Some(sh) => {
-                            ff_dense = ff_dense.max(sh.w.gate.rows);
-                            Some(Box::new(DShared {
-                                gate: up.mat(&sh.w.gate)?,
-                                up: up.mat(&sh.w.up)?,
-                                down: up.mat(&sh.w.down)?,
-                                act: act_id(sh.act),
-                                scale: sh.gate.as_ref().map(|g| up.few(g)).transpose()?,
-                            }))
-                        }
-                        None => None,
-                    };
-                    let bias = match rk.bias {
-                        Some(b) => up.norm(b)?,
-                        None => 0,
-                    };
-                    let table = match rk.table {
-                        Some(t) => {
-                            let v: Vec<i32> = t.iter().map(|&x| x as i32).collect();
-                            up.ints(&v)?
-                        }
-                        None => 0,
-                    };
-                    DFfn::Moe(Box::new(Moe {
-                        router,
-                        norm: rk.norm,
-                        score: rk.score,
-                        bias,
-                        scale: rk.scale,
-                        table,
-                        shared,
-                        n_expert: *n_expert,
-                        k: *k,
-                        parts: [parts[0], parts[1], parts[2]],
-                        tab_index,
-                        act: act_id(*act),
-                    }))
+                    DFfn::Moe(Box::new(up.moe(moe, st, shared, experts)?))
                 }
             };
-            let attn = match &l.attn {
-                PlanAttn::Gqa {
-                    w: a,
-                    inv_freq,
-                    window,
-                } => DAttn::Gqa(Gqa {
-                    wq: up.mat(&a.wq)?,
-                    wk: up.mat(&a.wk)?,
-                    wv: up.mat(&a.wv)?,
-                    wo: up.mat(&a.wo)?,
-                    q_norm: up.opt_norm(&a.q_norm)?,
-                    k_norm: up.opt_norm(&a.k_norm)?,
-                    inv_freq: up.norm(inv_freq)?,
-                    window: window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
-                }),
-                PlanAttn::Kda { w, shape } => DAttn::Kda(Box::new(up.kda(w, shape)?)),
-                // Absorbed MLA without RoPE over the positions its k-pool indexer picks.
-                PlanAttn::Pooled { w, shape } => DAttn::Mla(Box::new(Mla {
-                    select: match &w.indexer {
-                        Some(ix) => DSelect::Pooled(Box::new(up.pool(ix, shape)?)),
-                        None => DSelect::Previous,
-                    },
-                    q_a: up.mat(&w.q_a)?,
-                    q_a_norm: up.norm(&w.q_a_norm)?,
-                    q_b: up.mat(&w.q_b)?,
-                    kv_a: up.mat(&w.kv_a)?,
-                    kv_a_norm: up.norm(&w.kv_a_norm)?,
-                    k_b: up.stacked_heads(&w.k_b)?,
-                    v_b: up.stacked_heads(&w.v_b)?,
-                    out: up.mat(&w.out)?,
-                    // (No RoPE: never read.)
-                    inv_freq: up.norm(&[0.0])?,
-                })),
-                PlanAttn::Delta { w, shape } => DAttn::Delta(Box::new(up.delta(w, shape)?)),
-                PlanAttn::Qsa { w, shape, inv_freq } => {
-                    DAttn::Qsa(Box::new(up.qsa(w, shape, inv_freq)?))
-                }
-                PlanAttn::Dsv4 { w, shape } => {
-                    let mut comp = |c: &sluice_models::blocks::dsv4_attention::CompressorWeights| -> Result<DComp, String> {
-                        Ok(DComp {
-                            ratio: c.ratio,
-                            head_dim: c.head_dim,
-                            coff: c.coff,
-                            kv: up.mat(&c.kv)?,
-                            gate: up.mat(&c.gate)?,
-                            ape: up.norm(&c.ape)?,
-                            norm: up.norm(&c.norm)?,
-                        })
-                    };
-                    let c = w.comp.as_ref().map(&mut comp).transpose()?;
-                    let ix = match &w.indexer {
-                        Some(ix) => Some(DIndexer {
-                            n_head: ix.n_head,
-                            head_dim: ix.head_dim,
-                            top_k: ix.top_k,
-                            comp: comp(&ix.comp)?,
-                            q_b: up.mat(&ix.q_b)?,
-                            proj: up.mat(&ix.proj)?,
-                        }),
-                        None => None,
-                    };
-                    DAttn::Dsv4(Box::new(DDsv4 {
-                        q_a: up.mat(&w.q_a)?,
-                        q_a_norm: up.norm(&w.q_a_norm)?,
-                        q_b: up.mat(&w.q_b)?,
-                        kv: up.mat(&w.kv)?,
-                        kv_norm: up.norm(&w.kv_norm)?,
-                        sinks: up.norm(&w.sinks)?,
-                        out_a: up.heads(&w.out_a, shape.o_groups)?,
-                        out_b: up.mat(&w.out_b)?,
-                        rope: up.norm(&w.rope)?,
-                        rope_compress: up.norm(&w.rope_compress)?,
-                        comp: c,
-                        indexer: ix,
-                    }))
-                }
-                PlanAttn::Mla { w, shape, select } => {
-                    let nh = shape.n_head;
-                    let select = match select {
-                        MlaSelect::All => DSelect::All,
-                        MlaSelect::Previous => DSelect::Previous,
-                        MlaSelect::Indexer(ix) => DSelect::Indexer(Box::new(DDsa {
-                            n_head: ix.n_head,
-                            head_dim: ix.head_dim,
-                            top_k: ix.top_k,
-                            q_b: up.mat(&ix.q_b)?,
-                            k: up.mat(&ix.k)?,
-                            k_norm: up.norm(&ix.k_norm)?,
-                            k_norm_bias: up.norm(&ix.k_norm_bias)?,
-                            k_norm_eps: ix.k_norm_eps,
-                            proj: up.mat(&ix.proj)?,
-                        })),
-                    };
-                    DAttn::Mla(Box::new(Mla {
-                        select,
-                        q_a: up.mat(&w.q_a)?,
-                        q_a_norm: up.norm(&w.q_a_norm)?,
-                        q_b: up.mat(&w.q_b)?,
-                        kv_a: up.mat(&w.kv_a)?,
-                        kv_a_norm: up.norm(&w.kv_a_norm)?,
-                        k_b: up.heads(&w.k_b, nh)?,
-                        v_b: up.heads(&w.v_b, nh)?,
-                        out: up.mat(&w.out)?,
-                        inv_freq: up.norm(&w.inv_freq)?,
-                    }))
-                }
-            };
+            let attn = up.attention(&l.attn)?;
             let hc = match &l.hc {
                 Some(w) => Some([up.hc(&w[0], hc_nseg)?, up.hc(&w[1], hc_nseg)?]),
                 None => None,
@@ -2458,6 +2172,257 @@ impl DeviceForward for GpuDecoder {
 
     fn name(&self) -> &'static str {
         "cuda"
+    }
+}
+
+impl Funcs {
+    /// Load every kernel of the forward pass from the compiled module (`mvt1_*` allowed
+    /// `smem_max` bytes of dynamic shared memory).
+    fn load(d: &Device, smem_max: usize) -> Result<Funcs, String> {
+        let load = |n: &str| -> Result<Kernel, String> {
+            Ok(Kernel {
+                f: d.module
+                    .load_function(n)
+                    .map_err(|e| format!("kernel {n}: {e}"))?,
+                name: n.to_string(),
+                sig: kernel_signature(n).ok_or_else(|| format!("kernel {n}: no signature"))?,
+            })
+        };
+        let mut mvg = Vec::new();
+        let mut mvt = Vec::new();
+        let mut embed = Vec::new();
+        for (ty, s) in FORMATS {
+            mvg.push(load(&format!("mvg_{s}"))?);
+            mvt.push(if d.mma != Mma::Never && takes_f16(ty) {
+                let one = load(&format!("mvt1_{s}"))?;
+                one.f
+                    .set_attribute(
+                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem_max as i32,
+                    )
+                    .map_err(|e| {
+                        format!("kernel mvt1_{s}: {smem_max} bytes of shared memory: {e}")
+                    })?;
+                Some([one, load(&format!("mvt_{s}"))?])
+            } else {
+                None
+            });
+            embed.push(load(&format!("embed_{s}"))?);
+        }
+        Ok(Funcs {
+            mvg,
+            mvt,
+            embed,
+            rms_norm_rows: load("rms_norm_rows")?,
+            residual_norm: load("residual_norm")?,
+            qk_norm_rope: load("qk_norm_rope")?,
+            kv_store: [load("kv_store_f16")?, load("kv_store_f32")?],
+            attention: [load("attention_f16")?, load("attention_f32")?],
+            topk_route: load("topk_route")?,
+            moe_chunks: load("moe_chunks")?,
+            glu_act: load("glu_act")?,
+            moe_combine: load("moe_combine")?,
+            mla_kv_prep: load("mla_kv_prep")?,
+            mla_q_split: load("mla_q_split")?,
+            mla_q_join: load("mla_q_join")?,
+            hc_expand: load("hc_expand")?,
+            hc_pre: load("hc_pre")?,
+            hc_post: load("hc_post")?,
+            dsv4_heads: load("dsv4_heads")?,
+            dsv4_kv_prep: load("dsv4_kv_prep")?,
+            dsv4_compress: load("dsv4_compress")?,
+            ring_store: load("ring_store")?,
+            dsv4_index_scores: load("dsv4_index_scores")?,
+            dsv4_topk: load("dsv4_topk")?,
+            dsv4_attention: load("dsv4_attention")?,
+            dsa_key_prep: load("dsa_key_prep")?,
+            rms_groups: load("rms_groups")?,
+            lr_act: load("lr_act")?,
+            lr_mix: load("lr_mix")?,
+            lr_post: load("lr_post")?,
+            ple_gate: load("ple_gate")?,
+            conv_ring: load("conv_ring")?,
+            delta_rule: load("delta_rule")?,
+            qsa_prep: load("qsa_prep")?,
+            qsa_pool: load("qsa_pool")?,
+            qsa_expand: load("qsa_expand")?,
+            rows_gather: load("rows_gather")?,
+            dot_rows_f32: load("dot_rows_f32")?,
+            stream_mean: load("stream_mean")?,
+            kda_gate: load("kda_gate")?,
+            pool_prep: load("pool_prep")?,
+            pool_make: load("pool_make")?,
+        })
+    }
+}
+
+/// Whether `plan`'s weights fit what the backend may hold in VRAM (routed experts too when
+/// `experts` is resident; cached ones need a VRAM expert cache); the VRAM expert cache's
+/// budget.
+fn weights_fit(d: &Device, plan: &DecoderPlan, experts: ExpertPlacement) -> Result<u64, String> {
+    // What the weights need, against what the backend may hold.
+    // (Pooled layers' per-head k_b / v_b are stacked tensors, outside `matrices`.)
+    let stacked: u64 = plan
+        .layers
+        .iter()
+        .map(|l| match &l.attn {
+            PlanAttn::Pooled { w, .. } => (w.k_b.range.len() + w.v_b.range.len()) as u64,
+            _ => 0,
+        })
+        .sum();
+    let dense: u64 = stacked
+        + plan
+            .matrices()
+            .iter()
+            .map(|(_, m)| m.range.len() as u64)
+            .sum::<u64>();
+    let routed: u64 = plan
+        .layers
+        .iter()
+        .map(|l| match &l.ffn {
+            PlanFfn::Moe { experts, .. } => {
+                experts.iter().map(|s| s.range.len() as u64).sum::<u64>()
+            }
+            PlanFfn::Dense { .. } => 0,
+        })
+        .sum();
+    let (budget, held, expert_budget) = {
+        let g = d.lock();
+        (g.budget, g.stats.resident_bytes, g.stats.expert_budget)
+    };
+    let need = dense
+        + if experts == ExpertPlacement::Resident {
+            routed
+        } else {
+            0
+        };
+    if held + need > budget {
+        return Err(format!(
+            "the weights need {:.2} GiB of VRAM ({:.2} GiB routed experts{}), {:.2} GiB is left for weights; set --gpu-expert-cache to stream the experts",
+            need as f64 / (1u64 << 30) as f64,
+            routed as f64 / (1u64 << 30) as f64,
+            if experts == ExpertPlacement::Resident { " included" } else { " not included" },
+            budget.saturating_sub(held) as f64 / (1u64 << 30) as f64
+        ));
+    }
+    if experts == ExpertPlacement::Cached && routed > 0 && expert_budget == 0 {
+        return Err(
+            "experts outside VRAM need a VRAM expert cache (--gpu-expert-cache SIZE)".into(),
+        );
+    }
+    Ok(expert_budget)
+}
+
+impl Uploader<'_> {
+    /// Upload one layer's attention block (its weights, in the block's own type).
+    fn attention(&mut self, attn: &PlanAttn) -> Result<DAttn, String> {
+        Ok(match attn {
+            PlanAttn::Gqa {
+                w: a,
+                inv_freq,
+                window,
+            } => DAttn::Gqa(Gqa {
+                wq: self.mat(&a.wq)?,
+                wk: self.mat(&a.wk)?,
+                wv: self.mat(&a.wv)?,
+                wo: self.mat(&a.wo)?,
+                q_norm: self.opt_norm(&a.q_norm)?,
+                k_norm: self.opt_norm(&a.k_norm)?,
+                inv_freq: self.norm(inv_freq)?,
+                window: window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
+            }),
+            PlanAttn::Kda { w, shape } => DAttn::Kda(Box::new(self.kda(w, shape)?)),
+            // Absorbed MLA without RoPE over the positions its k-pool indexer picks.
+            PlanAttn::Pooled { w, shape } => DAttn::Mla(Box::new(Mla {
+                select: match &w.indexer {
+                    Some(ix) => DSelect::Pooled(Box::new(self.pool(ix, shape)?)),
+                    None => DSelect::Previous,
+                },
+                q_a: self.mat(&w.q_a)?,
+                q_a_norm: self.norm(&w.q_a_norm)?,
+                q_b: self.mat(&w.q_b)?,
+                kv_a: self.mat(&w.kv_a)?,
+                kv_a_norm: self.norm(&w.kv_a_norm)?,
+                k_b: self.stacked_heads(&w.k_b)?,
+                v_b: self.stacked_heads(&w.v_b)?,
+                out: self.mat(&w.out)?,
+                // (No RoPE: never read.)
+                inv_freq: self.norm(&[0.0])?,
+            })),
+            PlanAttn::Delta { w, shape } => DAttn::Delta(Box::new(self.delta(w, shape)?)),
+            PlanAttn::Qsa { w, shape, inv_freq } => {
+                DAttn::Qsa(Box::new(self.qsa(w, shape, inv_freq)?))
+            }
+            PlanAttn::Dsv4 { w, shape } => {
+                let mut comp = |c: &sluice_models::blocks::dsv4_attention::CompressorWeights| -> Result<DComp, String> {
+                Ok(DComp {
+                    ratio: c.ratio,
+                    head_dim: c.head_dim,
+                    coff: c.coff,
+                    kv: self.mat(&c.kv)?,
+                    gate: self.mat(&c.gate)?,
+                    ape: self.norm(&c.ape)?,
+                    norm: self.norm(&c.norm)?,
+                })
+            };
+                let c = w.comp.as_ref().map(&mut comp).transpose()?;
+                let ix = match &w.indexer {
+                    Some(ix) => Some(DIndexer {
+                        n_head: ix.n_head,
+                        head_dim: ix.head_dim,
+                        top_k: ix.top_k,
+                        comp: comp(&ix.comp)?,
+                        q_b: self.mat(&ix.q_b)?,
+                        proj: self.mat(&ix.proj)?,
+                    }),
+                    None => None,
+                };
+                DAttn::Dsv4(Box::new(DDsv4 {
+                    q_a: self.mat(&w.q_a)?,
+                    q_a_norm: self.norm(&w.q_a_norm)?,
+                    q_b: self.mat(&w.q_b)?,
+                    kv: self.mat(&w.kv)?,
+                    kv_norm: self.norm(&w.kv_norm)?,
+                    sinks: self.norm(&w.sinks)?,
+                    out_a: self.heads(&w.out_a, shape.o_groups)?,
+                    out_b: self.mat(&w.out_b)?,
+                    rope: self.norm(&w.rope)?,
+                    rope_compress: self.norm(&w.rope_compress)?,
+                    comp: c,
+                    indexer: ix,
+                }))
+            }
+            PlanAttn::Mla { w, shape, select } => {
+                let nh = shape.n_head;
+                let select = match select {
+                    MlaSelect::All => DSelect::All,
+                    MlaSelect::Previous => DSelect::Previous,
+                    MlaSelect::Indexer(ix) => DSelect::Indexer(Box::new(DDsa {
+                        n_head: ix.n_head,
+                        head_dim: ix.head_dim,
+                        top_k: ix.top_k,
+                        q_b: self.mat(&ix.q_b)?,
+                        k: self.mat(&ix.k)?,
+                        k_norm: self.norm(&ix.k_norm)?,
+                        k_norm_bias: self.norm(&ix.k_norm_bias)?,
+                        k_norm_eps: ix.k_norm_eps,
+                        proj: self.mat(&ix.proj)?,
+                    })),
+                };
+                DAttn::Mla(Box::new(Mla {
+                    select,
+                    q_a: self.mat(&w.q_a)?,
+                    q_a_norm: self.norm(&w.q_a_norm)?,
+                    q_b: self.mat(&w.q_b)?,
+                    kv_a: self.mat(&w.kv_a)?,
+                    kv_a_norm: self.norm(&w.kv_a_norm)?,
+                    k_b: self.heads(&w.k_b, nh)?,
+                    v_b: self.heads(&w.v_b, nh)?,
+                    out: self.mat(&w.out)?,
+                    inv_freq: self.norm(&w.inv_freq)?,
+                }))
+            }
+        })
     }
 }
 

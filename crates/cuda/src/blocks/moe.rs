@@ -9,18 +9,20 @@
 use std::collections::BTreeMap;
 
 use cudarc::driver::{CudaSlice, DevicePtr};
-use sluice_models::blocks::moe::{Router, ScoreFn};
+use sluice_models::blocks::moe::{MoeWeights, Router, ScoreFn};
 use sluice_models::blocks::Env;
-use sluice_models::plan::PlanFfn;
+use sluice_models::plan::{PlanFfn, PlanShared};
 use sluice_models::weights::Stacked;
 use sluice_models::ModelError;
 use sluice_tier::Stop;
 
-use crate::blocks::ffn::Act;
+use crate::blocks::ffn::{act_id, Act};
 use crate::blocks::hyper_lowrank::DFew;
 use crate::forward::{
-    addr, err, lock, push_chunk, rows_n, Call, DMat, GpuDecoder, CHUNK_BYTES, MVG_N,
+    addr, err, lock, push_chunk, rows_n, Call, DMat, ExpertPlacement, GpuDecoder, Uploader,
+    CHUNK_BYTES, MVG_N,
 };
+use crate::kernel_format;
 use crate::kernels;
 use crate::lru::Lru;
 
@@ -504,5 +506,75 @@ impl GpuDecoder {
         s.expert_peak = s.expert_peak.max(peak);
         s.upload_ns += copy_ns;
         Ok(lc)
+    }
+}
+
+impl Uploader<'_> {
+    /// Upload a MoE layer: its router, the routed experts' pointer-table entries (and
+    /// their bytes when `experts` is resident), its shared expert.
+    pub(crate) fn moe(
+        &mut self,
+        moe: &MoeWeights,
+        st: &[Stacked; 3],
+        shared: &Option<Box<PlanShared>>,
+        experts: ExpertPlacement,
+    ) -> Result<Moe, String> {
+        let (router_w, n_expert, k, act) = (&moe.router_w, &moe.n_expert, &moe.k, &moe.act);
+        let rk = router_kind(&moe.router);
+        let router = self.mat(router_w)?;
+        let tab_index = self.tab.len();
+        let mut parts = Vec::with_capacity(3);
+        for (pi, s) in st.iter().enumerate() {
+            let base = match experts {
+                ExpertPlacement::Resident => Some(self.bytes(&self.map[s.range.clone()])?),
+                ExpertPlacement::Cached => None,
+            };
+            for e in 0..*n_expert {
+                self.tab
+                    .push(base.map_or(0, |b| b + (e * s.slice_bytes() + s.sub.start) as u64));
+            }
+            parts.push(DMat {
+                tab: tab_index + pi * n_expert,
+                fi: kernel_format(s.ty, s.cols).expect("checked"),
+                rows: s.rows,
+                cols: s.cols,
+                row_bytes: s.ty.row_bytes(s.cols as u64).expect("checked") as i64,
+            });
+        }
+        let shared = match shared {
+            Some(sh) => Some(Box::new(DShared {
+                gate: self.mat(&sh.w.gate)?,
+                up: self.mat(&sh.w.up)?,
+                down: self.mat(&sh.w.down)?,
+                act: act_id(sh.act),
+                scale: sh.gate.as_ref().map(|g| self.few(g)).transpose()?,
+            })),
+            None => None,
+        };
+        let bias = match rk.bias {
+            Some(b) => self.norm(b)?,
+            None => 0,
+        };
+        let table = match rk.table {
+            Some(t) => {
+                let v: Vec<i32> = t.iter().map(|&x| x as i32).collect();
+                self.ints(&v)?
+            }
+            None => 0,
+        };
+        Ok(Moe {
+            router,
+            norm: rk.norm,
+            score: rk.score,
+            bias,
+            scale: rk.scale,
+            table,
+            shared,
+            n_expert: *n_expert,
+            k: *k,
+            parts: [parts[0], parts[1], parts[2]],
+            tab_index,
+            act: act_id(*act),
+        })
     }
 }
