@@ -1580,6 +1580,253 @@ impl GpuDecoder {
 }
 
 impl GpuDecoder {
+    /// One call's [`Call`]: the header (tokens, positions, chunk tables) uploaded, every
+    /// scratch buffer grown for `batch` and `rows` logits rows, the PLE rows uploaded; the
+    /// header's device address with it (a captured graph's key).
+    #[allow(clippy::too_many_arguments)]
+    fn call<'a>(
+        &'a self,
+        sc: &'a mut Scratch,
+        batch: &Batch<'_>,
+        rows: &[usize],
+        kvt: usize,
+        heads: usize,
+        ple_rows: Option<Vec<f32>>,
+        ptrs: (&'a [Vec<u64>], &'a [u64], &'a [Dsv4Ptrs], &'a [(u64, u64)]),
+    ) -> Result<(Call<'a>, u64), ModelError> {
+        let (rec_ptrs, ple_ptrs, dsv4_ptrs, kv_ptrs) = ptrs;
+        let n = batch.len();
+        let p = &self.plan;
+        let sh = p.shape;
+        let (e, nv) = (p.n_embd, p.n_vocab);
+        let (nh, nkv, hd, hdv) = (sh.n_head, sh.n_head_kv, sh.head_dim, sh.head_dim_v);
+        let (kdim, vdim) = (nkv * hd, nkv * hdv);
+        let mla = self.mla;
+        let stream = self.stream.clone();
+        // Column segments: the hyper-connection projections' or the low-rank mixers'.
+        let segs = match &self.hyper {
+            Some(_) => self.hc_nseg,
+            None if self.next_dims.segs > 1 => self.next_dims.segs,
+            None => 0,
+        };
+        let hdr = Header::new(batch, rows, heads, segs);
+        let hb = addr(&stream, &mut sc.hdr, hdr.bytes.len())?;
+        stream
+            .memcpy_htod(
+                &hdr.bytes[..],
+                &mut sc
+                    .hdr
+                    .as_mut()
+                    .expect("grown")
+                    .slice_mut(0..hdr.bytes.len()),
+            )
+            .map_err(|e| err("header", e))?;
+        let (tokens, pos) = (hb + hdr.tokens as u64, hb + hdr.pos as u64);
+        let (n_dense, n_rowc) = (hb + hdr.counts as u64, hb + hdr.counts as u64 + 4);
+        let (rowmap, dense, row_chunks) = (
+            hb + hdr.rowmap as u64,
+            hb + hdr.dense as u64,
+            hb + hdr.row_chunks as u64,
+        );
+        let (n_headc, head_chunks) = (hb + hdr.counts as u64 + 8, hb + hdr.head_chunks as u64);
+        let (n_segc, seg_chunks) = (hb + hdr.counts as u64 + 12, hb + hdr.seg_chunks as u64);
+        let nd = n.div_ceil(MVG_N);
+        let pairs = n * self.k_max;
+        let moe_chunks_max = pairs / MVG_N + self.n_expert_max.min(pairs);
+        let hs = self.hyper.as_ref().map(|(s, _)| *s);
+        // Residual streams: a hyper-connection's, the low-rank mixers' (1: plain).
+        let lr_streams = self.lowrank.as_ref().map(|_| self.next_dims.streams);
+        let n_hc = hs.map_or(self.next_dims.streams, |s| s.n_hc);
+        let x = addr(&stream, &mut sc.x, n * n_hc * e)?;
+        let h = addr(&stream, &mut sc.h, n * e)?;
+        let hyper_len = |f: &dyn Fn(usize) -> usize| hs.map_or(1, |s| n * f(s.n_hc));
+        let hcf = addr(&stream, &mut sc.hcf, hyper_len(&|hc| hc * e))?;
+        let hcm = addr(&stream, &mut sc.hcm, hyper_len(&|hc| segs * (2 + hc) * hc))?;
+        let hcpc = addr(&stream, &mut sc.hcpc, hyper_len(&|hc| hc + hc * hc))?;
+        let q_width = mla.map_or(hd, |m| hd.max(m.nope + m.rope));
+        let q = addr(&stream, &mut sc.q, n * nh * q_width)?;
+        // MLA's buffers (one element when there is no MLA layer).
+        let ml = |f: &dyn Fn(&MlaShape) -> usize| mla.as_ref().map_or(1, |m| n * f(m));
+        let q_lora = mla
+            .map(|m| m.q_lora)
+            .or(self.dsv4.map(|s| s.q_lora))
+            .unwrap_or(1);
+        let qa = addr(&stream, &mut sc.qa, n * q_lora)?;
+        let qan = addr(&stream, &mut sc.qan, n * q_lora)?;
+        // DeepSeek V4's buffers, sized for its widest compressor and indexer.
+        let IndexDims {
+            comp_w,
+            idx_w,
+            idx_q,
+            idx_heads,
+            top_max,
+            dsa_d,
+            ratio: idx_ratio,
+        } = self.index_dims;
+        let dsv4_len = |len: usize| if self.dsv4.is_some() { n * len } else { 1 };
+        let cc = addr(&stream, &mut sc.cc, dsv4_len(comp_w))?;
+        let cz = addr(&stream, &mut sc.cz, dsv4_len(comp_w))?;
+        let ic = addr(&stream, &mut sc.ic, dsv4_len(idx_w))?;
+        let iz = addr(&stream, &mut sc.iz, dsv4_len(idx_w))?;
+        // Indexer buffers (DeepSeek V4's or GLM's).
+        let idx_len = |len: usize| if idx_ratio > 0 { n * len } else { 1 };
+        let iq = addr(&stream, &mut sc.iq, idx_len(idx_q))?;
+        let wh = addr(&stream, &mut sc.wh, idx_len(idx_heads))?;
+        let ik = addr(&stream, &mut sc.ik, idx_len(dsa_d.max(1)))?;
+        // Scores of the compressed rows the batch's last token sees, per token.
+        let last = *batch.positions.last().expect("n > 0");
+        let stride = (last + 1).checked_div(idx_ratio).unwrap_or(1).max(1);
+        // Tokens per launch of the scores and top-k: as many as keep the scores within
+        // SCORES_MAX floats (a long prompt at a long context does not scale the scratch).
+        let idx_tile = (SCORES_MAX / stride).clamp(1, n);
+        let scores = addr(&stream, &mut sc.scores, idx_len(stride) / n * idx_tile)?;
+        let selb = addr(&stream, &mut sc.sel, idx_len(top_max))?;
+        let nselb = addr(&stream, &mut sc.nsel, idx_len(1))?;
+        let dz = addr(
+            &stream,
+            &mut sc.dz,
+            dsv4_len(self.dsv4.map_or(1, |s| s.o_groups * s.o_lora)),
+        )?;
+        let kva = addr(&stream, &mut sc.kva, ml(&|m| m.row()))?;
+        let qn = addr(&stream, &mut sc.qn, ml(&|m| m.n_head * m.nope))?;
+        let qabs = addr(&stream, &mut sc.qabs, ml(&|m| m.n_head * m.kv_lora))?;
+        let qatt = addr(&stream, &mut sc.qatt, ml(&|m| m.n_head * m.row()))?;
+        let ov = addr(&stream, &mut sc.ov, ml(&|m| m.n_head * m.v_dim))?;
+        let shb = addr(&stream, &mut sc.sh, n * e)?;
+        let k = addr(&stream, &mut sc.k, n * kdim)?;
+        let v = addr(&stream, &mut sc.v, n * vdim)?;
+        let att = addr(&stream, &mut sc.att, n * nh * hdv)?;
+        let o = addr(&stream, &mut sc.o, n * e)?;
+        let ffw = (n * self.ff_dense).max(pairs * self.ff_moe);
+        let g = addr(&stream, &mut sc.g, ffw)?;
+        let u = addr(&stream, &mut sc.u, ffw)?;
+        let rl = addr(&stream, &mut sc.rl, n * self.n_expert_max)?;
+        let ids = addr(&stream, &mut sc.ids, pairs)?;
+        let wts = addr(&stream, &mut sc.wts, pairs)?;
+        let dd = addr(&stream, &mut sc.dd, pairs * e)?;
+        let chunks = addr(&stream, &mut sc.chunks, moe_chunks_max * CHUNK_BYTES)?;
+        let nchunks = addr(&stream, &mut sc.nchunks, 1)?;
+        let nr = rows.len();
+        let hsel = addr(&stream, &mut sc.hsel, nr.max(1) * e)?;
+        let lg = addr(&stream, &mut sc.logits, nr.max(1) * nv)?;
+        let nb = sc.next.grow(&stream, &self.next_dims, e, n, nr)?;
+        if let (Some(rows), Some(pe)) = (&ple_rows, sc.next.pe.as_mut()) {
+            stream
+                .memcpy_htod(&rows[..], &mut pe.slice_mut(0..rows.len()))
+                .map_err(|e| err("PLE rows", e))?;
+        }
+        let eps = sh.rms_eps;
+        let ei = i32_of(e, "n_embd")?;
+        // At most 8 tokens: every chunk has at most 8 rows (a token picks an expert once).
+        let small = n <= 8;
+
+        let sc_ids = sc.ids.as_ref().expect("grown");
+        let dense_rows = Rows {
+            table: dense,
+            count: n_dense,
+            chunks: nd,
+            small,
+        };
+        let seg_rows = Rows {
+            table: seg_chunks,
+            count: n_segc,
+            chunks: nd * segs,
+            small,
+        };
+        // QSA's view of the shared buffers.
+        let qsa_bufs = QsaBufs {
+            q,
+            k,
+            v,
+            att,
+            iq,
+            ik,
+            index: (scores, stride, idx_tile, selb, nselb),
+        };
+        let call = Call {
+            n,
+            e,
+            ei,
+            nh,
+            nkv,
+            hd,
+            kdim,
+            vdim,
+            eps,
+            small,
+            kvt,
+            tokens,
+            pos,
+            dense,
+            n_dense,
+            nd,
+            dense_rows,
+            head_chunks,
+            n_headc,
+            heads,
+            h,
+            q,
+            k,
+            v,
+            att,
+            o,
+            qa,
+            qan,
+            kva,
+            qn,
+            qabs,
+            qatt,
+            ov,
+            shb,
+            g,
+            u,
+            rl,
+            ids,
+            wts,
+            dd,
+            chunks,
+            nchunks,
+            cc,
+            cz,
+            ic,
+            iz,
+            iq,
+            wh,
+            ik,
+            scores,
+            stride,
+            idx_tile,
+            selb,
+            nselb,
+            dz,
+            nb,
+            mla,
+            p,
+            stream: &self.stream,
+            sc_ids,
+            rec_ptrs: &rec_ptrs,
+            dsv4_ptrs: &dsv4_ptrs,
+            x,
+            hcf,
+            hcm,
+            hcpc,
+            seg_rows,
+            n_hc,
+            lr_streams,
+            hs,
+            qsa_bufs,
+            nr,
+            row_chunks,
+            n_rowc,
+            rowmap,
+            hsel,
+            lg,
+            kv_ptrs: &kv_ptrs,
+            ple_ptrs: &ple_ptrs,
+        };
+        Ok((call, hb))
+    }
+
     /// Launch the decode step captured under `key` (every address its launches take), or
     /// capture `run` under it first; `run` directly when the step cannot be captured.
     fn replay(
@@ -1813,10 +2060,7 @@ impl DeviceForward for GpuDecoder {
             return Ok(Vec::new());
         }
         let p = &self.plan;
-        let sh = p.shape;
-        let (e, nv) = (p.n_embd, p.n_vocab);
-        let (nh, nkv, hd, hdv) = (sh.n_head, sh.n_head_kv, sh.head_dim, sh.head_dim_v);
-        let (kdim, vdim) = (nkv * hd, nkv * hdv);
+        let nv = p.n_vocab;
         let pos0 = batch.positions[0];
         if pos0 + n > state.n_ctx() {
             return Err(ModelError::ContextFull {
@@ -1888,230 +2132,12 @@ impl DeviceForward for GpuDecoder {
                 .zip(&kv.v)
                 .map(|(k, v)| (k.device_ptr(&kv.stream).0, v.device_ptr(&kv.stream).0))
                 .collect();
-        let stream = self.stream.clone();
+        let ptrs = (&rec_ptrs[..], &ple_ptrs[..], &dsv4_ptrs[..], &kv_ptrs[..]);
+        let nr = rows.len();
+        let stream = &self.stream;
         let mut sc = lock(&self.scratch);
         let sc = &mut *sc;
-        // Column segments: the hyper-connection projections' or the low-rank mixers'.
-        let segs = match &self.hyper {
-            Some(_) => self.hc_nseg,
-            None if self.next_dims.segs > 1 => self.next_dims.segs,
-            None => 0,
-        };
-        let hdr = Header::new(batch, rows, heads, segs);
-        let hb = addr(&stream, &mut sc.hdr, hdr.bytes.len())?;
-        stream
-            .memcpy_htod(
-                &hdr.bytes[..],
-                &mut sc
-                    .hdr
-                    .as_mut()
-                    .expect("grown")
-                    .slice_mut(0..hdr.bytes.len()),
-            )
-            .map_err(|e| err("header", e))?;
-        let (tokens, pos) = (hb + hdr.tokens as u64, hb + hdr.pos as u64);
-        let (n_dense, n_rowc) = (hb + hdr.counts as u64, hb + hdr.counts as u64 + 4);
-        let (rowmap, dense, row_chunks) = (
-            hb + hdr.rowmap as u64,
-            hb + hdr.dense as u64,
-            hb + hdr.row_chunks as u64,
-        );
-        let (n_headc, head_chunks) = (hb + hdr.counts as u64 + 8, hb + hdr.head_chunks as u64);
-        let (n_segc, seg_chunks) = (hb + hdr.counts as u64 + 12, hb + hdr.seg_chunks as u64);
-        let nd = n.div_ceil(MVG_N);
-        let pairs = n * self.k_max;
-        let moe_chunks_max = pairs / MVG_N + self.n_expert_max.min(pairs);
-        let hs = self.hyper.as_ref().map(|(s, _)| *s);
-        // Residual streams: a hyper-connection's, the low-rank mixers' (1: plain).
-        let lr_streams = self.lowrank.as_ref().map(|_| self.next_dims.streams);
-        let n_hc = hs.map_or(self.next_dims.streams, |s| s.n_hc);
-        let x = addr(&stream, &mut sc.x, n * n_hc * e)?;
-        let h = addr(&stream, &mut sc.h, n * e)?;
-        let hyper_len = |f: &dyn Fn(usize) -> usize| hs.map_or(1, |s| n * f(s.n_hc));
-        let hcf = addr(&stream, &mut sc.hcf, hyper_len(&|hc| hc * e))?;
-        let hcm = addr(&stream, &mut sc.hcm, hyper_len(&|hc| segs * (2 + hc) * hc))?;
-        let hcpc = addr(&stream, &mut sc.hcpc, hyper_len(&|hc| hc + hc * hc))?;
-        let q_width = mla.map_or(hd, |m| hd.max(m.nope + m.rope));
-        let q = addr(&stream, &mut sc.q, n * nh * q_width)?;
-        // MLA's buffers (one element when there is no MLA layer).
-        let ml = |f: &dyn Fn(&MlaShape) -> usize| mla.as_ref().map_or(1, |m| n * f(m));
-        let q_lora = mla
-            .map(|m| m.q_lora)
-            .or(self.dsv4.map(|s| s.q_lora))
-            .unwrap_or(1);
-        let qa = addr(&stream, &mut sc.qa, n * q_lora)?;
-        let qan = addr(&stream, &mut sc.qan, n * q_lora)?;
-        // DeepSeek V4's buffers, sized for its widest compressor and indexer.
-        let IndexDims {
-            comp_w,
-            idx_w,
-            idx_q,
-            idx_heads,
-            top_max,
-            dsa_d,
-            ratio: idx_ratio,
-        } = self.index_dims;
-        let dsv4_len = |len: usize| if self.dsv4.is_some() { n * len } else { 1 };
-        let cc = addr(&stream, &mut sc.cc, dsv4_len(comp_w))?;
-        let cz = addr(&stream, &mut sc.cz, dsv4_len(comp_w))?;
-        let ic = addr(&stream, &mut sc.ic, dsv4_len(idx_w))?;
-        let iz = addr(&stream, &mut sc.iz, dsv4_len(idx_w))?;
-        // Indexer buffers (DeepSeek V4's or GLM's).
-        let idx_len = |len: usize| if idx_ratio > 0 { n * len } else { 1 };
-        let iq = addr(&stream, &mut sc.iq, idx_len(idx_q))?;
-        let wh = addr(&stream, &mut sc.wh, idx_len(idx_heads))?;
-        let ik = addr(&stream, &mut sc.ik, idx_len(dsa_d.max(1)))?;
-        // Scores of the compressed rows the batch's last token sees, per token.
-        let last = *batch.positions.last().expect("n > 0");
-        let stride = (last + 1).checked_div(idx_ratio).unwrap_or(1).max(1);
-        // Tokens per launch of the scores and top-k: as many as keep the scores within
-        // SCORES_MAX floats (a long prompt at a long context does not scale the scratch).
-        let idx_tile = (SCORES_MAX / stride).clamp(1, n);
-        let scores = addr(&stream, &mut sc.scores, idx_len(stride) / n * idx_tile)?;
-        let selb = addr(&stream, &mut sc.sel, idx_len(top_max))?;
-        let nselb = addr(&stream, &mut sc.nsel, idx_len(1))?;
-        let dz = addr(
-            &stream,
-            &mut sc.dz,
-            dsv4_len(self.dsv4.map_or(1, |s| s.o_groups * s.o_lora)),
-        )?;
-        let kva = addr(&stream, &mut sc.kva, ml(&|m| m.row()))?;
-        let qn = addr(&stream, &mut sc.qn, ml(&|m| m.n_head * m.nope))?;
-        let qabs = addr(&stream, &mut sc.qabs, ml(&|m| m.n_head * m.kv_lora))?;
-        let qatt = addr(&stream, &mut sc.qatt, ml(&|m| m.n_head * m.row()))?;
-        let ov = addr(&stream, &mut sc.ov, ml(&|m| m.n_head * m.v_dim))?;
-        let shb = addr(&stream, &mut sc.sh, n * e)?;
-        let k = addr(&stream, &mut sc.k, n * kdim)?;
-        let v = addr(&stream, &mut sc.v, n * vdim)?;
-        let att = addr(&stream, &mut sc.att, n * nh * hdv)?;
-        let o = addr(&stream, &mut sc.o, n * e)?;
-        let ffw = (n * self.ff_dense).max(pairs * self.ff_moe);
-        let g = addr(&stream, &mut sc.g, ffw)?;
-        let u = addr(&stream, &mut sc.u, ffw)?;
-        let rl = addr(&stream, &mut sc.rl, n * self.n_expert_max)?;
-        let ids = addr(&stream, &mut sc.ids, pairs)?;
-        let wts = addr(&stream, &mut sc.wts, pairs)?;
-        let dd = addr(&stream, &mut sc.dd, pairs * e)?;
-        let chunks = addr(&stream, &mut sc.chunks, moe_chunks_max * CHUNK_BYTES)?;
-        let nchunks = addr(&stream, &mut sc.nchunks, 1)?;
-        let nr = rows.len();
-        let hsel = addr(&stream, &mut sc.hsel, nr.max(1) * e)?;
-        let lg = addr(&stream, &mut sc.logits, nr.max(1) * nv)?;
-        let nb = sc.next.grow(&stream, &self.next_dims, e, n, nr)?;
-        if let (Some(rows), Some(pe)) = (&ple_rows, sc.next.pe.as_mut()) {
-            stream
-                .memcpy_htod(&rows[..], &mut pe.slice_mut(0..rows.len()))
-                .map_err(|e| err("PLE rows", e))?;
-        }
-        let eps = sh.rms_eps;
-        let ei = i32_of(e, "n_embd")?;
-        // At most 8 tokens: every chunk has at most 8 rows (a token picks an expert once).
-        let small = n <= 8;
-
-        let sc_ids = sc.ids.as_ref().expect("grown");
-        let dense_rows = Rows {
-            table: dense,
-            count: n_dense,
-            chunks: nd,
-            small,
-        };
-        let seg_rows = Rows {
-            table: seg_chunks,
-            count: n_segc,
-            chunks: nd * segs,
-            small,
-        };
-        // QSA's view of the shared buffers.
-        let qsa_bufs = QsaBufs {
-            q,
-            k,
-            v,
-            att,
-            iq,
-            ik,
-            index: (scores, stride, idx_tile, selb, nselb),
-        };
-        let call = Call {
-            n,
-            e,
-            ei,
-            nh,
-            nkv,
-            hd,
-            kdim,
-            vdim,
-            eps,
-            small,
-            kvt,
-            tokens,
-            pos,
-            dense,
-            n_dense,
-            nd,
-            dense_rows,
-            head_chunks,
-            n_headc,
-            heads,
-            h,
-            q,
-            k,
-            v,
-            att,
-            o,
-            qa,
-            qan,
-            kva,
-            qn,
-            qabs,
-            qatt,
-            ov,
-            shb,
-            g,
-            u,
-            rl,
-            ids,
-            wts,
-            dd,
-            chunks,
-            nchunks,
-            cc,
-            cz,
-            ic,
-            iz,
-            iq,
-            wh,
-            ik,
-            scores,
-            stride,
-            idx_tile,
-            selb,
-            nselb,
-            dz,
-            nb,
-            mla,
-            p,
-            stream: &stream,
-            sc_ids,
-            rec_ptrs: &rec_ptrs,
-            dsv4_ptrs: &dsv4_ptrs,
-            x,
-            hcf,
-            hcm,
-            hcpc,
-            seg_rows,
-            n_hc,
-            lr_streams,
-            hs,
-            qsa_bufs,
-            nr,
-            row_chunks,
-            n_rowc,
-            rowmap,
-            hsel,
-            lg,
-            kv_ptrs: &kv_ptrs,
-            ple_ptrs: &ple_ptrs,
-        };
+        let (call, hb) = self.call(sc, batch, rows, kvt, heads, ple_rows, ptrs)?;
         let run = || self.run(&call, env);
         // A decode step whose buffers and sequence were captured before replays those
         // launches (one graph launch instead of ~16 launches per layer; the same kernels
@@ -2122,24 +2148,7 @@ impl DeviceForward for GpuDecoder {
             && env.routing.is_none()
             && self.graphs.load(std::sync::atomic::Ordering::Relaxed);
         if graphable {
-            let mut key = vec![
-                n as u64, nr as u64, kvt as u64, hb, x, h, q, k, v, att, o, g, u,
-            ];
-            key.extend([rl, ids, wts, dd, chunks, nchunks, hsel, lg]);
-            key.extend([qa, qan, kva, qn, qabs, qatt, ov, shb]);
-            key.extend([
-                hcf, hcm, hcpc, cc, cz, ic, iz, iq, wh, ik, scores, selb, nselb, dz,
-            ]);
-            key.extend(nb.all());
-            key.extend(rec_ptrs.iter().flatten().copied());
-            key.extend(ple_ptrs.iter().copied());
-            key.extend(kv_ptrs.iter().flat_map(|&(a, b)| [a, b]));
-            key.extend(
-                dsv4_ptrs
-                    .iter()
-                    .flat_map(|d| [[d.ring, 0, 0], d.comp, d.index].into_iter().flatten()),
-            );
-            self.replay(key, &run)?;
+            self.replay(graph_key(&call, hb), &run)?;
         } else {
             run()?;
         }
@@ -2173,6 +2182,79 @@ impl DeviceForward for GpuDecoder {
     fn name(&self) -> &'static str {
         "cuda"
     }
+}
+
+/// The key of a captured decode step: every address its launches take (the header at
+/// `hb`, the scratch buffers, the sequence's state).
+fn graph_key(c: &Call<'_>, hb: u64) -> Vec<u64> {
+    let Call {
+        n,
+        nr,
+        kvt,
+        x,
+        h,
+        q,
+        k,
+        v,
+        att,
+        o,
+        g,
+        u,
+        rl,
+        ids,
+        wts,
+        dd,
+        chunks,
+        nchunks,
+        hsel,
+        lg,
+        qa,
+        qan,
+        kva,
+        qn,
+        qabs,
+        qatt,
+        ov,
+        shb,
+        hcf,
+        hcm,
+        hcpc,
+        cc,
+        cz,
+        ic,
+        iz,
+        iq,
+        wh,
+        ik,
+        scores,
+        selb,
+        nselb,
+        dz,
+        nb,
+        rec_ptrs,
+        ple_ptrs,
+        kv_ptrs,
+        dsv4_ptrs,
+        ..
+    } = *c;
+    let mut key = vec![
+        n as u64, nr as u64, kvt as u64, hb, x, h, q, k, v, att, o, g, u,
+    ];
+    key.extend([rl, ids, wts, dd, chunks, nchunks, hsel, lg]);
+    key.extend([qa, qan, kva, qn, qabs, qatt, ov, shb]);
+    key.extend([
+        hcf, hcm, hcpc, cc, cz, ic, iz, iq, wh, ik, scores, selb, nselb, dz,
+    ]);
+    key.extend(nb.all());
+    key.extend(rec_ptrs.iter().flatten().copied());
+    key.extend(ple_ptrs.iter().copied());
+    key.extend(kv_ptrs.iter().flat_map(|&(a, b)| [a, b]));
+    key.extend(
+        dsv4_ptrs
+            .iter()
+            .flat_map(|d| [[d.ring, 0, 0], d.comp, d.index].into_iter().flatten()),
+    );
+    key
 }
 
 impl Funcs {
