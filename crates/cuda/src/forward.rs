@@ -1281,6 +1281,16 @@ pub(crate) struct Call<'a> {
     pub(crate) ple_ptrs: &'a [u64],
 }
 
+/// The device addresses of a sequence's per-layer state ([`GpuKv`]) for one call: each
+/// layer's own state buffers, PLE ring, DeepSeek V4 state, and KV cache (keys, values).
+#[derive(Clone, Copy)]
+pub(crate) struct StatePtrs<'a> {
+    pub(crate) rec_ptrs: &'a [Vec<u64>],
+    pub(crate) ple_ptrs: &'a [u64],
+    pub(crate) dsv4_ptrs: &'a [Dsv4Ptrs],
+    pub(crate) kv_ptrs: &'a [(u64, u64)],
+}
+
 /// A grid of one block per row.
 pub(crate) fn rows_n(n: usize) -> (u32, u32, u32) {
     (n as u32, 1, 1)
@@ -1592,9 +1602,14 @@ impl GpuDecoder {
         kvt: usize,
         heads: usize,
         ple_rows: Option<Vec<f32>>,
-        ptrs: (&'a [Vec<u64>], &'a [u64], &'a [Dsv4Ptrs], &'a [(u64, u64)]),
+        ptrs: StatePtrs<'a>,
     ) -> Result<(Call<'a>, u64), ModelError> {
-        let (rec_ptrs, ple_ptrs, dsv4_ptrs, kv_ptrs) = ptrs;
+        let StatePtrs {
+            rec_ptrs,
+            ple_ptrs,
+            dsv4_ptrs,
+            kv_ptrs,
+        } = ptrs;
         let n = batch.len();
         let p = &self.plan;
         let sh = p.shape;
@@ -1804,8 +1819,8 @@ impl GpuDecoder {
             p,
             stream: &self.stream,
             sc_ids,
-            rec_ptrs: &rec_ptrs,
-            dsv4_ptrs: &dsv4_ptrs,
+            rec_ptrs,
+            dsv4_ptrs,
             x,
             hcf,
             hcm,
@@ -1821,8 +1836,8 @@ impl GpuDecoder {
             rowmap,
             hsel,
             lg,
-            kv_ptrs: &kv_ptrs,
-            ple_ptrs: &ple_ptrs,
+            kv_ptrs,
+            ple_ptrs,
         };
         Ok((call, hb))
     }
@@ -2132,7 +2147,12 @@ impl DeviceForward for GpuDecoder {
                 .zip(&kv.v)
                 .map(|(k, v)| (k.device_ptr(&kv.stream).0, v.device_ptr(&kv.stream).0))
                 .collect();
-        let ptrs = (&rec_ptrs[..], &ple_ptrs[..], &dsv4_ptrs[..], &kv_ptrs[..]);
+        let ptrs = StatePtrs {
+            rec_ptrs: &rec_ptrs,
+            ple_ptrs: &ple_ptrs,
+            dsv4_ptrs: &dsv4_ptrs,
+            kv_ptrs: &kv_ptrs,
+        };
         let nr = rows.len();
         let stream = &self.stream;
         let mut sc = lock(&self.scratch);
