@@ -42,17 +42,18 @@ use sluice_models::ModelError;
 
 use crate::blocks::attention::Gqa;
 use crate::blocks::deltanet::{gdn_smem, DDelta, GDN_STATIC_SMEM};
-use crate::blocks::dsa_indexer::{DDsa, IDX_MAX_Q, SCORES_MAX};
-use crate::blocks::dsv4_attention::{check_dsv4, CompKv, DComp, DDsv4, DIndexer, Dsv4Kv, Dsv4Ptrs};
+use crate::blocks::dsa_indexer::{DDsa, SCORES_MAX};
+use crate::blocks::dsv4_attention::{CompKv, DComp, DDsv4, DIndexer, Dsv4Kv, Dsv4Ptrs};
 use crate::blocks::ffn::{act_id, DenseFfn};
-use crate::blocks::hyper::{hc_segments, DHc, HC_MAX};
+use crate::blocks::hyper::{hc_segments, DHc};
 use crate::blocks::hyper_lowrank::DMix;
 use crate::blocks::kda::{delta_shape, kda_state, DKda};
 use crate::blocks::mla::{DSelect, Mla};
 use crate::blocks::mla_pooled::{pool_state, pooled_mla_shape};
-use crate::blocks::moe::{router_kind, Moe, UnitCache, MAX_EXPERTS};
+use crate::blocks::moe::{Moe, UnitCache};
 use crate::blocks::ple::{ple_state, DPle};
 use crate::blocks::qsa::{DQsa, QsaBufs};
+use crate::blocks::{attention, dsv4_attention, hyper, mla, moe};
 use crate::forward::check::{glm5next_parts, qwen4exp_parts};
 use crate::forward::products::{takes_f16, Mvt1Staging, MVT1_MAX_STAGES, MVT1_STAGES, MVT1_STEP};
 use crate::forward::scratch::{NextBufs, NextDims, NextScratch, Rows};
@@ -642,153 +643,11 @@ impl GpuDecoder {
         let gdn_max = SMEM_OPTIN_MAX - GDN_STATIC_SMEM;
         qwen4exp_parts(plan, gdn_max)?;
         glm5next_parts(plan, gdn_max)?;
-        if let Some(h) = &plan.hyper {
-            let hc = h.shape.n_hc;
-            if hc == 0 || hc > HC_MAX || h.shape.n_embd != plan.n_embd {
-                return Err(format!(
-                    "hyper-connections of {hc} streams (the kernels take 1 to {HC_MAX})"
-                ));
-            }
-            let w_ok = |w: &sluice_models::blocks::hyper::HcWeights, n_out: usize, n_scale| {
-                (w.proj.rows, w.proj.cols, w.base.len(), w.scale.len())
-                    == (n_out, hc * plan.n_embd, n_out, n_scale)
-            };
-            match &h.head {
-                HyperHead::Learned(w) if w_ok(w, hc, 1) => {}
-                HyperHead::Learned(_) => {
-                    return Err("the hyper-connection head's shapes do not match".into())
-                }
-                HyperHead::Mean => {}
-            }
-            for (il, l) in plan.layers.iter().enumerate() {
-                match &l.hc {
-                    Some(w) if w.iter().all(|w| w_ok(w, (2 + hc) * hc, 3)) => {}
-                    _ => {
-                        return Err(format!(
-                            "layer {il}: hyper-connection mixes missing or of the wrong shape"
-                        ))
-                    }
-                }
-            }
-            if let Some(il) = plan
-                .layers
-                .iter()
-                .position(|l| l.post_attn_norm.is_some() || l.post_ffn_norm.is_some())
-            {
-                return Err(format!(
-                    "layer {il}: post-norms inside a hyper-connection residual have no GPU kernel"
-                ));
-            }
-        } else if plan.layers.iter().any(|l| l.hc.is_some()) {
-            return Err("hyper-connection mixes without the residual's shape".into());
-        }
-        if let Some(first) = plan.dsv4_shape() {
-            for (il, l) in plan.layers.iter().enumerate() {
-                match &l.attn {
-                    PlanAttn::Dsv4 { w, shape } => check_dsv4(il, w, shape, &first)?,
-                    _ => {
-                        return Err(format!(
-                            "layer {il}: DeepSeek V4 layers mixed with other attention"
-                        ))
-                    }
-                }
-            }
-            let sh = &plan.shape;
-            if (sh.n_head, sh.n_head_kv, sh.head_dim, sh.head_dim_v)
-                != (first.n_head, 1, first.head_dim, first.head_dim)
-            {
-                return Err(
-                    "DeepSeek V4: the plan's attention shape differs from its layers'".into(),
-                );
-            }
-        }
-        for (il, l) in plan.layers.iter().enumerate() {
-            if let PlanFfn::Moe { moe, .. } = &l.ffn {
-                if let Some(t) = router_kind(&moe.router).table {
-                    // A token's k experts must be distinct: the grouped products give a
-                    // chunk at most one row per token (the decode kernel's 8-row tile).
-                    let distinct =
-                        |row: &[u32]| row.iter().enumerate().all(|(i, x)| !row[..i].contains(x));
-                    if t.len() != plan.n_vocab * moe.k
-                        || t.iter().any(|&x| x as usize >= moe.n_expert)
-                        || !t.chunks(moe.k.max(1)).all(distinct)
-                    {
-                        return Err(format!(
-                            "layer {il}: a hash router table of {} entries for {} tokens x top-{} of {} distinct experts",
-                            t.len(),
-                            plan.n_vocab,
-                            moe.k,
-                            moe.n_expert
-                        ));
-                    }
-                }
-            }
-        }
-        let sh = &plan.shape;
-        if sh.head_dim > MAX_HEAD_DIM
-            || sh.head_dim_v > MAX_HEAD_DIM_V
-            || !sh.head_dim.is_multiple_of(2)
-            || sh.head_dim_v == 0
-        {
-            return Err(format!(
-                "head sizes {} / {} (the attention kernel takes even key sizes up to {MAX_HEAD_DIM}, values up to {MAX_HEAD_DIM_V})",
-                sh.head_dim, sh.head_dim_v
-            ));
-        }
-        if sh.n_head_kv == 0 || !sh.n_head.is_multiple_of(sh.n_head_kv) {
-            return Err(format!(
-                "{} query heads over {} KV heads",
-                sh.n_head, sh.n_head_kv
-            ));
-        }
-        for (il, l) in plan.layers.iter().enumerate() {
-            let PlanAttn::Mla {
-                w,
-                shape: s,
-                select,
-            } = &l.attn
-            else {
-                continue;
-            };
-            if let MlaSelect::Indexer(ix) = select {
-                let ok = ix.n_head > 0
-                    && ix.n_head * ix.head_dim <= IDX_MAX_Q
-                    && ix.head_dim >= s.rope
-                    && ix.top_k > 0
-                    && ix.k_norm.len() == ix.head_dim
-                    && ix.k_norm_bias.len() == ix.head_dim
-                    && (ix.q_b.rows, ix.q_b.cols) == (ix.n_head * ix.head_dim, s.q_lora)
-                    && (ix.k.rows, ix.proj.rows) == (ix.head_dim, ix.n_head)
-                    && (ix.k.cols, ix.proj.cols) == (plan.n_embd, plan.n_embd);
-                if !ok {
-                    return Err(format!(
-                        "layer {il}: a DSA indexer of {} heads of {} (top {}) the kernels do not take",
-                        ix.n_head, ix.head_dim, ix.top_k
-                    ));
-                }
-            }
-            // The kernels' view of the latent cache (one KV head of [c | k_rope], values c),
-            // one shape for every MLA layer (the scratch buffers'), and the per-head
-            // products' shapes.
-            let ok = sh.n_head_kv == 1
-                && plan.mla_shape() == Some(*s)
-                && sh.n_head == s.n_head
-                && sh.head_dim == s.row()
-                && sh.head_dim_v == s.kv_lora
-                && s.rope.is_multiple_of(2)
-                && w.inv_freq.len() == s.rope / 2
-                && (w.q_a.rows, w.q_b.rows, w.q_b.cols)
-                    == (s.q_lora, s.n_head * (s.nope + s.rope), s.q_lora)
-                && (w.kv_a.rows, w.k_b.rows, w.k_b.cols) == (s.row(), s.n_head * s.kv_lora, s.nope)
-                && (w.v_b.rows, w.v_b.cols, w.out.cols)
-                    == (s.n_head * s.v_dim, s.kv_lora, s.n_head * s.v_dim);
-            if !ok {
-                return Err(format!(
-                    "layer {il}: MLA shapes do not match the plan's ({} heads, kv_lora {}, nope {}, rope {}, v {})",
-                    s.n_head, s.kv_lora, s.nope, s.rope, s.v_dim
-                ));
-            }
-        }
+        hyper::check(plan)?;
+        dsv4_attention::check(plan)?;
+        moe::check_hash_tables(plan)?;
+        attention::check_shape(plan)?;
+        mla::check(plan)?;
         let kernel = |ty: sluice_kernels::GgmlType, cols: usize, what: &str| {
             kernel_format(ty, cols)
                 .map(|_| ())
@@ -797,28 +656,7 @@ impl GpuDecoder {
         for (what, m) in plan.matrices() {
             kernel(m.ty, m.cols, &what)?;
         }
-        for (il, l) in plan.layers.iter().enumerate() {
-            match &l.ffn {
-                PlanFfn::Dense { .. } => {}
-                PlanFfn::Moe { moe, experts, .. } => {
-                    let (n_expert, k) = (&moe.n_expert, &moe.k);
-                    if *n_expert > MAX_EXPERTS || *k == 0 || k > n_expert {
-                        return Err(format!("layer {il}: top-{k} of {n_expert} experts"));
-                    }
-                    if let Some(bias) = router_kind(&moe.router).bias {
-                        if bias.len() != *n_expert {
-                            return Err(format!(
-                                "layer {il}: a router bias of {} values for {n_expert} experts",
-                                bias.len()
-                            ));
-                        }
-                    }
-                    for s in experts {
-                        kernel(s.ty, s.cols, &format!("layer {il} experts"))?;
-                    }
-                }
-            }
-        }
+        moe::check(plan)?;
         Ok(())
     }
 

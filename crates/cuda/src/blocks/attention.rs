@@ -6,6 +6,8 @@
 //! launches are shared with MLA and QSA (`GpuDecoder::kv_store` / `attention`). Its
 //! per-sequence state is the KV cache of [`crate::forward::GpuKv`].
 
+use crate::forward::{MAX_HEAD_DIM, MAX_HEAD_DIM_V};
+use sluice_models::plan::DecoderPlan;
 use sluice_models::ModelError;
 
 use crate::forward::{i32_of, Call, DMat, GpuDecoder};
@@ -161,4 +163,27 @@ impl GpuDecoder {
         }
         .launch(self, (n as u32, sh.n_head as u32, 1))
     }
+}
+
+/// What the attention kernel refuses of the plan's attention shape: odd key heads or heads
+/// wider than it takes, query heads not a multiple of the KV heads. The reason when not.
+pub(crate) fn check_shape(plan: &DecoderPlan) -> Result<(), String> {
+    let sh = &plan.shape;
+    if sh.head_dim > MAX_HEAD_DIM
+        || sh.head_dim_v > MAX_HEAD_DIM_V
+        || !sh.head_dim.is_multiple_of(2)
+        || sh.head_dim_v == 0
+    {
+        return Err(format!(
+            "head sizes {} / {} (the attention kernel takes even key sizes up to {MAX_HEAD_DIM}, values up to {MAX_HEAD_DIM_V})",
+            sh.head_dim, sh.head_dim_v
+        ));
+    }
+    if sh.n_head_kv == 0 || !sh.n_head.is_multiple_of(sh.n_head_kv) {
+        return Err(format!(
+            "{} query heads over {} KV heads",
+            sh.n_head, sh.n_head_kv
+        ));
+    }
+    Ok(())
 }

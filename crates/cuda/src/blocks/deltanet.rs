@@ -9,6 +9,7 @@
 //! `forward::layer_state`; it continues or restarts at 0.
 
 use sluice_models::blocks::deltanet::{DeltaShape, DeltaWeights};
+use sluice_models::plan::DecoderPlan;
 use sluice_models::ModelError;
 
 use crate::blocks::hyper_lowrank::DFew;
@@ -182,4 +183,38 @@ impl GpuDecoder {
         }
         .launch_smem(self, (sh.n_v_heads as u32, 1, 1), gdn_smem(sh))
     }
+}
+
+/// What `conv_ring` and `delta_rule` refuse of layer `il`'s Gated DeltaNet: heads wider than
+/// [`DV_MAX`] values, a state past `smem` bytes of shared memory, weights unlike its
+/// shape. The reason when not.
+pub(crate) fn check_layer(
+    plan: &DecoderPlan,
+    il: usize,
+    w: &DeltaWeights,
+    sh: &DeltaShape,
+    smem: usize,
+) -> Result<(), String> {
+    let e = plan.n_embd;
+    let (hv, dk, dv) = (sh.n_v_heads, sh.d_k, sh.d_v);
+    let cd = sh.conv_dim();
+    let ok = sh.n_k_heads > 0
+        && hv > 0
+        && dk > 0
+        && dv > 0
+        && dv <= DV_MAX
+        && gdn_smem(sh) <= smem
+        && sh.conv_kernel > 0
+        && (w.qkv.rows, w.gate.rows, w.beta.rows, w.alpha.rows) == (cd, hv * dv, hv, hv)
+        && (w.out.rows, w.out.cols) == (e, hv * dv)
+        && w.conv.len() == cd * sh.conv_kernel
+        && (w.dt_bias.len(), w.a.len(), w.norm.len()) == (hv, hv, dv);
+    if !ok {
+        return Err(format!(
+            "layer {il}: a Gated DeltaNet of {} key / {hv} value heads of {dk} x {dv} the kernels do not take (values up to {}, the state within {smem} bytes of shared memory)",
+            sh.n_k_heads,
+            DV_MAX
+        ));
+    }
+    Ok(())
 }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use sluice_models::blocks::dsv4_attention::Dsv4Shape;
+use sluice_models::plan::{DecoderPlan, PlanAttn};
 use sluice_models::ModelError;
 
 use crate::blocks::dsa_indexer::{IndexSelect, IDX_MAX_Q};
@@ -415,4 +416,29 @@ impl GpuDecoder {
         }
         .launch(self, (n as u32, width.div_ceil(256).min(64) as u32, 1))
     }
+}
+
+/// What the DeepSeek V4 kernels refuse: DeepSeek V4 layers mixed with other attention,
+/// layers unlike the first ([`check_dsv4`]), a plan shape unlike its layers'. The reason
+/// when not.
+pub(crate) fn check(plan: &DecoderPlan) -> Result<(), String> {
+    if let Some(first) = plan.dsv4_shape() {
+        for (il, l) in plan.layers.iter().enumerate() {
+            match &l.attn {
+                PlanAttn::Dsv4 { w, shape } => check_dsv4(il, w, shape, &first)?,
+                _ => {
+                    return Err(format!(
+                        "layer {il}: DeepSeek V4 layers mixed with other attention"
+                    ))
+                }
+            }
+        }
+        let sh = &plan.shape;
+        if (sh.n_head, sh.n_head_kv, sh.head_dim, sh.head_dim_v)
+            != (first.n_head, 1, first.head_dim, first.head_dim)
+        {
+            return Err("DeepSeek V4: the plan's attention shape differs from its layers'".into());
+        }
+    }
+    Ok(())
 }

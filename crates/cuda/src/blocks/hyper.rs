@@ -9,6 +9,7 @@
 
 use sluice_kernels::GgmlType;
 use sluice_models::blocks::hyper::HcShape;
+use sluice_models::plan::{DecoderPlan, HyperHead};
 use sluice_models::ModelError;
 
 use crate::forward::products::MVT_STEP;
@@ -141,4 +142,50 @@ impl GpuDecoder {
         }
         .launch(self, (n as u32, e.div_ceil(256) as u32, 1))
     }
+}
+
+/// What the hyper-connection kernels refuse: more streams than [`HC_MAX`], mixes or a
+/// head mix of the wrong shape, post-norms inside the residual. The reason when not.
+pub(crate) fn check(plan: &DecoderPlan) -> Result<(), String> {
+    if let Some(h) = &plan.hyper {
+        let hc = h.shape.n_hc;
+        if hc == 0 || hc > HC_MAX || h.shape.n_embd != plan.n_embd {
+            return Err(format!(
+                "hyper-connections of {hc} streams (the kernels take 1 to {HC_MAX})"
+            ));
+        }
+        let w_ok = |w: &sluice_models::blocks::hyper::HcWeights, n_out: usize, n_scale| {
+            (w.proj.rows, w.proj.cols, w.base.len(), w.scale.len())
+                == (n_out, hc * plan.n_embd, n_out, n_scale)
+        };
+        match &h.head {
+            HyperHead::Learned(w) if w_ok(w, hc, 1) => {}
+            HyperHead::Learned(_) => {
+                return Err("the hyper-connection head's shapes do not match".into())
+            }
+            HyperHead::Mean => {}
+        }
+        for (il, l) in plan.layers.iter().enumerate() {
+            match &l.hc {
+                Some(w) if w.iter().all(|w| w_ok(w, (2 + hc) * hc, 3)) => {}
+                _ => {
+                    return Err(format!(
+                        "layer {il}: hyper-connection mixes missing or of the wrong shape"
+                    ))
+                }
+            }
+        }
+        if let Some(il) = plan
+            .layers
+            .iter()
+            .position(|l| l.post_attn_norm.is_some() || l.post_ffn_norm.is_some())
+        {
+            return Err(format!(
+                "layer {il}: post-norms inside a hyper-connection residual have no GPU kernel"
+            ));
+        }
+    } else if plan.layers.iter().any(|l| l.hc.is_some()) {
+        return Err("hyper-connection mixes without the residual's shape".into());
+    }
+    Ok(())
 }

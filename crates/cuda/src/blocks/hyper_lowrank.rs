@@ -10,6 +10,7 @@
 
 use sluice_kernels::GgmlType;
 use sluice_models::blocks::hyper_lowrank::HcWeights;
+use sluice_models::plan::{DecoderPlan, PlanLayer};
 use sluice_models::weights::Mat;
 use sluice_models::ModelError;
 
@@ -187,4 +188,66 @@ impl GpuDecoder {
         }
         .launch(self, (n as u32, cols.div_ceil(256) as u32, 1))
     }
+}
+
+/// Whether the low-rank mixer `w` fits streams of `d` values (`s` of them); `inject`: it
+/// must have injection weights.
+fn mix_ok(w: &HcWeights, s: usize, d: usize, inject: bool) -> bool {
+    let r = w.down.rows;
+    r > 0
+        && w.norm.len() == d
+        && (w.down.cols, w.up.rows, w.up.cols) == (d, d, r)
+        && match &w.inject {
+            Some(m) => (m.rows, m.cols) == (s, d),
+            None => !inject,
+        }
+}
+
+/// What the low-rank mixers refuse of the plan: no streams, an output mixer of the wrong
+/// shape. The reason when not.
+pub(crate) fn check_head(plan: &DecoderPlan) -> Result<(), String> {
+    let e = plan.n_embd;
+    let s = plan.lowrank.as_ref().map_or(1, |lr| lr.n_stream);
+    if s == 0 {
+        return Err("low-rank hyper-connections of 0 streams".into());
+    }
+    let d = s * e;
+    if let Some(lr) = &plan.lowrank {
+        if !mix_ok(&lr.head, s, d, false) {
+            return Err("the output low-rank mixer's shapes do not match the streams".into());
+        }
+    }
+    Ok(())
+}
+
+/// What the low-rank mixers refuse of layer `il`: norms beside them, mixers of the wrong
+/// shape, without injection weights, or unlike the plan's residual. The reason when not.
+pub(crate) fn check_layer(plan: &DecoderPlan, il: usize, l: &PlanLayer) -> Result<(), String> {
+    let s = plan.lowrank.as_ref().map_or(1, |lr| lr.n_stream);
+    let d = s * plan.n_embd;
+    // The mixers normalise: the kernels apply no norm beside them.
+    let norms = !l.attn_norm.is_empty()
+        || !l.ffn_norm.is_empty()
+        || l.post_attn_norm.is_some()
+        || l.post_ffn_norm.is_some();
+    if plan.lowrank.is_some() && norms {
+        return Err(format!(
+            "layer {il}: norms beside low-rank mixers have no GPU kernel"
+        ));
+    }
+    match (&l.hc_lowrank, &plan.lowrank) {
+        (Some(w), Some(_)) if w.iter().all(|w| mix_ok(w, s, d, true)) => {}
+        (None, None) => {}
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "layer {il}: low-rank mixers of the wrong shape or without injection weights"
+            ))
+        }
+        _ => {
+            return Err(format!(
+                "layer {il}: low-rank mixers do not match the plan's residual"
+            ))
+        }
+    }
+    Ok(())
 }

@@ -5,9 +5,11 @@
 //! ([`delta_shape`]) and its launches ([`GpuDecoder::kda`]: the products, the three
 //! convolutions, `kda_gate`, `delta_rule` with per-channel decay).
 
+use crate::blocks::deltanet::{gdn_smem, DV_MAX};
 use cudarc::driver::CudaSlice;
 use sluice_models::blocks::deltanet::DeltaShape;
 use sluice_models::blocks::kda::{KdaShape, KdaWeights};
+use sluice_models::plan::DecoderPlan;
 use sluice_models::ModelError;
 
 use crate::blocks::hyper_lowrank::DFew;
@@ -151,4 +153,40 @@ impl GpuDecoder {
             true,
         )
     }
+}
+
+/// What the KDA kernels refuse of layer `il`: heads wider than [`DV_MAX`], a state past
+/// `smem` bytes of shared memory, weights unlike its shape. The reason when not.
+pub(crate) fn check_layer(
+    plan: &DecoderPlan,
+    il: usize,
+    w: &KdaWeights,
+    s: &KdaShape,
+    smem: usize,
+) -> Result<(), String> {
+    let e = plan.n_embd;
+    let (h, d) = (s.n_head, s.head_dim);
+    let inner = s.inner();
+    let delta = delta_shape(s);
+    let ok = h > 0
+        && d > 0
+        && d <= DV_MAX
+        && gdn_smem(&delta) <= smem
+        && s.conv_kernel > 0
+        && (w.q.rows, w.k.rows, w.v.rows) == (inner, inner, inner)
+        && (w.f_a.rows, w.g_a.rows) == (d, d)
+        && (w.f_b.rows, w.f_b.cols, w.g_b.rows, w.g_b.cols) == (inner, d, inner, d)
+        && w.beta.rows == h
+        && (w.out.rows, w.out.cols) == (e, inner)
+        && [&w.conv_q, &w.conv_k, &w.conv_v]
+            .iter()
+            .all(|c| c.len() == inner * s.conv_kernel)
+        && (w.dt_bias.len(), w.a.len(), w.norm.len()) == (inner, h, d);
+    if !ok {
+        return Err(format!(
+            "layer {il}: a Kimi delta attention of {h} heads of {d} the kernels do not take (heads up to {}, the state within {smem} bytes of shared memory)",
+            DV_MAX
+        ));
+    }
+    Ok(())
 }

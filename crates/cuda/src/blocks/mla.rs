@@ -9,6 +9,8 @@
 //! latent cache, the per-head `v_b` products. GLM's DSA indexer lives in
 //! `blocks::dsa_indexer`, the k-pool indexer in `blocks::mla_pooled`.
 
+use crate::blocks::dsa_indexer::IDX_MAX_Q;
+use sluice_models::plan::{DecoderPlan, MlaSelect, PlanAttn};
 use sluice_models::ModelError;
 
 use crate::blocks::dsa_indexer::{DDsa, IndexSelect};
@@ -219,4 +221,60 @@ pub(crate) enum DSelect {
     Indexer(Box<DDsa>),
     Pooled(Box<DPool>),
     Previous,
+}
+
+/// What the absorbed MLA kernels refuse: a layer whose shapes differ from the plan's
+/// latent view (one KV head of `[c | k_rope]`), a DSA indexer the kernels do not take. The
+/// reason when not.
+pub(crate) fn check(plan: &DecoderPlan) -> Result<(), String> {
+    let sh = &plan.shape;
+    for (il, l) in plan.layers.iter().enumerate() {
+        let PlanAttn::Mla {
+            w,
+            shape: s,
+            select,
+        } = &l.attn
+        else {
+            continue;
+        };
+        if let MlaSelect::Indexer(ix) = select {
+            let ok = ix.n_head > 0
+                && ix.n_head * ix.head_dim <= IDX_MAX_Q
+                && ix.head_dim >= s.rope
+                && ix.top_k > 0
+                && ix.k_norm.len() == ix.head_dim
+                && ix.k_norm_bias.len() == ix.head_dim
+                && (ix.q_b.rows, ix.q_b.cols) == (ix.n_head * ix.head_dim, s.q_lora)
+                && (ix.k.rows, ix.proj.rows) == (ix.head_dim, ix.n_head)
+                && (ix.k.cols, ix.proj.cols) == (plan.n_embd, plan.n_embd);
+            if !ok {
+                return Err(format!(
+                    "layer {il}: a DSA indexer of {} heads of {} (top {}) the kernels do not take",
+                    ix.n_head, ix.head_dim, ix.top_k
+                ));
+            }
+        }
+        // The kernels' view of the latent cache (one KV head of [c | k_rope], values c),
+        // one shape for every MLA layer (the scratch buffers'), and the per-head
+        // products' shapes.
+        let ok = sh.n_head_kv == 1
+            && plan.mla_shape() == Some(*s)
+            && sh.n_head == s.n_head
+            && sh.head_dim == s.row()
+            && sh.head_dim_v == s.kv_lora
+            && s.rope.is_multiple_of(2)
+            && w.inv_freq.len() == s.rope / 2
+            && (w.q_a.rows, w.q_b.rows, w.q_b.cols)
+                == (s.q_lora, s.n_head * (s.nope + s.rope), s.q_lora)
+            && (w.kv_a.rows, w.k_b.rows, w.k_b.cols) == (s.row(), s.n_head * s.kv_lora, s.nope)
+            && (w.v_b.rows, w.v_b.cols, w.out.cols)
+                == (s.n_head * s.v_dim, s.kv_lora, s.n_head * s.v_dim);
+        if !ok {
+            return Err(format!(
+                "layer {il}: MLA shapes do not match the plan's ({} heads, kv_lora {}, nope {}, rope {}, v {})",
+                s.n_head, s.kv_lora, s.nope, s.rope, s.v_dim
+            ));
+        }
+    }
+    Ok(())
 }

@@ -8,9 +8,13 @@
 //! `pool_prep`, `pool_make`, the pools' scores and top-k through
 //! `GpuDecoder::index_select`, their positions and the tail through `qsa_expand`).
 
+use crate::blocks::dsa_indexer::IDX_MAX_Q;
+use crate::forward::MAX_HEAD_DIM_V;
 use cudarc::driver::CudaSlice;
 use sluice_models::blocks::mla::MlaShape;
+use sluice_models::blocks::mla_pooled::PooledWeights;
 use sluice_models::blocks::mla_pooled::{PooledIndexer, PooledShape};
+use sluice_models::plan::{DecoderPlan, PlanAttn, PlanLayer};
 use sluice_models::weights::Stacked;
 use sluice_models::ModelError;
 
@@ -191,4 +195,92 @@ impl GpuDecoder {
         self.expand(bsel, nb, pos, b, ix.kpool, ix.keep, kp, ix.tail, n)?;
         Ok((b.psel, b.npsel, kp))
     }
+}
+
+/// What the pooled-attention kernels refuse: another attention kind beside pooled layers
+/// (layer `il`, `first`: the first pooled layer's shape). The reason when not.
+pub(crate) fn check_alone(
+    il: usize,
+    l: &PlanLayer,
+    first: Option<PooledShape>,
+) -> Result<(), String> {
+    // The kernels' attention shape is the pooled layers' absorbed view for the whole
+    // decoder: no other attention beside them.
+    if first.is_some()
+        && matches!(
+            l.attn,
+            PlanAttn::Gqa { .. }
+                | PlanAttn::Mla { .. }
+                | PlanAttn::Qsa { .. }
+                | PlanAttn::Dsv4 { .. }
+        )
+    {
+        return Err(format!(
+            "layer {il}: pooled latent attention mixed with other attention"
+        ));
+    }
+    Ok(())
+}
+
+/// What the pooled-attention kernels refuse of layer `il`: a shape unlike the first pooled
+/// layer's or the plan's absorbed view, per-head products with no kernel, a k-pool indexer
+/// the kernels do not take, a shared layer before any with its indexer. The reason when
+/// not.
+pub(crate) fn check_layer(
+    plan: &DecoderPlan,
+    il: usize,
+    w: &PooledWeights,
+    s: &PooledShape,
+    first: Option<PooledShape>,
+) -> Result<(), String> {
+    let e = plan.n_embd;
+    let dims = |s: &PooledShape| (s.n_head, s.q_lora, s.kv_lora, s.head_k, s.head_v);
+    // (The kernels take the plan's attention shape as the absorbed view.)
+    let a = &plan.shape;
+    let ok = first.as_ref().map(dims) == Some(dims(s))
+        && (a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v) == (s.n_head, 1, s.kv_lora, s.kv_lora)
+        && s.n_head > 0
+        && s.kv_lora <= MAX_HEAD_DIM_V
+        && (w.q_a.rows, w.q_b.rows, w.q_b.cols) == (s.q_lora, s.n_head * s.head_k, s.q_lora)
+        && (w.q_a_norm.len(), w.kv_a.rows, w.kv_a_norm.len()) == (s.q_lora, s.kv_lora, s.kv_lora)
+        && (w.k_b.n_expert, w.k_b.rows, w.k_b.cols) == (s.n_head, s.kv_lora, s.head_k)
+        && (w.v_b.n_expert, w.v_b.rows, w.v_b.cols) == (s.n_head, s.head_v, s.kv_lora)
+        && (w.out.rows, w.out.cols) == (e, s.n_head * s.head_v);
+    if !ok {
+        return Err(format!(
+            "layer {il}: pooled latent attention of {} heads (kv_lora {}, keys {}, values {}) the kernels do not take, or unlike the first pooled layer's",
+            s.n_head, s.kv_lora, s.head_k, s.head_v
+        ));
+    }
+    let kernel = |ty: sluice_kernels::GgmlType, cols: usize, what: &str| {
+        kernel_format(ty, cols).map(|_| ()).ok_or_else(|| {
+            format!("layer {il} attention {what}: {ty:?} with {cols} columns has no GPU kernel")
+        })
+    };
+    kernel(w.k_b.ty, w.k_b.cols, "k_b")?;
+    kernel(w.v_b.ty, w.v_b.cols, "v_b")?;
+    if let Some(ix) = &w.indexer {
+        let (ih, id, kp) = (s.idx_heads, s.idx_dim, s.kpool);
+        let ok = ih > 0
+            && ih * id <= IDX_MAX_Q
+            && kp > 0
+            && s.top_k >= kp
+            && (ix.q_b.rows, ix.q_b.cols) == (ih * id, s.q_lora)
+            && (ix.k.rows, ix.gate.rows, ix.proj.rows) == (id, id, ih)
+            && (ix.k_norm.len(), ix.k_norm_b.len(), ix.ape.len()) == (id, id, kp * id);
+        if !ok {
+            return Err(format!(
+                "layer {il}: a k-pool indexer of {ih} heads of {id} (pools of {kp}, top {}) the kernels do not take",
+                s.top_k
+            ));
+        }
+    } else if !plan.layers[..il]
+        .iter()
+        .any(|l| matches!(&l.attn, PlanAttn::Pooled { w, .. } if w.indexer.is_some()))
+    {
+        return Err(format!(
+            "layer {il}: a shared pooled layer before any layer with its indexer"
+        ));
+    }
+    Ok(())
 }

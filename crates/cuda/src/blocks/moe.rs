@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use cudarc::driver::{CudaSlice, DevicePtr};
 use sluice_models::blocks::moe::{MoeWeights, Router, ScoreFn};
 use sluice_models::blocks::Env;
-use sluice_models::plan::{PlanFfn, PlanShared};
+use sluice_models::plan::{DecoderPlan, PlanFfn, PlanLayer, PlanShared};
 use sluice_models::weights::Stacked;
 use sluice_models::ModelError;
 use sluice_tier::Stop;
@@ -577,4 +577,90 @@ impl Uploader<'_> {
             act: act_id(*act),
         })
     }
+}
+
+/// What `topk_route` refuses of a hashed router: a table that is not `n_vocab` rows of
+/// `k` distinct experts. The reason when not.
+pub(crate) fn check_hash_tables(plan: &DecoderPlan) -> Result<(), String> {
+    for (il, l) in plan.layers.iter().enumerate() {
+        if let PlanFfn::Moe { moe, .. } = &l.ffn {
+            if let Some(t) = router_kind(&moe.router).table {
+                // A token's k experts must be distinct: the grouped products give a
+                // chunk at most one row per token (the decode kernel's 8-row tile).
+                let distinct =
+                    |row: &[u32]| row.iter().enumerate().all(|(i, x)| !row[..i].contains(x));
+                if t.len() != plan.n_vocab * moe.k
+                    || t.iter().any(|&x| x as usize >= moe.n_expert)
+                    || !t.chunks(moe.k.max(1)).all(distinct)
+                {
+                    return Err(format!(
+                        "layer {il}: a hash router table of {} entries for {} tokens x top-{} of {} distinct experts",
+                        t.len(),
+                        plan.n_vocab,
+                        moe.k,
+                        moe.n_expert
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the MoE kernels refuse: more than [`MAX_EXPERTS`] experts, a top-k outside
+/// 1..=n_expert, a router bias of the wrong length, experts in a format with no product
+/// kernel. The reason when not.
+pub(crate) fn check(plan: &DecoderPlan) -> Result<(), String> {
+    let kernel = |ty: sluice_kernels::GgmlType, cols: usize, what: &str| {
+        kernel_format(ty, cols)
+            .map(|_| ())
+            .ok_or_else(|| format!("{what}: {ty:?} with {cols} columns has no GPU kernel"))
+    };
+    for (il, l) in plan.layers.iter().enumerate() {
+        match &l.ffn {
+            PlanFfn::Dense { .. } => {}
+            PlanFfn::Moe { moe, experts, .. } => {
+                let (n_expert, k) = (&moe.n_expert, &moe.k);
+                if *n_expert > MAX_EXPERTS || *k == 0 || k > n_expert {
+                    return Err(format!("layer {il}: top-{k} of {n_expert} experts"));
+                }
+                if let Some(bias) = router_kind(&moe.router).bias {
+                    if bias.len() != *n_expert {
+                        return Err(format!(
+                            "layer {il}: a router bias of {} values for {n_expert} experts",
+                            bias.len()
+                        ));
+                    }
+                }
+                for s in experts {
+                    kernel(s.ty, s.cols, &format!("layer {il} experts"))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What `moe_combine` refuses of layer `il`'s shared expert gate: one not `[1, n_embd]`.
+/// The reason when not.
+pub(crate) fn check_shared_gate(
+    plan: &DecoderPlan,
+    il: usize,
+    l: &PlanLayer,
+) -> Result<(), String> {
+    let e = plan.n_embd;
+    if let PlanFfn::Moe {
+        shared: Some(sh), ..
+    } = &l.ffn
+    {
+        if let Some(g) = &sh.gate {
+            if (g.rows, g.cols) != (1, e) {
+                return Err(format!(
+                    "layer {il}: a shared expert gate of {} x {}",
+                    g.rows, g.cols
+                ));
+            }
+        }
+    }
+    Ok(())
 }

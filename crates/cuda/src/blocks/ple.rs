@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use sluice_models::blocks::ple::PleWeights;
+use sluice_models::plan::DecoderPlan;
 use sluice_models::ModelError;
 
 use crate::forward::scratch::{NextBufs, Rows};
@@ -99,4 +100,30 @@ impl GpuDecoder {
         let taps = (w.conv, w.kernel, w.dilation);
         self.conv(b.pn, hist, taps, b.gv, x, pos, width, n)
     }
+}
+
+/// What the PLE kernels refuse of layer `il`'s PLE layer `w`: no hash in the plan, shapes
+/// unlike the streams'. The reason when not.
+pub(crate) fn check_layer(plan: &DecoderPlan, il: usize, w: &PleWeights) -> Result<(), String> {
+    let e = plan.n_embd;
+    let d = plan.lowrank.as_ref().map_or(1, |lr| lr.n_stream) * e;
+    let Some(pp) = &plan.ple else {
+        return Err(format!("layer {il}: a PLE layer without the plan's hash"));
+    };
+    let heads = pp.hash.n_heads();
+    let width = heads * (e / heads.max(1));
+    let ok = heads > 0
+        && w.kernel > 0
+        && w.dilation > 0
+        && (w.key.rows, w.key.cols, w.value.rows, w.value.cols) == (d, width, e, width)
+        && w.norm_key.len() == d
+        && w.norm_query.len() == d
+        && w.norm_conv.len() == d
+        && w.conv.len() == d * w.kernel;
+    if !ok {
+        return Err(format!(
+            "layer {il}: PLE layer shapes do not match the streams"
+        ));
+    }
+    Ok(())
 }

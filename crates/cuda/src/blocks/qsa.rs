@@ -7,7 +7,9 @@
 //! positions), attention over them, the gate). Its per-sequence state (raw and pooled
 //! indexer keys) is made by `forward::layer_state`.
 
+use crate::blocks::dsa_indexer::IDX_MAX_Q;
 use sluice_models::blocks::qsa::{QsaShape, QsaWeights};
+use sluice_models::plan::DecoderPlan;
 use sluice_models::ModelError;
 
 use crate::blocks::dsa_indexer::IndexSelect;
@@ -189,4 +191,40 @@ impl GpuDecoder {
         self.glu(b.gate, bufs.att, n * nh * hd, ACT_SIGMOID)?;
         Ok(b.gate)
     }
+}
+
+/// What the QSA kernels refuse of layer `il`: heads unlike the plan's attention shape, an
+/// odd or too wide rotation, an indexer the kernels do not take. The reason when not.
+pub(crate) fn check_layer(
+    plan: &DecoderPlan,
+    il: usize,
+    w: &QsaWeights,
+    sh: &QsaShape,
+    inv_freq: &[f32],
+) -> Result<(), String> {
+    let e = plan.n_embd;
+    let a = &plan.shape;
+    let (nh, hd, id) = (sh.n_head, sh.head_dim, sh.idx_dim);
+    let ok = (nh, sh.n_head_kv, hd, hd) == (a.n_head, a.n_head_kv, a.head_dim, a.head_dim_v)
+        && sh.n_rot.is_multiple_of(2)
+        && sh.n_rot <= hd
+        && inv_freq.len() == sh.n_rot / 2
+        && (w.wq.rows, w.wk.rows, w.wv.rows) == (nh * 2 * hd, sh.n_head_kv * hd, sh.n_head_kv * hd)
+        && (w.wo.rows, w.wo.cols) == (e, nh * hd)
+        && (w.q_norm.len(), w.k_norm.len()) == (hd, hd)
+        && (sh.ratio == 0
+            || (sh.idx_heads > 0
+                && sh.idx_heads * id <= IDX_MAX_Q
+                && sh.n_rot <= id
+                && sh.budget >= sh.ratio
+                && sh.budget.is_multiple_of(sh.ratio)
+                && (w.idx_q.rows, w.idx_k.rows) == (sh.idx_heads * id, id)
+                && (w.idx_q_norm.len(), w.idx_k_norm.len()) == (id, id)));
+    if !ok {
+        return Err(format!(
+            "layer {il}: a QSA layer of {nh} heads of {hd} (rotating {}, indexer {} x {id}, ratio {}, budget {}) the kernels do not take",
+            sh.n_rot, sh.idx_heads, sh.ratio, sh.budget
+        ));
+    }
+    Ok(())
 }
