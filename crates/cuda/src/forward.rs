@@ -1724,6 +1724,75 @@ impl GpuDecoder {
         Ok(())
     }
 
+    /// The attention half of layer `il` (`attn`) on the normed input `c.h`, its output
+    /// into `c.o` (through the block's output matrix); `mla_sel` carries the MLA selection
+    /// later layers reuse.
+    fn attention_half(
+        &self,
+        il: usize,
+        attn: &DAttn,
+        c: &Call<'_>,
+        mla_sel: &mut (u64, u64, usize),
+    ) -> Result<(), ModelError> {
+        let call = *c;
+        let Call {
+            n,
+            kvt,
+            pos,
+            dense,
+            n_dense,
+            nd,
+            dense_rows,
+            h,
+            o,
+            nb,
+            small,
+            rec_ptrs,
+            qsa_bufs,
+            kv_ptrs,
+            ..
+        } = call;
+        let (kc, vc) = kv_ptrs[il];
+        let wo = match attn {
+            DAttn::Gqa(w) => self.gqa(w, &call, (kc, vc))?,
+            DAttn::Mla(w) => self.mla(w, il, &call, (kc, vc), mla_sel)?,
+            DAttn::Dsv4(a) => self.dsv4(a, il, &call)?,
+            DAttn::Delta(w) => {
+                let st = &rec_ptrs[il];
+                self.delta(w, (st[0], st[1]), pos, h, &nb, dense_rows, n)?;
+                (&w.out, nb.dout)
+            }
+            DAttn::Qsa(w) => {
+                let st = &rec_ptrs[il];
+                let cache = (kc, vc);
+                let y = self.qsa(w, kvt, cache, st, pos, h, &qsa_bufs, &nb, dense_rows, n)?;
+                (&w.wo, y)
+            }
+            DAttn::Kda(w) => {
+                self.kda(w, &rec_ptrs[il], pos, h, &nb, dense_rows, n)?;
+                (&w.out, nb.dout)
+            }
+        };
+        self.mv(&[(wo.0, o)], dense, n_dense, nd, wo.1, 1, small)?;
+        Ok(())
+    }
+
+    /// The feed-forward half of layer `il` (`ffn`) on the normed input `c.h`, its output
+    /// into `c.o`.
+    fn feed_forward(
+        &self,
+        il: usize,
+        ffn: &DFfn,
+        c: &Call<'_>,
+        env: &Env<'_>,
+        host_ids: &mut Vec<i32>,
+    ) -> Result<(), ModelError> {
+        match ffn {
+            DFfn::Dense(w) => self.dense_ffn(w, c),
+            DFfn::Moe(w) => self.moe(w, il, c, env, host_ids),
+        }
+    }
+
     /// One forward call's launches, in the plan's order (the GPU form of `CpuDecoder`'s
     /// loop): the embedding, per layer the PLE layer, the attention half (its block from
     /// `blocks`) and the feed-forward half, each between its residual mixes (norms,
@@ -1737,18 +1806,13 @@ impl GpuDecoder {
             ei,
             eps,
             small,
-            kvt,
             tokens,
             pos,
-            dense,
-            n_dense,
-            nd,
             dense_rows,
             h,
             o,
             nb,
             p,
-            rec_ptrs,
             x,
             hcf,
             hcm,
@@ -1757,14 +1821,12 @@ impl GpuDecoder {
             n_hc,
             lr_streams,
             hs,
-            qsa_bufs,
             nr,
             row_chunks,
             n_rowc,
             rowmap,
             hsel,
             lg,
-            kv_ptrs,
             ple_ptrs,
             ..
         } = call;
@@ -1799,7 +1861,6 @@ impl GpuDecoder {
         let mut mla_sel: (u64, u64, usize) = (0, 0, 0);
         for (il, l) in self.layers.iter().enumerate() {
             // Attention.
-            let (kc, vc) = kv_ptrs[il];
             if let Some(w) = &l.ple {
                 self.ple_layer(w, n_hc, x, ple_ptrs[il], pos, &nb, dense_rows, n, eps)?;
             }
@@ -1811,27 +1872,7 @@ impl GpuDecoder {
                 let rows = (dense_rows, seg_rows);
                 self.lr_mixer(&mx[0], n_hc, x, h, &nb, rows, n, eps)?;
             }
-            let wo = match &l.attn {
-                DAttn::Gqa(w) => self.gqa(w, &call, (kc, vc))?,
-                DAttn::Mla(w) => self.mla(w, il, &call, (kc, vc), &mut mla_sel)?,
-                DAttn::Dsv4(a) => self.dsv4(a, il, &call)?,
-                DAttn::Delta(w) => {
-                    let st = &rec_ptrs[il];
-                    self.delta(w, (st[0], st[1]), pos, h, &nb, dense_rows, n)?;
-                    (&w.out, nb.dout)
-                }
-                DAttn::Qsa(w) => {
-                    let st = &rec_ptrs[il];
-                    let cache = (kc, vc);
-                    let y = self.qsa(w, kvt, cache, st, pos, h, &qsa_bufs, &nb, dense_rows, n)?;
-                    (&w.wo, y)
-                }
-                DAttn::Kda(w) => {
-                    self.kda(w, &rec_ptrs[il], pos, h, &nb, dense_rows, n)?;
-                    (&w.out, nb.dout)
-                }
-            };
-            self.mv(&[(wo.0, o)], dense, n_dense, nd, wo.1, 1, small)?;
+            self.attention_half(il, &l.attn, &call, &mut mla_sel)?;
             if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
                 self.hc_post(hs, x, o, hcpc, n)?;
                 let b = (hcf, hcm);
@@ -1844,10 +1885,7 @@ impl GpuDecoder {
                 self.residual(x, o, l.post_attn, l.ffn_norm, h, n, e, eps)?;
             }
             // Feed-forward.
-            match &l.ffn {
-                DFfn::Dense(w) => self.dense_ffn(w, &call)?,
-                DFfn::Moe(w) => self.moe(w, il, &call, env, &mut host_ids)?,
-            }
+            self.feed_forward(il, &l.ffn, &call, env, &mut host_ids)?;
             if let (Some(_), Some(hs)) = (&l.hc, &hs) {
                 self.hc_post(hs, x, o, hcpc, n)?;
             } else if l.lr.is_some() {
