@@ -35,15 +35,15 @@ use sluice_models::blocks::dsv4_attention::Dsv4Shape;
 use sluice_models::blocks::hyper::HcShape;
 use sluice_models::blocks::mla::MlaShape;
 use sluice_models::blocks::{head, Batch, Env};
-use sluice_models::plan::{DecoderPlan, DeviceForward, HyperHead, MlaSelect, PlanAttn, PlanFfn};
+use sluice_models::plan::{DecoderPlan, DeviceForward, HyperHead, PlanAttn, PlanFfn};
 use sluice_models::state::{ExtraState, SeqState};
 use sluice_models::weights::Mat;
 use sluice_models::ModelError;
 
 use crate::blocks::attention::Gqa;
 use crate::blocks::deltanet::{gdn_smem, DDelta, GDN_STATIC_SMEM};
-use crate::blocks::dsa_indexer::{DDsa, SCORES_MAX};
-use crate::blocks::dsv4_attention::{CompKv, DComp, DDsv4, DIndexer, Dsv4Kv, Dsv4Ptrs};
+use crate::blocks::dsa_indexer::SCORES_MAX;
+use crate::blocks::dsv4_attention::{CompKv, DComp, DDsv4, Dsv4Kv, Dsv4Ptrs};
 use crate::blocks::ffn::{act_id, DenseFfn};
 use crate::blocks::hyper::{hc_segments, DHc};
 use crate::blocks::hyper_lowrank::DMix;
@@ -2299,107 +2299,16 @@ impl Uploader<'_> {
                 w: a,
                 inv_freq,
                 window,
-            } => DAttn::Gqa(Gqa {
-                wq: self.mat(&a.wq)?,
-                wk: self.mat(&a.wk)?,
-                wv: self.mat(&a.wv)?,
-                wo: self.mat(&a.wo)?,
-                q_norm: self.opt_norm(&a.q_norm)?,
-                k_norm: self.opt_norm(&a.k_norm)?,
-                inv_freq: self.norm(inv_freq)?,
-                window: window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
-            }),
+            } => DAttn::Gqa(self.gqa(a, inv_freq, window)?),
             PlanAttn::Kda { w, shape } => DAttn::Kda(Box::new(self.kda(w, shape)?)),
             // Absorbed MLA without RoPE over the positions its k-pool indexer picks.
-            PlanAttn::Pooled { w, shape } => DAttn::Mla(Box::new(Mla {
-                select: match &w.indexer {
-                    Some(ix) => DSelect::Pooled(Box::new(self.pool(ix, shape)?)),
-                    None => DSelect::Previous,
-                },
-                q_a: self.mat(&w.q_a)?,
-                q_a_norm: self.norm(&w.q_a_norm)?,
-                q_b: self.mat(&w.q_b)?,
-                kv_a: self.mat(&w.kv_a)?,
-                kv_a_norm: self.norm(&w.kv_a_norm)?,
-                k_b: self.stacked_heads(&w.k_b)?,
-                v_b: self.stacked_heads(&w.v_b)?,
-                out: self.mat(&w.out)?,
-                // (No RoPE: never read.)
-                inv_freq: self.norm(&[0.0])?,
-            })),
+            PlanAttn::Pooled { w, shape } => DAttn::Mla(Box::new(self.pooled(w, shape)?)),
             PlanAttn::Delta { w, shape } => DAttn::Delta(Box::new(self.delta(w, shape)?)),
             PlanAttn::Qsa { w, shape, inv_freq } => {
                 DAttn::Qsa(Box::new(self.qsa(w, shape, inv_freq)?))
             }
-            PlanAttn::Dsv4 { w, shape } => {
-                let mut comp = |c: &sluice_models::blocks::dsv4_attention::CompressorWeights| -> Result<DComp, String> {
-                Ok(DComp {
-                    ratio: c.ratio,
-                    head_dim: c.head_dim,
-                    coff: c.coff,
-                    kv: self.mat(&c.kv)?,
-                    gate: self.mat(&c.gate)?,
-                    ape: self.norm(&c.ape)?,
-                    norm: self.norm(&c.norm)?,
-                })
-            };
-                let c = w.comp.as_ref().map(&mut comp).transpose()?;
-                let ix = match &w.indexer {
-                    Some(ix) => Some(DIndexer {
-                        n_head: ix.n_head,
-                        head_dim: ix.head_dim,
-                        top_k: ix.top_k,
-                        comp: comp(&ix.comp)?,
-                        q_b: self.mat(&ix.q_b)?,
-                        proj: self.mat(&ix.proj)?,
-                    }),
-                    None => None,
-                };
-                DAttn::Dsv4(Box::new(DDsv4 {
-                    q_a: self.mat(&w.q_a)?,
-                    q_a_norm: self.norm(&w.q_a_norm)?,
-                    q_b: self.mat(&w.q_b)?,
-                    kv: self.mat(&w.kv)?,
-                    kv_norm: self.norm(&w.kv_norm)?,
-                    sinks: self.norm(&w.sinks)?,
-                    out_a: self.heads(&w.out_a, shape.o_groups)?,
-                    out_b: self.mat(&w.out_b)?,
-                    rope: self.norm(&w.rope)?,
-                    rope_compress: self.norm(&w.rope_compress)?,
-                    comp: c,
-                    indexer: ix,
-                }))
-            }
-            PlanAttn::Mla { w, shape, select } => {
-                let nh = shape.n_head;
-                let select = match select {
-                    MlaSelect::All => DSelect::All,
-                    MlaSelect::Previous => DSelect::Previous,
-                    MlaSelect::Indexer(ix) => DSelect::Indexer(Box::new(DDsa {
-                        n_head: ix.n_head,
-                        head_dim: ix.head_dim,
-                        top_k: ix.top_k,
-                        q_b: self.mat(&ix.q_b)?,
-                        k: self.mat(&ix.k)?,
-                        k_norm: self.norm(&ix.k_norm)?,
-                        k_norm_bias: self.norm(&ix.k_norm_bias)?,
-                        k_norm_eps: ix.k_norm_eps,
-                        proj: self.mat(&ix.proj)?,
-                    })),
-                };
-                DAttn::Mla(Box::new(Mla {
-                    select,
-                    q_a: self.mat(&w.q_a)?,
-                    q_a_norm: self.norm(&w.q_a_norm)?,
-                    q_b: self.mat(&w.q_b)?,
-                    kv_a: self.mat(&w.kv_a)?,
-                    kv_a_norm: self.norm(&w.kv_a_norm)?,
-                    k_b: self.heads(&w.k_b, nh)?,
-                    v_b: self.heads(&w.v_b, nh)?,
-                    out: self.mat(&w.out)?,
-                    inv_freq: self.norm(&w.inv_freq)?,
-                }))
-            }
+            PlanAttn::Dsv4 { w, shape } => DAttn::Dsv4(Box::new(self.dsv4(w, shape)?)),
+            PlanAttn::Mla { w, shape, select } => DAttn::Mla(Box::new(self.mla(w, shape, select)?)),
         })
     }
 }

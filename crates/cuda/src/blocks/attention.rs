@@ -6,7 +6,9 @@
 //! launches are shared with MLA and QSA (`GpuDecoder::kv_store` / `attention`). Its
 //! per-sequence state is the KV cache of [`crate::forward::GpuKv`].
 
+use crate::forward::Uploader;
 use crate::forward::{MAX_HEAD_DIM, MAX_HEAD_DIM_V};
+use sluice_models::blocks::attention::GqaWeights;
 use sluice_models::plan::DecoderPlan;
 use sluice_models::ModelError;
 
@@ -186,4 +188,25 @@ pub(crate) fn check_shape(plan: &DecoderPlan) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+impl Uploader<'_> {
+    /// Upload a GQA layer's weights.
+    pub(crate) fn gqa(
+        &mut self,
+        a: &GqaWeights,
+        inv_freq: &[f32],
+        window: &Option<usize>,
+    ) -> Result<Gqa, String> {
+        Ok(Gqa {
+            wq: self.mat(&a.wq)?,
+            wk: self.mat(&a.wk)?,
+            wv: self.mat(&a.wv)?,
+            wo: self.mat(&a.wo)?,
+            q_norm: self.opt_norm(&a.q_norm)?,
+            k_norm: self.opt_norm(&a.k_norm)?,
+            inv_freq: self.norm(inv_freq)?,
+            window: window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
+        })
+    }
 }

@@ -12,7 +12,9 @@
 
 use std::sync::Arc;
 
+use crate::forward::Uploader;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use sluice_models::blocks::dsv4_attention::Dsv4AttnWeights;
 use sluice_models::blocks::dsv4_attention::Dsv4Shape;
 use sluice_models::plan::{DecoderPlan, PlanAttn};
 use sluice_models::ModelError;
@@ -441,4 +443,48 @@ pub(crate) fn check(plan: &DecoderPlan) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+impl Uploader<'_> {
+    /// Upload a DeepSeek V4 attention layer: its projections, norms, sinks, RoPE tables,
+    /// the grouped output's per-group entries, its compressor and indexer.
+    pub(crate) fn dsv4(&mut self, w: &Dsv4AttnWeights, shape: &Dsv4Shape) -> Result<DDsv4, String> {
+        let mut comp = |c: &sluice_models::blocks::dsv4_attention::CompressorWeights| -> Result<DComp, String> {
+        Ok(DComp {
+            ratio: c.ratio,
+            head_dim: c.head_dim,
+            coff: c.coff,
+            kv: self.mat(&c.kv)?,
+            gate: self.mat(&c.gate)?,
+            ape: self.norm(&c.ape)?,
+            norm: self.norm(&c.norm)?,
+        })
+    };
+        let c = w.comp.as_ref().map(&mut comp).transpose()?;
+        let ix = match &w.indexer {
+            Some(ix) => Some(DIndexer {
+                n_head: ix.n_head,
+                head_dim: ix.head_dim,
+                top_k: ix.top_k,
+                comp: comp(&ix.comp)?,
+                q_b: self.mat(&ix.q_b)?,
+                proj: self.mat(&ix.proj)?,
+            }),
+            None => None,
+        };
+        Ok(DDsv4 {
+            q_a: self.mat(&w.q_a)?,
+            q_a_norm: self.norm(&w.q_a_norm)?,
+            q_b: self.mat(&w.q_b)?,
+            kv: self.mat(&w.kv)?,
+            kv_norm: self.norm(&w.kv_norm)?,
+            sinks: self.norm(&w.sinks)?,
+            out_a: self.heads(&w.out_a, shape.o_groups)?,
+            out_b: self.mat(&w.out_b)?,
+            rope: self.norm(&w.rope)?,
+            rope_compress: self.norm(&w.rope_compress)?,
+            comp: c,
+            indexer: ix,
+        })
+    }
 }

@@ -10,6 +10,8 @@
 //! `blocks::dsa_indexer`, the k-pool indexer in `blocks::mla_pooled`.
 
 use crate::blocks::dsa_indexer::IDX_MAX_Q;
+use crate::forward::Uploader;
+use sluice_models::blocks::mla::{MlaShape, MlaWeights};
 use sluice_models::plan::{DecoderPlan, MlaSelect, PlanAttn};
 use sluice_models::ModelError;
 
@@ -277,4 +279,44 @@ pub(crate) fn check(plan: &DecoderPlan) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+impl Uploader<'_> {
+    /// Upload an absorbed MLA layer (per-head `k_b` / `v_b` entries) and its selection
+    /// (GLM's DSA indexer's weights).
+    pub(crate) fn mla(
+        &mut self,
+        w: &MlaWeights,
+        shape: &MlaShape,
+        select: &MlaSelect,
+    ) -> Result<Mla, String> {
+        let nh = shape.n_head;
+        let select = match select {
+            MlaSelect::All => DSelect::All,
+            MlaSelect::Previous => DSelect::Previous,
+            MlaSelect::Indexer(ix) => DSelect::Indexer(Box::new(DDsa {
+                n_head: ix.n_head,
+                head_dim: ix.head_dim,
+                top_k: ix.top_k,
+                q_b: self.mat(&ix.q_b)?,
+                k: self.mat(&ix.k)?,
+                k_norm: self.norm(&ix.k_norm)?,
+                k_norm_bias: self.norm(&ix.k_norm_bias)?,
+                k_norm_eps: ix.k_norm_eps,
+                proj: self.mat(&ix.proj)?,
+            })),
+        };
+        Ok(Mla {
+            select,
+            q_a: self.mat(&w.q_a)?,
+            q_a_norm: self.norm(&w.q_a_norm)?,
+            q_b: self.mat(&w.q_b)?,
+            kv_a: self.mat(&w.kv_a)?,
+            kv_a_norm: self.norm(&w.kv_a_norm)?,
+            k_b: self.heads(&w.k_b, nh)?,
+            v_b: self.heads(&w.v_b, nh)?,
+            out: self.mat(&w.out)?,
+            inv_freq: self.norm(&w.inv_freq)?,
+        })
+    }
 }

@@ -9,6 +9,7 @@
 //! `GpuDecoder::index_select`, their positions and the tail through `qsa_expand`).
 
 use crate::blocks::dsa_indexer::IDX_MAX_Q;
+use crate::blocks::mla::{DSelect, Mla};
 use crate::forward::MAX_HEAD_DIM_V;
 use cudarc::driver::CudaSlice;
 use sluice_models::blocks::mla::MlaShape;
@@ -283,4 +284,27 @@ pub(crate) fn check_layer(
         ));
     }
     Ok(())
+}
+
+impl Uploader<'_> {
+    /// Upload a pooled layer as absorbed MLA without RoPE over the positions its k-pool
+    /// indexer picks (or the previous full layer's).
+    pub(crate) fn pooled(&mut self, w: &PooledWeights, shape: &PooledShape) -> Result<Mla, String> {
+        Ok(Mla {
+            select: match &w.indexer {
+                Some(ix) => DSelect::Pooled(Box::new(self.pool(ix, shape)?)),
+                None => DSelect::Previous,
+            },
+            q_a: self.mat(&w.q_a)?,
+            q_a_norm: self.norm(&w.q_a_norm)?,
+            q_b: self.mat(&w.q_b)?,
+            kv_a: self.mat(&w.kv_a)?,
+            kv_a_norm: self.norm(&w.kv_a_norm)?,
+            k_b: self.stacked_heads(&w.k_b)?,
+            v_b: self.stacked_heads(&w.v_b)?,
+            out: self.mat(&w.out)?,
+            // (No RoPE: never read.)
+            inv_freq: self.norm(&[0.0])?,
+        })
+    }
 }
