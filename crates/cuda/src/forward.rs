@@ -3,16 +3,16 @@
 //! Owns: [`GpuDecoder`], a `sluice_models::plan::DeviceForward` over a
 //! [`DecoderPlan`] (every architecture's): its check (`check`; the blocks' own checks in
 //! `blocks` and `forward/check.rs`), the upload of every resident weight at start (`new`;
-//! [`Uploader`], whose block methods live with the blocks), the per-sequence state
+//! `Uploader`, whose block methods live with the blocks), the per-sequence state
 //! ([`GpuKv`], in `SeqState::device`: the KV cache in VRAM and each layer's own state), and
 //! per forward call one upload of the batch's header (tokens, positions, chunk tables,
-//! [`Header`]), then only kernel launches on one stream through the typed launches of
-//! `crate::kernels`: [`GpuDecoder::run`] is the loop (embedding, per layer the PLE layer,
+//! `Header`), then only kernel launches on one stream through the typed launches of
+//! `crate::kernels`: `GpuDecoder::run` is the loop (embedding, per layer the PLE layer,
 //! the attention block, the residual mix, the feed-forward block, the residual mix, the
 //! head), each block's launch sequence a method in `crate::blocks` reading the call's
-//! addresses from [`Call`]; the weight products are `forward/products.rs`, the blocks'
+//! addresses from `Call`; the weight products are `forward/products.rs`, the blocks'
 //! scratch `forward/scratch.rs`. Decode steps are captured as CUDA graphs and replayed
-//! ([`GpuDecoder::replay`]). One download of the logits.
+//! (`GpuDecoder::replay`). One download of the logits.
 //!
 //! Routed experts either live in VRAM whole (the stacked tensors uploaded at start; the
 //! router's choice never leaves the device) or, when they do not fit or stream from the
@@ -241,7 +241,7 @@ pub(crate) struct Funcs {
     pub(crate) dsv4_topk: Kernel,
     pub(crate) dsv4_attention: Kernel,
     pub(crate) dsa_key_prep: Kernel,
-    /// Qwen3.8-Flash-Next's parts (`qwen4exp.cu`, [`qwen4exp`]).
+    /// Qwen3.8-Flash-Next's blocks' kernels (`qwen4exp.cu`).
     pub(crate) rms_groups: Kernel,
     pub(crate) lr_act: Kernel,
     pub(crate) lr_mix: Kernel,
@@ -254,7 +254,7 @@ pub(crate) struct Funcs {
     pub(crate) qsa_expand: Kernel,
     pub(crate) rows_gather: Kernel,
     pub(crate) dot_rows_f32: Kernel,
-    /// GLM-5.3-Flash's parts (`glm5next.cu`, [`glm5next`]).
+    /// GLM-5.3-Flash's blocks' kernels (`glm5next.cu`).
     pub(crate) stream_mean: Kernel,
     pub(crate) kda_gate: Kernel,
     pub(crate) pool_prep: Kernel,
@@ -338,7 +338,7 @@ pub(crate) fn addr<T: cudarc::driver::DeviceRepr>(
 
 /// One sequence's KV cache in VRAM: per layer `[n_ctx][n_head_kv * head_dim]` keys and
 /// values, f16 (llama.cpp's default cache; the CPU path rounds to f16 the same way) or f32
-/// as the sequence's host cache says (`--kv-f32`); DeepSeek V4 layers keep [`Dsv4Kv`]
+/// as the sequence's host cache says (`--kv-f32`); DeepSeek V4 layers keep `Dsv4Kv`
 /// instead.
 pub struct GpuKv {
     k: Vec<CudaSlice<u8>>,
