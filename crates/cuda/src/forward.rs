@@ -58,8 +58,7 @@ use crate::forward::check::{glm5next_parts, qwen4exp_parts};
 use crate::forward::products::{takes_f16, Mvt1Staging, MVT1_MAX_STAGES, MVT1_STAGES, MVT1_STEP};
 use crate::forward::scratch::{NextBufs, NextDims, NextScratch, Rows};
 use crate::lru::Lru;
-use crate::{grow, Device};
-use crate::{kernel_format, kernels, Cuda, Mma, FORMATS};
+use crate::{grow, kernel_format, kernels, Cuda, Device, Mma, FORMATS};
 
 mod check;
 pub(crate) mod products;

@@ -6,13 +6,11 @@
 //! launches are shared with MLA and QSA (`GpuDecoder::kv_store` / `attention`). Its
 //! per-sequence state is the KV cache of [`crate::forward::GpuKv`].
 
-use crate::forward::Uploader;
-use crate::forward::{MAX_HEAD_DIM, MAX_HEAD_DIM_V};
 use sluice_models::blocks::attention::GqaWeights;
 use sluice_models::plan::DecoderPlan;
 use sluice_models::ModelError;
 
-use crate::forward::{i32_of, Call, DMat, GpuDecoder};
+use crate::forward::{i32_of, Call, DMat, GpuDecoder, Uploader, MAX_HEAD_DIM, MAX_HEAD_DIM_V};
 use crate::kernels;
 
 /// A GQA layer in VRAM.

@@ -39,15 +39,15 @@ pub(crate) struct DDelta {
     pub(crate) shape: DeltaShape,
 }
 
+/// Shared memory `delta_rule` declares statically (`block_sum`'s partial sums), with room
+/// to spare: the dynamic part may have the opt-in limit less this.
+pub(crate) const GDN_STATIC_SMEM: usize = 1024;
+
 /// Dynamic shared memory of `delta_rule` for a head of `dk x dv` (the state, q, k and the
 /// rows' decay).
 pub(crate) fn gdn_smem(sh: &DeltaShape) -> usize {
     4 * (sh.d_k * sh.d_v + 3 * sh.d_k)
 }
-
-/// Shared memory `delta_rule` declares statically (`block_sum`'s partial sums), with room
-/// to spare: the dynamic part may have the opt-in limit less this.
-pub(crate) const GDN_STATIC_SMEM: usize = 1024;
 
 impl Uploader<'_> {
     pub(crate) fn delta(&mut self, w: &DeltaWeights, shape: &DeltaShape) -> Result<DDelta, String> {

@@ -12,16 +12,80 @@
 
 use std::sync::Arc;
 
-use crate::forward::Uploader;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use sluice_models::blocks::dsv4_attention::Dsv4AttnWeights;
-use sluice_models::blocks::dsv4_attention::Dsv4Shape;
+use sluice_models::blocks::dsv4_attention::{Dsv4AttnWeights, Dsv4Shape};
 use sluice_models::plan::{DecoderPlan, PlanAttn};
 use sluice_models::ModelError;
 
 use crate::blocks::dsa_indexer::{IndexSelect, IDX_MAX_Q};
-use crate::forward::{i32_of, rows_n, Call, DMat, GpuDecoder, MAX_HEAD_DIM_V};
+use crate::forward::{i32_of, rows_n, Call, DMat, GpuDecoder, Uploader, MAX_HEAD_DIM_V};
 use crate::kernels;
+
+/// A DeepSeek V4 KV compressor (the attention's or the indexer's).
+pub(crate) struct DComp {
+    pub(crate) ratio: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) coff: usize,
+    pub(crate) kv: DMat,
+    pub(crate) gate: DMat,
+    pub(crate) ape: u64,
+    pub(crate) norm: u64,
+}
+
+/// A DeepSeek V4 layer's lightning indexer.
+pub(crate) struct DIndexer {
+    pub(crate) n_head: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) top_k: usize,
+    pub(crate) q_b: DMat,
+    pub(crate) proj: DMat,
+    pub(crate) comp: DComp,
+}
+
+/// DeepSeek V4 attention of one layer (`out_a` with one pointer-table entry per output
+/// group, `rows` a group's).
+pub(crate) struct DDsv4 {
+    pub(crate) q_a: DMat,
+    pub(crate) q_a_norm: u64,
+    pub(crate) q_b: DMat,
+    pub(crate) kv: DMat,
+    pub(crate) kv_norm: u64,
+    pub(crate) sinks: u64,
+    pub(crate) out_a: DMat,
+    pub(crate) out_b: DMat,
+    pub(crate) rope: u64,
+    pub(crate) rope_compress: u64,
+    pub(crate) comp: Option<DComp>,
+    pub(crate) indexer: Option<DIndexer>,
+}
+
+/// A compressor's state in VRAM: the carry of the last `coff * ratio` positions' kv and
+/// gate products (slot `p % (coff * ratio)`), and every emitted row (f32, rounded to f16
+/// with an f16 cache).
+pub(crate) struct CompKv {
+    pub(crate) rc: CudaSlice<f32>,
+    pub(crate) rz: CudaSlice<f32>,
+    pub(crate) rows: CudaSlice<f32>,
+}
+
+/// One DeepSeek V4 layer's state in VRAM: the ring of the last `window` key rows (slot
+/// `p % window`), the compressor's and the indexer's.
+pub(crate) struct Dsv4Kv {
+    pub(crate) ring: CudaSlice<f32>,
+    pub(crate) comp: Option<CompKv>,
+    pub(crate) index: Option<CompKv>,
+}
+
+/// Device addresses of one layer's [`Dsv4Kv`] (0 where absent): ring, then (carry kv, carry
+/// gate, rows) of the compressor and of the indexer.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Dsv4Ptrs {
+    pub(crate) ring: u64,
+    pub(crate) comp: [u64; 3],
+    pub(crate) index: [u64; 3],
+}
+
+pub(crate) const DSV4_MAX_COMP: usize = 1024;
 
 impl GpuDecoder {
     /// DeepSeek V4 attention of layer `il` (the CPU's `blocks::dsv4_attention`): q-LoRA,
@@ -183,72 +247,6 @@ impl GpuDecoder {
         Ok((&a.out_b, dz))
     }
 }
-
-/// A DeepSeek V4 KV compressor (the attention's or the indexer's).
-pub(crate) struct DComp {
-    pub(crate) ratio: usize,
-    pub(crate) head_dim: usize,
-    pub(crate) coff: usize,
-    pub(crate) kv: DMat,
-    pub(crate) gate: DMat,
-    pub(crate) ape: u64,
-    pub(crate) norm: u64,
-}
-
-/// A DeepSeek V4 layer's lightning indexer.
-pub(crate) struct DIndexer {
-    pub(crate) n_head: usize,
-    pub(crate) head_dim: usize,
-    pub(crate) top_k: usize,
-    pub(crate) q_b: DMat,
-    pub(crate) proj: DMat,
-    pub(crate) comp: DComp,
-}
-
-/// DeepSeek V4 attention of one layer (`out_a` with one pointer-table entry per output
-/// group, `rows` a group's).
-pub(crate) struct DDsv4 {
-    pub(crate) q_a: DMat,
-    pub(crate) q_a_norm: u64,
-    pub(crate) q_b: DMat,
-    pub(crate) kv: DMat,
-    pub(crate) kv_norm: u64,
-    pub(crate) sinks: u64,
-    pub(crate) out_a: DMat,
-    pub(crate) out_b: DMat,
-    pub(crate) rope: u64,
-    pub(crate) rope_compress: u64,
-    pub(crate) comp: Option<DComp>,
-    pub(crate) indexer: Option<DIndexer>,
-}
-
-/// A compressor's state in VRAM: the carry of the last `coff * ratio` positions' kv and
-/// gate products (slot `p % (coff * ratio)`), and every emitted row (f32, rounded to f16
-/// with an f16 cache).
-pub(crate) struct CompKv {
-    pub(crate) rc: CudaSlice<f32>,
-    pub(crate) rz: CudaSlice<f32>,
-    pub(crate) rows: CudaSlice<f32>,
-}
-
-/// One DeepSeek V4 layer's state in VRAM: the ring of the last `window` key rows (slot
-/// `p % window`), the compressor's and the indexer's.
-pub(crate) struct Dsv4Kv {
-    pub(crate) ring: CudaSlice<f32>,
-    pub(crate) comp: Option<CompKv>,
-    pub(crate) index: Option<CompKv>,
-}
-
-/// Device addresses of one layer's [`Dsv4Kv`] (0 where absent): ring, then (carry kv, carry
-/// gate, rows) of the compressor and of the indexer.
-#[derive(Clone, Copy, Default)]
-pub(crate) struct Dsv4Ptrs {
-    pub(crate) ring: u64,
-    pub(crate) comp: [u64; 3],
-    pub(crate) index: [u64; 3],
-}
-
-pub(crate) const DSV4_MAX_COMP: usize = 1024;
 
 /// Why DeepSeek V4 attention layer `il` does not fit the kernels, if it does not.
 pub(crate) fn check_dsv4(

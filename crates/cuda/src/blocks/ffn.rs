@@ -17,6 +17,12 @@ pub(crate) struct DenseFfn {
     pub(crate) act: Act,
 }
 
+/// `glu_act`'s activation id and its clamp limit ([`act_id`]).
+pub(crate) type Act = (i32, f32);
+
+/// `glu_act`'s sigmoid (`g = sigmoid(g) * u`: QSA's output gate).
+pub(crate) const ACT_SIGMOID: Act = (3, 0.0);
+
 impl GpuDecoder {
     /// A dense GLU feed-forward (the CPU's `blocks::ffn`) of the normed input into `o`.
     pub(crate) fn dense_ffn(&self, w: &DenseFfn, c: &Call<'_>) -> Result<(), ModelError> {
@@ -46,12 +52,6 @@ impl GpuDecoder {
         Ok(())
     }
 }
-
-/// `glu_act`'s activation id and its clamp limit ([`act_id`]).
-pub(crate) type Act = (i32, f32);
-
-/// `glu_act`'s sigmoid (`g = sigmoid(g) * u`: QSA's output gate).
-pub(crate) const ACT_SIGMOID: Act = (3, 0.0);
 
 /// `glu_act`'s activation id and clamp limit.
 pub(crate) fn act_id(a: Activation) -> Act {

@@ -5,13 +5,13 @@
 //! ([`delta_shape`]) and its launches ([`GpuDecoder::kda`]: the products, the three
 //! convolutions, `kda_gate`, `delta_rule` with per-channel decay).
 
-use crate::blocks::deltanet::{gdn_smem, DV_MAX};
 use cudarc::driver::CudaSlice;
 use sluice_models::blocks::deltanet::DeltaShape;
 use sluice_models::blocks::kda::{KdaShape, KdaWeights};
 use sluice_models::plan::DecoderPlan;
 use sluice_models::ModelError;
 
+use crate::blocks::deltanet::{gdn_smem, DV_MAX};
 use crate::blocks::hyper_lowrank::DFew;
 use crate::forward::scratch::{NextBufs, Rows};
 use crate::forward::{err, i32_of, DMat, GpuDecoder, Uploader};

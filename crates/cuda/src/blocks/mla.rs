@@ -9,15 +9,13 @@
 //! latent cache, the per-head `v_b` products. GLM's DSA indexer lives in
 //! `blocks::dsa_indexer`, the k-pool indexer in `blocks::mla_pooled`.
 
-use crate::blocks::dsa_indexer::IDX_MAX_Q;
-use crate::forward::Uploader;
 use sluice_models::blocks::mla::{MlaShape, MlaWeights};
 use sluice_models::plan::{DecoderPlan, MlaSelect, PlanAttn};
 use sluice_models::ModelError;
 
-use crate::blocks::dsa_indexer::{DDsa, IndexSelect};
+use crate::blocks::dsa_indexer::{DDsa, IndexSelect, IDX_MAX_Q};
 use crate::blocks::mla_pooled::{DPool, PoolBufs};
-use crate::forward::{rows_n, Call, DMat, GpuDecoder};
+use crate::forward::{rows_n, Call, DMat, GpuDecoder, Uploader};
 use crate::kernels;
 
 /// An absorbed MLA layer in VRAM (`k_b` and `v_b` with one pointer-table entry per head,
@@ -33,6 +31,15 @@ pub(crate) struct Mla {
     pub(crate) out: DMat,
     pub(crate) inv_freq: u64,
     pub(crate) select: DSelect,
+}
+
+/// The positions an MLA layer attends to (`sluice_models::plan::MlaSelect`; a pooled
+/// layer's k-pool indexer, or its reuse of the previous full layer's selection).
+pub(crate) enum DSelect {
+    All,
+    Indexer(Box<DDsa>),
+    Pooled(Box<DPool>),
+    Previous,
 }
 
 impl GpuDecoder {
@@ -214,15 +221,6 @@ impl GpuDecoder {
         self.mv(&[(v_b, ov)], head_chunks, n_headc, gy, att, 1, small)?;
         Ok((out, ov))
     }
-}
-
-/// The positions an MLA layer attends to (`sluice_models::plan::MlaSelect`; a pooled
-/// layer's k-pool indexer, or its reuse of the previous full layer's selection).
-pub(crate) enum DSelect {
-    All,
-    Indexer(Box<DDsa>),
-    Pooled(Box<DPool>),
-    Previous,
 }
 
 /// What the absorbed MLA kernels refuse: a layer whose shapes differ from the plan's

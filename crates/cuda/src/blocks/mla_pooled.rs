@@ -8,20 +8,17 @@
 //! `pool_prep`, `pool_make`, the pools' scores and top-k through
 //! `GpuDecoder::index_select`, their positions and the tail through `qsa_expand`).
 
-use crate::blocks::dsa_indexer::IDX_MAX_Q;
-use crate::blocks::mla::{DSelect, Mla};
-use crate::forward::MAX_HEAD_DIM_V;
 use cudarc::driver::CudaSlice;
 use sluice_models::blocks::mla::MlaShape;
-use sluice_models::blocks::mla_pooled::PooledWeights;
-use sluice_models::blocks::mla_pooled::{PooledIndexer, PooledShape};
+use sluice_models::blocks::mla_pooled::{PooledIndexer, PooledShape, PooledWeights};
 use sluice_models::plan::{DecoderPlan, PlanAttn, PlanLayer};
 use sluice_models::weights::Stacked;
 use sluice_models::ModelError;
 
-use crate::blocks::dsa_indexer::IndexSelect;
+use crate::blocks::dsa_indexer::{IndexSelect, IDX_MAX_Q};
+use crate::blocks::mla::{DSelect, Mla};
 use crate::forward::scratch::NextBufs;
-use crate::forward::{err, i32_of, DMat, GpuDecoder, Uploader};
+use crate::forward::{err, i32_of, DMat, GpuDecoder, Uploader, MAX_HEAD_DIM_V};
 use crate::{kernel_format, kernels};
 
 /// The k-pool indexer of a full pooled layer in VRAM (`mla_pooled::PooledIndexer`).
@@ -41,6 +38,17 @@ pub(crate) struct DPool {
     pub(crate) kpool: usize,
     pub(crate) tail: bool,
     pub(crate) ln_eps: f32,
+}
+
+/// A pooled layer's indexer buffers: its queries (`[n][heads * dim]`), head weights, keys
+/// and gate logits of the batch, and the shared indexer scratch (scores, their stride,
+/// tokens per tile, chosen pools, their counts).
+pub(crate) struct PoolBufs {
+    pub(crate) iq: u64,
+    pub(crate) wh: u64,
+    pub(crate) ik: u64,
+    pub(crate) gt: u64,
+    pub(crate) index: (u64, usize, usize, u64, u64),
 }
 
 /// A pooled layer's attention as the absorbed-MLA kernels see it: latent rows of
@@ -76,17 +84,6 @@ pub(crate) fn pool_state(
         zeros(n_ctx * d)?,
         zeros((n_ctx / ix.kpool + 1) * d)?,
     ])
-}
-
-/// A pooled layer's indexer buffers: its queries (`[n][heads * dim]`), head weights, keys
-/// and gate logits of the batch, and the shared indexer scratch (scores, their stride,
-/// tokens per tile, chosen pools, their counts).
-pub(crate) struct PoolBufs {
-    pub(crate) iq: u64,
-    pub(crate) wh: u64,
-    pub(crate) ik: u64,
-    pub(crate) gt: u64,
-    pub(crate) index: (u64, usize, usize, u64, u64),
 }
 
 impl DPool {

@@ -22,9 +22,8 @@ use crate::forward::{
     addr, err, lock, push_chunk, rows_n, Call, DMat, ExpertPlacement, GpuDecoder, Uploader,
     CHUNK_BYTES, MVG_N,
 };
-use crate::kernel_format;
-use crate::kernels;
 use crate::lru::Lru;
+use crate::{kernel_format, kernels};
 
 /// A MoE layer in VRAM.
 pub(crate) struct Moe {
@@ -56,6 +55,46 @@ pub(crate) struct DShared {
     pub(crate) down: DMat,
     pub(crate) act: Act,
     pub(crate) scale: Option<DFew>,
+}
+
+pub(crate) const MAX_EXPERTS: usize = 1024;
+
+/// Routed experts kept in VRAM by (layer, unit) when they are not resident whole.
+pub(crate) struct UnitCache {
+    /// (layer, unit) -> the unit's gate, up and down bytes in one buffer.
+    pub(crate) lru: Lru<(usize, usize), CudaSlice<u8>>,
+    /// Units of the layer in progress that did not fit the budget next to the layer's
+    /// other units (a prefill chunk may use more experts than the cache holds): copied for
+    /// this layer only, freed at the next layer (counted as copied per use).
+    pub(crate) transient: Vec<(usize, CudaSlice<u8>)>,
+    /// Host copy of the pointer table (rewritten per layer for the units it uses).
+    pub(crate) tab: Vec<u64>,
+    /// The layer's chunk table built on the host ([`layer_table`]).
+    pub(crate) chunks: Option<CudaSlice<u8>>,
+}
+
+/// One MoE layer's expert chunks when experts come through the VRAM unit cache: `hit`
+/// chunks (experts already in VRAM) from `table`, then `miss` chunks; the counts at
+/// `counts` (hits), `counts + 4` (misses), `counts + 8` (all).
+pub(crate) struct LayerChunks {
+    pub(crate) table: u64,
+    pub(crate) counts: u64,
+    pub(crate) hit: usize,
+    pub(crate) miss: usize,
+}
+
+/// Bytes of [`layer_table`]'s header (the counts, padded).
+pub(crate) const LAYER_COUNTS_BYTES: usize = 16;
+
+/// What `topk_route` takes of a router.
+pub(crate) struct RouterKind<'a> {
+    /// Score function id (0 softmax, 1 sigmoid, 2 sqrt-softplus).
+    pub(crate) score: i32,
+    pub(crate) bias: Option<&'a [f32]>,
+    pub(crate) norm: bool,
+    pub(crate) scale: f32,
+    /// A hashed router's `[n_vocab][k]` experts.
+    pub(crate) table: Option<&'a [u32]>,
 }
 
 impl GpuDecoder {
@@ -213,35 +252,6 @@ impl GpuDecoder {
     }
 }
 
-pub(crate) const MAX_EXPERTS: usize = 1024;
-
-/// Routed experts kept in VRAM by (layer, unit) when they are not resident whole.
-pub(crate) struct UnitCache {
-    /// (layer, unit) -> the unit's gate, up and down bytes in one buffer.
-    pub(crate) lru: Lru<(usize, usize), CudaSlice<u8>>,
-    /// Units of the layer in progress that did not fit the budget next to the layer's
-    /// other units (a prefill chunk may use more experts than the cache holds): copied for
-    /// this layer only, freed at the next layer (counted as copied per use).
-    pub(crate) transient: Vec<(usize, CudaSlice<u8>)>,
-    /// Host copy of the pointer table (rewritten per layer for the units it uses).
-    pub(crate) tab: Vec<u64>,
-    /// The layer's chunk table built on the host ([`layer_table`]).
-    pub(crate) chunks: Option<CudaSlice<u8>>,
-}
-
-/// One MoE layer's expert chunks when experts come through the VRAM unit cache: `hit`
-/// chunks (experts already in VRAM) from `table`, then `miss` chunks; the counts at
-/// `counts` (hits), `counts + 4` (misses), `counts + 8` (all).
-pub(crate) struct LayerChunks {
-    pub(crate) table: u64,
-    pub(crate) counts: u64,
-    pub(crate) hit: usize,
-    pub(crate) miss: usize,
-}
-
-/// Bytes of [`layer_table`]'s header (the counts, padded).
-pub(crate) const LAYER_COUNTS_BYTES: usize = 16;
-
 /// The rows `i` of a layer's (token, slot) pairs grouped by the unit `ids[i]` chose, in
 /// row order; the keys are the units the layer needs, ascending.
 pub(crate) fn rows_by_unit(ids: &[i32]) -> BTreeMap<usize, Vec<usize>> {
@@ -278,17 +288,6 @@ pub(crate) fn layer_table(
         out[4 * k..4 * k + 4].copy_from_slice(&(v as i32).to_le_bytes());
     }
     (out, hit, miss)
-}
-
-/// What `topk_route` takes of a router.
-pub(crate) struct RouterKind<'a> {
-    /// Score function id (0 softmax, 1 sigmoid, 2 sqrt-softplus).
-    pub(crate) score: i32,
-    pub(crate) bias: Option<&'a [f32]>,
-    pub(crate) norm: bool,
-    pub(crate) scale: f32,
-    /// A hashed router's `[n_vocab][k]` experts.
-    pub(crate) table: Option<&'a [u32]>,
 }
 
 pub(crate) fn router_kind(r: &Router) -> RouterKind<'_> {

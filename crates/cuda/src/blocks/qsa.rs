@@ -7,12 +7,11 @@
 //! positions), attention over them, the gate). Its per-sequence state (raw and pooled
 //! indexer keys) is made by `forward::layer_state`.
 
-use crate::blocks::dsa_indexer::IDX_MAX_Q;
 use sluice_models::blocks::qsa::{QsaShape, QsaWeights};
 use sluice_models::plan::DecoderPlan;
 use sluice_models::ModelError;
 
-use crate::blocks::dsa_indexer::IndexSelect;
+use crate::blocks::dsa_indexer::{IndexSelect, IDX_MAX_Q};
 use crate::blocks::ffn::ACT_SIGMOID;
 use crate::forward::scratch::{NextBufs, Rows};
 use crate::forward::{i32_of, DMat, GpuDecoder, Uploader};
