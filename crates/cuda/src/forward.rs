@@ -26,25 +26,8 @@
 //! bit; each (token, slot) row is computed by one warp with the same arithmetic whatever
 //! chunk it is in, so prompt chunking never does either.
 
-use crate::blocks::attention::Gqa;
-use crate::blocks::deltanet::{gdn_smem, DDelta, GDN_STATIC_SMEM};
-use crate::blocks::dsa_indexer::SCORES_MAX;
-use crate::blocks::dsv4_attention::{CompKv, DComp, DDsv4, Dsv4Kv, Dsv4Ptrs};
-use crate::blocks::ffn::{act_id, DenseFfn};
-use crate::blocks::hyper::{hc_segments, DHc};
-use crate::blocks::hyper_lowrank::DMix;
-use crate::blocks::kda::{delta_shape, kda_state, DKda};
-use crate::blocks::mla::{DSelect, Mla};
-use crate::blocks::mla_pooled::{pool_state, pooled_mla_shape};
-use crate::blocks::moe::{Moe, UnitCache};
-use crate::blocks::ple::{ple_state, DPle};
-use crate::blocks::qsa::{DQsa, QsaBufs};
-use crate::blocks::{attention, dsv4_attention, hyper, mla, moe};
-use crate::forward::check::{glm5next_parts, qwen4exp_parts};
-use crate::forward::products::{takes_f16, Mvt1Staging, MVT1_MAX_STAGES, MVT1_STAGES, MVT1_STEP};
-use crate::forward::scratch::{NextBufs, NextDims, NextScratch, Rows};
-use crate::lru::Lru;
-use crate::{grow, kernel_format, kernels, Cuda, Device, Mma, FORMATS};
+use std::sync::{Arc, Mutex};
+
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use sluice_models::blocks::dsv4_attention::Dsv4Shape;
@@ -52,11 +35,27 @@ use sluice_models::blocks::hyper::HcShape;
 use sluice_models::blocks::mla::MlaShape;
 use sluice_models::blocks::{head, Batch, Env};
 use sluice_models::plan::{DecoderPlan, DeviceForward, HyperHead, PlanAttn, PlanFfn};
-use sluice_models::state::{ExtraState, SeqState};
-use sluice_models::weights::Mat;
+use sluice_models::state::SeqState;
 use sluice_models::ModelError;
-use std::any::Any;
-use std::sync::{Arc, Mutex};
+
+use crate::blocks::attention::Gqa;
+use crate::blocks::deltanet::{gdn_smem, DDelta, GDN_STATIC_SMEM};
+use crate::blocks::dsv4_attention::{DDsv4, Dsv4Ptrs};
+use crate::blocks::ffn::{act_id, DenseFfn};
+use crate::blocks::hyper::{hc_segments, DHc};
+use crate::blocks::hyper_lowrank::DMix;
+use crate::blocks::kda::{delta_shape, DKda};
+use crate::blocks::mla::{DSelect, Mla};
+use crate::blocks::mla_pooled::pooled_mla_shape;
+use crate::blocks::moe::{Moe, UnitCache};
+use crate::blocks::ple::DPle;
+use crate::blocks::qsa::DQsa;
+use crate::blocks::{attention, dsv4_attention, hyper, mla, moe};
+use crate::forward::check::{glm5next_parts, qwen4exp_parts};
+use crate::forward::products::{Mvt1Staging, MVT1_MAX_STAGES, MVT1_STAGES, MVT1_STEP};
+use crate::forward::scratch::{NextDims, Rows};
+use crate::lru::Lru;
+use crate::{kernel_format, kernels, Cuda, Device};
 
 pub(crate) mod call;
 mod check;

@@ -3,7 +3,21 @@
 //! addresses the blocks read ([`Call`], made by `GpuDecoder::call`; [`StatePtrs`], the
 //! sequence's state) and a captured decode step's key ([`graph_key`]).
 
-use super::*;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use sluice_models::blocks::hyper::HcShape;
+use sluice_models::blocks::mla::MlaShape;
+use sluice_models::blocks::Batch;
+use sluice_models::plan::DecoderPlan;
+use sluice_models::ModelError;
+
+use crate::blocks::dsa_indexer::SCORES_MAX;
+use crate::blocks::dsv4_attention::Dsv4Ptrs;
+use crate::blocks::qsa::QsaBufs;
+use crate::forward::scratch::{NextBufs, NextScratch, Rows};
+use crate::forward::{err, i32_of, GpuDecoder, IndexDims, CHUNK_BYTES, MVG_N};
+use crate::grow;
 
 /// One `Chunk` of forward.cu: `unit`, the row count, the rows padded to MVG_N with 0.
 pub(crate) fn push_chunk(out: &mut Vec<u8>, unit: usize, rows: &[usize]) {
@@ -172,7 +186,7 @@ pub(crate) struct Call<'a> {
     pub(crate) ple_ptrs: &'a [u64],
 }
 
-/// The device addresses of a sequence's per-layer state ([`GpuKv`]) for one call: each
+/// The device addresses of a sequence's per-layer state (`GpuKv`) for one call: each
 /// layer's own state buffers, PLE ring, DeepSeek V4 state, and KV cache (keys, values).
 #[derive(Clone, Copy)]
 pub(crate) struct StatePtrs<'a> {

@@ -4,7 +4,19 @@
 //! made on a sequence's first call (`GpuDecoder::kv`, [`layer_state`]) and copied whole
 //! for a snapshot.
 
-use super::*;
+use std::any::Any;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
+use sluice_models::state::{ExtraState, SeqState};
+use sluice_models::ModelError;
+
+use crate::blocks::dsv4_attention::{CompKv, DComp, Dsv4Kv};
+use crate::blocks::kda::kda_state;
+use crate::blocks::mla::DSelect;
+use crate::blocks::mla_pooled::pool_state;
+use crate::blocks::ple::ple_state;
+use crate::forward::{err, DAttn, GpuDecoder};
 
 /// One sequence's KV cache in VRAM: per layer `[n_ctx][n_head_kv * head_dim]` keys and
 /// values, f16 (llama.cpp's default cache; the CPU path rounds to f16 the same way) or f32

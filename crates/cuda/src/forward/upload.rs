@@ -3,7 +3,16 @@
 //! blocks add their own methods), the kernels' loading (`Funcs::load`) and whether the
 //! weights fit the VRAM budget ([`weights_fit`]).
 
-use super::*;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use sluice_models::plan::{DecoderPlan, PlanAttn, PlanFfn};
+use sluice_models::weights::Mat;
+
+use crate::forward::products::takes_f16;
+use crate::forward::{kernel_signature, DAttn, DMat, ExpertPlacement, Funcs, Kernel};
+use crate::{kernel_format, Device, Mma, FORMATS};
 
 /// Uploads weights at start and keeps their device buffers and the host pointer table.
 pub(crate) struct Uploader<'m> {
