@@ -5,10 +5,11 @@
 # gzipped `sluice` binary and test binaries (no_gpu, gpu_kernels, gpu_logits, gpu_blocks)
 # and this script; the fixtures they read come from the repository checkout DIR lies in
 # (or DIR/fixtures with `WITH_FIXTURES=1 pack.sh`, or $SLUICE_FIXTURES). On the GPU machine:
-#   cd DIR && [GEMMA=gemma.gguf] bash device-check.sh [tests] [gemma] [bench] [stream] [tiers]
-# (no section named = all). With `OLD=/path/to/old/sluice tools/cuda/pack.sh DIR` the older
-# binary travels as sluice-old and the tiers section runs its main row with it too (before /
-# after in one call). GEMMA: Gemma 3 270M, or a vocabulary-trimmed copy
+#   cd DIR && [GEMMA=gemma.gguf] bash device-check.sh [tests] [blocks] [gemma] [bench] [stream] [tiers]
+# (no section named = all; `blocks`: only the per-block harness, which `tests` runs too).
+# With `OLD=/path/to/old/sluice tools/cuda/pack.sh DIR` the older binary travels as
+# sluice-old and the tiers section runs its main row with it too (before / after in one
+# call). GEMMA: Gemma 3 270M, or a vocabulary-trimmed copy
 # (tools/cuda/trim_vocab.py) where the full file is too big to carry.
 # Writes everything to ${OUT:-.}/cuda-check.log (bench rows to bench.csv).
 set -u
@@ -52,16 +53,19 @@ if want tests; then
     run timeout 300 ./gpu_kernels --ignored --test-threads 1
     [ -n "${GEMMA:-}" ] && export SLUICE_GEMMA=$GEMMA SLUICE_REQUIRE_MODELS=1
     run timeout 300 ./gpu_logits --ignored --test-threads 1 --nocapture
-    # Each block kind on random weights, CPU against GPU: f16 operands (the default), then
-    # f32 operands (no tensor cores), whose bound is 1e-6 of the largest output.
-    run timeout 300 ./gpu_blocks --ignored --test-threads 1 --nocapture
-    SLUICE_CUDA_MMA=0 run timeout 300 ./gpu_blocks --ignored --test-threads 1 --nocapture
     # The same whole-forward checks with f32 operands (no tensor cores): DeepSeek V4's and
     # GLM-DSA's discontinuous choices (router, indexer top-k) must then all agree with the
     # reference; with f16 operands near-ties may flip (the tests say which bounds apply).
     SLUICE_CUDA_MMA=0 run timeout 300 ./gpu_logits --ignored --test-threads 1 --nocapture deepseek4 glm_dsa glm5next qwen4exp
     T=$(python3 -c "import json,sys;print(','.join(map(str,json.load(open(sys.argv[1]))['ids'])))" "$SLUICE_FIXTURES/qwen3moe/tokens.json")
     run ./sluice run -m "$SLUICE_FIXTURES/qwen3moe/a-q8_0.gguf" --tokens "$T" -n 8 --temp 0 --gpu --stats
+fi
+
+if want tests || want blocks; then
+    # Each block kind on random weights, CPU against GPU (gpu_blocks): f16 operands (the
+    # default), then f32 operands (no tensor cores), whose bound is 1e-6 of the largest output.
+    run timeout 300 ./gpu_blocks --ignored --test-threads 1 --nocapture
+    SLUICE_CUDA_MMA=0 run timeout 300 ./gpu_blocks --ignored --test-threads 1 --nocapture
 fi
 
 if want gemma && [ -n "${GEMMA:-}" ] && [ -e "${GEMMA:-}" ]; then
