@@ -2,12 +2,14 @@
 # CUDA backend check on a GPU machine that has no Rust toolchain (issue 13).
 #
 # Prepare on the build machine: `tools/cuda/pack.sh DIR` puts into DIR the stripped,
-# gzipped `sluice` binary and test binaries (no_gpu, gpu_kernels, gpu_logits), the
-# fixtures they read, and this script. On the GPU machine:
-#   cd DIR && [GEMMA=gemma.gguf] bash device-check.sh [tests] [gemma] [bench] [stream] [tiers]
-# (no section named = all). With `OLD=/path/to/old/sluice tools/cuda/pack.sh DIR` the older
-# binary travels as sluice-old and the tiers section runs its main row with it too (before /
-# after in one call). GEMMA: Gemma 3 270M, or a vocabulary-trimmed copy
+# gzipped `sluice` binary and test binaries (no_gpu, gpu_kernels, gpu_logits, gpu_blocks)
+# and this script; the fixtures they read come from the repository checkout DIR lies in
+# (or DIR/fixtures with `WITH_FIXTURES=1 pack.sh`, or $SLUICE_FIXTURES). On the GPU machine:
+#   cd DIR && [GEMMA=gemma.gguf] bash device-check.sh [tests] [blocks] [gemma] [bench] [stream] [tiers]
+# (no section named = all; `blocks`: only the per-block harness, which `tests` runs too).
+# With `OLD=/path/to/old/sluice tools/cuda/pack.sh DIR` the older binary travels as
+# sluice-old and the tiers section runs its main row with it too (before / after in one
+# call). GEMMA: Gemma 3 270M, or a vocabulary-trimmed copy
 # (tools/cuda/trim_vocab.py) where the full file is too big to carry.
 # Writes everything to ${OUT:-.}/cuda-check.log (bench rows to bench.csv).
 set -u
@@ -28,11 +30,23 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
 done
 say "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 run nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-for f in sluice sluice-old no_gpu gpu_kernels gpu_logits; do
+for f in sluice sluice-old no_gpu gpu_kernels gpu_logits gpu_blocks; do
     [ -e "$f.gz" ] && gunzip -f "$f.gz"
     chmod +x "$f" 2>/dev/null
 done
-export SLUICE_FIXTURES=${SLUICE_FIXTURES:-$PWD/fixtures}
+# Fixtures: $SLUICE_FIXTURES, else ./fixtures (a pack made with WITH_FIXTURES=1), else the
+# tests/fixtures of the checkout this directory lies in.
+if [ -z "${SLUICE_FIXTURES:-}" ]; then
+    if [ -d fixtures/qwen3moe ]; then
+        SLUICE_FIXTURES=$PWD/fixtures
+    else
+        d=$PWD
+        while [ "$d" != / ] && [ ! -d "$d/tests/fixtures/qwen3moe" ]; do d=$(dirname "$d"); done
+        SLUICE_FIXTURES=$d/tests/fixtures
+    fi
+fi
+export SLUICE_FIXTURES
+say "SLUICE_FIXTURES=$SLUICE_FIXTURES"
 
 if want tests; then
     run timeout 120 ./no_gpu --include-ignored --nocapture
@@ -43,8 +57,15 @@ if want tests; then
     # GLM-DSA's discontinuous choices (router, indexer top-k) must then all agree with the
     # reference; with f16 operands near-ties may flip (the tests say which bounds apply).
     SLUICE_CUDA_MMA=0 run timeout 300 ./gpu_logits --ignored --test-threads 1 --nocapture deepseek4 glm_dsa glm5next qwen4exp
-    T=$(python3 -c "import json;print(','.join(map(str,json.load(open('fixtures/qwen3moe/tokens.json'))['ids'])))")
-    run ./sluice run -m fixtures/qwen3moe/a-q8_0.gguf --tokens "$T" -n 8 --temp 0 --gpu --stats
+    T=$(python3 -c "import json,sys;print(','.join(map(str,json.load(open(sys.argv[1]))['ids'])))" "$SLUICE_FIXTURES/qwen3moe/tokens.json")
+    run ./sluice run -m "$SLUICE_FIXTURES/qwen3moe/a-q8_0.gguf" --tokens "$T" -n 8 --temp 0 --gpu --stats
+fi
+
+if want tests || want blocks; then
+    # Each block kind on random weights, CPU against GPU (gpu_blocks): f16 operands (the
+    # default), then f32 operands (no tensor cores), whose bound is 1e-6 of the largest output.
+    run timeout 300 ./gpu_blocks --ignored --test-threads 1 --nocapture
+    SLUICE_CUDA_MMA=0 run timeout 300 ./gpu_blocks --ignored --test-threads 1 --nocapture
 fi
 
 if want gemma && [ -n "${GEMMA:-}" ] && [ -e "${GEMMA:-}" ]; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Build the release binary and the CUDA test binaries and put them, stripped and gzipped, with the
-# fixtures they read and device-check.sh, into DEST (for a GPU machine without Rust).
-#   [OLD=path/to/older/sluice] tools/cuda/pack.sh DEST
+# Build the release binary and the CUDA test binaries and put them, stripped and gzipped, with
+# device-check.sh (and with WITH_FIXTURES=1 the fixtures they read) into DEST (for a GPU
+# machine without Rust).
+#   [OLD=path/to/older/sluice] [WITH_FIXTURES=1] tools/cuda/pack.sh DEST
 # (OLD: an older release binary to compare with, packed as sluice-old.)
 set -euo pipefail
 DEST=${1:?usage: tools/cuda/pack.sh DEST}
@@ -24,12 +25,15 @@ for b in "${BINS[@]}"; do
     strip -o "$DEST/${b%% *}" "${b#* }"
     gzip -9f "$DEST/${b%% *}"
 done
-# Every fixture directory a GPU test reads (gpu_logits, no_gpu: all six architectures'
-# files, their reference logits and tokens; tools/tests/pack-fixtures.sh keeps this list
-# complete). NO_FIXTURES=1 skips the copy where the repository travels with DEST (then run
-# device-check.sh with SLUICE_FIXTURES=path/to/tests/fixtures).
+# Every fixture directory a GPU test reads (gpu_logits, gpu_blocks, no_gpu: all six
+# architectures' files, their reference logits and tokens; tools/tests/pack-fixtures.sh keeps
+# this list complete). They are tracked in the repository (~34 MiB), so by default they are
+# not copied: device-check.sh reads them from the checkout DEST lies in (the device runs in a
+# copy of the working tree; put DEST under it, e.g. target/pack, and carry that), keeping
+# the pack to the gzipped binaries. WITH_FIXTURES=1 copies them for a GPU machine without
+# the repository.
 GPU_FIXTURE_DIRS=(qwen3moe gemma3 deepseek4 qwen4exp glm5next glm_dsa)
-if [ -z "${NO_FIXTURES:-}" ]; then
+if [ -n "${WITH_FIXTURES:-}" ]; then
     for d in "${GPU_FIXTURE_DIRS[@]}"; do
         mkdir -p "$DEST/fixtures/$d"
         cp -r "tests/fixtures/$d/." "$DEST/fixtures/$d/"

@@ -1,20 +1,18 @@
 //! The whole forward pass of a plain decoder on the GPU.
 //!
 //! Owns: [`GpuDecoder`], a `sluice_models::plan::DeviceForward` over a
-//! [`DecoderPlan`] (qwen3moe, gemma3, glm-dsa, deepseek4; Qwen3.8-Flash-Next's and
-//! GLM-5.3-Flash's own parts in the `qwen4exp` and `glm5next` submodules): every resident
-//! weight uploaded once at start; per forward call one upload of the batch's header (tokens,
-//! positions, chunk tables), then only kernel launches on one stream (`forward.cu`:
-//! embedding, norms, q/k norm + RoPE or absorbed MLA's latent rows and queries, an f16 KV
-//! cache in VRAM per sequence ([`GpuKv`], in `SeqState::device`; MLA's is one KV head of
-//! `[c | k_rope]` keys and `c` values, plus GLM's DSA indexer keys; DeepSeek V4's is its
-//! window ring, compressor carry and compressed rows), attention (over every visible
-//! position, a DSA selection, or DeepSeek V4's window + chosen compressed rows with sinks),
-//! hyper-connection mixes, the softmax, biased or hashed top-k router,
-//! experts grouped by the device itself, the weight products - on tensor cores with f16
-//! operands for every format but F32 / BF16 (`mvt_*`), else f32 (`mvg_*`) - GLU, the
-//! weighted combine with the shared expert, the output head) and one download of the
-//! logits.
+//! [`DecoderPlan`] (every architecture's): its check (`check`; the blocks' own checks in
+//! `blocks` and `forward/check.rs`), the upload of every resident weight at start (`new`;
+//! `Uploader`, whose block methods live with the blocks), the per-sequence state
+//! ([`GpuKv`], in `SeqState::device`: the KV cache in VRAM and each layer's own state), and
+//! per forward call one upload of the batch's header (tokens, positions, chunk tables,
+//! `Header`), then only kernel launches on one stream through the typed launches of
+//! `crate::kernels`: `GpuDecoder::run` is the loop (embedding, per layer the PLE layer,
+//! the attention block, the residual mix, the feed-forward block, the residual mix, the
+//! head), each block's launch sequence a method in `crate::blocks` reading the call's
+//! addresses from `Call`; the weight products are `forward/products.rs`, the blocks'
+//! scratch `forward/scratch.rs`. Decode steps are captured as CUDA graphs and replayed
+//! (`GpuDecoder::replay`). One download of the logits.
 //!
 //! Routed experts either live in VRAM whole (the stacked tensors uploaded at start; the
 //! router's choice never leaves the device) or, when they do not fit or stream from the
@@ -28,229 +26,94 @@
 //! bit; each (token, slot) row is computed by one warp with the same arithmetic whatever
 //! chunk it is in, so prompt chunking never does either.
 
-use std::any::Any;
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
-use sluice_kernels::GgmlType;
 use sluice_models::blocks::dsv4_attention::Dsv4Shape;
-use sluice_models::blocks::ffn::Activation;
 use sluice_models::blocks::hyper::HcShape;
 use sluice_models::blocks::mla::MlaShape;
-use sluice_models::blocks::moe::{Router, ScoreFn};
 use sluice_models::blocks::{head, Batch, Env};
-use sluice_models::plan::{DecoderPlan, DeviceForward, HyperHead, MlaSelect, PlanAttn, PlanFfn};
-use sluice_models::state::{ExtraState, SeqState};
-use sluice_models::weights::{Mat, Stacked};
+use sluice_models::plan::{DecoderPlan, DeviceForward, HyperHead, PlanAttn, PlanFfn};
+use sluice_models::state::SeqState;
 use sluice_models::ModelError;
-use sluice_tier::Stop;
 
+use crate::blocks::attention::Gqa;
+use crate::blocks::deltanet::{gdn_smem, DDelta, GDN_STATIC_SMEM};
+use crate::blocks::dsv4_attention::{DDsv4, Dsv4Ptrs};
+use crate::blocks::ffn::{act_id, DenseFfn};
+use crate::blocks::hyper::{hc_segments, DHc};
+use crate::blocks::hyper_lowrank::DMix;
+use crate::blocks::kda::{delta_shape, DKda};
+use crate::blocks::mla::{DSelect, Mla};
+use crate::blocks::mla_pooled::pooled_mla_shape;
+use crate::blocks::moe::{Moe, UnitCache};
+use crate::blocks::ple::DPle;
+use crate::blocks::qsa::DQsa;
+use crate::blocks::{attention, dsv4_attention, hyper, mla, moe};
+use crate::forward::check::{glm5next_parts, qwen4exp_parts};
+use crate::forward::products::{Mvt1Staging, MVT1_MAX_STAGES, MVT1_STAGES, MVT1_STEP};
+use crate::forward::scratch::{NextDims, Rows};
 use crate::lru::Lru;
+use crate::{kernel_format, kernels, Cuda, Device};
 
-mod glm5next;
-mod qwen4exp;
-use crate::{grow, kernel_format, Cuda, Device, Mma, FORMATS};
-use glm5next::{DKda, DPool};
-use qwen4exp::{DDelta, DFew, DMix, DPle, DQsa, NextDims, NextScratch, Rows};
+pub(crate) mod call;
+mod check;
+pub(crate) mod products;
+pub(crate) mod scratch;
+pub(crate) mod state;
+pub(crate) mod upload;
+
+pub(crate) use call::{addr, graph_key, push_chunk, rows_n, Call, Scratch, StatePtrs};
+pub use state::GpuKv;
+pub(crate) use upload::{weights_fit, Uploader};
 
 /// Rows of X one chunk holds (`MVG_N` of `forward.cu`).
-const MVG_N: usize = 32;
+pub(crate) const MVG_N: usize = 32;
 
 /// Bytes of one `Chunk` of `forward.cu`.
-const CHUNK_BYTES: usize = 8 + 4 * MVG_N;
+pub(crate) const CHUNK_BYTES: usize = 8 + 4 * MVG_N;
+
 /// Widest key and value heads and most experts the kernels take (`ATT_MAX_D`,
 /// `ATT_MAX_V`, `ROUTER_MAX`).
-const MAX_HEAD_DIM: usize = 576;
-const MAX_HEAD_DIM_V: usize = 512;
-const MAX_EXPERTS: usize = 1024;
+pub(crate) const MAX_HEAD_DIM: usize = 576;
+
+pub(crate) const MAX_HEAD_DIM_V: usize = 512;
+
 /// Captured decode steps kept (sequences decoding in turn each replay their own).
-const GRAPHS_KEPT: usize = 8;
+pub(crate) const GRAPHS_KEPT: usize = 8;
+
 /// Threads of one attention block (`ATT_THREADS` of `forward.cu`).
-const ATT_THREADS: u32 = 256;
-/// Blocks per token of the lightning indexer's scores (rows strided over them; a fixed
-/// count, so a captured decode step replays at any position).
-const INDEX_BLOCKS: u32 = 64;
-/// Most indexer scores held at once (floats; 256 MiB): longer prompts at longer contexts
-/// are scored in tiles of tokens.
-const SCORES_MAX: usize = 1 << 26;
+pub(crate) const ATT_THREADS: u32 = 256;
 
-/// One layer's lightning indexer as `GpuDecoder::index_select` runs it: queries `iq`
-/// (`[n][n_head * head_dim]`, roped), head weights `wh` (`[n][n_head]`), the rows it scores
-/// (`[..][head_dim]`; token t sees `(pos + 1) / ratio` of them) and its top-k.
-struct IndexSelect {
-    iq: u64,
-    wh: u64,
-    n_head: usize,
-    head_dim: usize,
-    rows: u64,
-    ratio: usize,
-    top_k: usize,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn err(what: &str, e: impl std::fmt::Display) -> ModelError {
+pub(crate) fn err(what: &str, e: impl std::fmt::Display) -> ModelError {
     ModelError::Compute(format!("cuda: {what}: {e}"))
 }
 
 /// A weight matrix in VRAM: the index of its pointer-table entry (or of the first of
 /// `n_expert` entries for a routed part), format and shape.
 #[derive(Debug, Clone, Copy)]
-struct DMat {
-    tab: usize,
-    fi: usize,
-    rows: usize,
-    cols: usize,
-    row_bytes: i64,
+pub(crate) struct DMat {
+    pub(crate) tab: usize,
+    pub(crate) fi: usize,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) row_bytes: i64,
 }
 
-enum DFfn {
-    Dense {
-        gate: DMat,
-        up: DMat,
-        down: DMat,
-        act: Act,
-    },
-    Moe {
-        router: DMat,
-        norm: bool,
-        n_expert: usize,
-        k: usize,
-        /// Gate, up, down; `tab` is the first of `n_expert` entries.
-        parts: [DMat; 3],
-        /// Index of the first of this layer's entries in the pointer table.
-        tab_index: usize,
-        act: Act,
-        /// `topk_route`'s score function (0 softmax, 1 sigmoid, 2 sqrt-softplus), the
-        /// selection bias (0: none), renormalisation and scale.
-        score: i32,
-        bias: u64,
-        scale: f32,
-        /// A hashed router's token -> experts table (`[n_vocab][k]` i32; 0: none).
-        table: u64,
-        /// The shared expert (added to the routed sum).
-        shared: Option<Box<DShared>>,
-    },
+pub(crate) enum DFfn {
+    Dense(DenseFfn),
+    Moe(Box<Moe>),
 }
 
-/// A MoE layer's shared expert: gate, up, down and its activation, and the `[1, n_embd]`
-/// gate whose sigmoid scales its output (Qwen3.8-Flash-Next; None: unscaled).
-struct DShared {
-    gate: DMat,
-    up: DMat,
-    down: DMat,
-    act: Act,
-    scale: Option<DFew>,
-}
-
-/// `glu_act`'s activation id and its clamp limit ([`act_id`]).
-type Act = (i32, f32);
-
-/// `glu_act`'s sigmoid (`g = sigmoid(g) * u`: QSA's output gate).
-const ACT_SIGMOID: Act = (3, 0.0);
-
-/// One hyper-connection mix in VRAM: the projection of the normalised streams, its bias
-/// and scales.
-struct DHc {
-    /// The projection's `nseg` column segments, each its own `[n_out, cols / nseg]` matrix
-    /// (re-laid out at upload; one pointer-table entry each): a decode step's projection is
-    /// spread over `nseg` times the blocks, and a segment's sums do not depend on the
-    /// chunk, so neither do their sum's bits (`hc_pre` adds them in segment order).
-    proj: DMat,
-    nseg: usize,
-    base: u64,
-    scale: u64,
-}
-
-/// A DeepSeek V4 KV compressor (the attention's or the indexer's).
-struct DComp {
-    ratio: usize,
-    head_dim: usize,
-    coff: usize,
-    kv: DMat,
-    gate: DMat,
-    ape: u64,
-    norm: u64,
-}
-
-/// A DeepSeek V4 layer's lightning indexer.
-struct DIndexer {
-    n_head: usize,
-    head_dim: usize,
-    top_k: usize,
-    q_b: DMat,
-    proj: DMat,
-    comp: DComp,
-}
-
-/// The positions an MLA layer attends to (`sluice_models::plan::MlaSelect`; a pooled
-/// layer's k-pool indexer, or its reuse of the previous full layer's selection).
-enum DSelect {
-    All,
-    Indexer(Box<DDsa>),
-    Pooled(Box<DPool>),
-    Previous,
-}
-
-/// GLM's DSA lightning indexer of one MLA layer.
-struct DDsa {
-    n_head: usize,
-    head_dim: usize,
-    top_k: usize,
-    q_b: DMat,
-    k: DMat,
-    k_norm: u64,
-    k_norm_bias: u64,
-    k_norm_eps: f32,
-    proj: DMat,
-}
-
-/// DeepSeek V4 attention of one layer (`out_a` with one pointer-table entry per output
-/// group, `rows` a group's).
-struct DDsv4 {
-    q_a: DMat,
-    q_a_norm: u64,
-    q_b: DMat,
-    kv: DMat,
-    kv_norm: u64,
-    sinks: u64,
-    out_a: DMat,
-    out_b: DMat,
-    rope: u64,
-    rope_compress: u64,
-    comp: Option<DComp>,
-    indexer: Option<DIndexer>,
-}
-
-enum DAttn {
-    Gqa {
-        wq: DMat,
-        wk: DMat,
-        wv: DMat,
-        wo: DMat,
-        q_norm: u64,
-        k_norm: u64,
-        inv_freq: u64,
-        window: i32,
-    },
-    /// Absorbed MLA (`k_b` and `v_b` with one pointer-table entry per head, `rows` a
-    /// head's rows).
-    Mla {
-        q_a: DMat,
-        q_a_norm: u64,
-        q_b: DMat,
-        kv_a: DMat,
-        kv_a_norm: u64,
-        k_b: DMat,
-        v_b: DMat,
-        out: DMat,
-        inv_freq: u64,
-        select: DSelect,
-    },
+pub(crate) enum DAttn {
+    Gqa(Gqa),
+    /// Absorbed MLA (and GLM-5.3-Flash's pooled layers through the same view).
+    Mla(Box<Mla>),
     /// DeepSeek V4 attention (sliding window, compressed rows, sinks).
     Dsv4(Box<DDsv4>),
     /// Gated DeltaNet (a recurrent state per value head).
@@ -261,7 +124,7 @@ enum DAttn {
     Kda(Box<DKda>),
 }
 
-struct DLayer {
+pub(crate) struct DLayer {
     attn_norm: u64,
     attn: DAttn,
     post_attn: u64,
@@ -328,64 +191,6 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("pool_make", "PPPPPIII"),
 ];
 
-/// Whether the tensor-core products (`mvt_*`, f16 operands) take weights of `ty`: every
-/// format whose values f16 holds, i.e. all but F32 and BF16 (their range and precision
-/// stay on the f32 kernels).
-fn takes_f16(ty: GgmlType) -> bool {
-    !matches!(ty, GgmlType::F32 | GgmlType::BF16)
-}
-
-/// Weight rows and threads of one block of `mvt_*` (`MVT_ROWS`, `MVT_WARPS` of
-/// `forward.cu`) and of `mvg_*` (a warp per row, `MVG_WARPS`).
-const MVT_ROWS: usize = 16;
-const MVT_THREADS: u32 = 16 * 32;
-const MVG_ROWS: usize = 4;
-const MVG_THREADS: u32 = MVG_ROWS as u32 * 32;
-/// Columns of one step of `mvt_*` (MVT_WARPS * 32) and the bytes of `mvt1_*`'s partial
-/// sums (`MVT_PART(1)`), the least dynamic shared memory it takes.
-const MVT_STEP: usize = 512;
-const MVT1_PART: usize = 16 * 4 * 32 * 4;
-const MVT1_MAX_STAGES: usize = 8;
-/// The decode kernel's default staging: three steps of 1536 columns in flight. On the H200
-/// (tg64, `SLUICE_CUDA_MVT1_STAGES` / `SLUICE_CUDA_MVT1_STEP` swept in one call): 30B-A3B
-/// Q4_K 158.1 t/s vs 130.1 with 512-column steps (145.2 for the static 3 x 16 KB buffers
-/// before), GLM-5.2 4-layer cut (Q8_0, IQ2_XXS) 307.9 vs 212.0, Gemma 3 cut 4293 vs 3807;
-/// 2048-column and wider steps were slower on the 30B and the GLM cut (115.6, 200.7) and
-/// about even on the Gemma cut (4321-4340); more stages gained nothing.
-const MVT1_STAGES: usize = 3;
-const MVT1_STEP: usize = 1536;
-
-/// How the decode kernel `mvt1_*` stages a matrix's bytes: `stages` steps at once of
-/// `step` columns (a multiple of MVT_STEP; fewer when the matrix has fewer or their bytes
-/// pass `stage_bytes`, 0: no byte limit), in at most `smem_max` bytes of shared memory.
-/// Never changes a bit (forward.cu: a warp takes the same column groups in the same order
-/// whatever the step).
-#[derive(Debug, Clone, Copy)]
-struct Mvt1Staging {
-    stages: usize,
-    step: usize,
-    stage_bytes: usize,
-    smem_max: usize,
-}
-
-impl Mvt1Staging {
-    /// (stages, step columns, stage buffer bytes, dynamic shared memory) for a matrix of
-    /// `cols` columns and `row_bytes` a row.
-    fn layout(&self, cols: usize, row_bytes: usize) -> (usize, usize, usize, usize) {
-        let per_step = MVT_ROWS * MVT_STEP * row_bytes / cols;
-        let fit = |bytes: usize| (bytes / per_step.max(1)).max(1);
-        let mut mult = (self.step / MVT_STEP).max(1);
-        if self.stage_bytes > 0 {
-            mult = mult.min(fit(self.stage_bytes));
-        }
-        mult = mult.min(cols.div_ceil(MVT_STEP)).min(fit(self.smem_max));
-        let step = MVT_STEP * mult;
-        let stage = (per_step * mult).next_multiple_of(16);
-        let stages = self.stages.clamp(1, (self.smem_max / stage).max(1));
-        (stages, step, stage, (stages * stage).max(MVT1_PART))
-    }
-}
-
 /// The parameter kinds of kernel `name` ([`KERNEL_SIGNATURES`]).
 pub fn kernel_signature(name: &str) -> Option<&'static str> {
     KERNEL_SIGNATURES
@@ -401,464 +206,132 @@ pub fn kernel_signature(name: &str) -> Option<&'static str> {
 }
 
 /// A loaded kernel and what it takes.
-struct Kernel {
+pub(crate) struct Kernel {
     f: CudaFunction,
     name: String,
     sig: &'static str,
 }
 
 /// Kernels of `forward.cu` (per format where they dequantize).
-struct Funcs {
-    mvg: Vec<Kernel>,
+pub(crate) struct Funcs {
+    pub(crate) mvg: Vec<Kernel>,
     /// The tensor-core form per format (None: F32, BF16, or no sm_80): for chunks of at
     /// most 8 rows (`mvt1_*`, fewer registers) and of up to MVG_N (`mvt_*`); both compute
     /// a row the same way.
-    mvt: Vec<Option<[Kernel; 2]>>,
-    embed: Vec<Kernel>,
-    rms_norm_rows: Kernel,
-    residual_norm: Kernel,
-    qk_norm_rope: Kernel,
+    pub(crate) mvt: Vec<Option<[Kernel; 2]>>,
+    pub(crate) embed: Vec<Kernel>,
+    pub(crate) rms_norm_rows: Kernel,
+    pub(crate) residual_norm: Kernel,
+    pub(crate) qk_norm_rope: Kernel,
     /// (f16 cache, f32 cache)
-    kv_store: [Kernel; 2],
-    attention: [Kernel; 2],
-    topk_route: Kernel,
-    moe_chunks: Kernel,
-    glu_act: Kernel,
-    moe_combine: Kernel,
-    mla_kv_prep: Kernel,
-    mla_q_split: Kernel,
-    mla_q_join: Kernel,
-    hc_expand: Kernel,
-    hc_pre: Kernel,
-    hc_post: Kernel,
-    dsv4_heads: Kernel,
-    dsv4_kv_prep: Kernel,
-    dsv4_compress: Kernel,
-    ring_store: Kernel,
-    dsv4_index_scores: Kernel,
-    dsv4_topk: Kernel,
-    dsv4_attention: Kernel,
-    dsa_key_prep: Kernel,
-    /// Qwen3.8-Flash-Next's parts (`qwen4exp.cu`, [`qwen4exp`]).
-    rms_groups: Kernel,
-    lr_act: Kernel,
-    lr_mix: Kernel,
-    lr_post: Kernel,
-    ple_gate: Kernel,
-    conv_ring: Kernel,
-    delta_rule: Kernel,
-    qsa_prep: Kernel,
-    qsa_pool: Kernel,
-    qsa_expand: Kernel,
-    rows_gather: Kernel,
-    dot_rows_f32: Kernel,
-    /// GLM-5.3-Flash's parts (`glm5next.cu`, [`glm5next`]).
-    stream_mean: Kernel,
-    kda_gate: Kernel,
-    pool_prep: Kernel,
-    pool_make: Kernel,
-}
-
-/// Routed experts kept in VRAM by (layer, unit) when they are not resident whole.
-struct UnitCache {
-    /// (layer, unit) -> the unit's gate, up and down bytes in one buffer.
-    lru: Lru<(usize, usize), CudaSlice<u8>>,
-    /// Units of the layer in progress that did not fit the budget next to the layer's
-    /// other units (a prefill chunk may use more experts than the cache holds): copied for
-    /// this layer only, freed at the next layer (counted as copied per use).
-    transient: Vec<(usize, CudaSlice<u8>)>,
-    /// Host copy of the pointer table (rewritten per layer for the units it uses).
-    tab: Vec<u64>,
-    /// The layer's chunk table built on the host ([`layer_table`]).
-    chunks: Option<CudaSlice<u8>>,
-}
-
-/// One MoE layer's expert chunks when experts come through the VRAM unit cache: `hit`
-/// chunks (experts already in VRAM) from `table`, then `miss` chunks; the counts at
-/// `counts` (hits), `counts + 4` (misses), `counts + 8` (all).
-struct LayerChunks {
-    table: u64,
-    counts: u64,
-    hit: usize,
-    miss: usize,
-}
-
-/// Bytes of [`layer_table`]'s header (the counts, padded).
-const LAYER_COUNTS_BYTES: usize = 16;
-
-/// One `Chunk` of forward.cu: `unit`, the row count, the rows padded to MVG_N with 0.
-fn push_chunk(out: &mut Vec<u8>, unit: usize, rows: &[usize]) {
-    debug_assert!(rows.len() <= MVG_N);
-    out.extend_from_slice(&(unit as i32).to_le_bytes());
-    out.extend_from_slice(&(rows.len() as i32).to_le_bytes());
-    for t in 0..MVG_N {
-        out.extend_from_slice(&(rows.get(t).copied().unwrap_or(0) as i32).to_le_bytes());
-    }
-}
-
-/// The rows `i` of a layer's (token, slot) pairs grouped by the unit `ids[i]` chose, in
-/// row order; the keys are the units the layer needs, ascending.
-fn rows_by_unit(ids: &[i32]) -> BTreeMap<usize, Vec<usize>> {
-    let mut m: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for (i, &u) in ids.iter().enumerate() {
-        m.entry(u as usize).or_default().push(i);
-    }
-    m
-}
-
-/// A MoE layer's table for the VRAM unit cache, uploaded in one copy: the counts `[hits,
-/// misses, all]` (LAYER_COUNTS_BYTES), then the chunks of the `hits` units, then those of
-/// the `misses`, up to MVG_N rows each. Which rows share a chunk never changes a row's
-/// bits (each row is computed the same way in any chunk). Returns (bytes, hit, miss).
-fn layer_table(
-    rows_of: &BTreeMap<usize, Vec<usize>>,
-    hits: &[usize],
-    misses: &[usize],
-) -> (Vec<u8>, usize, usize) {
-    let mut out = vec![0u8; LAYER_COUNTS_BYTES];
-    let push = |units: &[usize], out: &mut Vec<u8>| {
-        let mut n = 0;
-        for &u in units {
-            for c in rows_of[&u].chunks(MVG_N) {
-                push_chunk(out, u, c);
-                n += 1;
-            }
-        }
-        n
-    };
-    let hit = push(hits, &mut out);
-    let miss = push(misses, &mut out);
-    for (k, v) in [hit, miss, hit + miss].into_iter().enumerate() {
-        out[4 * k..4 * k + 4].copy_from_slice(&(v as i32).to_le_bytes());
-    }
-    (out, hit, miss)
-}
-
-/// Per-call device buffers, grown as needed (one call at a time: the mutex).
-#[derive(Default)]
-struct Scratch {
-    x: Option<CudaSlice<f32>>,
-    h: Option<CudaSlice<f32>>,
-    q: Option<CudaSlice<f32>>,
-    k: Option<CudaSlice<f32>>,
-    v: Option<CudaSlice<f32>>,
-    att: Option<CudaSlice<f32>>,
-    o: Option<CudaSlice<f32>>,
-    rl: Option<CudaSlice<f32>>,
-    wts: Option<CudaSlice<f32>>,
-    /// MLA: q-LoRA (raw and normed), the kv_a output, gathered nope queries, their k_b
-    /// products, the attention queries, the v_b products.
-    qa: Option<CudaSlice<f32>>,
-    qan: Option<CudaSlice<f32>>,
-    kva: Option<CudaSlice<f32>>,
-    qn: Option<CudaSlice<f32>>,
-    qabs: Option<CudaSlice<f32>>,
-    qatt: Option<CudaSlice<f32>>,
-    ov: Option<CudaSlice<f32>>,
-    /// The shared expert's output.
-    sh: Option<CudaSlice<f32>>,
-    /// Hyper-connections: the normalised streams, their mix projection, post and comb.
-    hcf: Option<CudaSlice<f32>>,
-    hcm: Option<CudaSlice<f32>>,
-    hcpc: Option<CudaSlice<f32>>,
-    /// DeepSeek V4: compressor products (kv, gate) of the attention's and the indexer's
-    /// compressors, indexer queries and head weights, row scores, the selected rows and
-    /// their counts, the grouped output's low-rank values.
-    cc: Option<CudaSlice<f32>>,
-    cz: Option<CudaSlice<f32>>,
-    ic: Option<CudaSlice<f32>>,
-    iz: Option<CudaSlice<f32>>,
-    iq: Option<CudaSlice<f32>>,
-    wh: Option<CudaSlice<f32>>,
-    /// GLM's DSA indexer keys of the batch before their LayerNorm.
-    ik: Option<CudaSlice<f32>>,
-    scores: Option<CudaSlice<f32>>,
-    sel: Option<CudaSlice<i32>>,
-    nsel: Option<CudaSlice<i32>>,
-    dz: Option<CudaSlice<f32>>,
-    g: Option<CudaSlice<f32>>,
-    u: Option<CudaSlice<f32>>,
-    dd: Option<CudaSlice<f32>>,
-    hsel: Option<CudaSlice<f32>>,
-    logits: Option<CudaSlice<f32>>,
-    ids: Option<CudaSlice<i32>>,
-    chunks: Option<CudaSlice<u8>>,
-    nchunks: Option<CudaSlice<i32>>,
-    hdr: Option<CudaSlice<u8>>,
-    /// Qwen3.8-Flash-Next's parts' buffers.
-    next: NextScratch,
-}
-
-/// The device address of `b` after growing it to `len` elements.
-fn addr<T: cudarc::driver::DeviceRepr>(
-    stream: &Arc<CudaStream>,
-    b: &mut Option<CudaSlice<T>>,
-    len: usize,
-) -> Result<u64, ModelError> {
-    grow(stream, b, len).map_err(|e| ModelError::Compute(e.to_string()))?;
-    Ok(b.as_ref().expect("grown").device_ptr(stream).0)
-}
-
-/// One sequence's KV cache in VRAM: per layer `[n_ctx][n_head_kv * head_dim]` keys and
-/// values, f16 (llama.cpp's default cache; the CPU path rounds to f16 the same way) or f32
-/// as the sequence's host cache says (`--kv-f32`); DeepSeek V4 layers keep [`Dsv4Kv`]
-/// instead.
-pub struct GpuKv {
-    k: Vec<CudaSlice<u8>>,
-    v: Vec<CudaSlice<u8>>,
-    /// Per layer: DeepSeek V4 attention's state (None for other layers).
-    dsv4: Vec<Option<Dsv4Kv>>,
-    /// Per layer: the attention's own state ([`layer_state`]; empty for most).
-    rec: Vec<Vec<CudaSlice<f32>>>,
-    /// Per layer: the PLE layer's convolution ring (None without one).
-    ple: Vec<Option<CudaSlice<f32>>>,
-    /// The PLE hash's context: the last `ngram - 1` token ids (EOS at a start).
-    ple_ctx: Vec<u32>,
-    /// The position the sequential state (DeepSeek V4's windows and compressor carry,
-    /// recurrent states, the PLE ring and context) continues at (usize::MAX while a call
-    /// runs, or after one failed).
-    next: usize,
-    n_ctx: usize,
-    f32: bool,
-    stream: Arc<CudaStream>,
-    /// False when a copy failed (the next forward call reports it).
-    ok: bool,
-}
-
-/// A compressor's state in VRAM: the carry of the last `coff * ratio` positions' kv and
-/// gate products (slot `p % (coff * ratio)`), and every emitted row (f32, rounded to f16
-/// with an f16 cache).
-struct CompKv {
-    rc: CudaSlice<f32>,
-    rz: CudaSlice<f32>,
-    rows: CudaSlice<f32>,
-}
-
-/// One DeepSeek V4 layer's state in VRAM: the ring of the last `window` key rows (slot
-/// `p % window`), the compressor's and the indexer's.
-struct Dsv4Kv {
-    ring: CudaSlice<f32>,
-    comp: Option<CompKv>,
-    index: Option<CompKv>,
-}
-
-/// Device addresses of one layer's [`Dsv4Kv`] (0 where absent): ring, then (carry kv, carry
-/// gate, rows) of the compressor and of the indexer.
-#[derive(Clone, Copy, Default)]
-struct Dsv4Ptrs {
-    ring: u64,
-    comp: [u64; 3],
-    index: [u64; 3],
-}
-
-impl Dsv4Kv {
-    fn ptrs(&self, stream: &Arc<CudaStream>) -> Dsv4Ptrs {
-        let c = |c: &Option<CompKv>| {
-            c.as_ref().map_or([0; 3], |c| {
-                [
-                    c.rc.device_ptr(stream).0,
-                    c.rz.device_ptr(stream).0,
-                    c.rows.device_ptr(stream).0,
-                ]
-            })
-        };
-        Dsv4Ptrs {
-            ring: self.ring.device_ptr(stream).0,
-            comp: c(&self.comp),
-            index: c(&self.index),
-        }
-    }
-
-    fn copy(&self, stream: &Arc<CudaStream>) -> Option<Dsv4Kv> {
-        let c = |c: &Option<CompKv>| -> Option<Option<CompKv>> {
-            match c {
-                None => Some(None),
-                Some(c) => Some(Some(CompKv {
-                    rc: stream.clone_dtod(&c.rc).ok()?,
-                    rz: stream.clone_dtod(&c.rz).ok()?,
-                    rows: stream.clone_dtod(&c.rows).ok()?,
-                })),
-            }
-        };
-        Some(Dsv4Kv {
-            ring: stream.clone_dtod(&self.ring).ok()?,
-            comp: c(&self.comp)?,
-            index: c(&self.index)?,
-        })
-    }
-}
-
-impl ExtraState for GpuKv {
-    fn clone_box(&self) -> Box<dyn ExtraState> {
-        let copy = |src: &[CudaSlice<u8>]| -> Option<Vec<CudaSlice<u8>>> {
-            src.iter().map(|s| self.stream.clone_dtod(s).ok()).collect()
-        };
-        let (k, v) = (copy(&self.k), copy(&self.v));
-        let dsv4: Option<Vec<Option<Dsv4Kv>>> = self
-            .dsv4
-            .iter()
-            .map(|d| match d {
-                None => Some(None),
-                Some(d) => d.copy(&self.stream).map(Some),
-            })
-            .collect();
-        let opt = |src: &[Option<CudaSlice<f32>>]| -> Option<Vec<Option<CudaSlice<f32>>>> {
-            src.iter()
-                .map(|d| match d {
-                    None => Some(None),
-                    Some(d) => self.stream.clone_dtod(d).ok().map(Some),
-                })
-                .collect()
-        };
-        let ple = opt(&self.ple);
-        let rec: Option<Vec<Vec<CudaSlice<f32>>>> = self
-            .rec
-            .iter()
-            .map(|l| l.iter().map(|b| self.stream.clone_dtod(b).ok()).collect())
-            .collect();
-        let synced = self.stream.synchronize().is_ok();
-        let ok = self.ok
-            && synced
-            && k.is_some()
-            && v.is_some()
-            && dsv4.is_some()
-            && rec.is_some()
-            && ple.is_some();
-        Box::new(GpuKv {
-            k: k.unwrap_or_default(),
-            v: v.unwrap_or_default(),
-            dsv4: dsv4.unwrap_or_default(),
-            rec: rec.unwrap_or_default(),
-            ple: ple.unwrap_or_default(),
-            ple_ctx: self.ple_ctx.clone(),
-            next: self.next,
-            n_ctx: self.n_ctx,
-            f32: self.f32,
-            stream: self.stream.clone(),
-            ok,
-        })
-    }
-
-    fn clear(&mut self) {
-        // Rows are indexed by position and written before they are read.
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-}
-
-/// One layer's own attention state for a sequence of `n_ctx` positions, zeros: GLM's DSA
-/// indexer keys (every position's, f32); DeltaNet's convolution ring of the last `kernel -
-/// 1` inputs and recurrent matrices; KDA's ([`glm5next::kda_state`]); QSA's raw keys of
-/// every position and pooled keys of every complete block (with an indexer); a k-pool
-/// indexer's ([`glm5next::pool_state`]); none for the others (DeepSeek V4's is
-/// [`Dsv4Kv`]).
-fn layer_state(
-    stream: &Arc<CudaStream>,
-    attn: &DAttn,
-    n_ctx: usize,
-) -> Result<Vec<CudaSlice<f32>>, ModelError> {
-    let zeros = |len: usize| {
-        stream
-            .alloc_zeros::<f32>(len.max(1))
-            .map_err(|e| err("attention state", e))
-    };
-    match attn {
-        DAttn::Mla {
-            select: DSelect::Indexer(ix),
-            ..
-        } => Ok(vec![zeros(n_ctx * ix.head_dim)?]),
-        DAttn::Mla {
-            select: DSelect::Pooled(ix),
-            ..
-        } => glm5next::pool_state(stream, ix, n_ctx),
-        DAttn::Delta(w) => {
-            let s = &w.shape;
-            Ok(vec![
-                zeros((s.conv_kernel - 1) * s.conv_dim())?,
-                zeros(s.n_v_heads * s.d_k * s.d_v)?,
-            ])
-        }
-        DAttn::Kda(w) => glm5next::kda_state(stream, &w.shape),
-        DAttn::Qsa(w) if w.shape.ratio > 0 => {
-            let s = &w.shape;
-            Ok(vec![
-                zeros(n_ctx * s.idx_dim)?,
-                zeros((n_ctx / s.ratio + 1) * s.idx_dim)?,
-            ])
-        }
-        _ => Ok(Vec::new()),
-    }
+    pub(crate) kv_store: [Kernel; 2],
+    pub(crate) attention: [Kernel; 2],
+    pub(crate) topk_route: Kernel,
+    pub(crate) moe_chunks: Kernel,
+    pub(crate) glu_act: Kernel,
+    pub(crate) moe_combine: Kernel,
+    pub(crate) mla_kv_prep: Kernel,
+    pub(crate) mla_q_split: Kernel,
+    pub(crate) mla_q_join: Kernel,
+    pub(crate) hc_expand: Kernel,
+    pub(crate) hc_pre: Kernel,
+    pub(crate) hc_post: Kernel,
+    pub(crate) dsv4_heads: Kernel,
+    pub(crate) dsv4_kv_prep: Kernel,
+    pub(crate) dsv4_compress: Kernel,
+    pub(crate) ring_store: Kernel,
+    pub(crate) dsv4_index_scores: Kernel,
+    pub(crate) dsv4_topk: Kernel,
+    pub(crate) dsv4_attention: Kernel,
+    pub(crate) dsa_key_prep: Kernel,
+    /// Qwen3.8-Flash-Next's blocks' kernels (`qwen4exp.cu`).
+    pub(crate) rms_groups: Kernel,
+    pub(crate) lr_act: Kernel,
+    pub(crate) lr_mix: Kernel,
+    pub(crate) lr_post: Kernel,
+    pub(crate) ple_gate: Kernel,
+    pub(crate) conv_ring: Kernel,
+    pub(crate) delta_rule: Kernel,
+    pub(crate) qsa_prep: Kernel,
+    pub(crate) qsa_pool: Kernel,
+    pub(crate) qsa_expand: Kernel,
+    pub(crate) rows_gather: Kernel,
+    pub(crate) dot_rows_f32: Kernel,
+    /// GLM-5.3-Flash's blocks' kernels (`glm5next.cu`).
+    pub(crate) stream_mean: Kernel,
+    pub(crate) kda_gate: Kernel,
+    pub(crate) pool_prep: Kernel,
+    pub(crate) pool_make: Kernel,
 }
 
 /// A captured decode step (`CudaGraph` holds raw driver handles, so it is neither `Send`
 /// nor `Sync` by itself).
-struct Graph(cudarc::driver::CudaGraph);
+pub(crate) struct Graph(cudarc::driver::CudaGraph);
 
 // SAFETY: the graph is only touched under `GpuDecoder::graph`'s mutex (launched or
 // dropped by one thread at a time), which is what the driver requires of graph objects;
 // its handles are not tied to the thread that made them.
 unsafe impl Send for Graph {}
+
 // SAFETY: as above: every use goes through the mutex.
 unsafe impl Sync for Graph {}
 
 /// A plain decoder's forward pass on one GPU (see the module header).
 pub struct GpuDecoder {
-    d: Arc<Device>,
+    pub(crate) d: Arc<Device>,
     /// The decoder's own stream (the device's default stream cannot be captured).
-    stream: Arc<CudaStream>,
+    pub(crate) stream: Arc<CudaStream>,
     /// Uploads of VRAM expert-cache misses, while the hits' products run on `stream`.
-    copy: Arc<CudaStream>,
+    pub(crate) copy: Arc<CudaStream>,
     /// Captured decode steps, most recent first, keyed by every address their launches
     /// take (scratch buffers, the sequence's KV cache): one per sequence a server
     /// interleaves, up to [`GRAPHS_KEPT`].
-    graph: Mutex<Vec<(Vec<u64>, Graph)>>,
+    pub(crate) graph: Mutex<Vec<(Vec<u64>, Graph)>>,
     /// Whether decode steps are captured and replayed (`SLUICE_CUDA_GRAPHS=0`: never;
     /// turned off if a capture fails).
-    graphs: std::sync::atomic::AtomicBool,
+    pub(crate) graphs: std::sync::atomic::AtomicBool,
     /// The decode kernel's staging.
-    mvt1: Mvt1Staging,
+    pub(crate) mvt1: Mvt1Staging,
     /// The plan's MLA layers' shape (`DecoderPlan::mla_shape`; checked to be every one's),
     /// or its pooled layers' absorbed view.
-    mla: Option<MlaShape>,
+    pub(crate) mla: Option<MlaShape>,
     /// Column segments of the hyper-connection projections.
-    hc_nseg: usize,
+    pub(crate) hc_nseg: usize,
     /// The plan's DeepSeek V4 layers' shape (checked to be every one's).
-    dsv4: Option<Dsv4Shape>,
+    pub(crate) dsv4: Option<Dsv4Shape>,
     /// The hyper-connection residual's shape and head mix (None: the streams' mean).
-    hyper: Option<(HcShape, Option<DHc>)>,
+    pub(crate) hyper: Option<(HcShape, Option<DHc>)>,
     /// The low-rank residual's output mixer (its stream count is `next_dims.streams`).
-    lowrank: Option<DMix>,
+    pub(crate) lowrank: Option<DMix>,
     /// Whether some layer keeps state that only continues or restarts at position 0
     /// (DeepSeek V4's windows, DeltaNet's recurrence, the PLE convolution).
-    sequential: bool,
-    index_dims: IndexDims,
-    next_dims: NextDims,
-    plan: DecoderPlan,
-    f: Funcs,
-    layers: Vec<DLayer>,
-    embd: DMat,
-    embd_ptr: u64,
-    output_norm: u64,
-    output: DMat,
+    pub(crate) sequential: bool,
+    pub(crate) index_dims: IndexDims,
+    pub(crate) next_dims: NextDims,
+    pub(crate) plan: DecoderPlan,
+    pub(crate) f: Funcs,
+    pub(crate) layers: Vec<DLayer>,
+    pub(crate) embd: DMat,
+    pub(crate) embd_ptr: u64,
+    pub(crate) output_norm: u64,
+    pub(crate) output: DMat,
     /// Pointer table: one entry per dense matrix, `n_expert` per routed part (written
     /// again per layer for cached experts).
-    ptrs: Mutex<CudaSlice<u64>>,
+    pub(crate) ptrs: Mutex<CudaSlice<u64>>,
     /// The table's device address (entry i at `ptrs_base + 8 i`).
-    ptrs_base: u64,
+    pub(crate) ptrs_base: u64,
     /// Experts not resident whole: the VRAM unit cache.
-    units: Option<Mutex<UnitCache>>,
+    pub(crate) units: Option<Mutex<UnitCache>>,
     /// Largest FFN width (dense) and routed-expert width.
-    ff_dense: usize,
-    ff_moe: usize,
-    k_max: usize,
-    n_expert_max: usize,
-    scratch: Mutex<Scratch>,
+    pub(crate) ff_dense: usize,
+    pub(crate) ff_moe: usize,
+    pub(crate) k_max: usize,
+    pub(crate) n_expert_max: usize,
+    pub(crate) scratch: Mutex<Scratch>,
     /// Device memory the weights took (statistics).
     pub weight_bytes: u64,
-    _owned: Vec<CudaSlice<u8>>,
-    _norms: Vec<CudaSlice<f32>>,
+    pub(crate) _owned: Vec<CudaSlice<u8>>,
+    pub(crate) _norms: Vec<CudaSlice<f32>>,
 }
 
 /// Where routed experts live on the GPU.
@@ -871,71 +344,10 @@ pub enum ExpertPlacement {
     Cached,
 }
 
-/// `glu_act`'s activation id and clamp limit.
-fn act_id(a: Activation) -> Act {
-    match a {
-        Activation::Silu => (0, 0.0),
-        Activation::GeluTanh => (1, 0.0),
-        Activation::SiluClamped { limit } => (2, limit),
-    }
-}
-
-/// What `topk_route` takes of a router.
-struct RouterKind<'a> {
-    /// Score function id (0 softmax, 1 sigmoid, 2 sqrt-softplus).
-    score: i32,
-    bias: Option<&'a [f32]>,
-    norm: bool,
-    scale: f32,
-    /// A hashed router's `[n_vocab][k]` experts.
-    table: Option<&'a [u32]>,
-}
-
-fn router_kind(r: &Router) -> RouterKind<'_> {
-    let score = |f: ScoreFn| match f {
-        ScoreFn::Softmax => 0,
-        ScoreFn::Sigmoid => 1,
-        ScoreFn::SqrtSoftplus => 2,
-    };
-    match r {
-        Router::Softmax { norm } => RouterKind {
-            score: 0,
-            bias: None,
-            norm: *norm,
-            scale: 1.0,
-            table: None,
-        },
-        Router::Biased {
-            score: f,
-            bias,
-            norm,
-            scale,
-        } => RouterKind {
-            score: score(*f),
-            bias: Some(&bias[..]),
-            norm: *norm,
-            scale: *scale,
-            table: None,
-        },
-        Router::Hash {
-            table,
-            score: f,
-            norm,
-            scale,
-        } => RouterKind {
-            score: score(*f),
-            bias: None,
-            norm: *norm,
-            scale: *scale,
-            table: Some(&table[..]),
-        },
-    }
-}
-
 /// Per-token widths of the compressor and indexer scratch, the widest over the layers
 /// (found once, when the decoder is built).
 #[derive(Debug, Clone, Copy)]
-struct IndexDims {
+pub(crate) struct IndexDims {
     /// A DeepSeek V4 compressor's and its indexer compressor's products (`coff * head_dim`).
     comp_w: usize,
     idx_w: usize,
@@ -962,14 +374,15 @@ impl IndexDims {
         };
         for l in layers {
             match &l.attn {
-                DAttn::Mla {
-                    select: DSelect::Indexer(ix),
-                    ..
-                } => d.indexer(ix.n_head, ix.head_dim, ix.top_k, 1, ix.head_dim),
-                DAttn::Mla {
-                    select: DSelect::Pooled(ix),
-                    ..
-                } => d.indexer(ix.n_head, ix.head_dim, ix.keep, ix.kpool, ix.head_dim),
+                DAttn::Mla(m) => match &m.select {
+                    DSelect::Indexer(ix) => {
+                        d.indexer(ix.n_head, ix.head_dim, ix.top_k, 1, ix.head_dim)
+                    }
+                    DSelect::Pooled(ix) => {
+                        d.indexer(ix.n_head, ix.head_dim, ix.keep, ix.kpool, ix.head_dim)
+                    }
+                    DSelect::All | DSelect::Previous => {}
+                },
                 DAttn::Qsa(a) => {
                     let s = &a.shape;
                     if let Some(blocks) = s.budget.checked_div(s.ratio) {
@@ -1006,136 +419,9 @@ impl IndexDims {
     }
 }
 
-/// Most residual streams, widest compressed row, most indexer query values and widest
-/// DeepSeek V4 head the kernels take (`HC_MAX`, `2 * DSV4_PAIRS * 256`, `IDX_MAX_Q`,
-/// `ATT_MAX_V` of forward.cu).
-const HC_MAX: usize = 8;
 /// The most dynamic shared memory a block of any GPU this backend runs on may opt in to
 /// (Hopper's 227 KiB); the device's own limit is checked again when the decoder is built.
-const SMEM_OPTIN_MAX: usize = 227 * 1024;
-const DSV4_MAX_COMP: usize = 1024;
-const IDX_MAX_Q: usize = 8192;
-
-/// Column segments a hyper-connection projection of `cols` columns of `ty` is split into:
-/// the most of 32, 16, .. 2 whose segments are whole multiples of the decode kernel's step
-/// (MVT_STEP columns) and of the format's blocks; 1 (no split) otherwise.
-fn hc_segments(ty: GgmlType, cols: usize) -> usize {
-    let Some(row) = ty.row_bytes(cols as u64) else {
-        return 1;
-    };
-    [32, 16, 8, 4, 2]
-        .into_iter()
-        .find(|&n| {
-            cols.is_multiple_of(n)
-                && (cols / n).is_multiple_of(MVT_STEP)
-                && ty.row_bytes((cols / n) as u64).map(|b| b * n as u64) == Some(row)
-        })
-        .unwrap_or(1)
-}
-
-/// Why DeepSeek V4 attention layer `il` does not fit the kernels, if it does not.
-fn check_dsv4(
-    il: usize,
-    w: &sluice_models::blocks::dsv4_attention::Dsv4AttnWeights,
-    s: &Dsv4Shape,
-    first: &Dsv4Shape,
-) -> Result<(), String> {
-    let bad = |what: String| Err(format!("layer {il}: DeepSeek V4 attention: {what}"));
-    let same = (
-        s.n_embd, s.n_head, s.head_dim, s.n_rot, s.q_lora, s.o_groups, s.o_lora,
-    ) == (
-        first.n_embd,
-        first.n_head,
-        first.head_dim,
-        first.n_rot,
-        first.q_lora,
-        first.o_groups,
-        first.o_lora,
-    ) && s.window == first.window;
-    if !same {
-        return bad("its shape differs from the first layer's".into());
-    }
-    let (nh, hd) = (s.n_head, s.head_dim);
-    if hd > MAX_HEAD_DIM_V || hd == 0 || s.n_rot == 0 || !s.n_rot.is_multiple_of(2) || s.n_rot > hd
-    {
-        return bad(format!(
-            "heads of {hd} with {} roped dims (the kernel takes even rotations within heads up to {MAX_HEAD_DIM_V})",
-            s.n_rot
-        ));
-    }
-    if s.window == 0 || s.o_groups == 0 || !(nh * hd).is_multiple_of(s.o_groups) {
-        return bad(format!(
-            "window {}, {} output groups over {nh} heads of {hd}",
-            s.window, s.o_groups
-        ));
-    }
-    if w.rope.len() != s.n_rot / 2
-        || w.rope_compress.len() != s.n_rot / 2
-        || w.sinks.len() != nh
-        || w.kv_norm.len() != hd
-        || w.q_a_norm.len() != s.q_lora
-    {
-        return bad("RoPE tables, sinks or norms of the wrong length".into());
-    }
-    let shapes = (
-        w.q_a.rows,
-        w.q_b.rows,
-        w.q_b.cols,
-        w.kv.rows,
-        w.out_a.rows,
-        w.out_a.cols,
-    ) == (
-        s.q_lora,
-        nh * hd,
-        s.q_lora,
-        hd,
-        s.o_groups * s.o_lora,
-        nh * hd / s.o_groups,
-    ) && (w.out_b.rows, w.out_b.cols) == (s.n_embd, s.o_groups * s.o_lora)
-        && (w.q_a.cols, w.kv.cols) == (s.n_embd, s.n_embd);
-    if !shapes {
-        return bad("projection shapes do not match its shape".into());
-    }
-    let comp_ok = |c: &sluice_models::blocks::dsv4_attention::CompressorWeights| {
-        c.ratio > 0
-            && (c.coff == 1 || c.coff == 2)
-            && c.head_dim <= DSV4_MAX_COMP
-            && c.head_dim.is_multiple_of(2)
-            && c.head_dim >= s.n_rot
-            && c.ape.len() == c.ratio * c.coff * c.head_dim
-            && c.norm.len() == c.head_dim
-            && (c.kv.rows, c.gate.rows) == (c.coff * c.head_dim, c.coff * c.head_dim)
-            && (c.kv.cols, c.gate.cols) == (s.n_embd, s.n_embd)
-    };
-    if let Some(c) = &w.comp {
-        if !comp_ok(c) || c.head_dim != hd {
-            return bad(format!(
-                "a compressor of ratio {} rows of {} (the kernel takes rows of the head size, up to {DSV4_MAX_COMP})",
-                c.ratio, c.head_dim
-            ));
-        }
-    }
-    match (&w.indexer, &w.comp) {
-        (None, _) => {}
-        (Some(ix), Some(c)) => {
-            let ok = comp_ok(&ix.comp)
-                && ix.comp.ratio == c.ratio
-                && ix.comp.head_dim == ix.head_dim
-                && ix.n_head * ix.head_dim <= IDX_MAX_Q
-                && ix.top_k > 0
-                && (ix.q_b.rows, ix.proj.rows) == (ix.n_head * ix.head_dim, ix.n_head)
-                && (ix.q_b.cols, ix.proj.cols) == (s.q_lora, s.n_embd);
-            if !ok {
-                return bad(format!(
-                    "an indexer of {} heads of {} (top {}) the kernels do not take",
-                    ix.n_head, ix.head_dim, ix.top_k
-                ));
-            }
-        }
-        (Some(_), None) => return bad("an indexer without a compressor".into()),
-    }
-    Ok(())
-}
+pub(crate) const SMEM_OPTIN_MAX: usize = 227 * 1024;
 
 impl GpuDecoder {
     /// Whether `plan` can run on the GPU: every matrix in a format the kernels take, heads
@@ -1155,156 +441,14 @@ impl GpuDecoder {
         if plan.lowrank.is_some() && plan.hyper.is_some() {
             return Err("low-rank and learned hyper-connections together".into());
         }
-        let gdn_max = SMEM_OPTIN_MAX - qwen4exp::GDN_STATIC_SMEM;
-        qwen4exp::check(plan, gdn_max)?;
-        glm5next::check(plan, gdn_max)?;
-        if let Some(h) = &plan.hyper {
-            let hc = h.shape.n_hc;
-            if hc == 0 || hc > HC_MAX || h.shape.n_embd != plan.n_embd {
-                return Err(format!(
-                    "hyper-connections of {hc} streams (the kernels take 1 to {HC_MAX})"
-                ));
-            }
-            let w_ok = |w: &sluice_models::blocks::hyper::HcWeights, n_out: usize, n_scale| {
-                (w.proj.rows, w.proj.cols, w.base.len(), w.scale.len())
-                    == (n_out, hc * plan.n_embd, n_out, n_scale)
-            };
-            match &h.head {
-                HyperHead::Learned(w) if w_ok(w, hc, 1) => {}
-                HyperHead::Learned(_) => {
-                    return Err("the hyper-connection head's shapes do not match".into())
-                }
-                HyperHead::Mean => {}
-            }
-            for (il, l) in plan.layers.iter().enumerate() {
-                match &l.hc {
-                    Some(w) if w.iter().all(|w| w_ok(w, (2 + hc) * hc, 3)) => {}
-                    _ => {
-                        return Err(format!(
-                            "layer {il}: hyper-connection mixes missing or of the wrong shape"
-                        ))
-                    }
-                }
-            }
-            if let Some(il) = plan
-                .layers
-                .iter()
-                .position(|l| l.post_attn_norm.is_some() || l.post_ffn_norm.is_some())
-            {
-                return Err(format!(
-                    "layer {il}: post-norms inside a hyper-connection residual have no GPU kernel"
-                ));
-            }
-        } else if plan.layers.iter().any(|l| l.hc.is_some()) {
-            return Err("hyper-connection mixes without the residual's shape".into());
-        }
-        if let Some(first) = plan.dsv4_shape() {
-            for (il, l) in plan.layers.iter().enumerate() {
-                match &l.attn {
-                    PlanAttn::Dsv4 { w, shape } => check_dsv4(il, w, shape, &first)?,
-                    _ => {
-                        return Err(format!(
-                            "layer {il}: DeepSeek V4 layers mixed with other attention"
-                        ))
-                    }
-                }
-            }
-            let sh = &plan.shape;
-            if (sh.n_head, sh.n_head_kv, sh.head_dim, sh.head_dim_v)
-                != (first.n_head, 1, first.head_dim, first.head_dim)
-            {
-                return Err(
-                    "DeepSeek V4: the plan's attention shape differs from its layers'".into(),
-                );
-            }
-        }
-        for (il, l) in plan.layers.iter().enumerate() {
-            if let PlanFfn::Moe { moe, .. } = &l.ffn {
-                if let Some(t) = router_kind(&moe.router).table {
-                    // A token's k experts must be distinct: the grouped products give a
-                    // chunk at most one row per token (the decode kernel's 8-row tile).
-                    let distinct =
-                        |row: &[u32]| row.iter().enumerate().all(|(i, x)| !row[..i].contains(x));
-                    if t.len() != plan.n_vocab * moe.k
-                        || t.iter().any(|&x| x as usize >= moe.n_expert)
-                        || !t.chunks(moe.k.max(1)).all(distinct)
-                    {
-                        return Err(format!(
-                            "layer {il}: a hash router table of {} entries for {} tokens x top-{} of {} distinct experts",
-                            t.len(),
-                            plan.n_vocab,
-                            moe.k,
-                            moe.n_expert
-                        ));
-                    }
-                }
-            }
-        }
-        let sh = &plan.shape;
-        if sh.head_dim > MAX_HEAD_DIM
-            || sh.head_dim_v > MAX_HEAD_DIM_V
-            || !sh.head_dim.is_multiple_of(2)
-            || sh.head_dim_v == 0
-        {
-            return Err(format!(
-                "head sizes {} / {} (the attention kernel takes even key sizes up to {MAX_HEAD_DIM}, values up to {MAX_HEAD_DIM_V})",
-                sh.head_dim, sh.head_dim_v
-            ));
-        }
-        if sh.n_head_kv == 0 || !sh.n_head.is_multiple_of(sh.n_head_kv) {
-            return Err(format!(
-                "{} query heads over {} KV heads",
-                sh.n_head, sh.n_head_kv
-            ));
-        }
-        for (il, l) in plan.layers.iter().enumerate() {
-            let PlanAttn::Mla {
-                w,
-                shape: s,
-                select,
-            } = &l.attn
-            else {
-                continue;
-            };
-            if let MlaSelect::Indexer(ix) = select {
-                let ok = ix.n_head > 0
-                    && ix.n_head * ix.head_dim <= IDX_MAX_Q
-                    && ix.head_dim >= s.rope
-                    && ix.top_k > 0
-                    && ix.k_norm.len() == ix.head_dim
-                    && ix.k_norm_bias.len() == ix.head_dim
-                    && (ix.q_b.rows, ix.q_b.cols) == (ix.n_head * ix.head_dim, s.q_lora)
-                    && (ix.k.rows, ix.proj.rows) == (ix.head_dim, ix.n_head)
-                    && (ix.k.cols, ix.proj.cols) == (plan.n_embd, plan.n_embd);
-                if !ok {
-                    return Err(format!(
-                        "layer {il}: a DSA indexer of {} heads of {} (top {}) the kernels do not take",
-                        ix.n_head, ix.head_dim, ix.top_k
-                    ));
-                }
-            }
-            // The kernels' view of the latent cache (one KV head of [c | k_rope], values c),
-            // one shape for every MLA layer (the scratch buffers'), and the per-head
-            // products' shapes.
-            let ok = sh.n_head_kv == 1
-                && plan.mla_shape() == Some(*s)
-                && sh.n_head == s.n_head
-                && sh.head_dim == s.row()
-                && sh.head_dim_v == s.kv_lora
-                && s.rope.is_multiple_of(2)
-                && w.inv_freq.len() == s.rope / 2
-                && (w.q_a.rows, w.q_b.rows, w.q_b.cols)
-                    == (s.q_lora, s.n_head * (s.nope + s.rope), s.q_lora)
-                && (w.kv_a.rows, w.k_b.rows, w.k_b.cols) == (s.row(), s.n_head * s.kv_lora, s.nope)
-                && (w.v_b.rows, w.v_b.cols, w.out.cols)
-                    == (s.n_head * s.v_dim, s.kv_lora, s.n_head * s.v_dim);
-            if !ok {
-                return Err(format!(
-                    "layer {il}: MLA shapes do not match the plan's ({} heads, kv_lora {}, nope {}, rope {}, v {})",
-                    s.n_head, s.kv_lora, s.nope, s.rope, s.v_dim
-                ));
-            }
-        }
+        let gdn_max = SMEM_OPTIN_MAX - GDN_STATIC_SMEM;
+        qwen4exp_parts(plan, gdn_max)?;
+        glm5next_parts(plan, gdn_max)?;
+        hyper::check(plan)?;
+        dsv4_attention::check(plan)?;
+        moe::check_hash_tables(plan)?;
+        attention::check_shape(plan)?;
+        mla::check(plan)?;
         let kernel = |ty: sluice_kernels::GgmlType, cols: usize, what: &str| {
             kernel_format(ty, cols)
                 .map(|_| ())
@@ -1313,28 +457,7 @@ impl GpuDecoder {
         for (what, m) in plan.matrices() {
             kernel(m.ty, m.cols, &what)?;
         }
-        for (il, l) in plan.layers.iter().enumerate() {
-            match &l.ffn {
-                PlanFfn::Dense { .. } => {}
-                PlanFfn::Moe { moe, experts, .. } => {
-                    let (n_expert, k) = (&moe.n_expert, &moe.k);
-                    if *n_expert > MAX_EXPERTS || *k == 0 || k > n_expert {
-                        return Err(format!("layer {il}: top-{k} of {n_expert} experts"));
-                    }
-                    if let Some(bias) = router_kind(&moe.router).bias {
-                        if bias.len() != *n_expert {
-                            return Err(format!(
-                                "layer {il}: a router bias of {} values for {n_expert} experts",
-                                bias.len()
-                            ));
-                        }
-                    }
-                    for s in experts {
-                        kernel(s.ty, s.cols, &format!("layer {il} experts"))?;
-                    }
-                }
-            }
-        }
+        moe::check(plan)?;
         Ok(())
     }
 
@@ -1358,15 +481,6 @@ impl GpuDecoder {
             .ctx
             .new_stream()
             .map_err(|e| format!("a stream for expert uploads: {e}"))?;
-        let load = |n: &str| -> Result<Kernel, String> {
-            Ok(Kernel {
-                f: d.module
-                    .load_function(n)
-                    .map_err(|e| format!("kernel {n}: {e}"))?,
-                name: n.to_string(),
-                sig: kernel_signature(n).ok_or_else(|| format!("kernel {n}: no signature"))?,
-            })
-        };
         // The decode kernel's dynamic shared memory: up to what a block may opt in to.
         let smem_max = d
             .ctx
@@ -1385,85 +499,19 @@ impl GpuDecoder {
             stage_bytes: env_usize("SLUICE_CUDA_MVT1_STAGE_KB", 0) * 1024,
             smem_max,
         };
-        let mut mvg = Vec::new();
-        let mut mvt = Vec::new();
-        let mut embed = Vec::new();
-        for (ty, s) in FORMATS {
-            mvg.push(load(&format!("mvg_{s}"))?);
-            mvt.push(if d.mma != Mma::Never && takes_f16(ty) {
-                let one = load(&format!("mvt1_{s}"))?;
-                one.f
-                    .set_attribute(
-                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        smem_max as i32,
-                    )
-                    .map_err(|e| {
-                        format!("kernel mvt1_{s}: {smem_max} bytes of shared memory: {e}")
-                    })?;
-                Some([one, load(&format!("mvt_{s}"))?])
-            } else {
-                None
-            });
-            embed.push(load(&format!("embed_{s}"))?);
-        }
-        let f = Funcs {
-            mvg,
-            mvt,
-            embed,
-            rms_norm_rows: load("rms_norm_rows")?,
-            residual_norm: load("residual_norm")?,
-            qk_norm_rope: load("qk_norm_rope")?,
-            kv_store: [load("kv_store_f16")?, load("kv_store_f32")?],
-            attention: [load("attention_f16")?, load("attention_f32")?],
-            topk_route: load("topk_route")?,
-            moe_chunks: load("moe_chunks")?,
-            glu_act: load("glu_act")?,
-            moe_combine: load("moe_combine")?,
-            mla_kv_prep: load("mla_kv_prep")?,
-            mla_q_split: load("mla_q_split")?,
-            mla_q_join: load("mla_q_join")?,
-            hc_expand: load("hc_expand")?,
-            hc_pre: load("hc_pre")?,
-            hc_post: load("hc_post")?,
-            dsv4_heads: load("dsv4_heads")?,
-            dsv4_kv_prep: load("dsv4_kv_prep")?,
-            dsv4_compress: load("dsv4_compress")?,
-            ring_store: load("ring_store")?,
-            dsv4_index_scores: load("dsv4_index_scores")?,
-            dsv4_topk: load("dsv4_topk")?,
-            dsv4_attention: load("dsv4_attention")?,
-            dsa_key_prep: load("dsa_key_prep")?,
-            rms_groups: load("rms_groups")?,
-            lr_act: load("lr_act")?,
-            lr_mix: load("lr_mix")?,
-            lr_post: load("lr_post")?,
-            ple_gate: load("ple_gate")?,
-            conv_ring: load("conv_ring")?,
-            delta_rule: load("delta_rule")?,
-            qsa_prep: load("qsa_prep")?,
-            qsa_pool: load("qsa_pool")?,
-            qsa_expand: load("qsa_expand")?,
-            rows_gather: load("rows_gather")?,
-            dot_rows_f32: load("dot_rows_f32")?,
-            stream_mean: load("stream_mean")?,
-            kda_gate: load("kda_gate")?,
-            pool_prep: load("pool_prep")?,
-            pool_make: load("pool_make")?,
-        };
+        let f = Funcs::load(&d, smem_max)?;
         // DeltaNet's state lives in shared memory while a batch runs: the kernel may have
         // what its widest head needs (the opt-in limit less the kernel's static shared
         // memory is the driver's to check).
-        let gdn_max = smem_max.saturating_sub(qwen4exp::GDN_STATIC_SMEM);
-        qwen4exp::check(&plan, gdn_max)?;
-        glm5next::check(&plan, gdn_max)?;
+        let gdn_max = smem_max.saturating_sub(GDN_STATIC_SMEM);
+        qwen4exp_parts(&plan, gdn_max)?;
+        glm5next_parts(&plan, gdn_max)?;
         let gdn_need = plan
             .layers
             .iter()
             .filter_map(|l| match &l.attn {
-                PlanAttn::Delta { shape, .. } => Some(qwen4exp::gdn_smem(shape)),
-                PlanAttn::Kda { shape, .. } => {
-                    Some(qwen4exp::gdn_smem(&glm5next::delta_shape(shape)))
-                }
+                PlanAttn::Delta { shape, .. } => Some(gdn_smem(shape)),
+                PlanAttn::Kda { shape, .. } => Some(gdn_smem(&delta_shape(shape))),
                 _ => None,
             })
             .max()
@@ -1479,56 +527,7 @@ impl GpuDecoder {
                     format!("kernel delta_rule: {gdn_need} bytes of shared memory: {e}")
                 })?;
         }
-        // What the weights need, against what the backend may hold.
-        // (Pooled layers' per-head k_b / v_b are stacked tensors, outside `matrices`.)
-        let stacked: u64 = plan
-            .layers
-            .iter()
-            .map(|l| match &l.attn {
-                PlanAttn::Pooled { w, .. } => (w.k_b.range.len() + w.v_b.range.len()) as u64,
-                _ => 0,
-            })
-            .sum();
-        let dense: u64 = stacked
-            + plan
-                .matrices()
-                .iter()
-                .map(|(_, m)| m.range.len() as u64)
-                .sum::<u64>();
-        let routed: u64 = plan
-            .layers
-            .iter()
-            .map(|l| match &l.ffn {
-                PlanFfn::Moe { experts, .. } => {
-                    experts.iter().map(|s| s.range.len() as u64).sum::<u64>()
-                }
-                PlanFfn::Dense { .. } => 0,
-            })
-            .sum();
-        let (budget, held, expert_budget) = {
-            let g = d.lock();
-            (g.budget, g.stats.resident_bytes, g.stats.expert_budget)
-        };
-        let need = dense
-            + if experts == ExpertPlacement::Resident {
-                routed
-            } else {
-                0
-            };
-        if held + need > budget {
-            return Err(format!(
-                "the weights need {:.2} GiB of VRAM ({:.2} GiB routed experts{}), {:.2} GiB is left for weights; set --gpu-expert-cache to stream the experts",
-                need as f64 / (1u64 << 30) as f64,
-                routed as f64 / (1u64 << 30) as f64,
-                if experts == ExpertPlacement::Resident { " included" } else { " not included" },
-                budget.saturating_sub(held) as f64 / (1u64 << 30) as f64
-            ));
-        }
-        if experts == ExpertPlacement::Cached && routed > 0 && expert_budget == 0 {
-            return Err(
-                "experts outside VRAM need a VRAM expert cache (--gpu-expert-cache SIZE)".into(),
-            );
-        }
+        let expert_budget = weights_fit(&d, &plan, experts)?;
         let mut up = Uploader {
             stream: stream.clone(),
             map,
@@ -1572,192 +571,28 @@ impl GpuDecoder {
             let ffn = match &l.ffn {
                 PlanFfn::Dense { w, act } => {
                     ff_dense = ff_dense.max(w.gate.rows);
-                    DFfn::Dense {
+                    DFfn::Dense(DenseFfn {
                         gate: up.mat(&w.gate)?,
                         up: up.mat(&w.up)?,
                         down: up.mat(&w.down)?,
                         act: act_id(*act),
-                    }
+                    })
                 }
                 PlanFfn::Moe {
                     moe,
                     experts: st,
                     shared,
                 } => {
-                    let (router_w, n_expert, k, act) =
-                        (&moe.router_w, &moe.n_expert, &moe.k, &moe.act);
-                    let rk = router_kind(&moe.router);
                     ff_moe = ff_moe.max(st[0].rows);
-                    k_max = k_max.max(*k);
-                    n_expert_max = n_expert_max.max(*n_expert);
-                    let router = up.mat(router_w)?;
-                    let tab_index = up.tab.len();
-                    let mut parts = Vec::with_capacity(3);
-                    for (pi, s) in st.iter().enumerate() {
-                        let base = match experts {
-                            ExpertPlacement::Resident => Some(up.bytes(&map[s.range.clone()])?),
-                            ExpertPlacement::Cached => None,
-                        };
-                        for e in 0..*n_expert {
-                            up.tab.push(
-                                base.map_or(0, |b| b + (e * s.slice_bytes() + s.sub.start) as u64),
-                            );
-                        }
-                        parts.push(DMat {
-                            tab: tab_index + pi * n_expert,
-                            fi: kernel_format(s.ty, s.cols).expect("checked"),
-                            rows: s.rows,
-                            cols: s.cols,
-                            row_bytes: s.ty.row_bytes(s.cols as u64).expect("checked") as i64,
-                        });
+                    k_max = k_max.max(moe.k);
+                    n_expert_max = n_expert_max.max(moe.n_expert);
+                    if let Some(sh) = shared {
+                        ff_dense = ff_dense.max(sh.w.gate.rows);
                     }
-                    let shared = match shared {
-                        Some(sh) => {
-                            ff_dense = ff_dense.max(sh.w.gate.rows);
-                            Some(Box::new(DShared {
-                                gate: up.mat(&sh.w.gate)?,
-                                up: up.mat(&sh.w.up)?,
-                                down: up.mat(&sh.w.down)?,
-                                act: act_id(sh.act),
-                                scale: sh.gate.as_ref().map(|g| up.few(g)).transpose()?,
-                            }))
-                        }
-                        None => None,
-                    };
-                    let bias = match rk.bias {
-                        Some(b) => up.norm(b)?,
-                        None => 0,
-                    };
-                    let table = match rk.table {
-                        Some(t) => {
-                            let v: Vec<i32> = t.iter().map(|&x| x as i32).collect();
-                            up.ints(&v)?
-                        }
-                        None => 0,
-                    };
-                    DFfn::Moe {
-                        router,
-                        norm: rk.norm,
-                        score: rk.score,
-                        bias,
-                        scale: rk.scale,
-                        table,
-                        shared,
-                        n_expert: *n_expert,
-                        k: *k,
-                        parts: [parts[0], parts[1], parts[2]],
-                        tab_index,
-                        act: act_id(*act),
-                    }
+                    DFfn::Moe(Box::new(up.moe(moe, st, shared, experts)?))
                 }
             };
-            let attn = match &l.attn {
-                PlanAttn::Gqa {
-                    w: a,
-                    inv_freq,
-                    window,
-                } => DAttn::Gqa {
-                    wq: up.mat(&a.wq)?,
-                    wk: up.mat(&a.wk)?,
-                    wv: up.mat(&a.wv)?,
-                    wo: up.mat(&a.wo)?,
-                    q_norm: up.opt_norm(&a.q_norm)?,
-                    k_norm: up.opt_norm(&a.k_norm)?,
-                    inv_freq: up.norm(inv_freq)?,
-                    window: window.map_or(0, |w| w.min(i32::MAX as usize) as i32),
-                },
-                PlanAttn::Kda { w, shape } => DAttn::Kda(Box::new(up.kda(w, shape)?)),
-                // Absorbed MLA without RoPE over the positions its k-pool indexer picks.
-                PlanAttn::Pooled { w, shape } => DAttn::Mla {
-                    select: match &w.indexer {
-                        Some(ix) => DSelect::Pooled(Box::new(up.pool(ix, shape)?)),
-                        None => DSelect::Previous,
-                    },
-                    q_a: up.mat(&w.q_a)?,
-                    q_a_norm: up.norm(&w.q_a_norm)?,
-                    q_b: up.mat(&w.q_b)?,
-                    kv_a: up.mat(&w.kv_a)?,
-                    kv_a_norm: up.norm(&w.kv_a_norm)?,
-                    k_b: up.stacked_heads(&w.k_b)?,
-                    v_b: up.stacked_heads(&w.v_b)?,
-                    out: up.mat(&w.out)?,
-                    // (No RoPE: never read.)
-                    inv_freq: up.norm(&[0.0])?,
-                },
-                PlanAttn::Delta { w, shape } => DAttn::Delta(Box::new(up.delta(w, shape)?)),
-                PlanAttn::Qsa { w, shape, inv_freq } => {
-                    DAttn::Qsa(Box::new(up.qsa(w, shape, inv_freq)?))
-                }
-                PlanAttn::Dsv4 { w, shape } => {
-                    let mut comp = |c: &sluice_models::blocks::dsv4_attention::CompressorWeights| -> Result<DComp, String> {
-                        Ok(DComp {
-                            ratio: c.ratio,
-                            head_dim: c.head_dim,
-                            coff: c.coff,
-                            kv: up.mat(&c.kv)?,
-                            gate: up.mat(&c.gate)?,
-                            ape: up.norm(&c.ape)?,
-                            norm: up.norm(&c.norm)?,
-                        })
-                    };
-                    let c = w.comp.as_ref().map(&mut comp).transpose()?;
-                    let ix = match &w.indexer {
-                        Some(ix) => Some(DIndexer {
-                            n_head: ix.n_head,
-                            head_dim: ix.head_dim,
-                            top_k: ix.top_k,
-                            comp: comp(&ix.comp)?,
-                            q_b: up.mat(&ix.q_b)?,
-                            proj: up.mat(&ix.proj)?,
-                        }),
-                        None => None,
-                    };
-                    DAttn::Dsv4(Box::new(DDsv4 {
-                        q_a: up.mat(&w.q_a)?,
-                        q_a_norm: up.norm(&w.q_a_norm)?,
-                        q_b: up.mat(&w.q_b)?,
-                        kv: up.mat(&w.kv)?,
-                        kv_norm: up.norm(&w.kv_norm)?,
-                        sinks: up.norm(&w.sinks)?,
-                        out_a: up.heads(&w.out_a, shape.o_groups)?,
-                        out_b: up.mat(&w.out_b)?,
-                        rope: up.norm(&w.rope)?,
-                        rope_compress: up.norm(&w.rope_compress)?,
-                        comp: c,
-                        indexer: ix,
-                    }))
-                }
-                PlanAttn::Mla { w, shape, select } => {
-                    let nh = shape.n_head;
-                    let select = match select {
-                        MlaSelect::All => DSelect::All,
-                        MlaSelect::Previous => DSelect::Previous,
-                        MlaSelect::Indexer(ix) => DSelect::Indexer(Box::new(DDsa {
-                            n_head: ix.n_head,
-                            head_dim: ix.head_dim,
-                            top_k: ix.top_k,
-                            q_b: up.mat(&ix.q_b)?,
-                            k: up.mat(&ix.k)?,
-                            k_norm: up.norm(&ix.k_norm)?,
-                            k_norm_bias: up.norm(&ix.k_norm_bias)?,
-                            k_norm_eps: ix.k_norm_eps,
-                            proj: up.mat(&ix.proj)?,
-                        })),
-                    };
-                    DAttn::Mla {
-                        select,
-                        q_a: up.mat(&w.q_a)?,
-                        q_a_norm: up.norm(&w.q_a_norm)?,
-                        q_b: up.mat(&w.q_b)?,
-                        kv_a: up.mat(&w.kv_a)?,
-                        kv_a_norm: up.norm(&w.kv_a_norm)?,
-                        k_b: up.heads(&w.k_b, nh)?,
-                        v_b: up.heads(&w.v_b, nh)?,
-                        out: up.mat(&w.out)?,
-                        inv_freq: up.norm(&w.inv_freq)?,
-                    }
-                }
-            };
+            let attn = up.attention(&l.attn)?;
             let hc = match &l.hc {
                 Some(w) => Some([up.hc(&w[0], hc_nseg)?, up.hc(&w[1], hc_nseg)?]),
                 None => None,
@@ -1830,7 +665,7 @@ impl GpuDecoder {
             mla: plan
                 .mla_shape()
                 .or(plan.layers.iter().find_map(|l| match &l.attn {
-                    PlanAttn::Pooled { shape, .. } => Some(glm5next::pooled_mla_shape(shape)),
+                    PlanAttn::Pooled { shape, .. } => Some(pooled_mla_shape(shape)),
                     _ => None,
                 })),
             hc_nseg,
@@ -1865,313 +700,11 @@ impl GpuDecoder {
             _norms: norms,
         })
     }
-
-    /// MoE layer `il`'s experts through the VRAM unit cache, hits first: the units its
-    /// (token, slot) rows chose (`ids`) are looked up; the hits' rows of the pointer table
-    /// and the layer's chunk table (hits' chunks, then misses') are uploaded and
-    /// `launch_hits` queues the hits' products on the compute stream; then the misses are
-    /// read through the expert source and copied on the copy stream while those run, and
-    /// their rows of the pointer table are written. The caller queues the misses' products
-    /// after this returns (the copies are done by then).
-    #[allow(clippy::too_many_arguments)]
-    fn ensure_units(
-        &self,
-        env: &Env<'_>,
-        il: usize,
-        ids: &[i32],
-        stacked: &[Stacked; 3],
-        n_expert: usize,
-        tab_index: usize,
-        launch_hits: &mut dyn FnMut(&LayerChunks) -> Result<(), ModelError>,
-    ) -> Result<LayerChunks, ModelError> {
-        let stream = &self.stream;
-        let rows_of = rows_by_unit(ids);
-        let needed: Vec<usize> = rows_of.keys().copied().collect();
-        let mut uc = lock(self.units.as_ref().expect("cached placement"));
-        let uc = &mut *uc;
-        let sizes: Vec<usize> = stacked.iter().map(|s| s.expert_bytes()).collect();
-        let unit_bytes: usize = sizes.iter().sum();
-        let mut offs = [0usize; 3];
-        for pi in 1..3 {
-            offs[pi] = offs[pi - 1] + sizes[pi - 1];
-        }
-        let (mut hit_units, mut misses) = (Vec::new(), Vec::new());
-        for &u in &needed {
-            uc.lru.tick();
-            match uc.lru.touch(&(il, u)) {
-                Some(_) => hit_units.push(u),
-                None => misses.push(u),
-            }
-        }
-        // The previous layer's kernels are done (its ids were downloaded after them).
-        uc.transient.clear();
-        // The hits' table rows, the chunk table, then the hits' products.
-        let (lo, hi) = (tab_index, tab_index + 3 * n_expert);
-        let write_rows = |uc: &mut UnitCache, units: &[usize]| -> Result<(), ModelError> {
-            for &u in units {
-                let slot = match uc.lru.get(&(il, u)) {
-                    Some(e) => e,
-                    None => {
-                        &uc.transient
-                            .iter()
-                            .find(|t| t.0 == u)
-                            .expect("uploaded above")
-                            .1
-                    }
-                };
-                let a = slot.device_ptr(stream).0;
-                for (pi, off) in offs.iter().enumerate() {
-                    uc.tab[tab_index + pi * n_expert + u] = a + *off as u64;
-                }
-            }
-            let mut ptrs = lock(&self.ptrs);
-            stream
-                .memcpy_htod(&uc.tab[lo..hi], &mut ptrs.slice_mut(lo..hi))
-                .map_err(|e| err("pointer table", e))
-        };
-        write_rows(uc, &hit_units)?;
-        let (table, hit, miss) = layer_table(&rows_of, &hit_units, &misses);
-        let base = addr(stream, &mut uc.chunks, table.len())?;
-        let dev_chunks = uc.chunks.as_mut().expect("grown");
-        stream
-            .memcpy_htod(&table[..], &mut dev_chunks.slice_mut(0..table.len()))
-            .map_err(|e| err("chunk table", e))?;
-        let lc = LayerChunks {
-            table: base + LAYER_COUNTS_BYTES as u64,
-            counts: base,
-            hit,
-            miss,
-        };
-        launch_hits(&lc)?;
-
-        // How many of this layer's units the cache can hold at once; the hits are in it.
-        let capacity = (uc.lru.budget() / unit_bytes.max(1) as u64) as usize;
-        let mut in_cache = hit_units.len();
-        let mut evictions = 0u64;
-        let mut transient_bytes = 0u64;
-        // Time spent copying (not waiting for the expert source's reads).
-        let mut copy_ns = 0u64;
-        let (mut uploaded, mut pinned) = (0u64, 0u64);
-        let mut failed: Option<ModelError> = None;
-        let copy = &self.copy;
-        if !misses.is_empty() {
-            let walked = env
-                .experts
-                .for_each_batch(env.map, il, &misses, &mut |batch| {
-                    for &(i, view) in batch {
-                        let u = misses[i];
-                        let keep = in_cache < capacity;
-                        if keep {
-                            // Least recently used, never a unit this layer uses.
-                            let protected =
-                                |k: &(usize, usize)| k.0 == il && rows_of.contains_key(&k.1);
-                            evictions += uc.lru.make_room(unit_bytes as u64, protected).0;
-                        }
-                        // SAFETY: every byte of the buffer is written by the copies below
-                        // (same stream, in order) before the misses' kernels, queued after
-                        // this layer's copies are synchronized, read it.
-                        let mut slot = match unsafe { copy.alloc::<u8>(unit_bytes) } {
-                            Ok(s) => s,
-                            Err(e) => {
-                                failed = Some(err("expert slot", e));
-                                return Err(Stop);
-                            }
-                        };
-                        let mut off = 0;
-                        let c0 = std::time::Instant::now();
-                        for (pi, &len) in sizes.iter().enumerate() {
-                            let src = view.part(pi);
-                            if src.len() != len {
-                                failed = Some(ModelError::Compute(format!(
-                                    "cuda: layer {il} unit {u} part {pi}: {} bytes, expected {len}",
-                                    src.len()
-                                )));
-                                return Err(Stop);
-                            }
-                            if self.d.host().covers(src.as_ptr() as usize, len) {
-                                pinned += len as u64;
-                            }
-                            if let Err(e) =
-                                copy.memcpy_htod(src, &mut slot.slice_mut(off..off + len))
-                            {
-                                failed = Some(err("expert upload", e));
-                                return Err(Stop);
-                            }
-                            off += len;
-                        }
-                        copy_ns += c0.elapsed().as_nanos() as u64;
-                        uploaded += unit_bytes as u64;
-                        if keep {
-                            in_cache += 1;
-                            uc.lru.insert((il, u), slot, unit_bytes as u64);
-                        } else {
-                            transient_bytes += unit_bytes as u64;
-                            uc.transient.push((u, slot));
-                        }
-                    }
-                    // The views are released when this returns: their copies must be done
-                    // (the hits' products keep running on the compute stream meanwhile).
-                    let c0 = std::time::Instant::now();
-                    if let Err(e) = copy.synchronize() {
-                        failed = Some(err("expert upload", e));
-                        return Err(Stop);
-                    }
-                    copy_ns += c0.elapsed().as_nanos() as u64;
-                    Ok(())
-                });
-            if let Some(e) = failed {
-                return Err(e);
-            }
-            walked?;
-            write_rows(uc, &misses)?;
-        }
-        let peak = uc.lru.held();
-        let mut g = self.d.lock();
-        let s = &mut g.stats;
-        s.expert_hits += hit_units.len() as u64;
-        s.expert_misses += misses.len() as u64;
-        s.expert_evictions += evictions;
-        s.expert_upload_bytes += uploaded - transient_bytes;
-        s.transient_bytes += transient_bytes;
-        s.upload_bytes += uploaded;
-        s.upload_pinned_bytes += pinned;
-        s.expert_bytes = peak;
-        s.expert_peak = s.expert_peak.max(peak);
-        s.upload_ns += copy_ns;
-        Ok(lc)
-    }
-}
-
-/// Uploads weights at start and keeps their device buffers and the host pointer table.
-struct Uploader<'m> {
-    stream: Arc<CudaStream>,
-    map: &'m [u8],
-    owned: Vec<CudaSlice<u8>>,
-    norms: Vec<CudaSlice<f32>>,
-    tab: Vec<u64>,
-    uploaded: u64,
-}
-
-impl Uploader<'_> {
-    /// Upload `bytes`; their device address.
-    fn bytes(&mut self, bytes: &[u8]) -> Result<u64, String> {
-        let s = self
-            .stream
-            .clone_htod(bytes)
-            .map_err(|e| format!("uploading {} bytes of weights: {e}", bytes.len()))?;
-        let a = s.device_ptr(&self.stream).0;
-        self.owned.push(s);
-        self.uploaded += bytes.len() as u64;
-        Ok(a)
-    }
-
-    /// Upload a matrix and give it a pointer-table entry.
-    fn mat(&mut self, m: &Mat) -> Result<DMat, String> {
-        let a = self.bytes(m.bytes(self.map))?;
-        self.tab.push(a);
-        Ok(DMat {
-            tab: self.tab.len() - 1,
-            fi: kernel_format(m.ty, m.cols).expect("checked"),
-            rows: m.rows,
-            cols: m.cols,
-            row_bytes: m.ty.row_bytes(m.cols as u64).expect("checked") as i64,
-        })
-    }
-
-    /// Upload a matrix of `n` heads' row blocks and give each head a pointer-table entry
-    /// (consecutive); the result's `rows` are one head's.
-    fn heads(&mut self, m: &Mat, n: usize) -> Result<DMat, String> {
-        let a = self.bytes(m.bytes(self.map))?;
-        let row_bytes = m.ty.row_bytes(m.cols as u64).expect("checked") as i64;
-        let rows = m.rows / n;
-        let first = self.tab.len();
-        for h in 0..n {
-            self.tab.push(a + (h * rows) as u64 * row_bytes as u64);
-        }
-        Ok(DMat {
-            tab: first,
-            fi: kernel_format(m.ty, m.cols).expect("checked"),
-            rows,
-            cols: m.cols,
-            row_bytes,
-        })
-    }
-
-    fn norm(&mut self, v: &[f32]) -> Result<u64, String> {
-        let s = self
-            .stream
-            .clone_htod(v)
-            .map_err(|e| format!("uploading a norm: {e}"))?;
-        let a = s.device_ptr(&self.stream).0;
-        self.norms.push(s);
-        Ok(a)
-    }
-
-    /// Upload integers (a hash router's table); their device address.
-    fn ints(&mut self, v: &[i32]) -> Result<u64, String> {
-        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        self.bytes(&bytes)
-    }
-
-    /// Upload a hyper-connection mix, its projection in `nseg` column segments ([`DHc`];
-    /// [`hc_segments`] of it or fewer).
-    fn hc(
-        &mut self,
-        w: &sluice_models::blocks::hyper::HcWeights,
-        nseg: usize,
-    ) -> Result<DHc, String> {
-        Ok(DHc {
-            proj: self.segments(&w.proj, nseg)?,
-            nseg,
-            base: self.norm(&w.base)?,
-            scale: self.norm(&w.scale)?,
-        })
-    }
-
-    /// Upload a matrix as `nseg` column segments, each its own `[rows, cols / nseg]` matrix
-    /// with a pointer-table entry (consecutive; the result's `cols` are a segment's): a
-    /// product through a per-segment chunk table (unit s: the s-th `cols / nseg` values of
-    /// each input row) gives every segment's partial sums, which a kernel adds in segment
-    /// order, so a short, wide product spreads over `nseg` times the blocks.
-    fn segments(&mut self, m: &Mat, nseg: usize) -> Result<DMat, String> {
-        let row_bytes = m.ty.row_bytes(m.cols as u64).expect("checked") as usize;
-        let seg_cols = m.cols / nseg;
-        let seg_bytes = row_bytes / nseg;
-        let src = m.bytes(self.map);
-        // [nseg][rows][seg_bytes]: segment s of row r is bytes s * seg_bytes.. of the row.
-        let mut out = Vec::with_capacity(src.len());
-        for sg in 0..nseg {
-            for r in 0..m.rows {
-                let at = r * row_bytes + sg * seg_bytes;
-                out.extend_from_slice(&src[at..at + seg_bytes]);
-            }
-        }
-        let a = self.bytes(&out)?;
-        let first = self.tab.len();
-        for sg in 0..nseg {
-            self.tab.push(a + (sg * m.rows * seg_bytes) as u64);
-        }
-        Ok(DMat {
-            tab: first,
-            fi: kernel_format(m.ty, seg_cols).expect("checked"),
-            rows: m.rows,
-            cols: seg_cols,
-            row_bytes: seg_bytes as i64,
-        })
-    }
-
-    /// A norm's address, 0 (a null pointer for the kernels) when there is none.
-    fn opt_norm(&mut self, v: &Option<Vec<f32>>) -> Result<u64, String> {
-        match v {
-            Some(v) => self.norm(v),
-            None => Ok(0),
-        }
-    }
 }
 
 /// One kernel parameter.
 #[derive(Clone, Copy)]
-enum A {
+pub(crate) enum A {
     /// A device address (or 0 for a null pointer).
     P(u64),
     I(i32),
@@ -2179,103 +712,14 @@ enum A {
     L(i64),
 }
 
-fn i32_of(v: usize, what: &str) -> Result<i32, ModelError> {
+pub(crate) fn i32_of(v: usize, what: &str) -> Result<i32, ModelError> {
     i32::try_from(v).map_err(|_| ModelError::Compute(format!("cuda: {what} {v} is too large")))
 }
 
-/// Byte layout of a call's header: tokens, positions, the four chunk counts, the logits'
-/// row map, the dense chunks (every token in order), the logits' row chunks, the per-head
-/// chunks (MLA's heads or DeepSeek V4's output groups; unit h: rows `t * heads + h` of every
-/// token t) and the per-segment chunks of the hyper-connection projections (the same with
-/// `segs` units).
-struct Header {
-    bytes: Vec<u8>,
-    tokens: usize,
-    pos: usize,
-    counts: usize,
-    rowmap: usize,
-    dense: usize,
-    row_chunks: usize,
-    head_chunks: usize,
-    seg_chunks: usize,
-}
-
-/// Chunks of `units` units per token: unit u takes rows `t * units + u` of every token t.
-fn unit_chunks(out: &mut Vec<u8>, n: usize, units: usize) {
-    for u in 0..units {
-        let of_unit: Vec<usize> = (0..n).map(|t| t * units + u).collect();
-        for c in of_unit.chunks(MVG_N) {
-            push_chunk(out, u, c);
-        }
-    }
-}
-
-fn chunk_bytes(out: &mut Vec<u8>, n: usize) {
-    let rows: Vec<usize> = (0..n).collect();
-    for c in rows.chunks(MVG_N) {
-        push_chunk(out, 0, c);
-    }
-}
-
-impl Header {
-    /// `heads`: the MLA layers' head count or DeepSeek V4's output groups (0: neither);
-    /// `segs`: the hyper-connection projections' column segments (0: none).
-    fn new(batch: &Batch<'_>, rows: &[usize], heads: usize, segs: usize) -> Header {
-        let n = batch.len();
-        let mut b: Vec<u8> = Vec::new();
-        let tokens = b.len();
-        for &t in batch.tokens {
-            b.extend_from_slice(&(t as i32).to_le_bytes());
-        }
-        let pos = b.len();
-        for &p in &batch.positions {
-            b.extend_from_slice(&(p as i32).to_le_bytes());
-        }
-        let counts = b.len();
-        b.extend_from_slice(&(n.div_ceil(MVG_N) as i32).to_le_bytes());
-        b.extend_from_slice(&(rows.len().div_ceil(MVG_N) as i32).to_le_bytes());
-        b.extend_from_slice(&((heads * n.div_ceil(MVG_N)) as i32).to_le_bytes());
-        b.extend_from_slice(&((segs * n.div_ceil(MVG_N)) as i32).to_le_bytes());
-        let rowmap = b.len();
-        for &r in rows {
-            b.extend_from_slice(&(r as i32).to_le_bytes());
-        }
-        b.resize(b.len().next_multiple_of(16), 0);
-        let dense = b.len();
-        chunk_bytes(&mut b, n);
-        let row_chunks = b.len();
-        chunk_bytes(&mut b, rows.len());
-        let head_chunks = b.len();
-        unit_chunks(&mut b, n, heads);
-        let seg_chunks = b.len();
-        unit_chunks(&mut b, n, segs);
-        Header {
-            bytes: b,
-            tokens,
-            pos,
-            counts,
-            rowmap,
-            dense,
-            row_chunks,
-            head_chunks,
-            seg_chunks,
-        }
-    }
-}
-
 impl GpuDecoder {
-    fn launch(
-        &self,
-        k: &Kernel,
-        grid: (u32, u32, u32),
-        block: u32,
-        args: &[A],
-    ) -> Result<(), ModelError> {
-        self.launch_smem(k, grid, block, 0, args)
-    }
-
-    /// [`Self::launch`] with `smem` bytes of dynamic shared memory.
-    fn launch_smem(
+    /// Launch `k` over `grid` with `block` threads and `smem` bytes of dynamic shared
+    /// memory (the one door every typed launch of [`crate::kernels`] goes through).
+    pub(crate) fn launch_smem(
         &self,
         k: &Kernel,
         grid: (u32, u32, u32),
@@ -2327,7 +771,7 @@ impl GpuDecoder {
 
     /// `out[i] = rms_norm(x[rows ? rows[i] : i]) * w` for `n` rows of `cols`.
     #[allow(clippy::too_many_arguments)]
-    fn rms_norm(
+    pub(crate) fn rms_norm(
         &self,
         x: u64,
         w: u64,
@@ -2337,25 +781,21 @@ impl GpuDecoder {
         cols: usize,
         eps: f32,
     ) -> Result<(), ModelError> {
-        self.launch(
-            &self.f.rms_norm_rows,
-            (n as u32, 1, 1),
-            256,
-            &[
-                A::P(x),
-                A::P(w),
-                A::P(out),
-                A::P(rows),
-                A::I(i32_of(cols, "n_embd")?),
-                A::F(eps),
-            ],
-        )
+        kernels::RmsNormRows {
+            x,
+            w,
+            out,
+            rows,
+            cols: i32_of(cols, "n_embd")?,
+            eps,
+        }
+        .launch(self, (n as u32, 1, 1))
     }
 
     /// `x += post ? rms_norm(o) * post : o`, then `h = rms_norm(x) * next` if `next`
     /// (addresses; 0 = none), for `n` rows.
     #[allow(clippy::too_many_arguments)]
-    fn residual(
+    pub(crate) fn residual(
         &self,
         x: u64,
         o: u64,
@@ -2366,443 +806,274 @@ impl GpuDecoder {
         cols: usize,
         eps: f32,
     ) -> Result<(), ModelError> {
-        self.launch(
-            &self.f.residual_norm,
-            (n as u32, 1, 1),
-            256,
-            &[
-                A::P(x),
-                A::P(o),
-                A::P(post),
-                A::P(next),
-                A::P(h),
-                A::I(i32_of(cols, "n_embd")?),
-                A::F(eps),
-            ],
-        )
-    }
-
-    /// `g = act(g) * u` over `len` values.
-    fn glu(&self, g: u64, u: u64, len: usize, act: Act) -> Result<(), ModelError> {
-        self.launch(
-            &self.f.glu_act,
-            (len.div_ceil(256) as u32, 1, 1),
-            256,
-            &[A::P(g), A::P(u), A::L(len as i64), A::I(act.0), A::F(act.1)],
-        )
-    }
-
-    /// The mix `w` of every token's hyper-connection streams `x` (`[n][hc][e]`): their
-    /// unweighted RMS norm into `hcf`, its projection's column segments into `hcm` (through
-    /// the per-segment chunk table `segs`), then `hc_pre`: the collapsed input into `h`
-    /// (RMS-normed with `norm` unless 0) and, when `pc` is not 0, post and comb into it for
-    /// [`Self::hc_post`].
-    #[allow(clippy::too_many_arguments)]
-    fn hc_mix(
-        &self,
-        w: &DHc,
-        hs: &HcShape,
-        x: u64,
-        bufs: (u64, u64),
-        pc: u64,
-        norm: u64,
-        h: u64,
-        n: usize,
-        segs: Rows,
-        eps: f32,
-    ) -> Result<(), ModelError> {
-        let (hcf, hcm) = bufs;
-        let width = hs.n_hc * hs.n_embd;
-        self.rms_norm(x, 0, hcf, 0, n, width, hs.rms_eps)?;
-        self.mv_rows(&[(&w.proj, hcm)], segs, hcf)?;
-        self.launch(
-            &self.f.hc_pre,
-            (n as u32, 1, 1),
-            256,
-            &[
-                A::P(hcm),
-                A::P(w.base),
-                A::P(w.scale),
-                A::P(x),
-                A::P(pc),
-                A::P(norm),
-                A::P(h),
-                A::I(hs.n_hc as i32),
-                A::I(i32_of(hs.n_embd, "n_embd")?),
-                A::I(i32_of(hs.sinkhorn_iters, "Sinkhorn iterations")?),
-                A::I(w.nseg as i32),
-                A::F(hs.eps),
-                A::F(eps),
-            ],
-        )
-    }
-
-    /// `x[t][dst] = post[dst] y[t] + sum_src comb[src][dst] x[t][src]` (`pc` from
-    /// [`Self::hc_mix`]).
-    fn hc_post(&self, hs: &HcShape, x: u64, y: u64, pc: u64, n: usize) -> Result<(), ModelError> {
-        self.launch(
-            &self.f.hc_post,
-            (n as u32, hs.n_embd.div_ceil(256) as u32, 1),
-            256,
-            &[
-                A::P(x),
-                A::P(y),
-                A::P(pc),
-                A::I(hs.n_hc as i32),
-                A::I(i32_of(hs.n_embd, "n_embd")?),
-            ],
-        )
-    }
-
-    /// Store `n` tokens' key and value rows (`k`, `v`) to the cache rows their positions
-    /// name (`kvt`: 0 f16 cache, 1 f32).
-    #[allow(clippy::too_many_arguments)]
-    fn kv_store(
-        &self,
-        kvt: usize,
-        k: u64,
-        v: u64,
-        kc: u64,
-        vc: u64,
-        pos: u64,
-        n: usize,
-        kdim: usize,
-        vdim: usize,
-    ) -> Result<(), ModelError> {
-        self.launch(
-            &self.f.kv_store[kvt],
-            (n as u32, 1, 1),
-            256,
-            &[
-                A::P(k),
-                A::P(v),
-                A::P(kc),
-                A::P(vc),
-                A::P(pos),
-                A::I(i32_of(kdim, "key row")?),
-                A::I(i32_of(vdim, "value row")?),
-            ],
-        )
-    }
-
-    /// An indexer's choice for each of `n` tokens (positions at `pos`): the scores of the
-    /// rows each sees into `scratch.0` (row stride `scratch.1`), then the top-k into
-    /// `scratch.3` (`[n][top_k]`) and the counts into `scratch.4`, in tiles of `scratch.2`
-    /// tokens (the scores buffer holds one tile). A token's scores and choice do not depend
-    /// on its tile.
-    fn index_select(
-        &self,
-        ix: &IndexSelect,
-        pos: u64,
-        scratch: (u64, usize, usize, u64, u64),
-        n: usize,
-    ) -> Result<(), ModelError> {
-        let (scores, stride, tile, sel, nsel) = scratch;
-        let stride_i = i32_of(stride, "indexer rows")?;
-        let qn = (ix.n_head * ix.head_dim) as u64;
-        let mut t0 = 0;
-        while t0 < n {
-            let m = tile.min(n - t0);
-            let t = t0 as u64;
-            self.launch(
-                &self.f.dsv4_index_scores,
-                (m as u32, INDEX_BLOCKS, 1),
-                256,
-                &[
-                    A::P(ix.iq + 4 * t * qn),
-                    // (QSA's indexer has no head weights: a null pointer.)
-                    A::P(if ix.wh == 0 {
-                        0
-                    } else {
-                        ix.wh + 4 * t * ix.n_head as u64
-                    }),
-                    A::P(ix.rows),
-                    A::P(pos + 4 * t),
-                    A::P(scores),
-                    A::I(ix.n_head as i32),
-                    A::I(ix.head_dim as i32),
-                    A::I(ix.ratio as i32),
-                    A::I(stride_i),
-                ],
-            )?;
-            self.launch(
-                &self.f.dsv4_topk,
-                (m as u32, 1, 1),
-                256,
-                &[
-                    A::P(scores),
-                    A::P(pos + 4 * t),
-                    A::P(sel + 4 * t * ix.top_k as u64),
-                    A::P(nsel + 4 * t),
-                    A::I(ix.ratio as i32),
-                    A::I(stride_i),
-                    A::I(i32_of(ix.top_k, "top-k")?),
-                ],
-            )?;
-            t0 += m;
+        kernels::ResidualNorm {
+            x,
+            o,
+            post,
+            next,
+            h,
+            cols: i32_of(cols, "n_embd")?,
+            eps,
         }
-        Ok(())
+        .launch(self, (n as u32, 1, 1))
     }
+}
 
-    /// The carry of the batch's last `slots` tokens (positions at `pos`): rows of `c` (and
-    /// `z` unless 0) to slot `position % slots` of `rc` (`rz`).
-    #[allow(clippy::too_many_arguments)]
-    fn ring_store(
+impl GpuDecoder {
+    /// Launch the decode step captured under `key` (every address its launches take), or
+    /// capture `run` under it first; `run` directly when the step cannot be captured.
+    fn replay(
         &self,
-        c: u64,
-        z: u64,
-        rc: u64,
-        rz: u64,
-        pos: u64,
-        width: usize,
-        slots: usize,
-        n: usize,
+        key: Vec<u64>,
+        run: &dyn Fn() -> Result<(), ModelError>,
     ) -> Result<(), ModelError> {
-        self.launch(
-            &self.f.ring_store,
-            (n as u32, width.div_ceil(256).min(64) as u32, 1),
-            256,
-            &[
-                A::P(c),
-                A::P(z),
-                A::P(rc),
-                A::P(rz),
-                A::P(pos),
-                A::I(i32_of(width, "carry row")?),
-                A::I(i32_of(slots, "carry slots")?),
-                A::I(n as i32),
-            ],
-        )
-    }
-
-    /// Attention of `n` tokens' query heads `q` over the cache (`window` 0: global; `select`:
-    /// (positions `[n][top_k]`, their counts, top_k), the positions each token attends to,
-    /// or (0, 0, 0) for all).
-    #[allow(clippy::too_many_arguments)]
-    fn attention(
-        &self,
-        kvt: usize,
-        q: u64,
-        kc: u64,
-        vc: u64,
-        out: u64,
-        pos: u64,
-        n: usize,
-        window: i32,
-        select: (u64, u64, usize),
-    ) -> Result<(), ModelError> {
-        let sh = &self.plan.shape;
-        let (sel, nsel, top_k) = select;
-        self.launch(
-            &self.f.attention[kvt],
-            (n as u32, sh.n_head as u32, 1),
-            ATT_THREADS,
-            &[
-                A::P(q),
-                A::P(kc),
-                A::P(vc),
-                A::P(out),
-                A::P(pos),
-                A::I(sh.n_head as i32),
-                A::I(sh.n_head_kv as i32),
-                A::I(sh.head_dim as i32),
-                A::I(sh.head_dim_v as i32),
-                A::F(sh.scale),
-                A::I(window),
-                A::P(sel),
-                A::P(nsel),
-                A::I(i32_of(top_k, "top-k")?),
-            ],
-        )
-    }
-
-    /// `y[rows_of_chunks] = W x` for every `(W, y)` of `parts`, through the chunk table at
-    /// `chunks` (`grid_y` blocks in y, the count at `nchunks`). Consecutive matrices of the
-    /// same format and shape (q, k and v; gate and up) share a launch, up to three.
-    #[allow(clippy::too_many_arguments)]
-    fn mv(
-        &self,
-        parts: &[(&DMat, u64)],
-        chunks: u64,
-        nchunks: u64,
-        grid_y: usize,
-        x: u64,
-        x_div: usize,
-        small: bool,
-    ) -> Result<(), ModelError> {
-        if grid_y == 0 {
-            return Ok(());
-        }
-        let gy = u32::try_from(grid_y)
-            .ok()
-            .filter(|&g| g <= 65_535)
-            .ok_or_else(|| ModelError::Compute(format!("cuda: {grid_y} chunks in one launch")))?;
-        let mut rest = parts;
-        while let Some((&(m, _), _)) = rest.split_first() {
-            let same = |(o, _): &&(&DMat, u64)| {
-                o.fi == m.fi && o.cols == m.cols && o.row_bytes == m.row_bytes
-            };
-            let n = rest.iter().take(3).take_while(same).count();
-            let (group, tail) = rest.split_at(n);
-            rest = tail;
-            let mvt = match &self.f.mvt[m.fi] {
-                Some(_) if small && self.d.mma == Mma::Prefill => None,
-                k => k.as_ref(),
-            };
-            let (k, rows_per_block, threads) = match mvt {
-                Some([one, four]) => (if small { one } else { four }, MVT_ROWS, MVT_THREADS),
-                None => (&self.f.mvg[m.fi], MVG_ROWS, MVG_THREADS),
-            };
-            let decode = mvt.is_some() && small;
-            // Unused slots: no rows (no blocks), their table and output never read.
-            let part = |i: usize| group.get(i).map_or((m, 0, 0u64), |&(d, y)| (d, d.rows, y));
-            let (p0, p1, p2) = (part(0), part(1), part(2));
-            let blocks: usize = [p0.1, p1.1, p2.1]
-                .iter()
-                .map(|r| r.div_ceil(rows_per_block))
-                .sum();
-            let mut args = vec![
-                A::P(self.ptrs_base + 8 * p0.0.tab as u64),
-                A::P(self.ptrs_base + 8 * p1.0.tab as u64),
-                A::P(self.ptrs_base + 8 * p2.0.tab as u64),
-                A::P(chunks),
-                A::P(nchunks),
-                A::P(x),
-                A::I(x_div as i32),
-                A::P(p0.2),
-                A::P(p1.2),
-                A::P(p2.2),
-                A::I(i32_of(p0.1, "rows")?),
-                A::I(i32_of(p1.1, "rows")?),
-                A::I(i32_of(p2.1, "rows")?),
-                A::I(i32_of(m.cols, "columns")?),
-                A::L(m.row_bytes),
-            ];
-            let mut smem = 0;
-            if decode {
-                let (stages, step, stage, bytes) = self.mvt1.layout(m.cols, m.row_bytes as usize);
-                args.extend([A::I(stages as i32), A::I(step as i32), A::I(stage as i32)]);
-                smem = bytes;
+        let stream = &self.stream;
+        let mut gc = lock(&self.graph);
+        match gc.iter().position(|(k0, _)| *k0 == key) {
+            Some(i) => {
+                let hit = gc.remove(i);
+                gc.insert(0, hit);
             }
-            self.launch_smem(k, (blocks as u32, gy, 1), threads, smem, &args)?;
-        }
-        Ok(())
-    }
-
-    /// `y = W x` for every `(W, y)` of `parts` over the rows `rows` names ([`Self::mv`] with
-    /// one row of X per output row).
-    fn mv_rows(&self, parts: &[(&DMat, u64)], rows: Rows, x: u64) -> Result<(), ModelError> {
-        self.mv(parts, rows.table, rows.count, rows.chunks, x, 1, rows.small)
-    }
-
-    /// The sequence's KV cache in VRAM, made on its first call.
-    fn kv<'s>(&self, state: &'s mut SeqState, pos0: usize) -> Result<&'s mut GpuKv, ModelError> {
-        let want_f32 = !state.kv.f16();
-        let usable = state
-            .device
-            .as_mut()
-            .and_then(|x| x.as_any_mut().downcast_mut::<GpuKv>())
-            .is_some_and(|kv| kv.ok && kv.k.len() == self.layers.len() && kv.f32 == want_f32);
-        if !usable {
-            if pos0 > 0 {
-                return Err(ModelError::Compute(
-                    "cuda: this sequence has no KV cache on the GPU (it was started or restored without it)".into(),
-                ));
-            }
-            let sh = &self.plan.shape;
-            // A length-limited plan never writes past its `max_positions` (`check_length`).
-            let n_ctx = state
-                .n_ctx()
-                .min(self.plan.max_positions.unwrap_or(usize::MAX));
-            let stream = &self.stream;
-            let esize = if want_f32 { 4 } else { 2 };
-            let alloc = |dim: usize| -> Result<Vec<CudaSlice<u8>>, ModelError> {
-                self.layers
-                    .iter()
-                    .map(|l| {
-                        // DeltaNet and KDA layers keep no KV cache.
-                        let dim = if matches!(l.attn, DAttn::Delta(_) | DAttn::Kda(_)) {
-                            0
-                        } else {
-                            dim
-                        };
-                        // SAFETY: attention reads only rows 0..=pos, each written by
-                        // kv_store earlier in the same stream.
-                        unsafe { stream.alloc::<u8>((n_ctx * dim * esize).max(1)) }
-                            .map_err(|e| err("KV cache", e))
-                    })
-                    .collect()
-            };
-            // DeepSeek V4 layers keep their own state instead (Dsv4Kv).
-            let (kd, vd) = if self.dsv4.is_some() {
-                (0, 0)
-            } else {
-                (sh.n_head_kv * sh.head_dim, sh.n_head_kv * sh.head_dim_v)
-            };
-            let k = alloc(kd)?;
-            let v = alloc(vd)?;
-            let zeros = |len: usize| -> Result<CudaSlice<f32>, ModelError> {
+            None => {
                 stream
-                    .alloc_zeros::<f32>(len.max(1))
-                    .map_err(|e| err("DeepSeek V4 state", e))
-            };
-            let comp = |c: &DComp| -> Result<CompKv, ModelError> {
-                let carry = c.coff * c.ratio * c.coff * c.head_dim;
-                Ok(CompKv {
-                    rc: zeros(carry)?,
-                    rz: zeros(carry)?,
-                    rows: zeros(n_ctx / c.ratio * c.head_dim)?,
-                })
-            };
-            let mut dsv4 = Vec::with_capacity(self.layers.len());
-            for l in &self.layers {
-                dsv4.push(match (&l.attn, &self.dsv4) {
-                    (DAttn::Dsv4(a), Some(s)) => Some(Dsv4Kv {
-                        ring: zeros(s.window * s.head_dim)?,
-                        comp: a.comp.as_ref().map(comp).transpose()?,
-                        index: a.indexer.as_ref().map(|ix| comp(&ix.comp)).transpose()?,
-                    }),
-                    _ => None,
-                });
+                    .begin_capture(
+                        cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                    )
+                    .map_err(|e| err("graph capture", e))?;
+                let r = run();
+                let captured = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+                r?;
+                match captured {
+                    Ok(Some(gr)) => {
+                        gc.truncate(GRAPHS_KEPT - 1);
+                        gc.insert(0, (key, Graph(gr)));
+                    }
+                    // Not capturable here: launch directly from now on.
+                    _ => {
+                        self.graphs
+                            .store(false, std::sync::atomic::Ordering::Relaxed);
+                        gc.clear();
+                    }
+                }
             }
-            let rec = self
-                .layers
-                .iter()
-                .map(|l| layer_state(stream, &l.attn, n_ctx))
-                .collect::<Result<Vec<_>, _>>()?;
-            let width = self.next_dims.streams * self.plan.n_embd;
-            let ple = self
-                .layers
-                .iter()
-                .map(|l| {
-                    l.ple
-                        .as_ref()
-                        .map(|w| qwen4exp::ple_state(stream, w, width))
-                        .transpose()
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let ple_ctx = self.plan.ple.as_ref().map_or(Vec::new(), |pp| {
-                vec![pp.hash.eos; pp.hash.ngram.saturating_sub(1)]
-            });
-            state.device = Some(Box::new(GpuKv {
-                k,
-                v,
-                dsv4,
-                rec,
-                ple,
-                ple_ctx,
-                next: 0,
-                n_ctx,
-                f32: want_f32,
-                stream: stream.clone(),
-                ok: true,
-            }));
         }
-        Ok(state
-            .device
-            .as_mut()
-            .and_then(|x| x.as_any_mut().downcast_mut::<GpuKv>())
-            .expect("made above"))
+        match gc.first() {
+            Some((_, gr)) => gr.0.launch().map_err(|e| err("graph launch", e))?,
+            None => run()?,
+        }
+        Ok(())
+    }
+
+    /// The attention half of layer `il` (`attn`) on the normed input `c.h`, its output
+    /// into `c.o` (through the block's output matrix); `mla_sel` carries the MLA selection
+    /// later layers reuse.
+    fn attention_half(
+        &self,
+        il: usize,
+        attn: &DAttn,
+        c: &Call<'_>,
+        mla_sel: &mut (u64, u64, usize),
+    ) -> Result<(), ModelError> {
+        let call = *c;
+        let Call {
+            n,
+            kvt,
+            pos,
+            dense,
+            n_dense,
+            nd,
+            dense_rows,
+            h,
+            o,
+            nb,
+            small,
+            rec_ptrs,
+            qsa_bufs,
+            kv_ptrs,
+            ..
+        } = call;
+        let (kc, vc) = kv_ptrs[il];
+        let wo = match attn {
+            DAttn::Gqa(w) => self.gqa(w, &call, (kc, vc))?,
+            DAttn::Mla(w) => self.mla(w, il, &call, (kc, vc), mla_sel)?,
+            DAttn::Dsv4(a) => self.dsv4(a, il, &call)?,
+            DAttn::Delta(w) => {
+                let st = &rec_ptrs[il];
+                self.delta(w, (st[0], st[1]), pos, h, &nb, dense_rows, n)?;
+                (&w.out, nb.dout)
+            }
+            DAttn::Qsa(w) => {
+                let st = &rec_ptrs[il];
+                let cache = (kc, vc);
+                let y = self.qsa(w, kvt, cache, st, pos, h, &qsa_bufs, &nb, dense_rows, n)?;
+                (&w.wo, y)
+            }
+            DAttn::Kda(w) => {
+                self.kda(w, &rec_ptrs[il], pos, h, &nb, dense_rows, n)?;
+                (&w.out, nb.dout)
+            }
+        };
+        self.mv(&[(wo.0, o)], dense, n_dense, nd, wo.1, 1, small)?;
+        Ok(())
+    }
+
+    /// The feed-forward half of layer `il` (`ffn`) on the normed input `c.h`, its output
+    /// into `c.o`.
+    fn feed_forward(
+        &self,
+        il: usize,
+        ffn: &DFfn,
+        c: &Call<'_>,
+        env: &Env<'_>,
+        host_ids: &mut Vec<i32>,
+    ) -> Result<(), ModelError> {
+        match ffn {
+            DFfn::Dense(w) => self.dense_ffn(w, c),
+            DFfn::Moe(w) => self.moe(w, il, c, env, host_ids),
+        }
+    }
+
+    /// One forward call's launches, in the plan's order (the GPU form of `CpuDecoder`'s
+    /// loop): the embedding, per layer the PLE layer, the attention half (its block from
+    /// `blocks`) and the feed-forward half, each between its residual mixes (norms,
+    /// hyper-connections or low-rank mixers), then the head's rows. Captured as a graph
+    /// for a decode step.
+    fn run(&self, c: &Call<'_>, env: &Env<'_>) -> Result<(), ModelError> {
+        let call = *c;
+        let Call {
+            n,
+            e,
+            ei,
+            eps,
+            small,
+            tokens,
+            pos,
+            dense_rows,
+            h,
+            o,
+            nb,
+            p,
+            x,
+            hcf,
+            hcm,
+            hcpc,
+            seg_rows,
+            n_hc,
+            lr_streams,
+            hs,
+            nr,
+            row_chunks,
+            n_rowc,
+            rowmap,
+            hsel,
+            lg,
+            ple_ptrs,
+            ..
+        } = call;
+        // With hyper-connections the embedding goes to `o`, then into every stream.
+        kernels::Embed {
+            format: self.embd.fi,
+            w: self.embd_ptr,
+            row_bytes: self.embd.row_bytes,
+            tokens,
+            x: if hs.is_some() || lr_streams.is_some() {
+                o
+            } else {
+                x
+            },
+            cols: ei,
+            scale: p.embd_scale,
+        }
+        .launch(self, rows_n(n))?;
+        if hs.is_some() || lr_streams.is_some() {
+            kernels::HcExpand {
+                src: o,
+                x,
+                e: ei,
+                hc: n_hc as i32,
+            }
+            .launch(self, (n as u32, e.div_ceil(256) as u32, 1))?;
+        } else if let Some(l0) = self.layers.first() {
+            self.rms_norm(x, l0.attn_norm, h, 0, n, e, eps)?;
+        }
+        let mut host_ids: Vec<i32> = Vec::new();
+        // The most recent DSA indexer's selection (positions, counts, top-k; zeros: all).
+        let mut mla_sel: (u64, u64, usize) = (0, 0, 0);
+        for (il, l) in self.layers.iter().enumerate() {
+            // Attention.
+            if let Some(w) = &l.ple {
+                self.ple_layer(w, n_hc, x, ple_ptrs[il], pos, &nb, dense_rows, n, eps)?;
+            }
+            if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
+                let b = (hcf, hcm);
+                self.hc_mix(&hw[0], hs, x, b, hcpc, l.attn_norm, h, n, seg_rows, eps)?;
+            }
+            if let Some(mx) = &l.lr {
+                let rows = (dense_rows, seg_rows);
+                self.lr_mixer(&mx[0], n_hc, x, h, &nb, rows, n, eps)?;
+            }
+            self.attention_half(il, &l.attn, &call, &mut mla_sel)?;
+            if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
+                self.hc_post(hs, x, o, hcpc, n)?;
+                let b = (hcf, hcm);
+                self.hc_mix(&hw[1], hs, x, b, hcpc, l.ffn_norm, h, n, seg_rows, eps)?;
+            } else if let Some(mx) = &l.lr {
+                self.lr_post(n_hc, x, o, nb.inj, n)?;
+                let rows = (dense_rows, seg_rows);
+                self.lr_mixer(&mx[1], n_hc, x, h, &nb, rows, n, eps)?;
+            } else {
+                self.residual(x, o, l.post_attn, l.ffn_norm, h, n, e, eps)?;
+            }
+            // Feed-forward.
+            self.feed_forward(il, &l.ffn, &call, env, &mut host_ids)?;
+            if let (Some(_), Some(hs)) = (&l.hc, &hs) {
+                self.hc_post(hs, x, o, hcpc, n)?;
+            } else if l.lr.is_some() {
+                self.lr_post(n_hc, x, o, nb.inj, n)?;
+            } else {
+                let next = self.layers.get(il + 1).map_or(0, |nl| nl.attn_norm);
+                self.residual(x, o, l.post_ffn, next, h, n, e, eps)?;
+            }
+        }
+        if let (true, Some(w)) = (nr > 0, &self.lowrank) {
+            // The output mixer normalises: it reads the logits rows' streams.
+            let head_rows = Rows {
+                table: row_chunks,
+                count: n_rowc,
+                chunks: nr.div_ceil(MVG_N),
+                small,
+            };
+            self.gather(x, rowmap, nb.xg, nr, n_hc * e)?;
+            // (Its down product is not segmented: the rows are the logits rows.)
+            let rows = (head_rows, head_rows);
+            self.lr_mixer(w, n_hc, nb.xg, hsel, &nb, rows, nr, eps)?;
+        } else if nr > 0 {
+            // Hyper-connections: the head's collapse of the streams first (into h).
+            let last = match &self.hyper {
+                Some((hs, Some(w))) => {
+                    self.hc_mix(w, hs, x, (hcf, hcm), 0, 0, h, n, seg_rows, eps)?;
+                    h
+                }
+                Some((hs, None)) => {
+                    self.stream_mean(x, h, hs.n_hc, n)?;
+                    h
+                }
+                None => x,
+            };
+            self.rms_norm(last, self.output_norm, hsel, rowmap, nr, e, eps)?;
+        }
+        if nr > 0 {
+            self.mv(
+                &[(&self.output, lg)],
+                row_chunks,
+                n_rowc,
+                nr.div_ceil(MVG_N),
+                hsel,
+                1,
+                small,
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -2820,10 +1091,7 @@ impl DeviceForward for GpuDecoder {
             return Ok(Vec::new());
         }
         let p = &self.plan;
-        let sh = p.shape;
-        let (e, nv) = (p.n_embd, p.n_vocab);
-        let (nh, nkv, hd, hdv) = (sh.n_head, sh.n_head_kv, sh.head_dim, sh.head_dim_v);
-        let (kdim, vdim) = (nkv * hd, nkv * hdv);
+        let nv = p.n_vocab;
         let pos0 = batch.positions[0];
         if pos0 + n > state.n_ctx() {
             return Err(ModelError::ContextFull {
@@ -2895,737 +1163,18 @@ impl DeviceForward for GpuDecoder {
                 .zip(&kv.v)
                 .map(|(k, v)| (k.device_ptr(&kv.stream).0, v.device_ptr(&kv.stream).0))
                 .collect();
-        let stream = self.stream.clone();
+        let ptrs = StatePtrs {
+            rec_ptrs: &rec_ptrs,
+            ple_ptrs: &ple_ptrs,
+            dsv4_ptrs: &dsv4_ptrs,
+            kv_ptrs: &kv_ptrs,
+        };
+        let nr = rows.len();
+        let stream = &self.stream;
         let mut sc = lock(&self.scratch);
         let sc = &mut *sc;
-        // Column segments: the hyper-connection projections' or the low-rank mixers'.
-        let segs = match &self.hyper {
-            Some(_) => self.hc_nseg,
-            None if self.next_dims.segs > 1 => self.next_dims.segs,
-            None => 0,
-        };
-        let hdr = Header::new(batch, rows, heads, segs);
-        let hb = addr(&stream, &mut sc.hdr, hdr.bytes.len())?;
-        stream
-            .memcpy_htod(
-                &hdr.bytes[..],
-                &mut sc
-                    .hdr
-                    .as_mut()
-                    .expect("grown")
-                    .slice_mut(0..hdr.bytes.len()),
-            )
-            .map_err(|e| err("header", e))?;
-        let (tokens, pos) = (hb + hdr.tokens as u64, hb + hdr.pos as u64);
-        let (n_dense, n_rowc) = (hb + hdr.counts as u64, hb + hdr.counts as u64 + 4);
-        let (rowmap, dense, row_chunks) = (
-            hb + hdr.rowmap as u64,
-            hb + hdr.dense as u64,
-            hb + hdr.row_chunks as u64,
-        );
-        let (n_headc, head_chunks) = (hb + hdr.counts as u64 + 8, hb + hdr.head_chunks as u64);
-        let (n_segc, seg_chunks) = (hb + hdr.counts as u64 + 12, hb + hdr.seg_chunks as u64);
-        let nd = n.div_ceil(MVG_N);
-        let pairs = n * self.k_max;
-        let moe_chunks_max = pairs / MVG_N + self.n_expert_max.min(pairs);
-        let hs = self.hyper.as_ref().map(|(s, _)| *s);
-        // Residual streams: a hyper-connection's, the low-rank mixers' (1: plain).
-        let lr_streams = self.lowrank.as_ref().map(|_| self.next_dims.streams);
-        let n_hc = hs.map_or(self.next_dims.streams, |s| s.n_hc);
-        let x = addr(&stream, &mut sc.x, n * n_hc * e)?;
-        let h = addr(&stream, &mut sc.h, n * e)?;
-        let hyper_len = |f: &dyn Fn(usize) -> usize| hs.map_or(1, |s| n * f(s.n_hc));
-        let hcf = addr(&stream, &mut sc.hcf, hyper_len(&|hc| hc * e))?;
-        let hcm = addr(&stream, &mut sc.hcm, hyper_len(&|hc| segs * (2 + hc) * hc))?;
-        let hcpc = addr(&stream, &mut sc.hcpc, hyper_len(&|hc| hc + hc * hc))?;
-        let q_width = mla.map_or(hd, |m| hd.max(m.nope + m.rope));
-        let q = addr(&stream, &mut sc.q, n * nh * q_width)?;
-        // MLA's buffers (one element when there is no MLA layer).
-        let ml = |f: &dyn Fn(&MlaShape) -> usize| mla.as_ref().map_or(1, |m| n * f(m));
-        let q_lora = mla
-            .map(|m| m.q_lora)
-            .or(self.dsv4.map(|s| s.q_lora))
-            .unwrap_or(1);
-        let qa = addr(&stream, &mut sc.qa, n * q_lora)?;
-        let qan = addr(&stream, &mut sc.qan, n * q_lora)?;
-        // DeepSeek V4's buffers, sized for its widest compressor and indexer.
-        let IndexDims {
-            comp_w,
-            idx_w,
-            idx_q,
-            idx_heads,
-            top_max,
-            dsa_d,
-            ratio: idx_ratio,
-        } = self.index_dims;
-        let dsv4_len = |len: usize| if self.dsv4.is_some() { n * len } else { 1 };
-        let cc = addr(&stream, &mut sc.cc, dsv4_len(comp_w))?;
-        let cz = addr(&stream, &mut sc.cz, dsv4_len(comp_w))?;
-        let ic = addr(&stream, &mut sc.ic, dsv4_len(idx_w))?;
-        let iz = addr(&stream, &mut sc.iz, dsv4_len(idx_w))?;
-        // Indexer buffers (DeepSeek V4's or GLM's).
-        let idx_len = |len: usize| if idx_ratio > 0 { n * len } else { 1 };
-        let iq = addr(&stream, &mut sc.iq, idx_len(idx_q))?;
-        let wh = addr(&stream, &mut sc.wh, idx_len(idx_heads))?;
-        let ik = addr(&stream, &mut sc.ik, idx_len(dsa_d.max(1)))?;
-        // Scores of the compressed rows the batch's last token sees, per token.
-        let last = *batch.positions.last().expect("n > 0");
-        let stride = (last + 1).checked_div(idx_ratio).unwrap_or(1).max(1);
-        // Tokens per launch of the scores and top-k: as many as keep the scores within
-        // SCORES_MAX floats (a long prompt at a long context does not scale the scratch).
-        let idx_tile = (SCORES_MAX / stride).clamp(1, n);
-        let scores = addr(&stream, &mut sc.scores, idx_len(stride) / n * idx_tile)?;
-        let selb = addr(&stream, &mut sc.sel, idx_len(top_max))?;
-        let nselb = addr(&stream, &mut sc.nsel, idx_len(1))?;
-        let dz = addr(
-            &stream,
-            &mut sc.dz,
-            dsv4_len(self.dsv4.map_or(1, |s| s.o_groups * s.o_lora)),
-        )?;
-        let kva = addr(&stream, &mut sc.kva, ml(&|m| m.row()))?;
-        let qn = addr(&stream, &mut sc.qn, ml(&|m| m.n_head * m.nope))?;
-        let qabs = addr(&stream, &mut sc.qabs, ml(&|m| m.n_head * m.kv_lora))?;
-        let qatt = addr(&stream, &mut sc.qatt, ml(&|m| m.n_head * m.row()))?;
-        let ov = addr(&stream, &mut sc.ov, ml(&|m| m.n_head * m.v_dim))?;
-        let shb = addr(&stream, &mut sc.sh, n * e)?;
-        let k = addr(&stream, &mut sc.k, n * kdim)?;
-        let v = addr(&stream, &mut sc.v, n * vdim)?;
-        let att = addr(&stream, &mut sc.att, n * nh * hdv)?;
-        let o = addr(&stream, &mut sc.o, n * e)?;
-        let ffw = (n * self.ff_dense).max(pairs * self.ff_moe);
-        let g = addr(&stream, &mut sc.g, ffw)?;
-        let u = addr(&stream, &mut sc.u, ffw)?;
-        let rl = addr(&stream, &mut sc.rl, n * self.n_expert_max)?;
-        let ids = addr(&stream, &mut sc.ids, pairs)?;
-        let wts = addr(&stream, &mut sc.wts, pairs)?;
-        let dd = addr(&stream, &mut sc.dd, pairs * e)?;
-        let chunks = addr(&stream, &mut sc.chunks, moe_chunks_max * CHUNK_BYTES)?;
-        let nchunks = addr(&stream, &mut sc.nchunks, 1)?;
-        let nr = rows.len();
-        let hsel = addr(&stream, &mut sc.hsel, nr.max(1) * e)?;
-        let lg = addr(&stream, &mut sc.logits, nr.max(1) * nv)?;
-        let nb = sc.next.grow(&stream, &self.next_dims, e, n, nr)?;
-        if let (Some(rows), Some(pe)) = (&ple_rows, sc.next.pe.as_mut()) {
-            stream
-                .memcpy_htod(&rows[..], &mut pe.slice_mut(0..rows.len()))
-                .map_err(|e| err("PLE rows", e))?;
-        }
-        let eps = sh.rms_eps;
-        let ei = i32_of(e, "n_embd")?;
-        let rows_n = |n: usize| (n as u32, 1u32, 1u32);
-        // At most 8 tokens: every chunk has at most 8 rows (a token picks an expert once).
-        let small = n <= 8;
-
-        let sc_ids = sc.ids.as_ref().expect("grown");
-        let dense_rows = Rows {
-            table: dense,
-            count: n_dense,
-            chunks: nd,
-            small,
-        };
-        let seg_rows = Rows {
-            table: seg_chunks,
-            count: n_segc,
-            chunks: nd * segs,
-            small,
-        };
-        // QSA's view of the shared buffers.
-        let qsa_bufs = qwen4exp::QsaBufs {
-            q,
-            k,
-            v,
-            att,
-            iq,
-            ik,
-            index: (scores, stride, idx_tile, selb, nselb),
-        };
-        let run = || -> Result<(), ModelError> {
-            // With hyper-connections the embedding goes to `o`, then into every stream.
-            self.launch(
-                &self.f.embed[self.embd.fi],
-                rows_n(n),
-                128,
-                &[
-                    A::P(self.embd_ptr),
-                    A::L(self.embd.row_bytes),
-                    A::P(tokens),
-                    A::P(if hs.is_some() || lr_streams.is_some() {
-                        o
-                    } else {
-                        x
-                    }),
-                    A::I(ei),
-                    A::F(p.embd_scale),
-                ],
-            )?;
-            if hs.is_some() || lr_streams.is_some() {
-                self.launch(
-                    &self.f.hc_expand,
-                    (n as u32, e.div_ceil(256) as u32, 1),
-                    256,
-                    &[A::P(o), A::P(x), A::I(ei), A::I(n_hc as i32)],
-                )?;
-            } else if let Some(l0) = self.layers.first() {
-                self.rms_norm(x, l0.attn_norm, h, 0, n, e, eps)?;
-            }
-            let mut host_ids: Vec<i32> = Vec::new();
-            // The most recent DSA indexer's selection (positions, counts, top-k; zeros: all).
-            let mut mla_sel: (u64, u64, usize) = (0, 0, 0);
-            for (il, l) in self.layers.iter().enumerate() {
-                // Attention.
-                let (kc, vc) = kv_ptrs[il];
-                if let Some(w) = &l.ple {
-                    self.ple_layer(w, n_hc, x, ple_ptrs[il], pos, &nb, dense_rows, n, eps)?;
-                }
-                if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
-                    let b = (hcf, hcm);
-                    self.hc_mix(&hw[0], hs, x, b, hcpc, l.attn_norm, h, n, seg_rows, eps)?;
-                }
-                if let Some(mx) = &l.lr {
-                    let rows = (dense_rows, seg_rows);
-                    self.lr_mixer(&mx[0], n_hc, x, h, &nb, rows, n, eps)?;
-                }
-                let wo = match &l.attn {
-                    DAttn::Gqa {
-                        wq,
-                        wk,
-                        wv,
-                        wo,
-                        q_norm,
-                        k_norm,
-                        inv_freq,
-                        window,
-                    } => {
-                        self.mv(
-                            &[(wq, q), (wk, k), (wv, v)],
-                            dense,
-                            n_dense,
-                            nd,
-                            h,
-                            1,
-                            small,
-                        )?;
-                        self.launch(
-                            &self.f.qk_norm_rope,
-                            (n as u32, (nh + nkv) as u32, 1),
-                            128,
-                            &[
-                                A::P(q),
-                                A::P(k),
-                                A::P(*q_norm),
-                                A::P(*k_norm),
-                                A::P(pos),
-                                A::P(*inv_freq),
-                                A::I(nh as i32),
-                                A::I(nkv as i32),
-                                A::I(hd as i32),
-                                A::F(eps),
-                            ],
-                        )?;
-                        self.kv_store(kvt, k, v, kc, vc, pos, n, kdim, vdim)?;
-                        self.attention(kvt, q, kc, vc, att, pos, n, *window, (0, 0, 0))?;
-                        (wo, att)
-                    }
-                    DAttn::Mla {
-                        q_a,
-                        q_a_norm,
-                        q_b,
-                        kv_a,
-                        kv_a_norm,
-                        k_b,
-                        v_b,
-                        out,
-                        inv_freq,
-                        select,
-                    } => {
-                        let m = mla.as_ref().expect("checked: MLA layers have a shape");
-                        let (nope, rope, kl) = (m.nope as i32, m.rope as i32, m.kv_lora as i32);
-                        let heads_grid = (n as u32, m.n_head as u32, 1);
-                        let mut from_h: Vec<(&DMat, u64)> = vec![(q_a, qa), (kv_a, kva)];
-                        let mut from_q: Vec<(&DMat, u64)> = vec![(q_b, q)];
-                        if let DSelect::Indexer(ix) = select {
-                            from_h.extend([(&ix.k, ik), (&ix.proj, wh)]);
-                            from_q.push((&ix.q_b, iq));
-                        }
-                        if let DSelect::Pooled(ix) = select {
-                            from_h.extend([(&ix.k, ik), (&ix.gate, nb.pg), (&ix.proj, wh)]);
-                            from_q.push((ix.q_b(), iq));
-                        }
-                        self.mv(&from_h, dense, n_dense, nd, h, 1, small)?;
-                        self.rms_norm(qa, *q_a_norm, qan, 0, n, m.q_lora, eps)?;
-                        self.mv(&from_q, dense, n_dense, nd, qan, 1, small)?;
-                        if let DSelect::Indexer(ix) = select {
-                            // GLM's DSA indexer: its queries and this batch's keys roped on
-                            // their first dims, every visible position scored, the top-k.
-                            let keys = rec_ptrs[il][0];
-                            let (ih, id) = (ix.n_head as i32, ix.head_dim as i32);
-                            self.launch(
-                                &self.f.dsv4_heads,
-                                (n as u32, ix.n_head as u32, 1),
-                                128,
-                                &[
-                                    A::P(iq),
-                                    A::P(pos),
-                                    A::P(*inv_freq),
-                                    A::I(ih),
-                                    A::I(id),
-                                    A::I(rope),
-                                    A::I(4),
-                                    A::F(eps),
-                                ],
-                            )?;
-                            self.launch(
-                                &self.f.dsa_key_prep,
-                                rows_n(n),
-                                256,
-                                &[
-                                    A::P(ik),
-                                    A::P(ix.k_norm),
-                                    A::P(ix.k_norm_bias),
-                                    A::P(pos),
-                                    A::P(*inv_freq),
-                                    A::P(keys),
-                                    A::I(id),
-                                    A::I(rope),
-                                    A::F(ix.k_norm_eps),
-                                ],
-                            )?;
-                            let ix_sel = IndexSelect {
-                                iq,
-                                wh,
-                                n_head: ix.n_head,
-                                head_dim: ix.head_dim,
-                                rows: keys,
-                                ratio: 1,
-                                top_k: ix.top_k,
-                            };
-                            let scratch = (scores, stride, idx_tile, selb, nselb);
-                            self.index_select(&ix_sel, pos, scratch, n)?;
-                            mla_sel = (selb, nselb, ix.top_k);
-                        }
-                        if let DSelect::Pooled(ix) = select {
-                            // GLM-5.3-Flash's k-pool indexer: keys, gates and pools, the
-                            // pools' top-k, their positions and the tail.
-                            let bufs = glm5next::PoolBufs {
-                                iq,
-                                wh,
-                                ik,
-                                gt: nb.pg,
-                                index: (scores, stride, idx_tile, selb, nselb),
-                            };
-                            let st = &rec_ptrs[il];
-                            mla_sel = self.pool_select(ix, st, pos, &bufs, &nb, kvt == 0, n)?;
-                        }
-                        self.launch(
-                            &self.f.mla_kv_prep,
-                            rows_n(n),
-                            256,
-                            &[
-                                A::P(kva),
-                                A::P(*kv_a_norm),
-                                A::P(pos),
-                                A::P(*inv_freq),
-                                A::P(k),
-                                A::P(v),
-                                A::I(kl),
-                                A::I(rope),
-                                A::F(eps),
-                            ],
-                        )?;
-                        self.kv_store(kvt, k, v, kc, vc, pos, n, kdim, vdim)?;
-                        self.launch(
-                            &self.f.mla_q_split,
-                            heads_grid,
-                            64,
-                            &[
-                                A::P(q),
-                                A::P(qn),
-                                A::I(m.n_head as i32),
-                                A::I(nope),
-                                A::I(rope),
-                            ],
-                        )?;
-                        let gy = heads * nd;
-                        self.mv(&[(k_b, qabs)], head_chunks, n_headc, gy, qn, 1, small)?;
-                        self.launch(
-                            &self.f.mla_q_join,
-                            heads_grid,
-                            128,
-                            &[
-                                A::P(qabs),
-                                A::P(q),
-                                A::P(pos),
-                                A::P(*inv_freq),
-                                A::P(qatt),
-                                A::I(m.n_head as i32),
-                                A::I(nope),
-                                A::I(rope),
-                                A::I(kl),
-                            ],
-                        )?;
-                        let sel = match select {
-                            DSelect::All => (0, 0, 0),
-                            DSelect::Indexer(_) | DSelect::Pooled(_) | DSelect::Previous => mla_sel,
-                        };
-                        self.attention(kvt, qatt, kc, vc, att, pos, n, 0, sel)?;
-                        self.mv(&[(v_b, ov)], head_chunks, n_headc, gy, att, 1, small)?;
-                        (out, ov)
-                    }
-                    DAttn::Dsv4(a) => {
-                        let s = self
-                            .dsv4
-                            .as_ref()
-                            .expect("checked: DeepSeek V4 has a shape");
-                        let dp = dsv4_ptrs[il];
-                        let nrot = s.n_rot as i32;
-                        let round = i32::from(kvt == 0);
-                        // Every product of the normed input.
-                        let mut from_h: Vec<(&DMat, u64)> = vec![(&a.q_a, qa), (&a.kv, k)];
-                        if let Some(c) = &a.comp {
-                            from_h.extend([(&c.kv, cc), (&c.gate, cz)]);
-                        }
-                        if let Some(ix) = &a.indexer {
-                            from_h.extend([(&ix.proj, wh), (&ix.comp.kv, ic), (&ix.comp.gate, iz)]);
-                        }
-                        self.mv(&from_h, dense, n_dense, nd, h, 1, small)?;
-                        self.rms_norm(qa, a.q_a_norm, qan, 0, n, s.q_lora, eps)?;
-                        let mut from_q: Vec<(&DMat, u64)> = vec![(&a.q_b, q)];
-                        if let Some(ix) = &a.indexer {
-                            from_q.push((&ix.q_b, iq));
-                        }
-                        self.mv(&from_q, dense, n_dense, nd, qan, 1, small)?;
-                        let heads =
-                            |buf: u64, n_heads: usize, dim: usize, freq: u64, flags: i32| {
-                                self.launch(
-                                    &self.f.dsv4_heads,
-                                    (n as u32, n_heads as u32, 1),
-                                    128,
-                                    &[
-                                        A::P(buf),
-                                        A::P(pos),
-                                        A::P(freq),
-                                        A::I(n_heads as i32),
-                                        A::I(dim as i32),
-                                        A::I(nrot),
-                                        A::I(flags),
-                                        A::F(eps),
-                                    ],
-                                )
-                            };
-                        heads(q, s.n_head, s.head_dim, a.rope, 1)?;
-                        self.launch(
-                            &self.f.dsv4_kv_prep,
-                            rows_n(n),
-                            256,
-                            &[
-                                A::P(k),
-                                A::P(a.kv_norm),
-                                A::P(pos),
-                                A::P(a.rope),
-                                A::I(s.head_dim as i32),
-                                A::I(nrot),
-                                A::I(round),
-                                A::F(eps),
-                            ],
-                        )?;
-                        let compress = |c: &DComp, cb: u64, zb: u64, st: [u64; 3]| {
-                            self.launch(
-                                &self.f.dsv4_compress,
-                                rows_n(n),
-                                256,
-                                &[
-                                    A::P(cb),
-                                    A::P(zb),
-                                    A::P(st[0]),
-                                    A::P(st[1]),
-                                    A::P(c.ape),
-                                    A::P(c.norm),
-                                    A::P(pos),
-                                    A::P(a.rope_compress),
-                                    A::P(st[2]),
-                                    A::I(c.ratio as i32),
-                                    A::I(c.head_dim as i32),
-                                    A::I(c.coff as i32),
-                                    A::I(nrot),
-                                    A::I(round),
-                                    A::F(eps),
-                                ],
-                            )?;
-                            let width = c.coff * c.head_dim;
-                            self.ring_store(cb, zb, st[0], st[1], pos, width, c.coff * c.ratio, n)
-                        };
-                        if let Some(c) = &a.comp {
-                            compress(c, cc, cz, dp.comp)?;
-                        }
-                        let (mut sel, mut nsel, mut top) = (0, 0, 0);
-                        if let Some(ix) = &a.indexer {
-                            heads(iq, ix.n_head, ix.head_dim, a.rope_compress, 0)?;
-                            compress(&ix.comp, ic, iz, dp.index)?;
-                            let ix_sel = IndexSelect {
-                                iq,
-                                wh,
-                                n_head: ix.n_head,
-                                head_dim: ix.head_dim,
-                                rows: dp.index[2],
-                                ratio: ix.comp.ratio,
-                                top_k: ix.top_k,
-                            };
-                            let scratch = (scores, stride, idx_tile, selb, nselb);
-                            self.index_select(&ix_sel, pos, scratch, n)?;
-                            (sel, nsel, top) = (selb, nselb, ix.top_k);
-                        }
-                        let ratio = a.comp.as_ref().map_or(0, |c| c.ratio);
-                        self.launch(
-                            &self.f.dsv4_attention,
-                            (n as u32, s.n_head as u32, 1),
-                            ATT_THREADS,
-                            &[
-                                A::P(q),
-                                A::P(k),
-                                A::P(dp.ring),
-                                A::P(dp.comp[2]),
-                                A::P(sel),
-                                A::P(nsel),
-                                A::P(a.sinks),
-                                A::P(att),
-                                A::P(pos),
-                                A::I(s.n_head as i32),
-                                A::I(s.head_dim as i32),
-                                A::I(i32_of(s.window, "window")?),
-                                A::I(ratio as i32),
-                                A::I(top as i32),
-                                A::F(sh.scale),
-                            ],
-                        )?;
-                        // The window's ring after every read of it.
-                        self.ring_store(k, 0, dp.ring, 0, pos, s.head_dim, s.window, n)?;
-                        heads(att, s.n_head, s.head_dim, a.rope, 2)?;
-                        let gy = s.o_groups * nd;
-                        self.mv(&[(&a.out_a, dz)], head_chunks, n_headc, gy, att, 1, small)?;
-                        (&a.out_b, dz)
-                    }
-                    DAttn::Delta(w) => {
-                        let st = &rec_ptrs[il];
-                        self.delta(w, (st[0], st[1]), pos, h, &nb, dense_rows, n)?;
-                        (&w.out, nb.dout)
-                    }
-                    DAttn::Qsa(w) => {
-                        let st = &rec_ptrs[il];
-                        let cache = (kc, vc);
-                        let y =
-                            self.qsa(w, kvt, cache, st, pos, h, &qsa_bufs, &nb, dense_rows, n)?;
-                        (&w.wo, y)
-                    }
-                    DAttn::Kda(w) => {
-                        self.kda(w, &rec_ptrs[il], pos, h, &nb, dense_rows, n)?;
-                        (&w.out, nb.dout)
-                    }
-                };
-                self.mv(&[(wo.0, o)], dense, n_dense, nd, wo.1, 1, small)?;
-                if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
-                    self.hc_post(hs, x, o, hcpc, n)?;
-                    let b = (hcf, hcm);
-                    self.hc_mix(&hw[1], hs, x, b, hcpc, l.ffn_norm, h, n, seg_rows, eps)?;
-                } else if let Some(mx) = &l.lr {
-                    self.lr_post(n_hc, x, o, nb.inj, n)?;
-                    let rows = (dense_rows, seg_rows);
-                    self.lr_mixer(&mx[1], n_hc, x, h, &nb, rows, n, eps)?;
-                } else {
-                    self.residual(x, o, l.post_attn, l.ffn_norm, h, n, e, eps)?;
-                }
-                // Feed-forward.
-                match &l.ffn {
-                    DFfn::Dense {
-                        gate,
-                        up,
-                        down,
-                        act,
-                    } => {
-                        self.mv(&[(gate, g), (up, u)], dense, n_dense, nd, h, 1, small)?;
-                        let len = n * gate.rows;
-                        self.glu(g, u, len, *act)?;
-                        self.mv(&[(down, o)], dense, n_dense, nd, g, 1, small)?;
-                    }
-                    DFfn::Moe {
-                        router,
-                        norm,
-                        score,
-                        bias,
-                        scale,
-                        table,
-                        shared,
-                        n_expert,
-                        k: top,
-                        parts,
-                        tab_index,
-                        act,
-                    } => {
-                        let (ne, kk) = (*n_expert, *top);
-                        self.mv(&[(router, rl)], dense, n_dense, nd, h, 1, small)?;
-                        self.launch(
-                            &self.f.topk_route,
-                            rows_n(n),
-                            32,
-                            &[
-                                A::P(rl),
-                                A::P(*bias),
-                                A::I(ne as i32),
-                                A::I(kk as i32),
-                                A::I(*score),
-                                A::I(*norm as i32),
-                                A::F(*scale),
-                                A::P(ids),
-                                A::P(wts),
-                                A::P(*table),
-                                A::P(tokens),
-                            ],
-                        )?;
-                        let np = n * kk;
-                        if self.units.is_some() || env.routing.is_some() {
-                            host_ids.resize(np, 0);
-                            stream
-                                .memcpy_dtoh(&sc_ids.slice(0..np), &mut host_ids[..])
-                                .map_err(|e| err("expert ids", e))?;
-                            stream.synchronize().map_err(|e| err("expert ids", e))?;
-                            if let Some(rec) = env.routing {
-                                let v: Vec<u32> = host_ids.iter().map(|&i| i as u32).collect();
-                                lock(rec)
-                                    .record_layer(il as u32, &v)
-                                    .map_err(sluice_tier::StreamError::from)?;
-                            }
-                        }
-                        // The shared expert before the routed products (into `shb`; g and u
-                        // are free until those), added by moe_combine after the routed sum.
-                        // Queued after the expert ids' download, so with the VRAM unit cache
-                        // it runs while the misses are read.
-                        if let Some(sh) = shared {
-                            let gu = [(&sh.gate, g), (&sh.up, u)];
-                            self.mv(&gu, dense, n_dense, nd, h, 1, small)?;
-                            self.glu(g, u, n * sh.gate.rows, sh.act)?;
-                            self.mv(&[(&sh.down, shb)], dense, n_dense, nd, g, 1, small)?;
-                            if let Some(sg) = &sh.scale {
-                                self.few(sg, h, nb.sg, dense_rows, n)?;
-                            }
-                        }
-                        let len = np * parts[0].rows;
-                        if self.units.is_some() {
-                            // Hits first: their gate / up products run while the misses
-                            // are read and copied; then the misses', then down for all.
-                            let PlanFfn::Moe { experts, .. } = &p.layers[il].ffn else {
-                                unreachable!("the plan's layer kinds match")
-                            };
-                            let gate_up = |table: u64, count: u64, chunks: usize| {
-                                let gu = [(&parts[0], g), (&parts[1], u)];
-                                self.mv(&gu, table, count, chunks, h, kk, small)
-                            };
-                            let lc = self.ensure_units(
-                                env,
-                                il,
-                                &host_ids,
-                                experts,
-                                ne,
-                                *tab_index,
-                                &mut |lc| gate_up(lc.table, lc.counts, lc.hit),
-                            )?;
-                            let miss_table = lc.table + (lc.hit * CHUNK_BYTES) as u64;
-                            gate_up(miss_table, lc.counts + 4, lc.miss)?;
-                            self.glu(g, u, len, *act)?;
-                            self.mv(
-                                &[(&parts[2], dd)],
-                                lc.table,
-                                lc.counts + 8,
-                                lc.hit + lc.miss,
-                                g,
-                                1,
-                                small,
-                            )?;
-                        } else {
-                            self.launch(
-                                &self.f.moe_chunks,
-                                (1, 1, 1),
-                                1024,
-                                &[
-                                    A::P(ids),
-                                    A::I(np as i32),
-                                    A::I(ne as i32),
-                                    A::P(chunks),
-                                    A::P(nchunks),
-                                ],
-                            )?;
-                            let gy = np / MVG_N + ne.min(np);
-                            let gu = [(&parts[0], g), (&parts[1], u)];
-                            self.mv(&gu, chunks, nchunks, gy, h, kk, small)?;
-                            self.glu(g, u, len, *act)?;
-                            self.mv(&[(&parts[2], dd)], chunks, nchunks, gy, g, 1, small)?;
-                        }
-                        let sh_or_null = if shared.is_some() { shb } else { 0 };
-                        let gated = shared.as_ref().is_some_and(|sh| sh.scale.is_some());
-                        let sg_or_null = if gated { nb.sg } else { 0 };
-                        self.launch(
-                            &self.f.moe_combine,
-                            (n as u32, e.div_ceil(256) as u32, 1),
-                            256,
-                            &[
-                                A::P(dd),
-                                A::P(wts),
-                                A::P(sh_or_null),
-                                A::P(sg_or_null),
-                                A::P(o),
-                                A::I(kk as i32),
-                                A::I(ei),
-                            ],
-                        )?;
-                    }
-                }
-                if let (Some(_), Some(hs)) = (&l.hc, &hs) {
-                    self.hc_post(hs, x, o, hcpc, n)?;
-                } else if l.lr.is_some() {
-                    self.lr_post(n_hc, x, o, nb.inj, n)?;
-                } else {
-                    let next = self.layers.get(il + 1).map_or(0, |nl| nl.attn_norm);
-                    self.residual(x, o, l.post_ffn, next, h, n, e, eps)?;
-                }
-            }
-            if let (true, Some(w)) = (nr > 0, &self.lowrank) {
-                // The output mixer normalises: it reads the logits rows' streams.
-                let head_rows = Rows {
-                    table: row_chunks,
-                    count: n_rowc,
-                    chunks: nr.div_ceil(MVG_N),
-                    small,
-                };
-                self.gather(x, rowmap, nb.xg, nr, n_hc * e)?;
-                // (Its down product is not segmented: the rows are the logits rows.)
-                let rows = (head_rows, head_rows);
-                self.lr_mixer(w, n_hc, nb.xg, hsel, &nb, rows, nr, eps)?;
-            } else if nr > 0 {
-                // Hyper-connections: the head's collapse of the streams first (into h).
-                let last = match &self.hyper {
-                    Some((hs, Some(w))) => {
-                        self.hc_mix(w, hs, x, (hcf, hcm), 0, 0, h, n, seg_rows, eps)?;
-                        h
-                    }
-                    Some((hs, None)) => {
-                        self.stream_mean(x, h, hs.n_hc, n)?;
-                        h
-                    }
-                    None => x,
-                };
-                self.rms_norm(last, self.output_norm, hsel, rowmap, nr, e, eps)?;
-            }
-            if nr > 0 {
-                self.mv(
-                    &[(&self.output, lg)],
-                    row_chunks,
-                    n_rowc,
-                    nr.div_ceil(MVG_N),
-                    hsel,
-                    1,
-                    small,
-                )?;
-            }
-            Ok(())
-        };
+        let (call, hb) = self.call(sc, batch, rows, kvt, heads, ple_rows, ptrs)?;
+        let run = || self.run(&call, env);
         // A decode step whose buffers and sequence were captured before replays those
         // launches (one graph launch instead of ~16 launches per layer; the same kernels
         // with the same arguments, so the same bits: `--dump-logits` with
@@ -3635,57 +1184,7 @@ impl DeviceForward for GpuDecoder {
             && env.routing.is_none()
             && self.graphs.load(std::sync::atomic::Ordering::Relaxed);
         if graphable {
-            let mut key = vec![
-                n as u64, nr as u64, kvt as u64, hb, x, h, q, k, v, att, o, g, u,
-            ];
-            key.extend([rl, ids, wts, dd, chunks, nchunks, hsel, lg]);
-            key.extend([qa, qan, kva, qn, qabs, qatt, ov, shb]);
-            key.extend([
-                hcf, hcm, hcpc, cc, cz, ic, iz, iq, wh, ik, scores, selb, nselb, dz,
-            ]);
-            key.extend(nb.all());
-            key.extend(rec_ptrs.iter().flatten().copied());
-            key.extend(ple_ptrs.iter().copied());
-            key.extend(kv_ptrs.iter().flat_map(|&(a, b)| [a, b]));
-            key.extend(
-                dsv4_ptrs
-                    .iter()
-                    .flat_map(|d| [[d.ring, 0, 0], d.comp, d.index].into_iter().flatten()),
-            );
-            let mut gc = lock(&self.graph);
-            match gc.iter().position(|(k0, _)| *k0 == key) {
-                Some(i) => {
-                    let hit = gc.remove(i);
-                    gc.insert(0, hit);
-                }
-                None => {
-                    stream
-                        .begin_capture(
-                            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-                        )
-                        .map_err(|e| err("graph capture", e))?;
-                    let r = run();
-                    let captured =
-                        stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
-                    r?;
-                    match captured {
-                        Ok(Some(gr)) => {
-                            gc.truncate(GRAPHS_KEPT - 1);
-                            gc.insert(0, (key, Graph(gr)));
-                        }
-                        // Not capturable here: launch directly from now on.
-                        _ => {
-                            self.graphs
-                                .store(false, std::sync::atomic::Ordering::Relaxed);
-                            gc.clear();
-                        }
-                    }
-                }
-            }
-            match gc.first() {
-                Some((_, gr)) => gr.0.launch().map_err(|e| err("graph launch", e))?,
-                None => run()?,
-            }
+            self.replay(graph_key(&call, hb), &run)?;
         } else {
             run()?;
         }
@@ -3724,6 +1223,9 @@ impl DeviceForward for GpuDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::blocks::moe::{layer_table, rows_by_unit, LAYER_COUNTS_BYTES};
+    use crate::forward::call::Header;
+    use crate::forward::products::MVT1_PART;
 
     fn i32_at(b: &[u8], off: usize) -> i32 {
         i32::from_le_bytes(b[off..off + 4].try_into().unwrap())

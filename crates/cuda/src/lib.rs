@@ -36,7 +36,9 @@
 //! stays on the CPU; [`forward::GpuDecoder`] runs the whole pass on the GPU instead for
 //! architectures that describe themselves as a `sluice_models::plan::DecoderPlan`.
 
+mod blocks;
 pub mod forward;
+mod kernels;
 mod lru;
 
 use std::collections::{BTreeMap, HashMap};
@@ -645,8 +647,6 @@ impl Device {
     }
 
     fn run_gpu(&self, jobs: &mut [&mut LinearJob<'_>], fis: &[usize]) -> Result<(), KernelError> {
-        const ALIGN_F: usize = 64; // floats (256 bytes)
-        const ALIGN_B: usize = 256;
         let t0 = std::time::Instant::now();
         let mut g = self.lock();
         let inner = &mut *g;
@@ -655,30 +655,13 @@ impl Device {
         // Copies below may read the jobs' slices asynchronously: whatever happens, both
         // streams are idle again before this returns.
         let _idle = Idle(stream, copy);
-        // Inputs: one copy per distinct slice.
-        let mut x_keys: Vec<(usize, usize)> = Vec::new();
-        let mut x_offs: Vec<usize> = Vec::new();
-        let mut x_of = Vec::with_capacity(jobs.len());
-        let mut x_total = 0usize;
-        for j in jobs.iter() {
-            let key = (j.x.as_ptr() as usize, j.x.len());
-            let i = match x_keys.iter().position(|k| *k == key) {
-                Some(i) => i,
-                None => {
-                    x_keys.push(key);
-                    x_offs.push(x_total);
-                    x_total += j.x.len().next_multiple_of(ALIGN_F);
-                    x_keys.len() - 1
-                }
-            };
-            x_of.push(i);
-        }
-        let mut y_offs = Vec::with_capacity(jobs.len());
-        let mut y_total = 0usize;
-        for j in jobs.iter() {
-            y_offs.push(y_total);
-            y_total += j.y.len().next_multiple_of(ALIGN_F);
-        }
+        let XyLayout {
+            x_offs,
+            x_of,
+            x_total,
+            y_offs,
+            y_total,
+        } = xy_layout(jobs);
         // Weights: in the expert cache (present, or a slot made now that the copy stream
         // fills), resident (uploaded now if new and within budget) or copied per use into
         // the scratch buffer (on the copy stream). `pending`: the job's weights are
@@ -733,47 +716,7 @@ impl Device {
         // end event before the first product that needs them.
         let any_pending = pending.iter().any(|&p| p);
         if any_pending {
-            inner
-                .up_start
-                .record(copy)
-                .map_err(|e| dev_err("event", e))?;
-            let (mut bytes, mut pinned) = (0u64, 0u64);
-            let host = self.host();
-            for (ji, j) in jobs.iter().enumerate() {
-                if !pending[ji] {
-                    continue;
-                }
-                let len = j.w.len();
-                match w_off[ji] {
-                    None => {
-                        let u = j.unit.expect("cached jobs have a unit");
-                        let e = inner
-                            .experts
-                            .as_mut()
-                            .expect("on")
-                            .get_mut(&u)
-                            .expect("made above");
-                        copy.memcpy_htod(j.w, &mut e.0)
-                            .map_err(|e| dev_err("expert upload", e))?;
-                        e.1 = false;
-                        inner.stats.expert_upload_bytes += len as u64;
-                    }
-                    Some(off) => {
-                        let wb = inner.w.as_mut().expect("grown");
-                        copy.memcpy_htod(j.w, &mut wb.slice_mut(off..off + len))
-                            .map_err(|e| dev_err("copy weights", e))?;
-                        inner.stats.transient_bytes += len as u64;
-                    }
-                }
-                bytes += len as u64;
-                if host.covers(j.w.as_ptr() as usize, len) {
-                    pinned += len as u64;
-                }
-            }
-            drop(host);
-            inner.up_end.record(copy).map_err(|e| dev_err("event", e))?;
-            inner.stats.upload_bytes += bytes;
-            inner.stats.upload_pinned_bytes += pinned;
+            self.upload_pending(inner, jobs, &pending, &w_off)?;
         }
         let (xb, yb) = (
             inner.x.as_mut().expect("grown"),
@@ -825,39 +768,7 @@ impl Device {
         // Matvec jobs: one table; per phase (0: weights already in VRAM, 1: uploaded by
         // this call) one launch per format (blockIdx.y = job).
         let tiled = |j: &LinearJob<'_>| self.tiled && j.n > MATVEC_MAX_N;
-        let mut table: Vec<u8> = Vec::new();
-        let mut launches: Vec<(usize, usize, usize, usize, usize, bool)> = Vec::new();
-        for phase in [false, true] {
-            for fi in 0..FORMATS.len() {
-                let mut first = table.len() / MV_JOB_BYTES;
-                let (mut count, mut max_rows, mut max_groups) = (0usize, 0usize, 0usize);
-                for (ji, j) in jobs.iter().enumerate() {
-                    if fis[ji] != fi || tiled(j) || pending[ji] != phase {
-                        continue;
-                    }
-                    let (w, x, y) = addr(ji);
-                    table.extend_from_slice(&w.to_le_bytes());
-                    table.extend_from_slice(&x.to_le_bytes());
-                    table.extend_from_slice(&y.to_le_bytes());
-                    table.extend_from_slice(&((j.w.len() / j.rows) as i64).to_le_bytes());
-                    table.extend_from_slice(&(j.rows as i32).to_le_bytes());
-                    table.extend_from_slice(&(j.cols as i32).to_le_bytes());
-                    table.extend_from_slice(&(j.n as i32).to_le_bytes());
-                    table.extend_from_slice(&0i32.to_le_bytes());
-                    count += 1;
-                    max_rows = max_rows.max(j.rows);
-                    max_groups = max_groups.max(j.n.div_ceil(MATVEC_MAX_N));
-                    if count == MAX_GRID_Y {
-                        launches.push((fi, first, count, max_rows, max_groups, phase));
-                        first += count;
-                        (count, max_rows, max_groups) = (0, 0, 0);
-                    }
-                }
-                if count > 0 {
-                    launches.push((fi, first, count, max_rows, max_groups, phase));
-                }
-            }
-        }
+        let (table, launches) = job_table(jobs, fis, &pending, &tiled, &addr);
         let mut dbase = 0u64;
         if !table.is_empty() {
             grow(stream, &mut inner.d, table.len())?;
@@ -959,6 +870,160 @@ impl Device {
         inner.stats.busy_ns += t0.elapsed().as_nanos() as u64;
         Ok(())
     }
+
+    /// Upload the weights of the jobs `pending` names on the copy stream (into their expert
+    /// cache slot, or the scratch buffer at `w_off`), between the two upload events.
+    fn upload_pending(
+        &self,
+        inner: &mut Inner,
+        jobs: &[&mut LinearJob<'_>],
+        pending: &[bool],
+        w_off: &[Option<usize>],
+    ) -> Result<(), KernelError> {
+        let copy = &self.copy;
+        inner
+            .up_start
+            .record(copy)
+            .map_err(|e| dev_err("event", e))?;
+        let (mut bytes, mut pinned) = (0u64, 0u64);
+        let host = self.host();
+        for (ji, j) in jobs.iter().enumerate() {
+            if !pending[ji] {
+                continue;
+            }
+            let len = j.w.len();
+            match w_off[ji] {
+                None => {
+                    let u = j.unit.expect("cached jobs have a unit");
+                    let e = inner
+                        .experts
+                        .as_mut()
+                        .expect("on")
+                        .get_mut(&u)
+                        .expect("made above");
+                    copy.memcpy_htod(j.w, &mut e.0)
+                        .map_err(|e| dev_err("expert upload", e))?;
+                    e.1 = false;
+                    inner.stats.expert_upload_bytes += len as u64;
+                }
+                Some(off) => {
+                    let wb = inner.w.as_mut().expect("grown");
+                    copy.memcpy_htod(j.w, &mut wb.slice_mut(off..off + len))
+                        .map_err(|e| dev_err("copy weights", e))?;
+                    inner.stats.transient_bytes += len as u64;
+                }
+            }
+            bytes += len as u64;
+            if host.covers(j.w.as_ptr() as usize, len) {
+                pinned += len as u64;
+            }
+        }
+        drop(host);
+        inner.up_end.record(copy).map_err(|e| dev_err("event", e))?;
+        inner.stats.upload_bytes += bytes;
+        inner.stats.upload_pinned_bytes += pinned;
+        Ok(())
+    }
+}
+
+/// Alignment of the jobs' X / Y rows (floats, 256 bytes) and of their weights in the
+/// scratch buffer (bytes).
+const ALIGN_F: usize = 64;
+const ALIGN_B: usize = 256;
+
+/// Where each job's input and output rows go in the call's X and Y buffers: inputs one
+/// copy per distinct slice (`x_offs`, the job's slice `x_of`), outputs one per job, each
+/// aligned to [`ALIGN_F`] floats.
+struct XyLayout {
+    x_offs: Vec<usize>,
+    x_of: Vec<usize>,
+    x_total: usize,
+    y_offs: Vec<usize>,
+    y_total: usize,
+}
+
+fn xy_layout(jobs: &[&mut LinearJob<'_>]) -> XyLayout {
+    // Inputs: one copy per distinct slice.
+    let mut x_keys: Vec<(usize, usize)> = Vec::new();
+    let mut x_offs: Vec<usize> = Vec::new();
+    let mut x_of = Vec::with_capacity(jobs.len());
+    let mut x_total = 0usize;
+    for j in jobs.iter() {
+        let key = (j.x.as_ptr() as usize, j.x.len());
+        let i = match x_keys.iter().position(|k| *k == key) {
+            Some(i) => i,
+            None => {
+                x_keys.push(key);
+                x_offs.push(x_total);
+                x_total += j.x.len().next_multiple_of(ALIGN_F);
+                x_keys.len() - 1
+            }
+        };
+        x_of.push(i);
+    }
+    let mut y_offs = Vec::with_capacity(jobs.len());
+    let mut y_total = 0usize;
+    for j in jobs.iter() {
+        y_offs.push(y_total);
+        y_total += j.y.len().next_multiple_of(ALIGN_F);
+    }
+    XyLayout {
+        x_offs,
+        x_of,
+        x_total,
+        y_offs,
+        y_total,
+    }
+}
+
+/// One launch of the matvec kernels: (format, first job, jobs, most rows, most token
+/// groups, whether its weights are uploaded by this call).
+type MvLaunch = (usize, usize, usize, usize, usize, bool);
+
+/// The matvec jobs' table (per phase, 0: weights already in VRAM, 1: uploaded by this
+/// call, one launch per format; blockIdx.y = job) and its launches; `addr(ji)`: job ji's
+/// W, X and Y device addresses; tiled jobs are left out.
+fn job_table(
+    jobs: &[&mut LinearJob<'_>],
+    fis: &[usize],
+    pending: &[bool],
+    tiled: &dyn Fn(&LinearJob<'_>) -> bool,
+    addr: &dyn Fn(usize) -> (u64, u64, u64),
+) -> (Vec<u8>, Vec<MvLaunch>) {
+    let mut table: Vec<u8> = Vec::new();
+    let mut launches: Vec<MvLaunch> = Vec::new();
+    for phase in [false, true] {
+        for fi in 0..FORMATS.len() {
+            let mut first = table.len() / MV_JOB_BYTES;
+            let (mut count, mut max_rows, mut max_groups) = (0usize, 0usize, 0usize);
+            for (ji, j) in jobs.iter().enumerate() {
+                if fis[ji] != fi || tiled(j) || pending[ji] != phase {
+                    continue;
+                }
+                let (w, x, y) = addr(ji);
+                table.extend_from_slice(&w.to_le_bytes());
+                table.extend_from_slice(&x.to_le_bytes());
+                table.extend_from_slice(&y.to_le_bytes());
+                table.extend_from_slice(&((j.w.len() / j.rows) as i64).to_le_bytes());
+                table.extend_from_slice(&(j.rows as i32).to_le_bytes());
+                table.extend_from_slice(&(j.cols as i32).to_le_bytes());
+                table.extend_from_slice(&(j.n as i32).to_le_bytes());
+                table.extend_from_slice(&0i32.to_le_bytes());
+                count += 1;
+                max_rows = max_rows.max(j.rows);
+                max_groups = max_groups.max(j.n.div_ceil(MATVEC_MAX_N));
+                if count == MAX_GRID_Y {
+                    launches.push((fi, first, count, max_rows, max_groups, phase));
+                    first += count;
+                    (count, max_rows, max_groups) = (0, 0, 0);
+                }
+            }
+            if count > 0 {
+                launches.push((fi, first, count, max_rows, max_groups, phase));
+            }
+        }
+    }
+    (table, launches)
 }
 
 /// Waits for two streams when dropped (errors ignored: the call already reports one).

@@ -1,0 +1,165 @@
+//! The weight products of the GPU decoder: [`GpuDecoder::mv`] picks, for up to three
+//! matrices of one format and shape, the tensor-core kernel (`mvt_*`, or `mvt1_*` for chunks
+//! of at most 8 rows with [`Mvt1Staging`]'s staging) or the f32 one (`mvg_*`), and launches
+//! it over a chunk table.
+
+use sluice_kernels::GgmlType;
+use sluice_models::ModelError;
+
+use crate::forward::scratch::Rows;
+use crate::forward::{i32_of, DMat, GpuDecoder};
+use crate::{kernels, Mma};
+
+/// Whether the tensor-core products (`mvt_*`, f16 operands) take weights of `ty`: every
+/// format whose values f16 holds, i.e. all but F32 and BF16 (their range and precision
+/// stay on the f32 kernels).
+pub(crate) fn takes_f16(ty: GgmlType) -> bool {
+    !matches!(ty, GgmlType::F32 | GgmlType::BF16)
+}
+
+/// Weight rows and threads of one block of `mvt_*` (`MVT_ROWS`, `MVT_WARPS` of
+/// `forward.cu`) and of `mvg_*` (a warp per row, `MVG_WARPS`).
+pub(crate) const MVT_ROWS: usize = 16;
+
+pub(crate) const MVT_THREADS: u32 = 16 * 32;
+
+pub(crate) const MVG_ROWS: usize = 4;
+
+pub(crate) const MVG_THREADS: u32 = MVG_ROWS as u32 * 32;
+
+/// Columns of one step of `mvt_*` (MVT_WARPS * 32) and the bytes of `mvt1_*`'s partial
+/// sums (`MVT_PART(1)`), the least dynamic shared memory it takes.
+pub(crate) const MVT_STEP: usize = 512;
+
+pub(crate) const MVT1_PART: usize = 16 * 4 * 32 * 4;
+
+pub(crate) const MVT1_MAX_STAGES: usize = 8;
+
+/// The decode kernel's default staging: three steps of 1536 columns in flight. On the H200
+/// (tg64, `SLUICE_CUDA_MVT1_STAGES` / `SLUICE_CUDA_MVT1_STEP` swept in one call): 30B-A3B
+/// Q4_K 158.1 t/s vs 130.1 with 512-column steps (145.2 for the static 3 x 16 KB buffers
+/// before), GLM-5.2 4-layer cut (Q8_0, IQ2_XXS) 307.9 vs 212.0, Gemma 3 cut 4293 vs 3807;
+/// 2048-column and wider steps were slower on the 30B and the GLM cut (115.6, 200.7) and
+/// about even on the Gemma cut (4321-4340); more stages gained nothing.
+pub(crate) const MVT1_STAGES: usize = 3;
+
+pub(crate) const MVT1_STEP: usize = 1536;
+
+/// How the decode kernel `mvt1_*` stages a matrix's bytes: `stages` steps at once of
+/// `step` columns (a multiple of MVT_STEP; fewer when the matrix has fewer or their bytes
+/// pass `stage_bytes`, 0: no byte limit), in at most `smem_max` bytes of shared memory.
+/// Never changes a bit (forward.cu: a warp takes the same column groups in the same order
+/// whatever the step).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mvt1Staging {
+    pub(crate) stages: usize,
+    pub(crate) step: usize,
+    pub(crate) stage_bytes: usize,
+    pub(crate) smem_max: usize,
+}
+
+impl Mvt1Staging {
+    /// (stages, step columns, stage buffer bytes, dynamic shared memory) for a matrix of
+    /// `cols` columns and `row_bytes` a row.
+    pub(crate) fn layout(&self, cols: usize, row_bytes: usize) -> (usize, usize, usize, usize) {
+        let per_step = MVT_ROWS * MVT_STEP * row_bytes / cols;
+        let fit = |bytes: usize| (bytes / per_step.max(1)).max(1);
+        let mut mult = (self.step / MVT_STEP).max(1);
+        if self.stage_bytes > 0 {
+            mult = mult.min(fit(self.stage_bytes));
+        }
+        mult = mult.min(cols.div_ceil(MVT_STEP)).min(fit(self.smem_max));
+        let step = MVT_STEP * mult;
+        let stage = (per_step * mult).next_multiple_of(16);
+        let stages = self.stages.clamp(1, (self.smem_max / stage).max(1));
+        (stages, step, stage, (stages * stage).max(MVT1_PART))
+    }
+}
+
+impl GpuDecoder {
+    /// `y[rows_of_chunks] = W x` for every `(W, y)` of `parts`, through the chunk table at
+    /// `chunks` (`grid_y` blocks in y, the count at `nchunks`). Consecutive matrices of the
+    /// same format and shape (q, k and v; gate and up) share a launch, up to three.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn mv(
+        &self,
+        parts: &[(&DMat, u64)],
+        chunks: u64,
+        nchunks: u64,
+        grid_y: usize,
+        x: u64,
+        x_div: usize,
+        small: bool,
+    ) -> Result<(), ModelError> {
+        if grid_y == 0 {
+            return Ok(());
+        }
+        let gy = u32::try_from(grid_y)
+            .ok()
+            .filter(|&g| g <= 65_535)
+            .ok_or_else(|| ModelError::Compute(format!("cuda: {grid_y} chunks in one launch")))?;
+        let mut rest = parts;
+        while let Some((&(m, _), _)) = rest.split_first() {
+            let same = |(o, _): &&(&DMat, u64)| {
+                o.fi == m.fi && o.cols == m.cols && o.row_bytes == m.row_bytes
+            };
+            let n = rest.iter().take(3).take_while(same).count();
+            let (group, tail) = rest.split_at(n);
+            rest = tail;
+            let mvt = match &self.f.mvt[m.fi] {
+                Some(_) if small && self.d.mma == Mma::Prefill => None,
+                k => k.as_ref(),
+            };
+            let (k, rows_per_block, threads) = match mvt {
+                Some([one, four]) => (if small { one } else { four }, MVT_ROWS, MVT_THREADS),
+                None => (&self.f.mvg[m.fi], MVG_ROWS, MVG_THREADS),
+            };
+            let decode = mvt.is_some() && small;
+            // Unused slots: no rows (no blocks), their table and output never read.
+            let part = |i: usize| group.get(i).map_or((m, 0, 0u64), |&(d, y)| (d, d.rows, y));
+            let (p0, p1, p2) = (part(0), part(1), part(2));
+            let blocks: usize = [p0.1, p1.1, p2.1]
+                .iter()
+                .map(|r| r.div_ceil(rows_per_block))
+                .sum();
+            let mut smem = 0;
+            let mut staging = None;
+            if decode {
+                let (stages, step, stage, bytes) = self.mvt1.layout(m.cols, m.row_bytes as usize);
+                staging = Some([stages as i32, step as i32, stage as i32]);
+                smem = bytes;
+            }
+            kernels::Mv {
+                w0: self.ptrs_base + 8 * p0.0.tab as u64,
+                w1: self.ptrs_base + 8 * p1.0.tab as u64,
+                w2: self.ptrs_base + 8 * p2.0.tab as u64,
+                chunks,
+                n_chunks: nchunks,
+                x,
+                x_div: x_div as i32,
+                y0: p0.2,
+                y1: p1.2,
+                y2: p2.2,
+                rows0: i32_of(p0.1, "rows")?,
+                rows1: i32_of(p1.1, "rows")?,
+                rows2: i32_of(p2.1, "rows")?,
+                cols: i32_of(m.cols, "columns")?,
+                row_bytes: m.row_bytes,
+                staging,
+            }
+            .launch(self, k, (blocks as u32, gy, 1), threads, smem)?;
+        }
+        Ok(())
+    }
+
+    /// `y = W x` for every `(W, y)` of `parts` over the rows `rows` names ([`Self::mv`] with
+    /// one row of X per output row).
+    pub(crate) fn mv_rows(
+        &self,
+        parts: &[(&DMat, u64)],
+        rows: Rows,
+        x: u64,
+    ) -> Result<(), ModelError> {
+        self.mv(parts, rows.table, rows.count, rows.chunks, x, 1, rows.small)
+    }
+}

@@ -1,0 +1,230 @@
+//! The GPU decoder's blocks against the CPU's, in the spirit of llama.cpp's
+//! `test-backend-ops` (needs a CUDA device; ignored otherwise:
+//! `cargo test --release -p sluice-cuda --test gpu_blocks -- --ignored --test-threads 1`,
+//! once as is (f16 operands on tensor cores) and once with `SLUICE_CUDA_MMA=0` (f32
+//! operands)).
+//!
+//! Each case is the smallest random-weight model that holds a set of block kinds (so every
+//! kind of `crates/cuda/src/blocks/` is covered by at least one case), run through the CPU
+//! decoder with reference products (every weight row dequantized, f32 activations, sums in
+//! f64: the oracle) and through the GPU decoder (`GpuDecoder`, the whole forward pass), 40
+//! tokens in chunks of 16 (the last chunk of 8 takes the decode kernels). Per position the
+//! deviation is `max |gpu - cpu| / max |cpu|` over the logits. Bounds, set before a run on
+//! a device:
+//! - f32 operands: median within 1e-6 of the largest logit, worst within 1e-5 (the
+//!   whole-forward tests measured 2.9e-7 to 9.1e-7 medians and a worst of 1.3e-6 on the
+//!   H200; the worst is looser for the discontinuous choices, router and indexer top-k);
+//! - f16 operands: median within 2e-2 (f16 rounding of the weights' products, and near-tied
+//!   router / indexer scores on random weights may pick other rows: GLM-DSA's and
+//!   GLM-5.3-Flash's whole-forward bound).
+//!
+//! Not an isolated-block harness: a block runs inside its smallest model, so a failure names
+//! the case's blocks, not one kernel (the kernels themselves are `gpu_kernels`' tests).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+use sluice_cuda::forward::{ExpertPlacement, GpuDecoder};
+use sluice_cuda::Cuda;
+use sluice_engine::models::compute::Compute;
+use sluice_engine::{Logits, Model};
+use sluice_kernels::{dequantize_row, GgmlType, KernelError};
+
+/// The oracle products: every weight row dequantized by the reference, f32 activations,
+/// sums in f64 (as `gpu_logits`' `RefCompute`).
+struct RefCompute;
+
+impl Compute for RefCompute {
+    fn linear(
+        &self,
+        ty: GgmlType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let rb = w.len() / rows;
+        let per_row: Vec<Vec<f32>> = (0..rows)
+            .into_par_iter()
+            .map(|r| {
+                let mut d = vec![0.0f32; cols];
+                dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut d)?;
+                Ok((0..n)
+                    .map(|t| {
+                        d.iter()
+                            .zip(&x[t * cols..(t + 1) * cols])
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>() as f32
+                    })
+                    .collect())
+            })
+            .collect::<Result<_, KernelError>>()?;
+        for (r, c) in per_row.iter().enumerate() {
+            for (t, v) in c.iter().enumerate() {
+                y[t * rows + r] = *v;
+            }
+        }
+        Ok(())
+    }
+
+    fn name(&self) -> &'static str {
+        "reference"
+    }
+}
+
+const TOKENS: u32 = 40;
+const CHUNK: usize = 16;
+
+fn fixtures() -> PathBuf {
+    match std::env::var_os("SLUICE_FIXTURES") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures"),
+    }
+}
+
+/// Every position's logits of `toks` on `path`: on the GPU decoder, or on the CPU with
+/// reference products.
+fn logits(path: &Path, toks: &[u32], gpu: bool) -> (Vec<f32>, usize) {
+    let mut m = Model::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    if gpu {
+        let c = Cuda::new(m.map.bytes())
+            .unwrap_or_else(|e| panic!("this test needs a CUDA device: {e}"));
+        let plan = m.plan().expect("a plan for this architecture");
+        let dec = GpuDecoder::new(&c, plan, m.map.bytes(), ExpertPlacement::Resident)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        m.set_device_forward(Box::new(dec));
+    } else {
+        m.set_compute(Box::new(RefCompute));
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .build()
+        .unwrap();
+    let mut kv = m.new_state(toks.len() + 8, true);
+    let mut out = Vec::new();
+    for c in toks.chunks(CHUNK) {
+        out.extend(pool.install(|| m.forward(&mut kv, c, Logits::All)).unwrap());
+    }
+    (out, m.cfg.n_vocab)
+}
+
+/// Per position `max |gpu - cpu| / max |cpu|`, sorted.
+fn deviations(gpu: &[f32], cpu: &[f32], n_vocab: usize) -> Vec<f32> {
+    assert_eq!(gpu.len(), cpu.len());
+    let mut d: Vec<f32> = gpu
+        .chunks(n_vocab)
+        .zip(cpu.chunks(n_vocab))
+        .map(|(g, c)| {
+            let diff = g
+                .iter()
+                .zip(c)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            let top = c.iter().map(|v| v.abs()).fold(0.0, f32::max);
+            diff / top
+        })
+        .collect();
+    d.sort_by(f32::total_cmp);
+    d
+}
+
+/// Case `what` (the block kinds it holds) on the model at `path`: the GPU against the CPU
+/// within the module's bounds.
+fn check(what: &str, path: &Path) {
+    let vocab = Model::load(path).unwrap().cfg.n_vocab as u32;
+    let toks: Vec<u32> = (0..TOKENS).map(|i| (i * 37 + 11) % vocab).collect();
+    let (gpu, n_vocab) = logits(path, &toks, true);
+    let (cpu, _) = logits(path, &toks, false);
+    let d = deviations(&gpu, &cpu, n_vocab);
+    let (median, worst) = (d[d.len() / 2], d[d.len() - 1]);
+    let f32_operands = std::env::var("SLUICE_CUDA_MMA").as_deref() == Ok("0");
+    eprintln!(
+        "{what} ({} operands, {} positions): max |gpu - cpu| / max |cpu|: median {median:e}, worst {worst:e}",
+        if f32_operands { "f32" } else { "f16" },
+        d.len()
+    );
+    assert!(
+        gpu.iter().all(|v| v.is_finite()),
+        "{what}: non-finite logits"
+    );
+    if f32_operands {
+        assert!(median <= 1e-6, "{what}: median {median:e} > 1e-6");
+        assert!(worst <= 1e-5, "{what}: worst {worst:e} > 1e-5");
+    } else {
+        assert!(median <= 2e-2, "{what}: median {median:e} > 2e-2");
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("sluice-gpu-blocks-{name}-{}", std::process::id()))
+}
+
+/// GQA attention (q / k norms, NEOX RoPE), the softmax router's MoE (F32 weights).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gqa_and_moe_match_the_cpu() {
+    check(
+        "attention (GQA) + moe",
+        &fixtures().join("qwen3moe/a-f32.gguf"),
+    );
+}
+
+/// Absorbed MLA with GLM's DSA indexer (`dsa_indexer`) and a dense FFN (1 layer), then the
+/// biased sigmoid router's MoE with its shared expert (2 layers).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn mla_dsa_ffn_and_shared_moe_match_the_cpu() {
+    let dir = scratch("mla");
+    check(
+        "mla + dsa_indexer + ffn",
+        &common::glm_dsa_wide_mla(&dir, 1, 16),
+    );
+    check(
+        "mla + dsa_indexer + ffn + moe (shared)",
+        &common::glm_dsa_wide_mla(&dir, 2, 16),
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// DeepSeek V4 attention (window, compressor, lightning indexer, sinks, grouped output),
+/// hyper-connections with the learned head mix, the hashed and biased routers.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn dsv4_attention_and_hyper_match_the_cpu() {
+    let dir = scratch("dsv4");
+    check(
+        "dsv4_attention + hyper + moe (hash)",
+        &common::deepseek4_wide(&dir, 8),
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Gated DeltaNet, QSA, the low-rank hyper-connection mixers, the hashed n-gram PLE layer
+/// and the gated shared expert.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn deltanet_qsa_lowrank_and_ple_match_the_cpu() {
+    let dir = scratch("q4");
+    check(
+        "deltanet + qsa + hyper_lowrank + ple + moe (gated shared)",
+        &common::qwen4exp_wide(&dir, 4),
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Kimi delta attention, pooled latent attention with the k-pool indexer, the streams'
+/// mean before the head.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn kda_and_pooled_mla_match_the_cpu() {
+    let dir = scratch("g5");
+    check(
+        "kda + mla_pooled + hyper (mean head)",
+        &common::glm5next_wide(&dir),
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
