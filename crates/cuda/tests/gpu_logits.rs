@@ -9,60 +9,14 @@
 //! unless `SLUICE_REQUIRE_MODELS` is set).
 
 mod common;
+use common::RefCompute;
 
 use std::path::{Path, PathBuf};
 
-use rayon::prelude::*;
 use sluice_cuda::forward::{ExpertPlacement, GpuDecoder};
 use sluice_cuda::Cuda;
 use sluice_engine::eval::read_npy_f32;
-use sluice_engine::models::compute::Compute;
 use sluice_engine::{Logits, Model};
-use sluice_kernels::{dequantize_row, GgmlType, KernelError};
-
-/// The oracle backend: every weight row dequantized by the reference (`dequantize_row`),
-/// f32 activations, products summed in f64. Slow; for small models only.
-struct RefCompute;
-
-impl Compute for RefCompute {
-    fn linear(
-        &self,
-        ty: GgmlType,
-        w: &[u8],
-        rows: usize,
-        cols: usize,
-        x: &[f32],
-        n: usize,
-        y: &mut [f32],
-    ) -> Result<(), KernelError> {
-        let rb = w.len() / rows;
-        let per_row: Vec<Vec<f32>> = (0..rows)
-            .into_par_iter()
-            .map(|r| {
-                let mut d = vec![0.0f32; cols];
-                dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut d)?;
-                Ok((0..n)
-                    .map(|t| {
-                        d.iter()
-                            .zip(&x[t * cols..(t + 1) * cols])
-                            .map(|(a, b)| *a as f64 * *b as f64)
-                            .sum::<f64>() as f32
-                    })
-                    .collect())
-            })
-            .collect::<Result<_, KernelError>>()?;
-        for (r, c) in per_row.iter().enumerate() {
-            for (t, v) in c.iter().enumerate() {
-                y[t * rows + r] = *v;
-            }
-        }
-        Ok(())
-    }
-
-    fn name(&self) -> &'static str {
-        "reference"
-    }
-}
 
 /// Which backend `logits` runs on.
 #[derive(Clone, Copy, PartialEq)]

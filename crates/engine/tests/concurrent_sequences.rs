@@ -143,8 +143,7 @@ fn snapshot_restore_equals_recompute() {
 /// A synthetic qwen3moe large enough that its matmuls split over the compute threads (the
 /// fixture's hidden 64 never does): 2 layers, hidden 512, 32 experts of 512, top-4, Q8_0.
 fn synth_model() -> std::path::PathBuf {
-    use sluice_synth::{Plan, Preset, SynthConfig, Vocab, WriteOptions};
-    use std::sync::atomic::AtomicBool;
+    use sluice_synth::Preset;
     let dir = std::env::temp_dir().join(format!("sluice-concurrent-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("moe.gguf");
@@ -160,25 +159,7 @@ fn synth_model() -> std::path::PathBuf {
         context: 1024,
         ..Preset::Tiny.shape()
     };
-    let cfg = SynthConfig {
-        shape,
-        quant: sluice_gguf::GgmlType::Q8_0,
-        router_skew: 0.0,
-        seed: 0,
-        name: "concurrent prefills".into(),
-    };
-    let plan = Plan::new(&cfg, Vocab::builtin()).unwrap();
-    let cancel = AtomicBool::new(false);
-    sluice_synth::write(
-        &plan,
-        &path,
-        &WriteOptions {
-            force: true,
-            progress: &|_| {},
-            cancel: &cancel,
-        },
-    )
-    .unwrap();
+    common::write_synth_q8_0(&path, shape, 0, "concurrent prefills");
     path
 }
 

@@ -11,7 +11,6 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 
 use common::{fixture_in, json_ids, load_streamed};
 use sluice_engine::tier::{RoutingTrace, StreamingExperts};
@@ -27,7 +26,7 @@ fn scratch(name: &str) -> PathBuf {
 /// A random-weight qwen3moe with `experts` experts per layer, otherwise the trained MoE's
 /// routing geometry (8 layers, all routed, top-4) at a smaller hidden size.
 fn synth(experts: usize) -> PathBuf {
-    use sluice_synth::{Plan, Preset, SynthConfig, Vocab, WriteOptions};
+    use sluice_synth::Preset;
     let path = scratch(&format!("synth-{experts}.gguf"));
     let shape = sluice_synth::Shape {
         layers: 8,
@@ -41,25 +40,7 @@ fn synth(experts: usize) -> PathBuf {
         context: 512,
         ..Preset::Tiny.shape()
     };
-    let cfg = SynthConfig {
-        shape,
-        quant: sluice_gguf::GgmlType::Q8_0,
-        router_skew: 0.0,
-        seed: 7,
-        name: "replay target".into(),
-    };
-    let plan = Plan::new(&cfg, Vocab::builtin()).unwrap();
-    let cancel = AtomicBool::new(false);
-    sluice_synth::write(
-        &plan,
-        &path,
-        &WriteOptions {
-            force: true,
-            progress: &|_| {},
-            cancel: &cancel,
-        },
-    )
-    .unwrap();
+    common::write_synth_q8_0(&path, shape, 7, "replay target");
     path
 }
 

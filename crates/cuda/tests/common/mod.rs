@@ -2,6 +2,10 @@
 
 use std::path::{Path, PathBuf};
 
+use rayon::prelude::*;
+use sluice_engine::models::compute::Compute;
+use sluice_kernels::{dequantize_row, GgmlType, KernelError};
+
 use sluice_synth::glm_dsa::{self as glm, GlmDsaConfig, GlmDsaQuant, GlmDsaShape};
 use sluice_synth::Vocab;
 
@@ -176,4 +180,49 @@ pub fn glm5next_wide(dir: &Path) -> PathBuf {
     let plan = g5::plan(&cfg, Vocab::builtin()).unwrap();
     sluice_synth::write_replacing(&plan, &path).unwrap();
     path
+}
+
+/// The oracle backend: every weight row dequantized by the reference (`dequantize_row`),
+/// f32 activations, products summed in f64. Slow; for small models only.
+#[allow(dead_code)] // no_gpu compiles this module without using it
+pub struct RefCompute;
+
+impl Compute for RefCompute {
+    fn linear(
+        &self,
+        ty: GgmlType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let rb = w.len() / rows;
+        let per_row: Vec<Vec<f32>> = (0..rows)
+            .into_par_iter()
+            .map(|r| {
+                let mut d = vec![0.0f32; cols];
+                dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut d)?;
+                Ok((0..n)
+                    .map(|t| {
+                        d.iter()
+                            .zip(&x[t * cols..(t + 1) * cols])
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>() as f32
+                    })
+                    .collect())
+            })
+            .collect::<Result<_, KernelError>>()?;
+        for (r, c) in per_row.iter().enumerate() {
+            for (t, v) in c.iter().enumerate() {
+                y[t * rows + r] = *v;
+            }
+        }
+        Ok(())
+    }
+
+    fn name(&self) -> &'static str {
+        "reference"
+    }
 }

@@ -325,3 +325,28 @@ pub fn check_prompts_against_transformers(
         }
     }
 }
+
+/// Write a random-weight qwen3moe of `shape` (`sluice synth`, Q8_0, no router skew) to
+/// `path`.
+pub fn write_synth_q8_0(path: &Path, shape: sluice_synth::Shape, seed: u64, name: &str) {
+    use sluice_synth::{Plan, SynthConfig, Vocab, WriteOptions};
+    let cfg = SynthConfig {
+        shape,
+        quant: sluice_gguf::GgmlType::Q8_0,
+        router_skew: 0.0,
+        seed,
+        name: name.into(),
+    };
+    let plan = Plan::new(&cfg, Vocab::builtin()).unwrap();
+    let cancel = std::sync::atomic::AtomicBool::new(false);
+    sluice_synth::write(
+        &plan,
+        path,
+        &WriteOptions {
+            force: true,
+            progress: &|_| {},
+            cancel: &cancel,
+        },
+    )
+    .unwrap();
+}
