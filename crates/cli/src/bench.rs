@@ -243,6 +243,58 @@ fn run_tg(l: &Loaded, toks: &[u32], args: &BenchArgs) -> Result<f64> {
     }
 }
 
+/// `--replay-routing`'s trace, read and checked for its format, after refusing the flags it
+/// cannot go with.
+fn read_replay_trace(args: &BenchArgs) -> Result<Option<sluice_engine::tier::RoutingTrace>> {
+    let Some(p) = &args.replay_routing else {
+        return Ok(None);
+    };
+    if args.model.device.gpu {
+        bail!(
+            "--replay-routing {}: not with --gpu (the GPU's forward pass routes on the device)",
+            p.display()
+        );
+    }
+    if args.model.stream.lookahead {
+        bail!(
+            "--replay-routing {}: not with --lookahead (the prediction would come from this file's router, not the trace's model)",
+            p.display()
+        );
+    }
+    let trace = sluice_engine::tier::RoutingTrace::read(p)
+        .with_context(|| format!("--replay-routing {}", p.display()))?;
+    Ok(Some(trace))
+}
+
+/// Replace the model's routing by `trace` (its geometry checked against the model's), say
+/// so on stderr, and return the CSV's `routing` value (`replay:FILE`).
+fn attach_replay(
+    l: &mut Loaded,
+    p: &std::path::Path,
+    trace: sluice_engine::tier::RoutingTrace,
+) -> Result<String> {
+    let geometry = l.model.routing_geometry();
+    let r = l
+        .model
+        .replay_routing(trace, p)
+        .with_context(|| format!("--replay-routing {}", p.display()))?;
+    let h = &r.trace().header;
+    eprintln!(
+        "routing replayed from {} ({} tokens of {}, {}): an IO benchmark, experts come from the trace, not the router; no logits are claimed",
+        p.display(),
+        r.trace().n_tokens(),
+        h.model,
+        geometry
+    );
+    Ok(format!(
+        "replay:{}",
+        p.file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .replace(',', "_")
+    ))
+}
+
 pub fn main(args: BenchArgs) -> Result<()> {
     if args.repetitions == 0 {
         anyhow::bail!("--repetitions must be at least 1");
@@ -250,55 +302,14 @@ pub fn main(args: BenchArgs) -> Result<()> {
     if let Some(p) = &args.csv {
         crate::common::check_output_file(p, "--csv")?;
     }
-    if let Some(p) = &args.replay_routing {
-        if args.model.device.gpu {
-            bail!(
-                "--replay-routing {}: not with --gpu (the GPU's forward pass routes on the device)",
-                p.display()
-            );
-        }
-        if args.model.stream.lookahead {
-            bail!(
-                "--replay-routing {}: not with --lookahead (the prediction would come from this file's router, not the trace's model)",
-                p.display()
-            );
-        }
-    }
     // A trace is read (and its format checked) before the model loads; its geometry is
     // checked against the model's after.
-    let trace = match &args.replay_routing {
-        None => None,
-        Some(p) => Some(
-            sluice_engine::tier::RoutingTrace::read(p)
-                .with_context(|| format!("--replay-routing {}", p.display()))?,
-        ),
-    };
+    let trace = read_replay_trace(&args)?;
     // Every bench sequence is one test's length (`session`), not --ctx.
     let longest = args.prompt_tokens.max(args.gen_tokens).max(1);
     let mut l = args.model.load_for(Some(longest))?;
     let routing = match (&args.replay_routing, trace) {
-        (Some(p), Some(trace)) => {
-            let geometry = l.model.routing_geometry();
-            let r = l
-                .model
-                .replay_routing(trace, p)
-                .with_context(|| format!("--replay-routing {}", p.display()))?;
-            let h = &r.trace().header;
-            eprintln!(
-                "routing replayed from {} ({} tokens of {}, {}): an IO benchmark, experts come from the trace, not the router; no logits are claimed",
-                p.display(),
-                r.trace().n_tokens(),
-                h.model,
-                geometry
-            );
-            format!(
-                "replay:{}",
-                p.file_name()
-                    .unwrap_or_default()
-                    .to_string_lossy()
-                    .replace(',', "_")
-            )
-        }
+        (Some(p), Some(trace)) => attach_replay(&mut l, p, trace)?,
         _ => "router".to_string(),
     };
     let cfg = &l.model.cfg;
