@@ -84,6 +84,160 @@ fn read_i32_table(
         .collect()
 }
 
+/// `attention.compress_ratios`: one of 0, 4, 128 for each of the `n_layer` layers.
+fn compress_ratios(hp: &Hparams<'_>, n_layer: usize) -> Result<Vec<usize>, ModelError> {
+    let v = hp
+        .array("attention.compress_ratios")
+        .ok_or_else(|| hp.bad(format!("{NAME}.attention.compress_ratios is missing")))?;
+    let r: Option<Vec<usize>> = v.iter().map(|x| x.as_u64().map(|u| u as usize)).collect();
+    let r = r.ok_or_else(|| {
+        hp.bad(format!(
+            "{NAME}.attention.compress_ratios must hold integers >= 0"
+        ))
+    })?;
+    if r.len() < n_layer {
+        return Err(hp.bad(format!(
+            "{NAME}.attention.compress_ratios has {} entries for {n_layer} layers",
+            r.len()
+        )));
+    }
+    if let Some(bad) = r.iter().find(|x| ![0, 4, 128].contains(*x)) {
+        return Err(hp.bad(format!(
+            "{NAME}.attention.compress_ratios holds {bad}; only 0, 4 and 128 are defined"
+        )));
+    }
+    Ok(r)
+}
+
+/// The compressed layers' RoPE table: `attention.compress_rope_freq_base`, with YaRN when
+/// the file says so.
+fn compressed_rope(hp: &Hparams<'_>, n_rot: usize, rope_base: f32) -> Result<Vec<f32>, ModelError> {
+    let compress_base = hp.f_pos_or("attention.compress_rope_freq_base", rope_base)?;
+    // YaRN on the compressed layers when the file says so, or (no type written) when it
+    // carries a scaling factor other than 1; factors below 1 are refused (YaRN extends).
+    let yarn = match hp.rope_scaling(&["none", "yarn"], Some("yarn"))? {
+        RopeScaling::Yarn(f) if f < 1.0 => {
+            return Err(hp.bad(format!(
+                "{NAME}.rope.scaling.factor is {f}; YaRN needs a factor >= 1"
+            )))
+        }
+        RopeScaling::Yarn(f) => Some(f),
+        _ => None,
+    };
+    let rope = if let Some(factor) = yarn {
+        let orig = hp.u_or("rope.scaling.original_context_length", 65_536)?;
+        if orig == 0 {
+            return Err(hp.bad(format!(
+                "{NAME}.rope.scaling.original_context_length must be > 0"
+            )));
+        }
+        yarn_inv_freq(
+            n_rot,
+            compress_base,
+            factor,
+            orig as f32,
+            hp.f_pos_or("rope.scaling.yarn_beta_fast", 32.0)?,
+            hp.f_pos_or("rope.scaling.yarn_beta_slow", 1.0)?,
+        )
+    } else {
+        plain_inv_freq(n_rot, compress_base)
+    };
+    Ok(rope)
+}
+
+/// Layer `il`'s KV compressor `{pre}_*` (`attn_compressor` or `indexer_compressor`) of
+/// `ratio` over rows of `hd`, from inputs of `e`.
+fn load_compressor(
+    t: &Tensors<'_>,
+    il: usize,
+    pre: &str,
+    ratio: usize,
+    hd: usize,
+    e: usize,
+) -> Result<CompressorWeights, ModelError> {
+    let coff = if ratio == 4 { 2 } else { 1 };
+    let n = |s: &str| format!("blk.{il}.{pre}_{s}.weight");
+    Ok(CompressorWeights {
+        ratio,
+        head_dim: hd,
+        coff,
+        kv: t.mat(&n("kv"), coff * hd, e)?,
+        gate: t.mat(&n("gate"), coff * hd, e)?,
+        ape: t.vec_shaped(&n("ape"), &[coff * hd, ratio])?,
+        norm: t.vec(&n("norm"), hd)?,
+    })
+}
+
+/// Layer `il`'s router: the token-id table of a hash layer (every id below `n_expert`),
+/// else the bias of the biased sqrt-softplus router.
+#[allow(clippy::too_many_arguments)]
+fn load_router(
+    t: &Tensors<'_>,
+    il: usize,
+    hashed: bool,
+    k: usize,
+    n_vocab: usize,
+    n_expert: usize,
+    w_norm: bool,
+    w_scale: f32,
+) -> Result<Router, ModelError> {
+    let n = |s: &str| format!("blk.{il}.{s}.weight");
+    let router = if hashed {
+        Router::Hash {
+            table: read_i32_table(t, &n("ffn_gate_tid2eid"), k, n_vocab)?,
+            score: ScoreFn::SqrtSoftplus,
+            norm: w_norm,
+            scale: w_scale,
+        }
+    } else {
+        Router::Biased {
+            score: ScoreFn::SqrtSoftplus,
+            bias: t.vec(&format!("blk.{il}.exp_probs_b.bias"), n_expert)?,
+            norm: w_norm,
+            scale: w_scale,
+        }
+    };
+    if let Router::Hash { table, .. } = &router {
+        if let Some(&bad) = table.iter().find(|&&x| x as usize >= n_expert) {
+            return Err(t.bad(
+                &n("ffn_gate_tid2eid"),
+                format!("names expert {bad}; the layer has {n_expert}"),
+            ));
+        }
+    }
+    Ok(router)
+}
+
+/// The decoder layers and the trailing MTP block(s) of `n_block` blocks: the MTP blocks
+/// (`nextn_predict_layers`) sit after the main layers when the file carries them.
+fn split_mtp(
+    hp: &Hparams<'_>,
+    file: &GgufFile,
+    n_block: usize,
+) -> Result<(usize, usize), ModelError> {
+    let n_mtp = hp.u_or("nextn_predict_layers", 0)?;
+    let n_layer = if n_mtp > 0
+        && n_mtp < n_block
+        && file
+            .tensor(&format!("blk.{}.nextn.eh_proj.weight", n_block - n_mtp))
+            .is_some()
+    {
+        n_block - n_mtp
+    } else {
+        n_block
+    };
+    Ok((n_layer, n_block - n_layer))
+}
+
+/// SiLU, clamped at `limit` when the file sets one (> 0).
+fn clamped_silu(limit: f32) -> Activation {
+    if limit > 0.0 {
+        Activation::SiluClamped { limit }
+    } else {
+        Activation::Silu
+    }
+}
+
 pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, ModelError> {
     let hp = Hparams::new(file, NAME);
     let n_embd = hp.u("embedding_length")?;
@@ -115,43 +269,9 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
             "{NAME}.rope.dimension_count {n_rot} must be even, > 0 and <= key_length {head_dim}"
         )));
     }
-    // The MTP block(s) sit after the main layers when the file carries them.
-    let n_mtp = hp.u_or("nextn_predict_layers", 0)?;
-    let n_layer = if n_mtp > 0
-        && n_mtp < n_block
-        && file
-            .tensor(&format!("blk.{}.nextn.eh_proj.weight", n_block - n_mtp))
-            .is_some()
-    {
-        n_block - n_mtp
-    } else {
-        n_block
-    };
-    let n_mtp = n_block - n_layer;
+    let (n_layer, n_mtp) = split_mtp(&hp, file, n_block)?;
 
-    let ratios: Vec<usize> = {
-        let v = hp
-            .array("attention.compress_ratios")
-            .ok_or_else(|| hp.bad(format!("{NAME}.attention.compress_ratios is missing")))?;
-        let r: Option<Vec<usize>> = v.iter().map(|x| x.as_u64().map(|u| u as usize)).collect();
-        let r = r.ok_or_else(|| {
-            hp.bad(format!(
-                "{NAME}.attention.compress_ratios must hold integers >= 0"
-            ))
-        })?;
-        if r.len() < n_layer {
-            return Err(hp.bad(format!(
-                "{NAME}.attention.compress_ratios has {} entries for {n_layer} layers",
-                r.len()
-            )));
-        }
-        if let Some(bad) = r.iter().find(|x| ![0, 4, 128].contains(*x)) {
-            return Err(hp.bad(format!(
-                "{NAME}.attention.compress_ratios holds {bad}; only 0, 4 and 128 are defined"
-            )));
-        }
-        r
-    };
+    let ratios = compress_ratios(&hp, n_layer)?;
     let n_hc = hp.u("hyper_connection.count")?;
     if n_hc != 4 {
         return Err(hp.bad(format!(
@@ -205,36 +325,7 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     }
     let clamp_exp = hp.per_layer_f32("swiglu_clamp_exp", n_layer, Some(vec![0.0; n_layer]))?;
     let clamp_sh = hp.per_layer_f32("swiglu_clamp_shexp", n_layer, Some(clamp_exp.clone()))?;
-    let compress_base = hp.f_pos_or("attention.compress_rope_freq_base", rope_base)?;
-    // YaRN on the compressed layers when the file says so, or (no type written) when it
-    // carries a scaling factor other than 1; factors below 1 are refused (YaRN extends).
-    let yarn = match hp.rope_scaling(&["none", "yarn"], Some("yarn"))? {
-        RopeScaling::Yarn(f) if f < 1.0 => {
-            return Err(hp.bad(format!(
-                "{NAME}.rope.scaling.factor is {f}; YaRN needs a factor >= 1"
-            )))
-        }
-        RopeScaling::Yarn(f) => Some(f),
-        _ => None,
-    };
-    let rope_compress = if let Some(factor) = yarn {
-        let orig = hp.u_or("rope.scaling.original_context_length", 65_536)?;
-        if orig == 0 {
-            return Err(hp.bad(format!(
-                "{NAME}.rope.scaling.original_context_length must be > 0"
-            )));
-        }
-        yarn_inv_freq(
-            n_rot,
-            compress_base,
-            factor,
-            orig as f32,
-            hp.f_pos_or("rope.scaling.yarn_beta_fast", 32.0)?,
-            hp.f_pos_or("rope.scaling.yarn_beta_slow", 1.0)?,
-        )
-    } else {
-        plain_inv_freq(n_rot, compress_base)
-    };
+    let rope_compress = compressed_rope(&hp, n_rot, rope_base)?;
     let rope_main = plain_inv_freq(n_rot, rope_base);
     let (ix_heads, ix_dim, ix_topk) = (
         hp.u_or("attention.indexer.head_count", 0)?,
@@ -295,20 +386,6 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         })
     };
     let n_mix = (2 + n_hc) * n_hc;
-    let compressor =
-        |il: usize, pre: &str, ratio: usize, hd: usize| -> Result<CompressorWeights, ModelError> {
-            let coff = if ratio == 4 { 2 } else { 1 };
-            let n = |s: &str| format!("blk.{il}.{pre}_{s}.weight");
-            Ok(CompressorWeights {
-                ratio,
-                head_dim: hd,
-                coff,
-                kv: t.mat(&n("kv"), coff * hd, e)?,
-                gate: t.mat(&n("gate"), coff * hd, e)?,
-                ape: t.vec_shaped(&n("ape"), &[coff * hd, ratio])?,
-                norm: t.vec(&n("norm"), hd)?,
-            })
-        };
     let mut layers = Vec::with_capacity(n_layer);
     for il in 0..n_layer {
         let n = |s: &str| format!("blk.{il}.{s}.weight");
@@ -321,7 +398,14 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
         let comp = if ratio == 0 {
             None
         } else {
-            Some(compressor(il, "attn_compressor", ratio, head_dim)?)
+            Some(load_compressor(
+                &t,
+                il,
+                "attn_compressor",
+                ratio,
+                head_dim,
+                e,
+            )?)
         };
         let indexer = if ratio == 4 {
             Some(IndexerWeights {
@@ -330,42 +414,13 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
                 top_k: ix_topk,
                 q_b: t.mat(&n("indexer.attn_q_b"), ix_heads * ix_dim, q_lora)?,
                 proj: t.mat(&n("indexer.proj"), ix_heads, e)?,
-                comp: compressor(il, "indexer_compressor", 4, ix_dim)?,
+                comp: load_compressor(&t, il, "indexer_compressor", 4, ix_dim, e)?,
             })
         } else {
             None
         };
         let experts = t.glu_experts(il, e, Some(n_ff), n_expert)?;
-        let router = if il < n_hash {
-            Router::Hash {
-                table: read_i32_table(&t, &n("ffn_gate_tid2eid"), k, n_vocab)?,
-                score: ScoreFn::SqrtSoftplus,
-                norm: w_norm,
-                scale: w_scale,
-            }
-        } else {
-            Router::Biased {
-                score: ScoreFn::SqrtSoftplus,
-                bias: t.vec(&format!("blk.{il}.exp_probs_b.bias"), n_expert)?,
-                norm: w_norm,
-                scale: w_scale,
-            }
-        };
-        if let Router::Hash { table, .. } = &router {
-            if let Some(&bad) = table.iter().find(|&&x| x as usize >= n_expert) {
-                return Err(t.bad(
-                    &n("ffn_gate_tid2eid"),
-                    format!("names expert {bad}; the layer has {n_expert}"),
-                ));
-            }
-        }
-        let act = |limit: f32| {
-            if limit > 0.0 {
-                Activation::SiluClamped { limit }
-            } else {
-                Activation::Silu
-            }
-        };
+        let router = load_router(&t, il, il < n_hash, k, n_vocab, n_expert, w_norm, w_scale)?;
         let n_ff_sh = n_ff * n_shared;
         layers.push(Layer {
             ratio,
@@ -399,11 +454,11 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
                 gate: UnitMat::from(&experts[0]),
                 up: UnitMat::from(&experts[1]),
                 down: UnitMat::from(&experts[2]),
-                act: act(clamp_exp[il]),
+                act: clamped_silu(clamp_exp[il]),
                 next: None,
             },
             shared: GluWeights::load(&t, il, "_shexp", e, Some(n_ff_sh))?,
-            shared_act: act(clamp_sh[il]),
+            shared_act: clamped_silu(clamp_sh[il]),
             experts,
         });
     }
