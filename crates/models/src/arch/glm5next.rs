@@ -88,6 +88,70 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     Ok(Box::new(load_glm5next(file, map)?))
 }
 
+/// Which of the `n_layer` layers are KDA: `head_count_kv` 0 (a per-layer array), else the
+/// default layout (three KDA layers, then one pooled-attention layer).
+fn kda_layers(hp: &Hparams<'_>, name: &str, n_layer: usize) -> Result<Vec<bool>, ModelError> {
+    let recurrent = match hp.file.get(&format!("{name}.attention.head_count_kv")) {
+        Some(MetaValue::Array(a)) => {
+            let v: Option<Vec<u64>> = a.values.iter().map(MetaValue::as_u64).collect();
+            let v = v.ok_or_else(|| {
+                hp.bad(format!("{name}.attention.head_count_kv must hold integers"))
+            })?;
+            if v.len() < n_layer {
+                return Err(hp.bad(format!(
+                    "{name}.attention.head_count_kv has {} entries for {n_layer} layers",
+                    v.len()
+                )));
+            }
+            v[..n_layer].iter().map(|&x| x == 0).collect()
+        }
+        _ => (0..n_layer).map(|i| i % 4 != 3).collect(),
+    };
+    Ok(recurrent)
+}
+
+/// The pooled layers' indexer types (true = full, computing its own selection; default
+/// every layer), and the check that a shared layer has an earlier full one to reuse.
+fn indexer_types(
+    hp: &Hparams<'_>,
+    name: &str,
+    n_layer: usize,
+    recurrent: &[bool],
+) -> Result<Vec<bool>, ModelError> {
+    let full = match hp.array("attention.indexer.types") {
+        None => vec![true; n_layer],
+        Some(v) => {
+            let b: Option<Vec<bool>> = v
+                .iter()
+                .map(|x| x.as_bool().or_else(|| x.as_u64().map(|u| u != 0)))
+                .collect();
+            let b = b.ok_or_else(|| {
+                hp.bad(format!("{name}.attention.indexer.types must hold booleans"))
+            })?;
+            if b.len() == 1 {
+                vec![b[0]; n_layer]
+            } else if b.len() >= n_layer {
+                b[..n_layer].to_vec()
+            } else {
+                return Err(hp.bad(format!(
+                    "{name}.attention.indexer.types has {} entries for {n_layer} layers",
+                    b.len()
+                )));
+            }
+        }
+    };
+    // A shared layer reuses the previous DSA layer's selection: that layer must be full
+    // or shared in turn, and the first DSA layer must be full.
+    if let Some(il) = (0..n_layer).find(|&i| !recurrent[i] && !full[i]) {
+        if !(0..il).any(|j| !recurrent[j] && full[j]) {
+            return Err(hp.bad(format!(
+                "layer {il} shares the indexer selection but no earlier layer computes one"
+            )));
+        }
+    }
+    Ok(full)
+}
+
 /// Load with the concrete type.
 pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, ModelError> {
     let found = file.architecture()?;
@@ -118,23 +182,7 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
     if n_head == 0 {
         return Err(hp.bad(format!("{name}.attention.head_count must be > 0")));
     }
-    // Which layers are KDA: head_count_kv 0 (per-layer array), else the default layout.
-    let recurrent: Vec<bool> = match hp.file.get(&format!("{name}.attention.head_count_kv")) {
-        Some(MetaValue::Array(a)) => {
-            let v: Option<Vec<u64>> = a.values.iter().map(MetaValue::as_u64).collect();
-            let v = v.ok_or_else(|| {
-                hp.bad(format!("{name}.attention.head_count_kv must hold integers"))
-            })?;
-            if v.len() < n_layer {
-                return Err(hp.bad(format!(
-                    "{name}.attention.head_count_kv has {} entries for {n_layer} layers",
-                    v.len()
-                )));
-            }
-            v[..n_layer].iter().map(|&x| x == 0).collect()
-        }
-        _ => (0..n_layer).map(|i| i % 4 != 3).collect(),
-    };
+    let recurrent = kda_layers(&hp, name, n_layer)?;
     let rot = hp.u_or("rope.dimension_count", 0)?;
     if rot != 0 {
         return Err(hp.bad(format!(
@@ -185,38 +233,7 @@ pub fn load_glm5next(file: &GgufFile, map: &MappedFile) -> Result<Glm5Next, Mode
             "q_lora_rank, kv_lora_rank, key_length_mla, value_length_mla must be > 0".into(),
         ));
     }
-    // Indexer types: true = full (default every layer).
-    let full: Vec<bool> = match hp.array("attention.indexer.types") {
-        None => vec![true; n_layer],
-        Some(v) => {
-            let b: Option<Vec<bool>> = v
-                .iter()
-                .map(|x| x.as_bool().or_else(|| x.as_u64().map(|u| u != 0)))
-                .collect();
-            let b = b.ok_or_else(|| {
-                hp.bad(format!("{name}.attention.indexer.types must hold booleans"))
-            })?;
-            if b.len() == 1 {
-                vec![b[0]; n_layer]
-            } else if b.len() >= n_layer {
-                b[..n_layer].to_vec()
-            } else {
-                return Err(hp.bad(format!(
-                    "{name}.attention.indexer.types has {} entries for {n_layer} layers",
-                    b.len()
-                )));
-            }
-        }
-    };
-    // A shared layer reuses the previous DSA layer's selection: that layer must be full
-    // or shared in turn, and the first DSA layer must be full.
-    if let Some(il) = (0..n_layer).find(|&i| !recurrent[i] && !full[i]) {
-        if !(0..il).any(|j| !recurrent[j] && full[j]) {
-            return Err(hp.bad(format!(
-                "layer {il} shares the indexer selection but no earlier layer computes one"
-            )));
-        }
-    }
+    let full = indexer_types(&hp, name, n_layer, &recurrent)?;
     let n_hc = hp.u("hyper_connection.count")?;
     let hc = HcShape {
         n_hc,

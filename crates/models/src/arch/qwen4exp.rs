@@ -169,6 +169,96 @@ pub fn load(file: &GgufFile, map: &MappedFile) -> Result<Box<dyn Architecture>, 
     Ok(Box::new(a))
 }
 
+/// Which of the `n_layer` layers are recurrent (DeltaNet): `attention.recurrent_layers`,
+/// else every layer but each `full_attention_interval`-th (default 4).
+fn recurrent_layers(hp: &Hparams<'_>, n_layer: usize) -> Result<Vec<bool>, ModelError> {
+    Ok(match array_u64(hp, "attention.recurrent_layers")? {
+        Some(v) if v.len() >= n_layer => v[..n_layer].iter().map(|&x| x != 0).collect(),
+        Some(v) => {
+            return Err(hp.bad(format!(
+                "attention.recurrent_layers has {} entries, {n_layer} layers",
+                v.len()
+            )))
+        }
+        None => {
+            let iv = hp.u_or("full_attention_interval", 4)?.max(1);
+            (0..n_layer).map(|i| (i + 1) % iv != 0).collect()
+        }
+    })
+}
+
+/// The PLE layer `pl` (a recurrent layer below `n_layer`): its n-gram hash constants
+/// (`ple.*`) and the table's place in the file, checked against each other and the
+/// embedding width `e`.
+fn load_ple(
+    hp: &Hparams<'_>,
+    t: &Tensors<'_>,
+    pl: usize,
+    n_layer: usize,
+    recurrent: &[bool],
+    e: usize,
+) -> Result<(NgramHash, MappedPleTable), ModelError> {
+    if pl >= n_layer || !recurrent[pl] {
+        return Err(hp.bad(format!(
+            "PLE layer {pl} must be a recurrent layer < {n_layer}"
+        )));
+    }
+    let ngram = hp.u("ple.ngram_size")?;
+    let hpn = hp.u("ple.heads_per_ngram")?;
+    let need = |k: &str, n: usize| -> Result<Vec<u64>, ModelError> {
+        let v = array_u64(hp, k)?.ok_or_else(|| hp.bad(format!("{NAME}.{k} is missing")))?;
+        if v.len() < n {
+            return Err(hp.bad(format!("{NAME}.{k} has {} entries, {n} needed", v.len())));
+        }
+        Ok(v[..n].to_vec())
+    };
+    if ngram < 2 {
+        return Err(hp.bad("ple.ngram_size must be >= 2".into()));
+    }
+    let nh = (ngram - 1) * hpn;
+    let h = NgramHash {
+        ngram,
+        heads_per_ngram: hpn,
+        eos: hp.u("ple.eos_token_id")? as u32,
+        multipliers: need("ple.layer_multipliers", ngram)?,
+        offsets: need("ple.head_offsets", nh)?,
+        vocab_sizes: need("ple.head_vocab_sizes", nh)?,
+    };
+    let info = t.info(PLE_TABLE)?;
+    if info.dims.len() != 2 {
+        return Err(t.bad(
+            PLE_TABLE,
+            format!("expected shape [width, rows], found {:?}", info.dims),
+        ));
+    }
+    let width = info.dims[0] as usize;
+    let n_rows = info.dims[1];
+    t.check_type(PLE_TABLE, info.ty)?;
+    if width * nh != e {
+        return Err(hp.bad(format!(
+            "PLE rows of {width} x {nh} heads != embedding_length {e}"
+        )));
+    }
+    let max = (0..nh)
+        .map(|i| h.offsets[i].saturating_add(h.vocab_sizes[i]))
+        .max()
+        .unwrap_or(0);
+    if h.vocab_sizes.contains(&0) || max > n_rows {
+        return Err(hp.bad(format!(
+            "PLE head offsets + sizes reach {max}, the table has {n_rows} rows"
+        )));
+    }
+    let range = t.range(info);
+    let table = MappedPleTable {
+        ty: info.ty,
+        start: range.start,
+        row_bytes: info.ty.row_bytes(width as u64).unwrap_or(0) as usize,
+        width,
+        n_rows,
+    };
+    Ok((h, table))
+}
+
 /// Load with the concrete type (tests and the PLE source setter use it).
 pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, ModelError> {
     let hp = Hparams::new(file, NAME);
@@ -218,19 +308,7 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
             "expert_used_count {k} must be in 1..=expert_count {n_expert}"
         )));
     }
-    let recurrent: Vec<bool> = match array_u64(&hp, "attention.recurrent_layers")? {
-        Some(v) if v.len() >= n_layer => v[..n_layer].iter().map(|&x| x != 0).collect(),
-        Some(v) => {
-            return Err(hp.bad(format!(
-                "attention.recurrent_layers has {} entries, {n_layer} layers",
-                v.len()
-            )))
-        }
-        None => {
-            let iv = hp.u_or("full_attention_interval", 4)?.max(1);
-            (0..n_layer).map(|i| (i + 1) % iv != 0).collect()
-        }
-    };
+    let recurrent = recurrent_layers(&hp, n_layer)?;
     let mut notes = Vec::new();
     let mut ratios: Vec<usize> = match array_u64(&hp, "attention.compress_ratios")? {
         Some(v) if v.len() >= n_layer => v[..n_layer].iter().map(|&x| x as usize).collect(),
@@ -286,68 +364,12 @@ pub fn load_qwen4exp(file: &GgufFile, map: &MappedFile) -> Result<Qwen4Exp, Mode
     }
     let t = Tensors::new(file, map);
     let n_vocab = hp.n_vocab()?;
-    let (hash, table) = if let Some(&pl) = ple_layers.first() {
-        if pl >= n_layer || !recurrent[pl] {
-            return Err(hp.bad(format!(
-                "PLE layer {pl} must be a recurrent layer < {n_layer}"
-            )));
+    let (hash, table) = match ple_layers.first() {
+        Some(&pl) => {
+            let (h, table) = load_ple(&hp, &t, pl, n_layer, &recurrent, e)?;
+            (Some(h), Some(table))
         }
-        let ngram = hp.u("ple.ngram_size")?;
-        let hpn = hp.u("ple.heads_per_ngram")?;
-        let need = |k: &str, n: usize| -> Result<Vec<u64>, ModelError> {
-            let v = array_u64(&hp, k)?.ok_or_else(|| hp.bad(format!("{NAME}.{k} is missing")))?;
-            if v.len() < n {
-                return Err(hp.bad(format!("{NAME}.{k} has {} entries, {n} needed", v.len())));
-            }
-            Ok(v[..n].to_vec())
-        };
-        if ngram < 2 {
-            return Err(hp.bad("ple.ngram_size must be >= 2".into()));
-        }
-        let nh = (ngram - 1) * hpn;
-        let h = NgramHash {
-            ngram,
-            heads_per_ngram: hpn,
-            eos: hp.u("ple.eos_token_id")? as u32,
-            multipliers: need("ple.layer_multipliers", ngram)?,
-            offsets: need("ple.head_offsets", nh)?,
-            vocab_sizes: need("ple.head_vocab_sizes", nh)?,
-        };
-        let info = t.info(PLE_TABLE)?;
-        if info.dims.len() != 2 {
-            return Err(t.bad(
-                PLE_TABLE,
-                format!("expected shape [width, rows], found {:?}", info.dims),
-            ));
-        }
-        let width = info.dims[0] as usize;
-        let n_rows = info.dims[1];
-        t.check_type(PLE_TABLE, info.ty)?;
-        if width * nh != e {
-            return Err(hp.bad(format!(
-                "PLE rows of {width} x {nh} heads != embedding_length {e}"
-            )));
-        }
-        let max = (0..nh)
-            .map(|i| h.offsets[i].saturating_add(h.vocab_sizes[i]))
-            .max()
-            .unwrap_or(0);
-        if h.vocab_sizes.contains(&0) || max > n_rows {
-            return Err(hp.bad(format!(
-                "PLE head offsets + sizes reach {max}, the table has {n_rows} rows"
-            )));
-        }
-        let range = t.range(info);
-        let table = MappedPleTable {
-            ty: info.ty,
-            start: range.start,
-            row_bytes: info.ty.row_bytes(width as u64).unwrap_or(0) as usize,
-            width,
-            n_rows,
-        };
-        (Some(h), Some(table))
-    } else {
-        (None, None)
+        None => (None, None),
     };
 
     let d = s * e;
