@@ -3,6 +3,7 @@
 //! drains and exits 0, a public bind without a key is refused. Every wait is bounded.
 
 mod common;
+use common::http;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -22,27 +23,6 @@ fn fixture() -> String {
 
 fn sluice() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
-}
-
-/// One HTTP/1.1 request (Connection: close); returns status and body.
-fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(TIMEOUT)).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let status = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap();
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    (status, body.to_string())
 }
 
 struct Server {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -145,4 +146,29 @@ pub fn exited(out: &Output) -> i32 {
             String::from_utf8_lossy(&out.stderr)
         ),
     }
+}
+
+/// How long `http` waits for a response.
+pub const HTTP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One HTTP/1.1 request (Connection: close, read timeout `HTTP_TIMEOUT`); returns status
+/// and body.
+pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(HTTP_TIMEOUT)).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap();
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, body.to_string())
 }
