@@ -654,6 +654,26 @@ fn a_tokenizer_that_does_not_match_the_embedding_is_refused() {
 
 // ---- all items: a sweep over every numeric key ------------------------------------------
 
+/// Load `m` and evaluate three tokens on another thread, under a 120 s watchdog:
+/// `Ok(None)` when it loaded, `Ok(Some(error))` when it was refused, `Err(why)` when it
+/// hung or panicked.
+fn load_and_eval(m: &Path) -> Result<Option<String>, &'static str> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mc = m.to_path_buf();
+    std::thread::spawn(move || {
+        let r = Model::load(&mc).map(|model| {
+            let mut st = model.new_state(64, false);
+            let _ = model.forward(&mut st, &[1, 2, 3], sluice_models::Logits::All);
+        });
+        let _ = tx.send(r.err().map(|e| e.to_string()));
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(120)) {
+        Ok(r) => Ok(r),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err("still running after 120 s"),
+        Err(_) => Err("panicked"),
+    }
+}
+
 /// Hostile values of the same type as `v` (None: not a numeric scalar).
 fn hostile(v: &MetaValue) -> Option<Vec<MetaValue>> {
     Some(match v {
@@ -718,25 +738,13 @@ fn every_numeric_key_set_to_a_hostile_value_loads_or_fails_cleanly() {
                 let m = dir.join(format!("{fdir}-{i}-{j}.gguf"));
                 let dst = std::fs::File::create(&m).unwrap();
                 GgufWriter::rewrite(&f2, &mut std::io::Cursor::new(&bytes), dst, &m).unwrap();
-                let (tx, rx) = std::sync::mpsc::channel();
-                let mc = m.clone();
-                std::thread::spawn(move || {
-                    let r = Model::load(&mc).map(|model| {
-                        let mut st = model.new_state(64, false);
-                        let _ = model.forward(&mut st, &[1, 2, 3], sluice_models::Logits::All);
-                    });
-                    let _ = tx.send(r.err().map(|e| e.to_string()));
-                });
                 let what = format!("{key} = {hv:?}");
-                match rx.recv_timeout(std::time::Duration::from_secs(120)) {
+                match load_and_eval(&m) {
                     Ok(Some(e)) if !e.contains(&m.display().to_string()) || e.contains('\n') => {
                         failures.push(format!("{what}: error not one line naming the file: {e}"))
                     }
                     Ok(_) => {}
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                        failures.push(format!("{what}: still running after 120 s"))
-                    }
-                    Err(_) => failures.push(format!("{what}: panicked")),
+                    Err(why) => failures.push(format!("{what}: {why}")),
                 }
                 std::fs::remove_file(&m).unwrap();
             }
@@ -788,26 +796,14 @@ fn every_tensor_reshaped_loads_or_fails_cleanly() {
             let m = dir.join(format!("{fdir}-{i}.gguf"));
             let dst = std::fs::File::create(&m).unwrap();
             GgufWriter::rewrite(&f2, &mut std::io::Cursor::new(&bytes), dst, &m).unwrap();
-            let (tx, rx) = std::sync::mpsc::channel();
-            let mc = m.clone();
-            std::thread::spawn(move || {
-                let r = Model::load(&mc).map(|model| {
-                    let mut st = model.new_state(64, false);
-                    let _ = model.forward(&mut st, &[1, 2, 3], sluice_models::Logits::All);
-                });
-                let _ = tx.send(r.err().map(|e| e.to_string()));
-            });
             let what = format!("{fdir} {} {:?} as {new:?}", t.name, t.dims);
-            match rx.recv_timeout(std::time::Duration::from_secs(120)) {
+            match load_and_eval(&m) {
                 Ok(Some(e)) if !e.contains(&m.display().to_string()) || e.contains('\n') => {
                     failures.push(format!("{what}: error not one line naming the file: {e}"))
                 }
                 Ok(None) => failures.push(format!("{what}: accepted")),
                 Ok(Some(_)) => {}
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                    failures.push(format!("{what}: still running after 120 s"))
-                }
-                Err(_) => failures.push(format!("{what}: panicked")),
+                Err(why) => failures.push(format!("{what}: {why}")),
             }
             std::fs::remove_file(&m).unwrap();
         }
