@@ -286,11 +286,7 @@ fn serve_record_routing_and_stats_report_at_exit() {
     );
     // --record-routing: written at exit, and cache-sim replays it.
     assert!(trace.exists(), "no routing trace written: {err}");
-    let sim = sluice(&["cache-sim", trace.to_str().unwrap(), "--budget", "50%"]);
-    let text =
-        String::from_utf8_lossy(&sim.stdout).to_string() + &String::from_utf8_lossy(&sim.stderr);
-    assert!(sim.status.success(), "{text}");
-    assert!(text.contains("belady") && text.contains("lru"), "{text}");
+    common::assert_cache_sim_replays(&trace);
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -304,11 +304,7 @@ fn streaming_stats_reconcile_and_trace_replays() {
         .lines()
         .any(|l| l.starts_with("cache:") && l.contains("evictions")));
     assert!(trace.exists());
-    let sim = sluice(&["cache-sim", trace.to_str().unwrap(), "--budget", "50%"]);
-    let text =
-        String::from_utf8_lossy(&sim.stdout).to_string() + &String::from_utf8_lossy(&sim.stderr);
-    assert!(sim.status.success(), "{text}");
-    assert!(text.contains("belady") && text.contains("lru"), "{text}");
+    common::assert_cache_sim_replays(&trace);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -172,3 +172,12 @@ pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
     (status, body.to_string())
 }
+
+/// `sluice cache-sim` replays the routing trace at `trace` (a table with Belady and LRU).
+pub fn assert_cache_sim_replays(trace: &std::path::Path) {
+    let sim = sluice(&["cache-sim", trace.to_str().unwrap(), "--budget", "50%"]);
+    let text =
+        String::from_utf8_lossy(&sim.stdout).to_string() + &String::from_utf8_lossy(&sim.stderr);
+    assert!(sim.status.success(), "{text}");
+    assert!(text.contains("belady") && text.contains("lru"), "{text}");
+}
