@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--moe" ]; then
     cargo build --release -p sluice-cli
-    exec target/release/sluice run -m tests/fixtures/trained-moe/trained-moe-q8_0.gguf --raw \
+    exec target/release/sluice run -m tests/fixtures/trained-moe/trained-moe-q4_0.gguf --raw \
         -p "import os
 
 

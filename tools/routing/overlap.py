@@ -3,6 +3,7 @@
 that says whether batching drafted tokens (speculative decoding) could save expert reads.
 
     python3 tools/routing/overlap.py TRACE[.xz] ...
+    python3 tools/routing/overlap.py --spread TRACE[.xz] ...
 
 Per trace, over its tokens in order (the decode traces hold decode steps only) and every
 MoE layer:
@@ -11,10 +12,17 @@ MoE layer:
   union/N   for windows of N = 2, 4, 8 consecutive tokens, distinct experts per layer over
             N*k: the share of reads a verifier batching N tokens would still make if
             nothing were cached (1.0 = no saving; k/n_expert-based chance shown next to it).
+With --spread, per trace instead: how many of a layer's experts the whole trace uses
+(distinct, min / median / max over the MoE layers) and the effective number
+exp(entropy of the layer's expert popularity) (n_expert for uniform use), with the first and
+last layers' distinct counts: a collapsed router (one that picks nearly the same experts
+whatever the token) shows as few effective experts.
 Reads the v1 format of crates/tier/src/trace.rs; plain Python, no dependencies.
 """
 
+import collections
 import lzma
+import math
 import struct
 import sys
 
@@ -50,7 +58,28 @@ def expected_union(n, k, m):
     return n * (1 - (1 - k / n) ** m)
 
 
+def spread(paths):
+    print("| trace | tokens | distinct experts/layer (min / median / max) | effective experts/layer "
+          "(min / median / max) | distinct, first 4 layers | distinct, last 4 layers |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for path in paths:
+        n, _k, n_moe, toks = read(path)
+        used, eff = [], []
+        for l in range(n_moe):
+            c = collections.Counter(e for t in toks for e in t[l])
+            tot = sum(c.values())
+            used.append(len(c))
+            eff.append(math.exp(-sum(v / tot * math.log(v / tot) for v in c.values())))
+        mid = lambda xs: sorted(xs)[len(xs) // 2]
+        name = "/".join(path.split("/")[-2:])
+        print(f"| {name} | {len(toks)} | {min(used)} / {mid(used)} / {max(used)} of {n} | "
+              f"{min(eff):.1f} / {mid(eff):.1f} / {max(eff):.1f} | "
+              f"{' '.join(map(str, used[:4]))} | {' '.join(map(str, used[-4:]))} |")
+
+
 def main():
+    if sys.argv[1:2] == ["--spread"]:
+        return spread(sys.argv[2:])
     print("| trace | tokens | overlap (chance) | union/2 | union/4 | union/8 | chance union/4 |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for path in sys.argv[1:]:

@@ -3,7 +3,13 @@
 tests/fixtures/trained-moe/ (real routers) on three kinds of text, prefill and decode.
 
     python3 tools/routing/record-traces.py [--sluice target/release/sluice] [--out DIR]
-        [--model GGUF] [--name-prefix PREFIX]
+        [--model GGUF] [--name-prefix PREFIX] [--kinds code,prose,chat] [--threads N]
+        [--prefill-tokens N] [--decode-tokens N] [--texts DIR | --dump-texts DIR]
+    python3 tools/routing/record-traces.py --cut-from DIR --out DIR2 [--prefill-tokens N] ...
+
+--dump-texts writes the three texts as KIND.txt and stops; --texts reads them back (the lent
+GPU has no python3.11 sources: tools/routing/train-and-trace.sh); --cut-from shortens
+traces this script wrote (the first N tokens of each) without recording.
 
 Texts (all on a stock Debian with python3.11; nothing downloaded):
   code   Python: the standard library files the model was *not* trained on (the 21 files
@@ -137,10 +143,10 @@ def write_trace(path: Path, head: bytes, batches, limit: int):
     return n_tok, kept
 
 
-def record(sluice: str, model: str, prompt: str, tmp: Path, extra: list[str]) -> bytes:
+def record(sluice: str, model: str, prompt: str, tmp: Path, extra: list[str], threads: int = 2) -> bytes:
     trace = tmp / "run.slrt"
     cmd = [sluice, "run", "-m", model, "--raw", "-p", prompt, "--record-routing", str(trace),
-           "-c", "2048", "-t", "2", "--batch", "512"] + extra
+           "-c", "2048", "-t", str(threads), "--batch", "512"] + extra
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:
         sys.exit(f"{' '.join(cmd[:4])} ...: exit {r.returncode}\n{r.stderr}")
@@ -150,40 +156,71 @@ def record(sluice: str, model: str, prompt: str, tmp: Path, extra: list[str]) ->
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sluice", default=str(ROOT / "target/release/sluice"))
-    ap.add_argument("--model", default=str(ROOT / "tests/fixtures/trained-moe/trained-moe-q8_0.gguf"))
+    ap.add_argument("--model", default=str(ROOT / "tests/fixtures/trained-moe/trained-moe-q4_0.gguf"))
     ap.add_argument("--out", default=str(ROOT / "tests/fixtures/routing"))
     ap.add_argument("--name-prefix", default="")
+    ap.add_argument("--texts", type=Path,
+                    help="read KIND.txt from this folder instead of building the texts "
+                         "(a machine without python3.11's sources: the lent GPU)")
+    ap.add_argument("--dump-texts", type=Path, help="write KIND.txt to this folder and stop")
+    ap.add_argument("--cut-from", type=Path,
+                    help="record nothing: cut the traces of this folder (as written by this "
+                         "script) to --prefill-tokens / --decode-tokens into --out")
+    ap.add_argument("--kinds", default="code,prose,chat")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS)
+    ap.add_argument("--decode-tokens", type=int, default=DECODE_TOKENS)
     a = ap.parse_args()
+    kinds = a.kinds.split(",")
+    if a.cut_from:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        for kind in kinds:
+            for phase, limit in (("prefill", a.prefill_tokens), ("decode", a.decode_tokens)):
+                name = f"{a.name_prefix}{kind}-{phase}.slrt.xz"
+                head, batches, _ = parse_trace(lzma.decompress((a.cut_from / name).read_bytes()))
+                n, nb = write_trace(Path(a.out) / name, head, batches, limit)
+                print(f"{name}: {n} tokens in {nb} batches", file=sys.stderr)
+        return
+    build = {"code": code_text, "prose": prose_text, "chat": chat_text}
+    if a.texts:
+        texts = {k: (a.texts / f"{k}.txt").read_text() for k in kinds}
+    else:
+        texts = {k: build[k]() for k in kinds}
+    if a.dump_texts:
+        a.dump_texts.mkdir(parents=True, exist_ok=True)
+        for k, t in texts.items():
+            (a.dump_texts / f"{k}.txt").write_text(t)
+        return
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    texts = {"code": code_text(), "prose": prose_text(), "chat": chat_text()}
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         for kind, text in texts.items():
             # Prefill: consecutive windows of the text, each a fresh run of its prompt only.
             head, batches, at = None, [], 0
-            while sum(n for n, _ in batches) < PREFILL_TOKENS:
+            while sum(n for n, _ in batches) < a.prefill_tokens:
                 if at >= len(text):
-                    sys.exit(f"{kind}: text too short for {PREFILL_TOKENS} tokens")
+                    sys.exit(f"{kind}: text too short for {a.prefill_tokens} tokens")
                 window = text[at : at + WINDOW]
-                h, bs, _ = parse_trace(record(a.sluice, a.model, window, tmp, ["-n", "0"]))
+                h, bs, _ = parse_trace(record(a.sluice, a.model, window, tmp, ["-n", "0"], a.threads))
                 head = head or h
                 batches += bs
                 at += WINDOW
-            n, nb = write_trace(out / f"{a.name_prefix}{kind}-prefill.slrt.xz", head, batches, PREFILL_TOKENS)
+            n, nb = write_trace(out / f"{a.name_prefix}{kind}-prefill.slrt.xz", head, batches, a.prefill_tokens)
             print(f"{kind}-prefill: {n} tokens in {nb} batches", file=sys.stderr)
             # Decode: the model's own continuation of the text's start, several seeds.
             head, batches, seed = None, [], 1
-            while sum(n for n, _ in batches) < DECODE_TOKENS:
+            while sum(n for n, _ in batches) < a.decode_tokens:
                 h, bs, _ = parse_trace(record(a.sluice, a.model, text[:PROMPT], tmp,
-                                              ["-n", str(DECODE_RUN), "--temp", "0.8", "--seed", str(seed)]))
+                                              ["-n", str(DECODE_RUN), "--temp", "0.8", "--seed", str(seed)],
+                                              a.threads))
                 head = head or h
                 # The prompt (under 512 tokens) is the first batch, then one batch per
                 # decode step.
                 assert bs[0][0] > 1 and all(n == 1 for n, _ in bs[1:]), [n for n, _ in bs]
                 batches += bs[1:]
                 seed += 1
-            n, nb = write_trace(out / f"{a.name_prefix}{kind}-decode.slrt.xz", head, batches, DECODE_TOKENS)
+            n, nb = write_trace(out / f"{a.name_prefix}{kind}-decode.slrt.xz", head, batches, a.decode_tokens)
             print(f"{kind}-decode: {n} tokens in {nb} batches", file=sys.stderr)
 
 

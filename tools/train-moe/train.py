@@ -28,6 +28,11 @@ pre-tokenizer check knows only published tokenizers' hashes, so `get_vocab_base_
 told "qwen2": the regex this tokenizer was trained with).
 Writes to --out: trained-moe-q8_0.gguf.partNN (15 MB pieces: the device returns files of at
 most 16 MiB), manifest.json, reference.npz-like .npy files, train.log.
+
+`--geometry 30b-routing` (issue 32 1b) trains the same recipe in Qwen3-30B-A3B's routing
+geometry (48 MoE layers, 128 experts, top-8; hidden 128, experts of 64: 160 M parameters,
+about 160 MB as Q8_0) for its routing traces; `--gguf-path` keeps that GGUF on the device
+(tools/routing/train-and-trace.sh: trained, converted and traced in one call).
 """
 
 from __future__ import annotations
@@ -74,6 +79,13 @@ SHAPE = dict(
     output_router_logits=True,
     router_aux_loss_coef=0.01,
 )
+# Issue 32 (1b): Qwen3-30B-A3B's routing geometry (48 MoE layers, 128 experts, top-8) at
+# the small model's hidden size and expert width, so it trains within one device call; its
+# routing traces are what is kept (tests/fixtures/routing/), not the model.
+SHAPES = {
+    "small": SHAPE,
+    "30b-routing": dict(SHAPE, num_hidden_layers=48, num_experts=128, num_experts_per_tok=8),
+}
 SEQ = 512
 BATCH = 32
 PROMPT = "def fibonacci(n):\n"
@@ -163,7 +175,17 @@ def main():
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--minutes", type=float, default=6.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--geometry", choices=sorted(SHAPES), default="small",
+                    help="small: the committed trained-moe; 30b-routing: 48 layers, 128 experts, top-8")
+    ap.add_argument("--name", default="trained-moe", help="the GGUF is NAME-q8_0.gguf")
+    ap.add_argument("--gguf-path", type=Path,
+                    help="write the GGUF whole to this path instead of 15 MB parts in --out")
+    ap.add_argument("--eval-every", type=int, default=100,
+                    help="steps between held-out evaluations (the best one is kept)")
+    ap.add_argument("--no-oracle", action="store_true",
+                    help="skip the Q8_0-rounded reference logits (q8_0.dequant.logits.npy)")
     args = ap.parse_args()
+    shape = SHAPES[args.geometry]
     args.out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     torch.manual_seed(args.seed)
@@ -188,7 +210,7 @@ def main():
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     eos = tok.convert_tokens_to_ids("<|endoftext|>")
-    cfg = Qwen3MoeConfig(vocab_size=VOCAB, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, **SHAPE)
+    cfg = Qwen3MoeConfig(vocab_size=VOCAB, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, **shape)
     model = Qwen3MoeForCausalLM(cfg).to(dev)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.1f} M parameters")
@@ -222,7 +244,7 @@ def main():
         opt.step()
         step += 1
         seen += BATCH * SEQ
-        if step % 100 == 0:
+        if step % args.eval_every == 0:
             held = mean_nll(model, held_ids[: 64 * SEQ + 1], dev)
             curve.append(dict(step=step, tokens=seen, seconds=round(time.time() - t0, 1),
                               train_loss=round(lm.item(), 4), aux=round(aux.item(), 4),
@@ -230,7 +252,14 @@ def main():
             log(json.dumps(curve[-1]))
             if held < best[0]:
                 best = (held, {k: v.detach().clone() for k, v in model.state_dict().items()}, step)
-    model.load_state_dict(best[1])
+    # The last step too: a run of few steps (the 30b-routing geometry makes about one a
+    # second) would otherwise fall back to an early checkpoint.
+    held = mean_nll(model, held_ids[: 64 * SEQ + 1], dev)
+    log(f"last step {step}: held loss {held:.4f}")
+    if held < best[0]:
+        best = (held, None, step)
+    if best[1] is not None:
+        model.load_state_dict(best[1])
     held_nll = mean_nll(model, held_ids, dev)
     log(f"best step {best[2]}: held-out ppl {math.exp(held_nll):.2f} (unigram {unigram_ppl:.2f})")
 
@@ -252,15 +281,16 @@ def main():
     from gguf import GGMLQuantizationType as Q
 
     ref_ids = held_ids[:128]
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            keep_f32 = p.ndim < 2 or name.endswith("norm.weight") or ".mlp.gate." in name
-            if not keep_f32 and p.shape[-1] % 32 == 0:
-                a = p.detach().cpu().numpy().astype(np.float32)
-                q = gq.dequantize(gq.quantize(a, Q.Q8_0), Q.Q8_0).reshape(a.shape)
-                p.copy_(torch.from_numpy(q))
-        ref = model(input_ids=torch.tensor([ref_ids], device=dev)).logits[0].float().cpu().numpy()
-    np.save(args.out / "q8_0.dequant.logits.npy", ref)
+    if not args.no_oracle:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                keep_f32 = p.ndim < 2 or name.endswith("norm.weight") or ".mlp.gate." in name
+                if not keep_f32 and p.shape[-1] % 32 == 0:
+                    a = p.detach().cpu().numpy().astype(np.float32)
+                    q = gq.dequantize(gq.quantize(a, Q.Q8_0), Q.Q8_0).reshape(a.shape)
+                    p.copy_(torch.from_numpy(q))
+            ref = model(input_ids=torch.tensor([ref_ids], device=dev)).logits[0].float().cpu().numpy()
+        np.save(args.out / "q8_0.dequant.logits.npy", ref)
     (args.out / "tokens.json").write_text(json.dumps({"ids": ref_ids.tolist(), "source": "held-out files"}))
 
     # llama.cpp's converter, told the pre-tokenizer this tokenizer was trained with.
@@ -270,22 +300,22 @@ def main():
     base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
     import convert_hf_to_gguf
 
-    gguf_path = Path("/tmp/trained-moe-q8_0.gguf")
+    gguf_path = args.gguf_path or Path(f"/tmp/{args.name}-q8_0.gguf")
     sys.argv = ["convert_hf_to_gguf.py", str(hf), "--outtype", "q8_0", "--outfile", str(gguf_path)]
     convert_hf_to_gguf.main()
     data = gguf_path.read_bytes()
     piece = 15_000_000
-    for i in range(0, len(data), piece):
-        (args.out / f"trained-moe-q8_0.gguf.part{i // piece:02d}").write_bytes(data[i : i + piece])
+    for i in range(0, len(data), piece) if args.gguf_path is None else []:
+        (args.out / f"{args.name}-q8_0.gguf.part{i // piece:02d}").write_bytes(data[i : i + piece])
     manifest = dict(
         data=dict(source="Debian python3.11 3.11.2 standard library (/usr/lib/python3.11/**/*.py, "
                   "site-packages excluded)", license="Python Software Foundation License Version 2",
                   files_train=len(train_f), files_held_out=len(held_f),
                   tokens_train=int(len(train_ids)), tokens_held_out=int(len(held_ids))),
         tokenizer=dict(kind="byte-level BPE, Qwen2 pre-tokenizer regex", vocab=VOCAB, specials=SPECIALS),
-        model=dict(arch="Qwen3MoeForCausalLM", parameters=n_params, **{k: v for k, v in SHAPE.items()}),
+        model=dict(arch="Qwen3MoeForCausalLM", parameters=n_params, **shape),
         training=dict(optimizer="AdamW lr 2e-3 cosine to 2e-4, betas (0.9, 0.95), wd 0.1, clip 1.0",
-                      batch=BATCH, seq=SEQ, steps=step, tokens_seen=seen, minutes=args.minutes,
+                      geometry=args.geometry, batch=BATCH, seq=SEQ, steps=step, tokens_seen=seen, minutes=args.minutes,
                       best_step=best[2], precision="bf16 autocast, fp32 weights", seed=args.seed),
         held_out=dict(ppl=math.exp(held_nll), unigram_ppl=unigram_ppl, tokens=int(len(held_ids))),
         loss_curve=curve,

@@ -12,7 +12,7 @@ use common::{sluice, tmp_dir};
 
 fn trained() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/trained-moe/trained-moe-q8_0.gguf")
+        .join("../../tests/fixtures/trained-moe/trained-moe-q4_0.gguf")
         .to_string_lossy()
         .into_owned()
 }

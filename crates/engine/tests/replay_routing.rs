@@ -59,7 +59,7 @@ fn run(m: &Model, toks: &[u32], split: usize, chunk: usize) {
 /// decode steps), as `--record-routing` writes it.
 fn real_trace(name: &str) -> PathBuf {
     let path = scratch(name);
-    let mut m = Model::load(&fixture_in("trained-moe", "trained-moe-q8_0.gguf")).unwrap();
+    let mut m = Model::load(&fixture_in("trained-moe", "trained-moe-q4_0.gguf")).unwrap();
     m.record_routing(&path).unwrap();
     let toks = json_ids(&fixture_in("trained-moe", "tokens.json"));
     run(&m, &toks, 96, 32);
