@@ -112,6 +112,8 @@ __device__ __forceinline__ void mma16816(float* c, u32 a0, u32 a1, u32 a2, u32 a
 // columns, at most 2 bytes a column (F16). (Steps of as many columns as 32 KB holds were
 // slower on the H200: 100 vs 115 t/s decode, 2127 vs 2277 t/s prefill on the 30B Q4_K.)
 #define MVT_STAGE (MVT_ROWS * MVT_WARPS * 32 * 2)
+// Warps of a block of the decode kernel `mvd_*` (`mvt1_*`'s chains in blocks of 4 warps).
+#define MVD_WARPS 4
 // The decode kernel `mvt1_*` takes its step (columns, a multiple of 512) and how many
 // steps are staged at once (at most MVT1_MAX_STAGES; the copies of the next stages - 1 are
 // in flight while one is multiplied) from the host, in dynamic shared memory.
@@ -167,7 +169,7 @@ __device__ __forceinline__ void cp_async_wait_n(int n) {
 // `dst` (row r at r * segb), spread over all threads: with ASYNC, 16-byte asynchronous
 // copies when the rows' addresses and sizes allow, else 4-byte ones; without, 4-byte loads;
 // single bytes (synchronous) when the rows are not 4-byte aligned.
-template <bool ASYNC>
+template <bool ASYNC, int W = MVT_WARPS>
 __device__ __forceinline__ void mvt_stage(u8* __restrict__ dst, const u8* __restrict__ base,
                                           int nrows, long long row_bytes, int cols, int k0,
                                           int ncols) {
@@ -178,7 +180,7 @@ __device__ __forceinline__ void mvt_stage(u8* __restrict__ dst, const u8* __rest
     if (ASYNC && width > 1) {
         const int per_row = segb / width;
         const int total = nrows * per_row;
-        for (int i = threadIdx.x; i < total; i += MVT_WARPS * 32) {
+        for (int i = threadIdx.x; i < total; i += W * 32) {
             const int r = i / per_row;
             const int w = i - r * per_row;
             cp_async(dst + (size_t)i * width,
@@ -188,7 +190,7 @@ __device__ __forceinline__ void mvt_stage(u8* __restrict__ dst, const u8* __rest
         const int per_row = segb >> 2;
         const int total = nrows * per_row;
 #pragma unroll 4
-        for (int i = threadIdx.x; i < total; i += MVT_WARPS * 32) {
+        for (int i = threadIdx.x; i < total; i += W * 32) {
             const int r = i / per_row;
             const int w = i - r * per_row;
             ((u32*)dst)[i] = ((const u32*)(base + (size_t)r * (size_t)row_bytes + start))[w];
@@ -196,7 +198,7 @@ __device__ __forceinline__ void mvt_stage(u8* __restrict__ dst, const u8* __rest
     } else {
         const int total = nrows * segb;
 #pragma unroll 4
-        for (int i = threadIdx.x; i < total; i += MVT_WARPS * 32) {
+        for (int i = threadIdx.x; i < total; i += W * 32) {
             const int r = i / segb;
             dst[i] = base[(size_t)r * (size_t)row_bytes + start + (i - r * segb)];
         }
@@ -209,7 +211,7 @@ __device__ __forceinline__ void mvt_stage(u8* __restrict__ dst, const u8* __rest
 
 // `smem`: `stages` staging buffers of `stage_bytes` (a multiple of 16, at least MVT_ROWS
 // rows of `step` columns) during the column loop, then the partial sums (MVT_PART).
-template <int TY, int TILES, bool ASYNC>
+template <int TY, int TILES, bool ASYNC, int W = MVT_WARPS>
 __device__ __forceinline__ void mvt_chunks(u8* __restrict__ smem, int stages, int step,
                                            int stage_bytes, const u64* __restrict__ wtab,
                                            const Chunk* __restrict__ chunks,
@@ -217,6 +219,10 @@ __device__ __forceinline__ void mvt_chunks(u8* __restrict__ smem, int stages, in
                                            const float* __restrict__ X, int x_div,
                                            float* __restrict__ Y, int out_rows, int cols,
                                            long long row_bytes, int bx) {
+    // W warps run the MVT_WARPS chains of partial sums: warp w the chains w, w + W, ..
+    // (CPW of them), each over the same column groups in the same order whatever W.
+    static_assert(MVT_WARPS % W == 0 && W >= TILES * 4, "warps");
+    constexpr int CPW = MVT_WARPS / W;
     if ((int)blockIdx.y >= *n_chunks) return;
     const Chunk* c = chunks + blockIdx.y;
     const int count = c->count;
@@ -229,14 +235,16 @@ __device__ __forceinline__ void mvt_chunks(u8* __restrict__ smem, int stages, in
     const u8* base = (const u8*)wtab[c->unit] + (size_t)r0 * (size_t)row_bytes;
     const float* xr[TILES];
     bool vt[TILES];
-    float acc[TILES][4];
+    float acc[CPW][TILES][4];
 #pragma unroll
     for (int j = 0; j < TILES; j++) {
         const int t = 8 * j + g;
         vt[j] = t < count;
         xr[j] = X + (size_t)(c->rows[vt[j] ? t : 0] / x_div) * cols;
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[j][i] = 0.0f;
+        for (int ci = 0; ci < CPW; ci++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[ci][j][i] = 0.0f;
     }
     // Steps of `step` columns, a multiple of MVT_WARPS * 32 = 512 (whole blocks of every
     // format): the block copies the rows' bytes of a step into shared memory, then warp w
@@ -251,7 +259,7 @@ __device__ __forceinline__ void mvt_chunks(u8* __restrict__ smem, int stages, in
     for (int i = 0; i < stages - 1; i++) {
         const int k = i * step;
         if (k < cols)
-            mvt_stage<ASYNC>(smem + i * stage_bytes, base, nrows, row_bytes, cols, k,
+            mvt_stage<ASYNC, W>(smem + i * stage_bytes, base, nrows, row_bytes, cols, k,
                              (cols - k < step) ? cols - k : step);
         if (ASYNC) cp_async_commit();
     }
@@ -263,7 +271,7 @@ __device__ __forceinline__ void mvt_chunks(u8* __restrict__ smem, int stages, in
         const int kn = k0 + (stages - 1) * step;
         if (kn < cols) {
             const int b = (s + stages - 1) % stages;
-            mvt_stage<ASYNC>(smem + b * stage_bytes, base, nrows, row_bytes, cols, kn,
+            mvt_stage<ASYNC, W>(smem + b * stage_bytes, base, nrows, row_bytes, cols, kn,
                              (cols - kn < step) ? cols - kn : step);
         }
         if (ASYNC) {
@@ -272,38 +280,48 @@ __device__ __forceinline__ void mvt_chunks(u8* __restrict__ smem, int stages, in
         }
         __syncthreads();  // step s's bytes, copied by every thread, are in place
         const u8* stage = smem + s * stage_bytes;
-        for (int kl = warp; kl < (ncols >> 5); kl += MVT_WARPS) {
-            const int kc = (k0 >> 5) + kl;
-            const int p = 4 * kl + q;  // group of 8 within the step
-            float wa[8], wb[8];
-            if (g < nrows) {
-                deq8<TY>(stage + g * segb, p, wa);
-            } else {
+        // Chain warp + W ci takes the step's groups kl = kb + warp + W ci (kb: 0, 16, ..):
+        // every chain the groups whose index is its own mod MVT_WARPS, in order.
+        const int ng = ncols >> 5;
+        for (int kb = 0; kb < ng; kb += MVT_WARPS) {
 #pragma unroll
-                for (int i = 0; i < 8; i++) wa[i] = 0.0f;
-            }
-            if (g + 8 < nrows) {
-                deq8<TY>(stage + (g + 8) * segb, p, wb);
-            } else {
+            for (int ci = 0; ci < CPW; ci++) {
+                const int kl = kb + warp + W * ci;
+                if (kl >= ng) continue;
+                const int kc = (k0 >> 5) + kl;
+                const int p = 4 * kl + q;  // group of 8 within the step
+                float wa[8], wb[8];
+                if (g < nrows) {
+                    deq8<TY>(stage + g * segb, p, wa);
+                } else {
 #pragma unroll
-                for (int i = 0; i < 8; i++) wb[i] = 0.0f;
-            }
-            const u32 a0 = pack_h2(wa[0], wa[1]), a1 = pack_h2(wb[0], wb[1]);
-            const u32 a2 = pack_h2(wa[2], wa[3]), a3 = pack_h2(wb[2], wb[3]);
-            const u32 a4 = pack_h2(wa[4], wa[5]), a5 = pack_h2(wb[4], wb[5]);
-            const u32 a6 = pack_h2(wa[6], wa[7]), a7 = pack_h2(wb[6], wb[7]);
-            const int xp = 4 * kc + q;
+                    for (int i = 0; i < 8; i++) wa[i] = 0.0f;
+                }
+                if (g + 8 < nrows) {
+                    deq8<TY>(stage + (g + 8) * segb, p, wb);
+                } else {
 #pragma unroll
-            for (int j = 0; j < TILES; j++) {
-                if (j < tiles) {
-                    float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
-                    if (vt[j]) {
-                        const float4* x = (const float4*)(xr[j] + 8 * xp);
-                        x0 = x[0];
-                        x1 = x[1];
+                    for (int i = 0; i < 8; i++) wb[i] = 0.0f;
+                }
+                const u32 a0 = pack_h2(wa[0], wa[1]), a1 = pack_h2(wb[0], wb[1]);
+                const u32 a2 = pack_h2(wa[2], wa[3]), a3 = pack_h2(wb[2], wb[3]);
+                const u32 a4 = pack_h2(wa[4], wa[5]), a5 = pack_h2(wb[4], wb[5]);
+                const u32 a6 = pack_h2(wa[6], wa[7]), a7 = pack_h2(wb[6], wb[7]);
+                const int xp = 4 * kc + q;
+#pragma unroll
+                for (int j = 0; j < TILES; j++) {
+                    if (j < tiles) {
+                        float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
+                        if (vt[j]) {
+                            const float4* x = (const float4*)(xr[j] + 8 * xp);
+                            x0 = x[0];
+                            x1 = x[1];
+                        }
+                        mma16816(acc[ci][j], a0, a1, a2, a3, pack_h2(x0.x, x0.y),
+                                 pack_h2(x0.z, x0.w));
+                        mma16816(acc[ci][j], a4, a5, a6, a7, pack_h2(x1.x, x1.y),
+                                 pack_h2(x1.z, x1.w));
                     }
-                    mma16816(acc[j], a0, a1, a2, a3, pack_h2(x0.x, x0.y), pack_h2(x0.z, x0.w));
-                    mma16816(acc[j], a4, a5, a6, a7, pack_h2(x1.x, x1.y), pack_h2(x1.z, x1.w));
                 }
             }
         }
@@ -312,9 +330,11 @@ __device__ __forceinline__ void mvt_chunks(u8* __restrict__ smem, int stages, in
     // (The loop's last barrier: the staging area becomes the partial sums.)
     float(*part)[TILES * 4][32] = (float(*)[TILES * 4][32])smem;
 #pragma unroll
-    for (int j = 0; j < TILES; j++)
+    for (int ci = 0; ci < CPW; ci++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) part[warp][4 * j + i][lane] = acc[j][i];
+        for (int j = 0; j < TILES; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) part[warp + W * ci][4 * j + i][lane] = acc[ci][j][i];
     __syncthreads();
     // Thread (e, lane) = (warp, lane), e < TILES * 4, sums element e of every warp's
     // fragments in a fixed tree and writes it: tile e / 4, fragment element e % 4 = weight
@@ -398,6 +418,17 @@ __device__ __forceinline__ Parts pick_part(const u64* w0, const u64* w1, const u
         const Parts pp = PICK_PART(MVT_ROWS);                                                 \
         mvt_chunks<TY, 1, true>(dsmem, stages, step, stage_bytes, pp.w, chunks, n_chunks, X,  \
                                 x_div, pp.y, pp.rows, cols, row_bytes, pp.bx);                \
+    }                                                                                         \
+    /* The decode kernel again with MVD_WARPS warps a block (each runs MVT_WARPS / MVD_WARPS  \
+       chains): the same chains, so the same bits as mvt1_ / mvt_, in smaller blocks (more of \
+       them in flight per SM). Dynamic shared memory as mvt1_'s. */                           \
+    extern "C" __global__ void __launch_bounds__(MVD_WARPS * 32)                              \
+        mvd_##name(MV_PARAMS, int stages, int step, int stage_bytes) {                        \
+        extern __shared__ __align__(16) u8 dsmem[];                                           \
+        const Parts pp = PICK_PART(MVT_ROWS);                                                 \
+        mvt_chunks<TY, 1, true, MVD_WARPS>(dsmem, stages, step, stage_bytes, pp.w, chunks,    \
+                                           n_chunks, X, x_div, pp.y, pp.rows, cols,          \
+                                           row_bytes, pp.bx);                                 \
     }                                                                                         \
     extern "C" __global__ void embed_##name(const u8* W, long long row_bytes,                \
                                             const int* tokens, float* x, int cols,           \

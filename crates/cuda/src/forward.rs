@@ -52,7 +52,10 @@ use crate::blocks::ple::DPle;
 use crate::blocks::qsa::DQsa;
 use crate::blocks::{attention, dsv4_attention, hyper, mla, moe};
 use crate::forward::check::{glm5next_parts, qwen4exp_parts};
-use crate::forward::products::{Mvt1Staging, MVT1_MAX_STAGES, MVT1_STAGES, MVT1_STEP};
+use crate::forward::products::{
+    Mvt1Staging, MVD_MIN_BLOCKS, MVD_STAGES, MVT1_MAX_STAGES, MVT1_PART, MVT1_STAGES, MVT1_STEP,
+    MVT_STEP,
+};
 use crate::forward::scratch::{NextDims, Rows};
 use crate::lru::Lru;
 use crate::{kernel_format, kernels, Cuda, Device};
@@ -149,6 +152,7 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("mvg_", "PPPPPPIPPPIIIIL"),
     ("mvt_", "PPPPPPIPPPIIIIL"),
     ("mvt1_", "PPPPPPIPPPIIIILIII"),
+    ("mvd_", "PPPPPPIPPPIIIILIII"),
     ("embed_", "PLPPIF"),
     ("rms_norm_rows", "PPPPIF"),
     ("residual_norm", "PPPPPIF"),
@@ -216,9 +220,10 @@ pub(crate) struct Kernel {
 pub(crate) struct Funcs {
     pub(crate) mvg: Vec<Kernel>,
     /// The tensor-core form per format (None: F32, BF16, or no sm_80): for chunks of at
-    /// most 8 rows (`mvt1_*`, fewer registers) and of up to MVG_N (`mvt_*`); both compute
-    /// a row the same way.
-    pub(crate) mvt: Vec<Option<[Kernel; 2]>>,
+    /// most 8 rows (`mvt1_*`, fewer registers), of up to MVG_N (`mvt_*`), and the decode
+    /// kernel in blocks of 4 warps (`mvd_*`, the default for chunks of at most 8 rows); all
+    /// three compute a row the same way.
+    pub(crate) mvt: Vec<Option<[Kernel; 3]>>,
     pub(crate) embed: Vec<Kernel>,
     pub(crate) rms_norm_rows: Kernel,
     pub(crate) residual_norm: Kernel,
@@ -290,8 +295,13 @@ pub struct GpuDecoder {
     /// Whether decode steps are captured and replayed (`SLUICE_CUDA_GRAPHS=0`: never;
     /// turned off if a capture fails).
     pub(crate) graphs: std::sync::atomic::AtomicBool,
-    /// The decode kernel's staging.
+    /// The decode kernels' staging (`mvt1_*`, `mvd_*`).
     pub(crate) mvt1: Mvt1Staging,
+    pub(crate) mvd: Mvt1Staging,
+    /// Decode products (chunks of at most 8 rows) of at least this many blocks (16-row
+    /// tiles x chunks) take `mvd_*`, the rest `mvt1_*` (`SLUICE_CUDA_MVD_MIN_BLOCKS`,
+    /// default [`MVD_MIN_BLOCKS`]; `SLUICE_CUDA_DECODE=mvt1`: never, for A/B; the same bits).
+    pub(crate) mvd_min_blocks: usize,
     /// The plan's MLA layers' shape (`DecoderPlan::mla_shape`; checked to be every one's),
     /// or its pooled layers' absorbed view.
     pub(crate) mla: Option<MlaShape>,
@@ -498,6 +508,16 @@ impl GpuDecoder {
             step: env_usize("SLUICE_CUDA_MVT1_STEP", MVT1_STEP),
             stage_bytes: env_usize("SLUICE_CUDA_MVT1_STAGE_KB", 0) * 1024,
             smem_max,
+            fit_steps: false,
+        };
+        // `mvd_*`: small stages (512 columns), up to MVD_STAGES of them within
+        // SLUICE_CUDA_MVD_SMEM_KB (32) of shared memory, so that many 4-warp blocks fit an SM.
+        let mvd = Mvt1Staging {
+            stages: env_usize("SLUICE_CUDA_MVD_STAGES", MVD_STAGES).clamp(1, MVT1_MAX_STAGES),
+            step: env_usize("SLUICE_CUDA_MVD_STEP", MVT_STEP),
+            stage_bytes: 0,
+            smem_max: (env_usize("SLUICE_CUDA_MVD_SMEM_KB", 32) * 1024).clamp(MVT1_PART, smem_max),
+            fit_steps: true,
         };
         let f = Funcs::load(&d, smem_max)?;
         // DeltaNet's state lives in shared memory while a batch runs: the kernel may have
@@ -662,6 +682,15 @@ impl GpuDecoder {
                 !std::env::var("SLUICE_CUDA_GRAPHS").is_ok_and(|v| v == "0"),
             ),
             mvt1,
+            mvd,
+            mvd_min_blocks: if std::env::var("SLUICE_CUDA_DECODE").is_ok_and(|v| v == "mvt1") {
+                usize::MAX
+            } else {
+                std::env::var("SLUICE_CUDA_MVD_MIN_BLOCKS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(MVD_MIN_BLOCKS)
+            },
             mla: plan
                 .mla_shape()
                 .or(plan.layers.iter().find_map(|l| match &l.attn {
@@ -1306,6 +1335,7 @@ mod tests {
             step,
             stage_bytes: kb * 1024,
             smem_max: 227 * 1024,
+            fit_steps: false,
         };
         assert_eq!(s(3, 512, 0).layout(2048, q8_row), (3, 512, 8704, 3 * 8704));
         assert_eq!(
@@ -1328,6 +1358,19 @@ mod tests {
         // Too many stages for the memory: as many as fit.
         let (stages, _, stage, smem) = s(8, 1 << 20, 0).layout(16384, 34816);
         assert!(stages * stage <= 227 * 1024 && smem <= 227 * 1024 && stages >= 1);
+        // `mvd_*`'s layout: 512-column stages within 32 KB, no more than the matrix's steps.
+        let d = Mvt1Staging {
+            stages: MVD_STAGES,
+            step: MVT_STEP,
+            stage_bytes: 0,
+            smem_max: 32 * 1024,
+            fit_steps: true,
+        };
+        assert_eq!(d.layout(2048, q4k_row), (4, 512, 4608, 4 * 4608));
+        assert_eq!(d.layout(768, 432), (2, 512, 4608, MVT1_PART.max(2 * 4608)));
+        assert_eq!(d.layout(2048, q8_row), (3, 512, 8704, 3 * 8704));
+        // F16 (16 KB a stage): two.
+        assert_eq!(d.layout(2048, 4096).0, 2);
     }
 
     /// A MoE layer's host-built table: the counts first, then every (token, slot) row

@@ -839,7 +839,7 @@ pub(crate) mod tests {
         let mut want: Vec<&str> = crate::forward::KERNEL_SIGNATURES
             .iter()
             .map(|(k, _)| *k)
-            .filter(|k| !["mvg_", "mvt_", "mvt1_"].contains(k))
+            .filter(|k| !["mvg_", "mvt_", "mvt1_", "mvd_"].contains(k))
             .collect();
         let mut have = typed.to_vec();
         want.sort_unstable();
@@ -881,6 +881,13 @@ pub(crate) mod tests {
         assert_eq!(names(&s[open..close]), ["stages", "step", "stage_bytes"]);
         assert_eq!(
             crate::forward::kernel_signature("mvt1_q8_0"),
+            Some("PPPPPPIPPPIIIILIII")
+        );
+        let open = s.find("mvd_##name(MV_PARAMS,").expect("mvd_") + "mvd_##name(MV_PARAMS,".len();
+        let close = open + s[open..].find(')').expect(")");
+        assert_eq!(names(&s[open..close]), ["stages", "step", "stage_bytes"]);
+        assert_eq!(
+            crate::forward::kernel_signature("mvd_q8_0"),
             Some("PPPPPPIPPPIIIILIII")
         );
     }

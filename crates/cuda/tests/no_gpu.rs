@@ -115,10 +115,10 @@ fn kernels_compile_with_nvrtc() {
             );
             checked += 1;
         }
-        // Every format x (mvg, mvt, mvt1, embed), 2 x (kv_store, attention), 37 others.
+        // Every format x (mvg, mvt, mvt1, mvd, embed), 2 x (kv_store, attention), 37 others.
         let formats = sluice_cuda::FORMATS.len();
         assert!(formats >= 19, "the seeds' formats have kernels");
-        assert_eq!(checked, formats * 4 + 2 * 2 + 37, "{arch}: kernels checked");
+        assert_eq!(checked, formats * 5 + 2 * 2 + 37, "{arch}: kernels checked");
     }
 }
 

@@ -23,6 +23,18 @@ pub(crate) const MVT_ROWS: usize = 16;
 
 pub(crate) const MVT_THREADS: u32 = 16 * 32;
 
+/// Threads of one block of the decode kernel `mvd_*` (`MVD_WARPS` of `forward.cu`).
+pub(crate) const MVD_THREADS: u32 = 4 * 32;
+
+/// `mvd_*`'s default staging: up to four 512-column steps in flight.
+pub(crate) const MVD_STAGES: usize = 4;
+
+/// The fewest blocks a decode product takes `mvd_*` with (about 4 an SM of the H200). On
+/// the 30B-A3B Q4_K cut (ncu, per launch, mvt1 -> mvd): routed gate + up (768 blocks)
+/// 33.6 -> 26.9 us, down (1024) 23.1 -> 16.7; q + k + v (320) 18.6 -> 19.6, o (128) 16.6
+/// -> 34.8, the head (19) 9.5 -> 17.4: fewer blocks than SMs' worth leave `mvd_*` slower.
+pub(crate) const MVD_MIN_BLOCKS: usize = 512;
+
 pub(crate) const MVG_ROWS: usize = 4;
 
 pub(crate) const MVG_THREADS: u32 = MVG_ROWS as u32 * 32;
@@ -56,6 +68,9 @@ pub(crate) struct Mvt1Staging {
     pub(crate) step: usize,
     pub(crate) stage_bytes: usize,
     pub(crate) smem_max: usize,
+    /// No more stages than the matrix has steps (`mvd_*`: less shared memory a block, more
+    /// blocks an SM).
+    pub(crate) fit_steps: bool,
 }
 
 impl Mvt1Staging {
@@ -71,7 +86,10 @@ impl Mvt1Staging {
         mult = mult.min(cols.div_ceil(MVT_STEP)).min(fit(self.smem_max));
         let step = MVT_STEP * mult;
         let stage = (per_step * mult).next_multiple_of(16);
-        let stages = self.stages.clamp(1, (self.smem_max / stage).max(1));
+        let mut stages = self.stages.clamp(1, (self.smem_max / stage).max(1));
+        if self.fit_steps {
+            stages = stages.min(cols.div_ceil(step)).max(1);
+        }
         (stages, step, stage, (stages * stage).max(MVT1_PART))
     }
 }
@@ -110,11 +128,17 @@ impl GpuDecoder {
                 Some(_) if small && self.d.mma == Mma::Prefill => None,
                 k => k.as_ref(),
             };
+            let decode = mvt.is_some() && small;
+            // `mvd_*` where the launch has blocks enough to fill the SMs with its small
+            // blocks (routed experts); `mvt1_*`'s 16-warp blocks otherwise (fewer, wider
+            // matrices: o, the head), whose column steps its warps share. The same bits.
+            let tiles: usize = group.iter().map(|(d, _)| d.rows.div_ceil(MVT_ROWS)).sum();
+            let use_mvd = decode && tiles * grid_y >= self.mvd_min_blocks;
             let (k, rows_per_block, threads) = match mvt {
-                Some([one, four]) => (if small { one } else { four }, MVT_ROWS, MVT_THREADS),
+                Some([_, _, d]) if use_mvd => (d, MVT_ROWS, MVD_THREADS),
+                Some([one, four, _]) => (if small { one } else { four }, MVT_ROWS, MVT_THREADS),
                 None => (&self.f.mvg[m.fi], MVG_ROWS, MVG_THREADS),
             };
-            let decode = mvt.is_some() && small;
             // Unused slots: no rows (no blocks), their table and output never read.
             let part = |i: usize| group.get(i).map_or((m, 0, 0u64), |&(d, y)| (d, d.rows, y));
             let (p0, p1, p2) = (part(0), part(1), part(2));
@@ -125,7 +149,8 @@ impl GpuDecoder {
             let mut smem = 0;
             let mut staging = None;
             if decode {
-                let (stages, step, stage, bytes) = self.mvt1.layout(m.cols, m.row_bytes as usize);
+                let st = if use_mvd { &self.mvd } else { &self.mvt1 };
+                let (stages, step, stage, bytes) = st.layout(m.cols, m.row_bytes as usize);
                 staging = Some([stages as i32, step as i32, stage as i32]);
                 smem = bytes;
             }

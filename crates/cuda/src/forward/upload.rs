@@ -226,16 +226,20 @@ impl Funcs {
         for (ty, s) in FORMATS {
             mvg.push(load(&format!("mvg_{s}"))?);
             mvt.push(if d.mma != Mma::Never && takes_f16(ty) {
-                let one = load(&format!("mvt1_{s}"))?;
-                one.f
-                    .set_attribute(
+                let dynamic = |name: String| -> Result<Kernel, String> {
+                    let k = load(&name)?;
+                    k.f.set_attribute(
                         CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         smem_max as i32,
                     )
                     .map_err(|e| {
-                        format!("kernel mvt1_{s}: {smem_max} bytes of shared memory: {e}")
+                        format!("kernel {name}: {smem_max} bytes of shared memory: {e}")
                     })?;
-                Some([one, load(&format!("mvt_{s}"))?])
+                    Ok(k)
+                };
+                let one = dynamic(format!("mvt1_{s}"))?;
+                let mvd = dynamic(format!("mvd_{s}"))?;
+                Some([one, load(&format!("mvt_{s}"))?, mvd])
             } else {
                 None
             });
