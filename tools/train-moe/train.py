@@ -32,7 +32,9 @@ most 16 MiB), manifest.json, reference.npz-like .npy files, train.log.
 `--geometry 30b-routing` (issue 32 1b) trains the same recipe in Qwen3-30B-A3B's routing
 geometry (48 MoE layers, 128 experts, top-8; hidden 128, experts of 64: 160 M parameters,
 about 160 MB as Q8_0) for its routing traces; `--gguf-path` keeps that GGUF on the device
-(tools/routing/train-and-trace.sh: trained, converted and traced in one call).
+(tools/routing/train-and-trace.sh: trained, converted and traced in one call). That geometry
+trains its experts with dense_experts_forward (`--dense-experts`), checked at start against
+transformers' own forward on a tiny model on the CPU (check_dense_experts).
 """
 
 from __future__ import annotations
@@ -149,6 +151,115 @@ def encode_all(tok, texts: list[str]) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
+def dense_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
+    """Qwen3MoeExperts' output computed densely over all experts, as two plain matmuls.
+
+    transformers 5.17 computes the routed experts with torch's grouped matmul, casting the
+    input to the weights' dtype: on the fp32 master weights it runs in fp32 under bf16
+    autocast, and a step of the 30b-routing geometry took about a second. Here every token
+    goes through every expert (at hidden 128 and width 64: 16x the routed FLOPs, but in two
+    large GEMMs that autocast runs in bf16) and is weighted by a dense routing matrix that is
+    zero for the experts not selected. Mathematically identical to transformers' forward:
+    sum over the k selected e of w_te * down_e(act(gate_e x) * up_e x); check_dense_experts
+    compares them. The router, top-k, normalisation and load-balancing loss stay transformers'
+    own (Qwen3MoeTopKRouter, recorded for the aux loss as before); the parameters are the
+    module's own gate_up_proj (E, 2I, H) and down_proj (E, H, I), so saving and conversion
+    are unchanged.
+
+    Measured on the H200 (30b-routing, one 32 x 512 batch, forward + backward): 292 ms dense;
+    273 ms with transformers' grouped path on bf16-cast expert weights, which was tried and
+    went NaN within 200 steps (likely torch's grouped matmul leaving the weight gradient of
+    experts that got no tokens unwritten), so it is not offered. A whole step took 0.32 s on
+    that path, against about 1 s before: the experts are no longer the whole cost.
+    """
+    t, h = hidden_states.shape
+    e, i = experts.num_experts, experts.intermediate_dim
+    # (T, E): top_k_weights at the selected experts, zero elsewhere (top-k indices are distinct).
+    w = torch.zeros(t, e, dtype=top_k_weights.dtype, device=top_k_weights.device)
+    w = w.scatter(1, top_k_index, top_k_weights)
+    # All experts' gate and up rows at once: (T, H) x (H, E*2I); per expert [gate; up] as in
+    # transformers' chunk(2, dim=-1).
+    gu = torch.nn.functional.linear(hidden_states, experts.gate_up_proj.reshape(e * 2 * i, h))
+    gate, up = gu.view(t, e, 2 * i).chunk(2, dim=-1)
+    act = experts.act_fn(gate) * up * w.unsqueeze(-1).to(up.dtype)  # (T, E, I)
+    # Down projections summed over experts in one GEMM: (T, E*I) x (E*I, H).
+    down = experts.down_proj.permute(1, 0, 2).reshape(h, e * i)
+    out = torch.nn.functional.linear(act.reshape(t, e * i), down)
+    return out.to(hidden_states.dtype)
+
+
+def use_dense_experts(model, on: bool = True) -> int:
+    """Route every Qwen3MoeExperts of `model` through dense_experts_forward while the module
+    is in training mode (eval, generation and the oracle keep transformers' own forward);
+    on=False restores transformers' forward. Returns the number of modules."""
+    impl = dense_experts_forward if on else None
+    n = 0
+    for m in model.modules():
+        if type(m).__name__ != "Qwen3MoeExperts":
+            continue
+        n += 1
+        if impl is None:
+            m.__dict__.pop("forward", None)
+            continue
+        stock = type(m).forward.__get__(m)
+
+        def fwd(hidden_states, top_k_index, top_k_weights, _m=m, _stock=stock, _impl=impl):
+            if _m.training:
+                return _impl(_m, hidden_states, top_k_index, top_k_weights)
+            return _stock(hidden_states, top_k_index, top_k_weights)
+
+        m.forward = fwd
+    return n
+
+
+def check_dense_experts():
+    """CPU self-check, run at start: on a tiny random qwen3moe, dense_experts_forward must give
+    transformers' own logits, load-balancing loss and gradients within float tolerance, so a
+    wrong rewrite fails loudly before any device time is spent on training."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(1234)
+    cfg = Qwen3MoeConfig(vocab_size=97, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+                         num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                         num_experts=8, num_experts_per_tok=3, norm_topk_prob=True,
+                         max_position_embeddings=64, output_router_logits=True, router_aux_loss_coef=0.01)
+    model = Qwen3MoeForCausalLM(cfg).float()
+    with torch.no_grad():  # transformers initialises the router to zeros: make routing non-trivial
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    model.train()
+    x = torch.randint(0, cfg.vocab_size, (2, 11))
+    results = []
+    # transformers' eager loop over experts, its default dispatch (grouped_mm), then dense.
+    runs = (("eager", False), (model.config._experts_implementation, False), (None, True))
+    for impl, dense in runs:
+        if impl is not None:
+            model.set_experts_implementation(impl)
+        assert use_dense_experts(model, on=dense) == cfg.num_hidden_layers
+        model.zero_grad(set_to_none=True)
+        out = model(input_ids=x, labels=x)
+        out.loss.backward()
+        grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+        results.append((out.logits.detach(), out.aux_loss.detach(), out.loss.detach(), grads))
+    use_dense_experts(model, on=False)
+    for ref in results[:-1]:
+        compare_runs(ref, results[-1])
+    (l0, a0, t0, g0), (l1, a1, t1, g1) = results[0], results[-1]
+    log(f"dense experts self-check: logits max diff {(l0 - l1).abs().max():.2e}, "
+        f"aux {a0.item():.6f} = {a1.item():.6f}, {len(g0)} gradients match")
+
+
+def compare_runs(r0, r1):
+    (l0, a0, t0, g0), (l1, a1, t1, g1) = r0, r1
+    assert torch.allclose(l0, l1, rtol=1e-4, atol=1e-5), f"dense experts: logits differ by {(l0 - l1).abs().max()}"
+    assert torch.allclose(a0, a1, rtol=1e-5, atol=1e-6), f"dense experts: aux loss {a0} vs {a1}"
+    assert torch.allclose(t0, t1, rtol=1e-5, atol=1e-6), f"dense experts: loss {t0} vs {t1}"
+    assert g0.keys() == g1.keys(), "dense experts: different parameters got gradients"
+    for k in g0:
+        assert torch.allclose(g0[k], g1[k], rtol=1e-3, atol=1e-5), \
+            f"dense experts: gradient of {k} differs by {(g0[k] - g1[k]).abs().max()}"
+
+
 @torch.no_grad()
 def mean_nll(model, ids: np.ndarray, dev) -> float:
     model.eval()
@@ -182,12 +293,17 @@ def main():
                     help="write the GGUF whole to this path instead of 15 MB parts in --out")
     ap.add_argument("--eval-every", type=int, default=100,
                     help="steps between held-out evaluations (the best one is kept)")
+    ap.add_argument("--dense-experts", choices=["auto", "on", "off"], default="auto",
+                    help="train with dense_experts_forward (auto: for the 30b-routing geometry)")
     ap.add_argument("--no-oracle", action="store_true",
                     help="skip the Q8_0-rounded reference logits (q8_0.dequant.logits.npy)")
     args = ap.parse_args()
     shape = SHAPES[args.geometry]
+    dense = args.dense_experts == "on" or (args.dense_experts == "auto" and args.geometry == "30b-routing")
     args.out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
+    if dense:
+        check_dense_experts()
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     dev = torch.device("cuda")
@@ -213,14 +329,17 @@ def main():
     cfg = Qwen3MoeConfig(vocab_size=VOCAB, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, **shape)
     model = Qwen3MoeForCausalLM(cfg).to(dev)
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"model: {n_params / 1e6:.1f} M parameters")
+    log(f"model: {n_params / 1e6:.1f} M parameters, experts implementation "
+        f"{model.config._experts_implementation}" + (", dense while training" if dense else ""))
+    train_t = torch.tensor(train_ids, device=dev)
+    if dense:
+        use_dense_experts(model)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.1)
     budget = args.minutes * 60
     warm = 100
     curve, best = [], (float("inf"), None, 0)
     step, seen = 0, 0
     t0 = time.time()
-    train_t = torch.tensor(train_ids, device=dev)
     while True:
         elapsed = time.time() - t0
         if elapsed > budget:
@@ -244,20 +363,29 @@ def main():
         opt.step()
         step += 1
         seen += BATCH * SEQ
+        if step in (1, 10, 50):
+            torch.cuda.synchronize()
+            log(f"step {step}: {time.time() - t0:.1f} s, train loss {lm.item():.3f}")
         if step % args.eval_every == 0:
             held = mean_nll(model, held_ids[: 64 * SEQ + 1], dev)
             curve.append(dict(step=step, tokens=seen, seconds=round(time.time() - t0, 1),
                               train_loss=round(lm.item(), 4), aux=round(aux.item(), 4),
                               held_loss=round(held, 4), lr=lr))
             log(json.dumps(curve[-1]))
+            if not math.isfinite(held):
+                log(f"held-out loss not finite at step {step}: training diverged, stopping")
+                break
             if held < best[0]:
                 best = (held, {k: v.detach().clone() for k, v in model.state_dict().items()}, step)
-    # The last step too: a run of few steps (the 30b-routing geometry makes about one a
-    # second) would otherwise fall back to an early checkpoint.
+    # The last step too: a run of few steps would otherwise fall back to an early checkpoint.
     held = mean_nll(model, held_ids[: 64 * SEQ + 1], dev)
     log(f"last step {step}: held loss {held:.4f}")
     if held < best[0]:
         best = (held, None, step)
+    if best[1] is None and not math.isfinite(held):
+        # NaN compares false: nothing was kept. Converting a NaN model only fails later (sluice
+        # refuses its GGUF), so stop here.
+        raise SystemExit(f"train.py: no finite held-out loss in {step} steps: the run diverged")
     if best[1] is not None:
         model.load_state_dict(best[1])
     held_nll = mean_nll(model, held_ids, dev)
@@ -316,7 +444,8 @@ def main():
         model=dict(arch="Qwen3MoeForCausalLM", parameters=n_params, **shape),
         training=dict(optimizer="AdamW lr 2e-3 cosine to 2e-4, betas (0.9, 0.95), wd 0.1, clip 1.0",
                       geometry=args.geometry, batch=BATCH, seq=SEQ, steps=step, tokens_seen=seen, minutes=args.minutes,
-                      best_step=best[2], precision="bf16 autocast, fp32 weights", seed=args.seed),
+                      best_step=best[2], precision="bf16 autocast, fp32 weights", seed=args.seed,
+                      experts_in_training="dense (train.py dense_experts_forward)" if dense else "transformers'"),
         held_out=dict(ppl=math.exp(held_nll), unigram_ppl=unigram_ppl, tokens=int(len(held_ids))),
         loss_curve=curve,
         sample=dict(prompt=PROMPT, greedy_ids=sample_ids, text=sample),
