@@ -324,7 +324,6 @@ crate::q8_like_kernel!(
     decode_q8_0_f16c,
     f16_convert,
     "avx2,fma,f16c",
-    PerBlock,
     |a, s| { _mm256_madd_epi16(_mm256_maddubs_epi16(a, s), _mm256_set1_epi16(1)) }
 );
 crate::q8_like_kernel!(
@@ -334,7 +333,6 @@ crate::q8_like_kernel!(
     decode_q5_0,
     f16_convert,
     "avx2,fma,f16c",
-    PerBlock,
     |a, s| { _mm256_madd_epi16(_mm256_maddubs_epi16(a, s), _mm256_set1_epi16(1)) }
 );
 

@@ -25,7 +25,6 @@ crate::q8_like_kernel!(
     decode_q8_0,
     f16_lookup,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    PerRowPair,
     |a, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, s)
 );
 crate::q8_like_kernel!(
@@ -35,7 +34,6 @@ crate::q8_like_kernel!(
     decode_q5_0,
     f16_lookup,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    PerRowPair,
     |a, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, s)
 );
 

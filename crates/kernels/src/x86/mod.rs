@@ -14,13 +14,13 @@
 #[macro_export]
 #[doc(hidden)]
 macro_rules! q8_like_kernel {
-    ($name:ident, $rows:ident, $bytes:expr, $decode:ident, $f16:ident, $features:literal,
-     $prefetch:ident, $dot:expr) => {
+    ($name:ident, $rows:ident, $bytes:expr, $decode:ident, $f16:ident, $features:literal, $dot:expr) => {
         /// `out[r] = row r . ys` for the consecutive rows of `w` (`rb` bytes each): the
         /// same bits as `$name::<1>` on each row (same per-lane operations in the same
         /// order), but two rows run interleaved (two independent FMA chains), the
         /// activation block and its scale are loaded once for both, and the weights are
-        /// prefetched [`MATVEC_PREFETCH_ROWS`] rows ahead (the pattern: [`RowPrefetch`]).
+        /// prefetched [`MATVEC_PREFETCH_ROWS`] rows ahead, one hint per row per block as
+        /// the block is reached.
         #[target_feature(enable = $features)]
         pub(super) fn $rows(
             w: &[u8],
@@ -47,10 +47,8 @@ macro_rules! q8_like_kernel {
                 let mut a0 = _mm256_setzero_ps();
                 let mut a1 = _mm256_setzero_ps();
                 for (i, ((x0, x1), yb)) in b0.iter().zip(b1).zip(ys).enumerate() {
-                    if let super::RowPrefetch::PerBlock = super::RowPrefetch::$prefetch {
-                        pf(r, i * $bytes);
-                        pf(r + 1, i * $bytes);
-                    }
+                    pf(r, i * $bytes);
+                    pf(r + 1, i * $bytes);
                     let dy = $f16(yb.d, tab);
                     let qy = ld256_i8(&yb.qs);
                     let (d0, q0) = $decode(x0, tab);
@@ -59,11 +57,6 @@ macro_rules! q8_like_kernel {
                     let s1 = dot(_mm256_sign_epi8(q1, q1), _mm256_sign_epi8(qy, q1));
                     a0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * dy), _mm256_cvtepi32_ps(s0), a0);
                     a1 = _mm256_fmadd_ps(_mm256_set1_ps(d1 * dy), _mm256_cvtepi32_ps(s1), a1);
-                }
-                if let super::RowPrefetch::PerRowPair = super::RowPrefetch::$prefetch {
-                    for off in (0..2 * rb).step_by(64) {
-                        pf(r, off);
-                    }
                 }
                 o[0] = hsum8(a0);
                 o[1] = hsum8(a1);
@@ -107,24 +100,14 @@ macro_rules! q8_like_kernel {
     };
 }
 
-/// How many rows ahead the single-token Q8_0 / Q5_0 row kernels prefetch their weights.
+/// How many rows ahead the single-token Q8_0 / Q5_0 row kernels prefetch their weights,
+/// one hint per row per block as the block is reached. They used to issue the next pair's
+/// 68 hints in one burst after each pair, and the demand loads queued behind them: 12-layer
+/// 30B-shape Q8_0, `sluice bench -t 2 -p 0 -n 32`, tg32 12.6 -> 17.4 tok/s (medians, AMD
+/// EPYC Zen 3, AVX2), 23.6 -> 24.1 with 2 threads and 61.4 -> 75.2 with 8 on an Intel Xeon
+/// (AVX-512 VNNI).
 #[cfg(target_arch = "x86_64")]
 const MATVEC_PREFETCH_ROWS: usize = 4;
-
-/// When the single-token Q8_0 / Q5_0 row kernels issue their prefetches (per tier).
-#[cfg(target_arch = "x86_64")]
-enum RowPrefetch {
-    /// One hint per row per block, as the block is reached: the K-quant kernels' pattern.
-    /// On the AMD EPYC (Zen 3, AVX2) dev machine, 2 threads, the 12-layer 30B-shape Q8_0
-    /// synth: tg32 12.4-12.8 -> 18.6-19.5 tok/s against [`Self::PerRowPair`], the
-    /// latter being 9.2 GB/s of weights where a plain 2-thread read loop gets 13.6-14.3
-    /// (so decode now runs at the DRAM ceiling); a burst of 68 hints per row pair left
-    /// the demand loads queued behind it.
-    PerBlock,
-    /// All of the next row pair's lines at once after each pair (kept for AVX-512, where
-    /// the per-block pattern has not been measured yet).
-    PerRowPair,
-}
 
 /// How many rows ahead the single-token K-quant row kernels (and the one-row fallback of
 /// [`Avx2::rows`] / [`Avx512::rows`]) prefetch their weights: a decode streams each
