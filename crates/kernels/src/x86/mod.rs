@@ -39,6 +39,7 @@ macro_rules! q8_like_kernel {
                 // A hint: never faults, whatever the address.
                 _mm_prefetch::<_MM_HINT_T0>(p.cast());
             };
+            let burst = 2 * rb <= super::MATVEC_PREFETCH_BURST_BYTES;
             let mut pairs = out.chunks_exact_mut(2);
             let mut r = 0;
             for o in &mut pairs {
@@ -47,8 +48,10 @@ macro_rules! q8_like_kernel {
                 let mut a0 = _mm256_setzero_ps();
                 let mut a1 = _mm256_setzero_ps();
                 for (i, ((x0, x1), yb)) in b0.iter().zip(b1).zip(ys).enumerate() {
-                    pf(r, i * $bytes);
-                    pf(r + 1, i * $bytes);
+                    if !burst {
+                        pf(r, i * $bytes);
+                        pf(r + 1, i * $bytes);
+                    }
                     let dy = $f16(yb.d, tab);
                     let qy = ld256_i8(&yb.qs);
                     let (d0, q0) = $decode(x0, tab);
@@ -57,6 +60,11 @@ macro_rules! q8_like_kernel {
                     let s1 = dot(_mm256_sign_epi8(q1, q1), _mm256_sign_epi8(qy, q1));
                     a0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * dy), _mm256_cvtepi32_ps(s0), a0);
                     a1 = _mm256_fmadd_ps(_mm256_set1_ps(d1 * dy), _mm256_cvtepi32_ps(s1), a1);
+                }
+                if burst {
+                    for off in (0..2 * rb).step_by(64) {
+                        pf(r, off);
+                    }
                 }
                 o[0] = hsum8(a0);
                 o[1] = hsum8(a1);
@@ -101,13 +109,21 @@ macro_rules! q8_like_kernel {
 }
 
 /// How many rows ahead the single-token Q8_0 / Q5_0 row kernels prefetch their weights,
-/// one hint per row per block as the block is reached. They used to issue the next pair's
+/// one hint per row per block as the block is reached (for pairs longer than
+/// [`MATVEC_PREFETCH_BURST_BYTES`]). They used to issue the next pair's
 /// 68 hints in one burst after each pair, and the demand loads queued behind them: 12-layer
 /// 30B-shape Q8_0, `sluice bench -t 2 -p 0 -n 32`, tg32 12.6 -> 17.4 tok/s (medians, AMD
 /// EPYC Zen 3, AVX2), 23.6 -> 24.1 with 2 threads and 61.4 -> 75.2 with 8 on an Intel Xeon
 /// (AVX-512 VNNI).
 #[cfg(target_arch = "x86_64")]
 const MATVEC_PREFETCH_ROWS: usize = 4;
+
+/// Row pairs of at most this many bytes are still prefetched in one burst after the pair
+/// (at most 32 hints): per-block hints cost Gemma 3 270M's decode (640-column rows, a
+/// 680-byte Q8_0 head row) ~10% (tg64 medians 66.5 burst vs 59.5 per block, 8 alternated
+/// rounds, Zen 3), while the 30B shape's 4352-byte pairs keep the per-block gain.
+#[cfg(target_arch = "x86_64")]
+const MATVEC_PREFETCH_BURST_BYTES: usize = 2048;
 
 /// How many rows ahead the single-token K-quant row kernels (and the one-row fallback of
 /// [`Avx2::rows`] / [`Avx512::rows`]) prefetch their weights: a decode streams each
