@@ -23,22 +23,8 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 # Playwright's Python package only; its own browser download is never run.
 "$venv/bin/pip" install --quiet --disable-pip-version-check playwright >&2
-bin=target/release/sluice
-[ -x "$bin" ] || cargo build --release -p sluice-cli >&2
-log="$(mktemp)"
-"$bin" serve -m "$model" --port 0 --api-key page-key --max-tokens 48 2>"$log" &
-pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null || true; rm -f "$log"' EXIT
-for _ in $(seq 1 600); do
-  grep -q "^listening on" "$log" && break
-  sleep 0.1
-done
-base="$(sed -n 's/^listening on //p' "$log" | head -1)"
-[ -n "$base" ] || { cat "$log" >&2; exit 1; }
-for _ in $(seq 1 600); do
-  curl -sf "$base/health" >/dev/null && break
-  sleep 0.1
-done
+. tools/lib/serve.sh
+serve_sluice "$model" --api-key page-key --max-tokens 48
 BASE="$base" CHROMIUM="$chromium" timeout 300 "$venv/bin/python" - <<'PY'
 import json, os, urllib.request
 from playwright.sync_api import sync_playwright, expect

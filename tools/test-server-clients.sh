@@ -16,22 +16,8 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" >&2
 fi
 "$venv/bin/pip" install --quiet --disable-pip-version-check openai anthropic jsonschema >&2
-bin=target/release/sluice
-[ -x "$bin" ] || cargo build --release -p sluice-cli >&2
-log="$(mktemp)"
-"$bin" serve -m "$model" --port 0 --api-key test-key --parallel 2 2>"$log" &
-pid=$!
-trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null || true; rm -f "$log"' EXIT
-for _ in $(seq 1 600); do
-  grep -q "^listening on" "$log" && break
-  sleep 0.1
-done
-base="$(sed -n 's/^listening on //p' "$log" | head -1)"
-[ -n "$base" ] || { cat "$log" >&2; exit 1; }
-for _ in $(seq 1 600); do
-  curl -sf "$base/health" >/dev/null && break
-  sleep 0.1
-done
+. tools/lib/serve.sh
+serve_sluice "$model" --api-key test-key --parallel 2
 BASE="$base" timeout 300 "$venv/bin/python" - <<'PY'
 import os
 import openai, anthropic
