@@ -22,23 +22,16 @@
 //! the case's blocks, not one kernel (the kernels themselves are `gpu_kernels`' tests).
 
 mod common;
-use common::RefCompute;
+use common::{fixtures, RefCompute};
 
 use std::path::{Path, PathBuf};
 
 use sluice_cuda::forward::{ExpertPlacement, GpuDecoder};
 use sluice_cuda::Cuda;
-use sluice_engine::{Logits, Model};
+use sluice_engine::Model;
 
 const TOKENS: u32 = 40;
 const CHUNK: usize = 16;
-
-fn fixtures() -> PathBuf {
-    match std::env::var_os("SLUICE_FIXTURES") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures"),
-    }
-}
 
 /// Every position's logits of `toks` on `path`: on the GPU decoder, or on the CPU with
 /// reference products.
@@ -54,15 +47,7 @@ fn logits(path: &Path, toks: &[u32], gpu: bool) -> (Vec<f32>, usize) {
     } else {
         m.set_compute(Box::new(RefCompute));
     }
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(4)
-        .build()
-        .unwrap();
-    let mut kv = m.new_state(toks.len() + 8, true);
-    let mut out = Vec::new();
-    for c in toks.chunks(CHUNK) {
-        out.extend(pool.install(|| m.forward(&mut kv, c, Logits::All)).unwrap());
-    }
+    let out = common::logits_in_chunks(&mut m, toks, CHUNK);
     (out, m.cfg.n_vocab)
 }
 

@@ -9,7 +9,7 @@
 //! unless `SLUICE_REQUIRE_MODELS` is set).
 
 mod common;
-use common::RefCompute;
+use common::{fixtures, RefCompute};
 
 use std::path::{Path, PathBuf};
 
@@ -30,13 +30,6 @@ enum Backend {
     /// The whole forward pass with a VRAM expert cache of 1/N of the routed-expert bytes.
     ForwardCache(u64),
     Reference,
-}
-
-fn fixtures() -> PathBuf {
-    match std::env::var_os("SLUICE_FIXTURES") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures"),
-    }
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
@@ -94,15 +87,7 @@ fn logits(
             Some(c)
         }
     };
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(4)
-        .build()
-        .unwrap();
-    let mut kv = m.new_state(toks.len() + 8, true);
-    let mut out = Vec::new();
-    for c in toks.chunks(batch) {
-        out.extend(pool.install(|| m.forward(&mut kv, c, Logits::All)).unwrap());
-    }
+    let out = common::logits_in_chunks(&mut m, toks, batch);
     (out, m.cfg.n_vocab, g)
 }
 

@@ -4,11 +4,11 @@
 //! that every streamed expert matrix a compute backend gets lies inside it.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 mod common;
+use common::fixtures;
 
 use sluice_cuda::{compile_kernels, Cuda, CudaError};
 use sluice_engine::models::compute::{Compute, Cpu, LinearJob};
@@ -144,13 +144,6 @@ fn ptx_entries(ptx: &str) -> Vec<(String, Vec<&str>)> {
         out.push((name, params));
     }
     out
-}
-
-fn fixtures() -> PathBuf {
-    match std::env::var_os("SLUICE_FIXTURES") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures"),
-    }
 }
 
 /// A `SlotMemory` hook that keeps the ranges it is told about (what `Cuda` page-locks).

@@ -182,6 +182,34 @@ pub fn glm5next_wide(dir: &Path) -> PathBuf {
     path
 }
 
+/// The repository's `tests/fixtures`, or `SLUICE_FIXTURES` (the device carries them there).
+#[allow(dead_code)] // not every test binary reads fixtures
+pub fn fixtures() -> PathBuf {
+    match std::env::var_os("SLUICE_FIXTURES") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures"),
+    }
+}
+
+/// Every position's logits of `toks` through `m`, fed `chunk` tokens per forward pass on a
+/// 4-thread pool, into a fresh state with 8 positions to spare.
+#[allow(dead_code)] // no_gpu compiles this module without using it
+pub fn logits_in_chunks(m: &mut sluice_engine::Model, toks: &[u32], chunk: usize) -> Vec<f32> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(4)
+        .build()
+        .unwrap();
+    let mut kv = m.new_state(toks.len() + 8, true);
+    let mut out = Vec::new();
+    for c in toks.chunks(chunk) {
+        out.extend(
+            pool.install(|| m.forward(&mut kv, c, sluice_engine::Logits::All))
+                .unwrap(),
+        );
+    }
+    out
+}
+
 /// The oracle backend: every weight row dequantized by the reference (`dequantize_row`),
 /// f32 activations, products summed in f64. Slow; for small models only.
 #[allow(dead_code)] // no_gpu compiles this module without using it
