@@ -5,6 +5,8 @@
 #
 #   bench/ab-decode.sh OLD_SLUICE NEW_SLUICE MODEL.gguf [TG] [ROUNDS] [THREADS]
 #   e.g. bench/ab-decode.sh /tmp/sluice-old target/release/sluice q8.gguf 32 5
+#   A_FLAGS / B_FLAGS: extra flags for A / B (e.g. A_FLAGS='--weight-load mmap' with the same
+#   binary twice compares two settings of one build).
 #
 # Each run is `sluice bench -p 0 -n TG -r 2` / `llama-bench -p 0 -n TG -r 2` (warm, the file
 # in the page cache). llama.cpp: the pinned build of tools/get-llama-cpp.sh --build (this
@@ -17,13 +19,13 @@ llama="$(tools/get-llama-cpp.sh)/build/bin/llama-bench"
 [ -x "$llama" ] || { echo "llama-bench not built: run tools/get-llama-cpp.sh --build" >&2; exit 2; }
 echo "cpu: $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2-); load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "$(basename "$model"), tg$tg, $threads threads, $rounds rounds"
-sl() { "$1" bench -m "$model" -t "$threads" -p 0 -n "$tg" -r 2 2>/dev/null | awk -F'|' -v t="tg$tg" '$5 ~ t {gsub(/ /,"",$6); print $6}'; }
+sl() { "$1" bench -m "$model" -t "$threads" -p 0 -n "$tg" -r 2 $2 2>/dev/null | awk -F'|' -v t="tg$tg" '$5 ~ t {gsub(/ /,"",$6); print $6}'; }
 ll() { "$llama" -m "$model" -t "$threads" -p 0 -n "$tg" -r 2 -o md 2>/dev/null | awk -F'|' -v t="tg$tg" '$0 ~ t {split($(NF-1), v, " "); print v[1]}'; }
 ra="" rb="" rl=""
 for _ in $(seq "$rounds"); do
-  ra="$ra $(sl "$a")"; rb="$rb $(sl "$b")"; rl="$rl $(ll)"
+  ra="$ra $(sl "$a" "${A_FLAGS:-}")"; rb="$rb $(sl "$b" "${B_FLAGS:-}")"; rl="$rl $(ll)"
 done
-echo "A ($a):$ra"
-echo "B ($b):$rb"
+echo "A ($a ${A_FLAGS:-}):$ra"
+echo "B ($b ${B_FLAGS:-}):$rb"
 echo "llama.cpp:$rl"
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -295,7 +295,7 @@ fn attach_replay(
     ))
 }
 
-pub fn main(args: BenchArgs) -> Result<()> {
+pub fn main(mut args: BenchArgs) -> Result<()> {
     if args.repetitions == 0 {
         anyhow::bail!("--repetitions must be at least 1");
     }
@@ -307,6 +307,7 @@ pub fn main(args: BenchArgs) -> Result<()> {
     let trace = read_replay_trace(&args)?;
     // Every bench sequence is one test's length (`session`), not --ctx.
     let longest = args.prompt_tokens.max(args.gen_tokens).max(1);
+    args.measure.adjust(&mut args.model);
     let mut l = args.model.load_for(Some(longest))?;
     let routing = match (&args.replay_routing, trace) {
         (Some(p), Some(trace)) => attach_replay(&mut l, p, trace)?,

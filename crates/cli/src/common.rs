@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use sluice_engine::device::{Device, GpuOptions};
-use sluice_engine::load::{resident_bytes, Budget, LoadOptions, PackChoice, StreamOptions};
+use sluice_engine::load::{
+    resident_bytes, Budget, LoadOptions, PackChoice, StreamOptions, WeightLoad,
+};
 use sluice_engine::session::Session;
 use sluice_engine::tier::{PleIo, PleOptions, PolicyKind};
 use sluice_io::{Backend, IoConfig};
@@ -36,6 +38,12 @@ pub struct ModelArgs {
     /// Keep the KV cache at full f32 precision (default: rounded to f16 like llama.cpp).
     #[arg(long = "kv-f32")]
     pub kv_f32: bool,
+    /// How the weights every token reads are held on the CPU: `copy` moves them out of
+    /// the page cache into RAM with huge pages at load (faster decode; skipped with a note
+    /// when they do not fit, and with --gpu), `mmap` reads them through the memory map.
+    /// With --measure: mmap.
+    #[arg(long = "weight-load", value_name = "HOW", default_value_t = WeightLoad::Copy)]
+    pub weight_load: WeightLoad,
     #[command(flatten)]
     pub device: DeviceArgs,
     #[command(flatten)]
@@ -100,6 +108,16 @@ pub struct MeasureArgs {
         requires = "measure"
     )]
     pub measure_every: usize,
+}
+
+impl MeasureArgs {
+    /// `--measure` drops the model's pages from the page cache to measure storage reads:
+    /// the weights must then be read through the memory map, not copied into RAM.
+    pub fn adjust(&self, model: &mut ModelArgs) {
+        if self.measure {
+            model.weight_load = WeightLoad::Map;
+        }
+    }
 }
 
 /// `--ple-io`: how a per-layer-embedding row table (qwen4exp's n-gram table) is read.
@@ -389,6 +407,7 @@ impl ModelArgs {
             record_routing: s.record_routing.clone(),
             ple: self.ple.options(),
             device,
+            weight_load: self.weight_load,
         })
     }
 

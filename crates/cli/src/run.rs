@@ -159,10 +159,11 @@ struct Dump {
     evaluated: Vec<u32>,
 }
 
-pub fn main(args: RunArgs) -> Result<()> {
+pub fn main(mut args: RunArgs) -> Result<()> {
     // Installed before loading so an early signal is seen too (never the default kill).
     let signals = RunSignals::install()?;
     let stop = signals.stop.clone();
+    args.measure.adjust(&mut args.model);
     let mut loaded = args.model.load()?;
     let tok = Tokenizer::from_gguf(&loaded.model.gguf)?;
     eprintln!(

@@ -3,7 +3,8 @@
 //! Owns: [`load`] (`LoadOptions` -> a loaded model with its compute pool, the streaming
 //! tier set up and checked against this machine's memory: the budget plan, the minimum,
 //! the resident-weight lock), [`device`] (the CPU or a CUDA GPU found at run time,
-//! attached by the same load), [`session`] (one sequence: prefill, decode, sampling, stop
+//! attached by the same load), [`weights`] (the resident weights moved into huge-page RAM at
+//! load), [`session`] (one sequence: prefill, decode, sampling, stop
 //! conditions, timing, snapshots for prefix reuse), [`sampler`] and [`eval`]
 //! (perplexity, `.npy` files). `run`, `bench`, `perplexity` and the server are thin
 //! layers over these. The crates below it are re-exported for convenience.
@@ -13,6 +14,7 @@ pub mod eval;
 pub mod load;
 pub mod sampler;
 pub mod session;
+pub mod weights;
 
 pub use sluice_models as models;
 pub use sluice_models::{Logits, Model, ModelError, SeqState, Snapshot};

@@ -17,6 +17,8 @@ use std::time::Instant;
 
 use sluice_io::IoConfig;
 use sluice_models::Model;
+
+pub use crate::weights::WeightLoad;
 use sluice_tier::{
     open_ple, parse_size, PackFile, PleIo, PleOptions, PleSource, PolicyKind, Profile, SizeSpec,
     StreamConfig, StreamingExperts,
@@ -104,6 +106,8 @@ pub struct LoadOptions {
     pub ple: PleOptions,
     /// Where the model computes (`--gpu`).
     pub device: Device,
+    /// How the weights read through the memory map are held on the CPU (`--weight-load`).
+    pub weight_load: WeightLoad,
 }
 
 /// A loaded model with its compute pool.
@@ -347,12 +351,15 @@ impl LoadOptions {
             .map_err(|source| EngineError::Threads { threads, source })?;
         let mut notes = Vec::new();
         let mut ple = None;
+        // Row tables read through their own reader, never through the map.
+        let mut read_elsewhere = Vec::new();
         for table in model.groups.row_tables.clone() {
             let (src, note) = open_ple(&self.path, &table, &self.ple)?;
             let src: Arc<dyn PleSource> = Arc::from(src);
             if model.set_row_source(&table.name, src.clone()) {
                 notes.push(note);
                 ple = Some(src);
+                read_elsewhere.push(table.range());
             }
         }
         let streaming = match &self.stream {
@@ -386,6 +393,23 @@ impl LoadOptions {
         };
         if let Device::Gpu(g) = &self.device {
             loaded.gpu = crate::device::attach(&mut loaded, g, self.ctx)?;
+        }
+        // On the GPU the weights are in VRAM: a RAM copy would only cost time and memory.
+        if self.weight_load == WeightLoad::Copy && loaded.gpu.is_none() {
+            let plan = MemoryPlan::for_sequences(
+                &loaded.model,
+                self.ctx,
+                self.sequences,
+                resident_layers,
+            )?;
+            let note = crate::weights::copy_resident(
+                &mut loaded.model,
+                loaded.streaming.is_some(),
+                &read_elsewhere,
+                plan.available,
+                plan.kv,
+            );
+            loaded.notes.push(note);
         }
         loaded.load_secs = t0.elapsed().as_secs_f64();
         Ok(loaded)

@@ -117,6 +117,7 @@ fn snapshot_restore_equals_recompute() {
         record_routing: None,
         sequences: 1,
         device: Default::default(),
+        weight_load: Default::default(),
     }
     .load()
     .unwrap();
@@ -194,6 +195,7 @@ fn concurrent_long_prefills_through_sessions_do_not_deadlock() {
         record_routing: None,
         sequences: 3,
         device: Default::default(),
+        weight_load: Default::default(),
     };
     let alone: Vec<Vec<f32>> = {
         let loaded = options(None).load().unwrap();

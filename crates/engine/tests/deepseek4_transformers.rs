@@ -432,6 +432,7 @@ fn hash_prefetch_on_off_same_logits() {
                 ple: Default::default(),
                 sequences: 1,
                 device: Default::default(),
+                weight_load: Default::default(),
             };
             let loaded = opts.load().unwrap();
             let mut s = Session::new(&loaded, 512, false, 16);

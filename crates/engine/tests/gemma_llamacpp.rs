@@ -60,6 +60,7 @@ fn perplexity_within_one_percent_of_llama_cpp() {
         record_routing: None,
         sequences: 1,
         device: Default::default(),
+        weight_load: Default::default(),
     }
     .load()
     .unwrap();

@@ -82,6 +82,7 @@ fn opts(resident_layers: usize, threads: usize, io_threads: usize) -> LoadOption
         ple: Default::default(),
         sequences: 1,
         device: Default::default(),
+        weight_load: Default::default(),
     }
 }
 

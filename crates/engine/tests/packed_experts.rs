@@ -146,6 +146,7 @@ fn load_with(model: &Path, pack: PackChoice) -> Result<sluice_engine::load::Load
         ple: Default::default(),
         sequences: 1,
         device: Default::default(),
+        weight_load: Default::default(),
     }
     .load()
     .map_err(|e| e.to_string())

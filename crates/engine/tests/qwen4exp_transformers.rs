@@ -210,6 +210,7 @@ fn ple_io_modes_give_identical_logits() {
                 },
                 sequences: 1,
                 device: Default::default(),
+                weight_load: Default::default(),
             }
             .load()
             .unwrap();

@@ -8,6 +8,7 @@
 //! needs. The other crates stay free of `unsafe`.
 
 mod aligned;
+mod anon;
 mod completion;
 mod engine;
 mod fileio;

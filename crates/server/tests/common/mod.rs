@@ -59,6 +59,7 @@ pub fn options(path: &Path, stream: bool) -> LoadOptions {
         ple: Default::default(),
         sequences: 1,
         device: Default::default(),
+        weight_load: Default::default(),
     }
 }
 
