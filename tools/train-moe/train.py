@@ -178,9 +178,9 @@ def dense_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
 
     Measured on the H200 (30b-routing, one 32 x 512 batch, forward + backward): 292 ms dense;
     273 ms with transformers' grouped path on bf16-cast expert weights, which was tried and
-    went NaN within 200 steps (likely torch's grouped matmul leaving the weight gradient of
-    experts that got no tokens unwritten), so it is not offered. A whole step took 0.32 s on
-    that path, against about 1 s before: the experts are no longer the whole cost.
+    went NaN within 200 steps, so it is not offered (training with this dense form went NaN
+    too, at rates down to 3.5e-5: the cause is elsewhere, see main's non-finite step skip). A
+    whole step takes 0.31 s, against about 1 s before: the experts are no longer the whole cost.
     """
     t, h = hidden_states.shape
     e, i = experts.num_experts, experts.intermediate_dim
@@ -270,6 +270,18 @@ def compare_runs(r0, r1):
             f"dense experts: gradient of {k} differs by {(g0[k] - g1[k]).abs().max()}"
 
 
+def strict_json(o):
+    """`o` with NaN and infinities as None: the manifest stays JSON for every reader (a loss
+    curve of a run that went NaN has them; Python would write the non-standard `NaN`)."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: strict_json(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [strict_json(v) for v in o]
+    return o
+
+
 @torch.no_grad()
 def mean_nll(model, ids: np.ndarray, dev) -> float:
     model.eval()
@@ -352,7 +364,7 @@ def main():
     warm = 100
     # The best evaluated checkpoint: weights and optimizer state (for a rollback), on the GPU.
     curve, best = [], dict(loss=float("inf"), state=None, opt=None, step=0)
-    lr_scale, rollbacks = 1.0, []
+    lr_scale, rollbacks, skipped = 1.0, [], []
     step, seen = 0, 0
     t0 = time.time()
     while True:
@@ -375,9 +387,23 @@ def main():
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
         step += 1
-        seen += BATCH * SEQ
+        # One non-finite gradient poisons every weight through the clip and AdamW: the run of
+        # 2026-12-03 (tools/train-moe/README.md) went NaN 4 times in 900 steps, at learning rates
+        # down to 3.5e-5, so the cause is not the rate. Skip such a step (it costs a sync a step)
+        # and say where it came from.
+        if torch.isfinite(gnorm):
+            opt.step()
+            seen += BATCH * SEQ
+        else:
+            skipped.append(step)
+            if len(skipped) <= 3:
+                bad = [k for k, p in model.named_parameters()
+                       if p.grad is not None and not torch.isfinite(p.grad).all()]
+                bad_w = [k for k, p in model.named_parameters() if not torch.isfinite(p).all()]
+                log(f"step {step}: gradient norm {gnorm.item()}, loss {lm.item():.4f}, aux {aux.item():.4f}; "
+                    f"{len(bad)} parameters with non-finite gradients (first: {bad[:4]}), "
+                    f"{len(bad_w)} with non-finite weights: step skipped")
         if step in (1, 10, 50):
             torch.cuda.synchronize()
             log(f"step {step}: {time.time() - t0:.1f} s, train loss {lm.item():.3f}")
@@ -385,7 +411,8 @@ def main():
             held = mean_nll(model, held_ids[: 64 * SEQ + 1], dev)
             curve.append(dict(step=step, tokens=seen, seconds=round(time.time() - t0, 1),
                               train_loss=round(lm.item(), 4), aux=round(aux.item(), 4),
-                              held_loss=round(held, 4), grad_norm=round(gnorm.item(), 3), lr=lr))
+                              held_loss=round(held, 4), grad_norm=round(gnorm.item(), 3), lr=lr,
+                              skipped=len(skipped)))
             log(json.dumps(curve[-1]))
             if held < best["loss"]:  # NaN compares false
                 best = dict(loss=held, state={k: v.detach().clone() for k, v in model.state_dict().items()},
@@ -473,7 +500,7 @@ def main():
         model=dict(arch="Qwen3MoeForCausalLM", parameters=n_params, **shape),
         training=dict(optimizer=f"AdamW lr {peak:g} (warm-up {warm} steps) cosine to {peak / 10:g}, "
                       "betas (0.9, 0.95), wd 0.1, clip 1.0",
-                      rollbacks=rollbacks,
+                      rollbacks=rollbacks, skipped_steps=skipped,
                       geometry=args.geometry, batch=BATCH, seq=SEQ, steps=step, tokens_seen=seen, minutes=args.minutes,
                       best_step=best_step, precision="bf16 autocast, fp32 weights", seed=args.seed,
                       experts_in_training="dense (train.py dense_experts_forward)" if dense else "transformers'"),
@@ -486,7 +513,7 @@ def main():
                       tokenizers=__import__("tokenizers").__version__),
         seconds_total=round(time.time() - t_start, 1),
     )
-    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    (args.out / "manifest.json").write_text(json.dumps(strict_json(manifest), indent=1))
     log(f"done in {time.time() - t_start:.0f} s; gguf {len(data)} bytes")
 
 
