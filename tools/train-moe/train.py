@@ -40,6 +40,7 @@ transformers' own forward on a tiny model on the CPU (check_dense_experts).
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import io
 import json
@@ -88,6 +89,15 @@ SHAPES = {
     "small": SHAPE,
     "30b-routing": dict(SHAPE, num_hidden_layers=48, num_experts=128, num_experts_per_tok=8),
 }
+# Peak learning rate per geometry. The 48-layer geometry's first run (lr 2e-3, transformers'
+# experts) got worse on held-out text between steps 100 and 178 while the rate was falling,
+# and its second diverged to NaN (tools/train-moe/README.md). Both went through torch's
+# grouped matmul, which may be the cause; not knowing, it trains at half the rate, and a
+# divergence rolls back to the best checkpoint at half the rate again (main's loop).
+PEAK_LR = {"small": 2e-3, "30b-routing": 1e-3}
+# A held-out loss this far (nats) above the best one counts as a divergence.
+DIVERGED = 1.0
+MAX_ROLLBACKS = 3
 SEQ = 512
 BATCH = 32
 PROMPT = "def fibonacci(n):\n"
@@ -168,9 +178,9 @@ def dense_experts_forward(experts, hidden_states, top_k_index, top_k_weights):
 
     Measured on the H200 (30b-routing, one 32 x 512 batch, forward + backward): 292 ms dense;
     273 ms with transformers' grouped path on bf16-cast expert weights, which was tried and
-    went NaN within 200 steps (likely torch's grouped matmul leaving the weight gradient of
-    experts that got no tokens unwritten), so it is not offered. A whole step took 0.32 s on
-    that path, against about 1 s before: the experts are no longer the whole cost.
+    went NaN within 200 steps, so it is not offered (training with this dense form went NaN
+    too, at rates down to 3.5e-5: the cause is elsewhere, see main's non-finite step skip). A
+    whole step takes 0.31 s, against about 1 s before: the experts are no longer the whole cost.
     """
     t, h = hidden_states.shape
     e, i = experts.num_experts, experts.intermediate_dim
@@ -260,6 +270,18 @@ def compare_runs(r0, r1):
             f"dense experts: gradient of {k} differs by {(g0[k] - g1[k]).abs().max()}"
 
 
+def strict_json(o):
+    """`o` with NaN and infinities as None: the manifest stays JSON for every reader (a loss
+    curve of a run that went NaN has them; Python would write the non-standard `NaN`)."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: strict_json(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [strict_json(v) for v in o]
+    return o
+
+
 @torch.no_grad()
 def mean_nll(model, ids: np.ndarray, dev) -> float:
     model.eval()
@@ -295,6 +317,8 @@ def main():
                     help="steps between held-out evaluations (the best one is kept)")
     ap.add_argument("--dense-experts", choices=["auto", "on", "off"], default="auto",
                     help="train with dense_experts_forward (auto: for the 30b-routing geometry)")
+    ap.add_argument("--lr", type=float,
+                    help="peak learning rate (default: PEAK_LR of the geometry: 2e-3 small, 1e-3 30b-routing)")
     ap.add_argument("--no-oracle", action="store_true",
                     help="skip the Q8_0-rounded reference logits (q8_0.dequant.logits.npy)")
     args = ap.parse_args()
@@ -334,10 +358,13 @@ def main():
     train_t = torch.tensor(train_ids, device=dev)
     if dense:
         use_dense_experts(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    peak = args.lr or PEAK_LR[args.geometry]
+    opt = torch.optim.AdamW(model.parameters(), lr=peak, betas=(0.9, 0.95), weight_decay=0.1)
     budget = args.minutes * 60
     warm = 100
-    curve, best = [], (float("inf"), None, 0)
+    # The best evaluated checkpoint: weights and optimizer state (for a rollback), on the GPU.
+    curve, best = [], dict(loss=float("inf"), state=None, opt=None, step=0)
+    lr_scale, rollbacks, skipped = 1.0, [], []
     step, seen = 0, 0
     t0 = time.time()
     while True:
@@ -345,7 +372,7 @@ def main():
         if elapsed > budget:
             break
         frac = elapsed / budget
-        lr = 2e-3 * min(1.0, (step + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        lr = peak * lr_scale * min(1.0, (step + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = lr
         starts = torch.tensor(rng.integers(0, len(train_ids) - SEQ - 1, BATCH), device=dev)
@@ -359,10 +386,24 @@ def main():
         loss = lm + cfg.router_aux_loss_coef * aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         step += 1
-        seen += BATCH * SEQ
+        # One non-finite gradient poisons every weight through the clip and AdamW: the run of
+        # 2026-12-03 (tools/train-moe/README.md) went NaN 4 times in 900 steps, at learning rates
+        # down to 3.5e-5, so the cause is not the rate. Skip such a step (it costs a sync a step)
+        # and say where it came from.
+        if torch.isfinite(gnorm):
+            opt.step()
+            seen += BATCH * SEQ
+        else:
+            skipped.append(step)
+            if len(skipped) <= 3:
+                bad = [k for k, p in model.named_parameters()
+                       if p.grad is not None and not torch.isfinite(p.grad).all()]
+                bad_w = [k for k, p in model.named_parameters() if not torch.isfinite(p).all()]
+                log(f"step {step}: gradient norm {gnorm.item()}, loss {lm.item():.4f}, aux {aux.item():.4f}; "
+                    f"{len(bad)} parameters with non-finite gradients (first: {bad[:4]}), "
+                    f"{len(bad_w)} with non-finite weights: step skipped")
         if step in (1, 10, 50):
             torch.cuda.synchronize()
             log(f"step {step}: {time.time() - t0:.1f} s, train loss {lm.item():.3f}")
@@ -370,26 +411,41 @@ def main():
             held = mean_nll(model, held_ids[: 64 * SEQ + 1], dev)
             curve.append(dict(step=step, tokens=seen, seconds=round(time.time() - t0, 1),
                               train_loss=round(lm.item(), 4), aux=round(aux.item(), 4),
-                              held_loss=round(held, 4), lr=lr))
+                              held_loss=round(held, 4), grad_norm=round(gnorm.item(), 3), lr=lr,
+                              skipped=len(skipped)))
             log(json.dumps(curve[-1]))
-            if not math.isfinite(held):
-                log(f"held-out loss not finite at step {step}: training diverged, stopping")
-                break
-            if held < best[0]:
-                best = (held, {k: v.detach().clone() for k, v in model.state_dict().items()}, step)
+            if held < best["loss"]:  # NaN compares false
+                best = dict(loss=held, state={k: v.detach().clone() for k, v in model.state_dict().items()},
+                            opt=copy.deepcopy(opt.state_dict()), step=step)
+            elif not math.isfinite(held) or held > best["loss"] + DIVERGED:
+                if best["state"] is None or len(rollbacks) == MAX_ROLLBACKS:
+                    log(f"held-out loss {held:.4f} at step {step}: training diverged, stopping")
+                    break
+                # Back to the best checkpoint at half the rate. load_state_dict keeps the given
+                # tensors as the optimizer's state, which opt.step() updates in place: load a copy.
+                lr_scale /= 2
+                model.load_state_dict(best["state"])
+                opt.load_state_dict(copy.deepcopy(best["opt"]))
+                rollbacks.append(dict(step=step, held_loss=held if math.isfinite(held) else str(held),
+                                      back_to=best["step"], lr_scale=lr_scale))
+                log(f"held-out loss {held:.4f} at step {step} (best {best['loss']:.4f} at step "
+                    f"{best['step']}): diverged, back to step {best['step']}'s checkpoint, "
+                    f"learning rate x{lr_scale}")
     # The last step too: a run of few steps would otherwise fall back to an early checkpoint.
     held = mean_nll(model, held_ids[: 64 * SEQ + 1], dev)
     log(f"last step {step}: held loss {held:.4f}")
-    if held < best[0]:
-        best = (held, None, step)
-    if best[1] is None and not math.isfinite(held):
+    if held < best["loss"]:
+        best = dict(loss=held, state=None, opt=None, step=step)
+    if best["state"] is None and not math.isfinite(held):
         # NaN compares false: nothing was kept. Converting a NaN model only fails later (sluice
         # refuses its GGUF), so stop here.
         raise SystemExit(f"train.py: no finite held-out loss in {step} steps: the run diverged")
-    if best[1] is not None:
-        model.load_state_dict(best[1])
+    if best["state"] is not None:
+        model.load_state_dict(best["state"])
+    best_step = best["step"]
+    del best  # the GPU copies of weights and optimizer state
     held_nll = mean_nll(model, held_ids, dev)
-    log(f"best step {best[2]}: held-out ppl {math.exp(held_nll):.2f} (unigram {unigram_ppl:.2f})")
+    log(f"best step {best_step}: held-out ppl {math.exp(held_nll):.2f} (unigram {unigram_ppl:.2f})")
 
     # Greedy sample from the float32 model.
     model = model.float().eval()
@@ -442,9 +498,11 @@ def main():
                   tokens_train=int(len(train_ids)), tokens_held_out=int(len(held_ids))),
         tokenizer=dict(kind="byte-level BPE, Qwen2 pre-tokenizer regex", vocab=VOCAB, specials=SPECIALS),
         model=dict(arch="Qwen3MoeForCausalLM", parameters=n_params, **shape),
-        training=dict(optimizer="AdamW lr 2e-3 cosine to 2e-4, betas (0.9, 0.95), wd 0.1, clip 1.0",
+        training=dict(optimizer=f"AdamW lr {peak:g} (warm-up {warm} steps) cosine to {peak / 10:g}, "
+                      "betas (0.9, 0.95), wd 0.1, clip 1.0",
+                      rollbacks=rollbacks, skipped_steps=skipped,
                       geometry=args.geometry, batch=BATCH, seq=SEQ, steps=step, tokens_seen=seen, minutes=args.minutes,
-                      best_step=best[2], precision="bf16 autocast, fp32 weights", seed=args.seed,
+                      best_step=best_step, precision="bf16 autocast, fp32 weights", seed=args.seed,
                       experts_in_training="dense (train.py dense_experts_forward)" if dense else "transformers'"),
         held_out=dict(ppl=math.exp(held_nll), unigram_ppl=unigram_ppl, tokens=int(len(held_ids))),
         loss_curve=curve,
@@ -455,7 +513,7 @@ def main():
                       tokenizers=__import__("tokenizers").__version__),
         seconds_total=round(time.time() - t_start, 1),
     )
-    (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    (args.out / "manifest.json").write_text(json.dumps(strict_json(manifest), indent=1))
     log(f"done in {time.time() - t_start:.0f} s; gguf {len(data)} bytes")
 
 
