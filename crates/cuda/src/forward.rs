@@ -29,7 +29,7 @@
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use sluice_models::blocks::dsv4_attention::Dsv4Shape;
 use sluice_models::blocks::hyper::HcShape;
 use sluice_models::blocks::mla::MlaShape;
@@ -57,6 +57,7 @@ use crate::forward::products::{
     MVT_STEP,
 };
 use crate::forward::scratch::{NextDims, Rows};
+use crate::launch::{launch, A, PRODUCT_SIGNATURES};
 use crate::lru::Lru;
 use crate::{kernel_format, kernels, Cuda, Device};
 
@@ -195,10 +196,12 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("pool_make", "PPPPPIII"),
 ];
 
-/// The parameter kinds of kernel `name` ([`KERNEL_SIGNATURES`]).
+/// The parameter kinds of kernel `name` ([`KERNEL_SIGNATURES`], and the products
+/// backend's `mv_*` / `mm_*`: `crate::launch::PRODUCT_SIGNATURES`).
 pub fn kernel_signature(name: &str) -> Option<&'static str> {
     KERNEL_SIGNATURES
         .iter()
+        .chain(PRODUCT_SIGNATURES)
         .find(|(k, _)| {
             if k.ends_with('_') {
                 name.starts_with(k)
@@ -731,16 +734,6 @@ impl GpuDecoder {
     }
 }
 
-/// One kernel parameter.
-#[derive(Clone, Copy)]
-pub(crate) enum A {
-    /// A device address (or 0 for a null pointer).
-    P(u64),
-    I(i32),
-    F(f32),
-    L(i64),
-}
-
 pub(crate) fn i32_of(v: usize, what: &str) -> Result<i32, ModelError> {
     i32::try_from(v).map_err(|_| ModelError::Compute(format!("cuda: {what} {v} is too large")))
 }
@@ -756,46 +749,17 @@ impl GpuDecoder {
         smem: usize,
         args: &[A],
     ) -> Result<(), ModelError> {
-        let kinds: String = args
-            .iter()
-            .map(|a| match a {
-                A::P(_) => 'P',
-                A::I(_) => 'I',
-                A::F(_) => 'F',
-                A::L(_) => 'L',
-            })
-            .collect();
-        if kinds != k.sig {
-            return Err(ModelError::Compute(format!(
-                "cuda: kernel {} takes ({}), launched with ({kinds})",
-                k.name, k.sig
-            )));
-        }
-        let mut b = self.stream.launch_builder(&k.f);
-        for a in args {
-            match a {
-                A::P(v) => b.arg(v),
-                A::I(v) => b.arg(v),
-                A::F(v) => b.arg(v),
-                A::L(v) => b.arg(v),
-            };
-        }
-        let cfg = LaunchConfig {
-            grid_dim: grid,
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: smem as u32,
-        };
-        // SAFETY: the arguments are the parameters of the `forward.cu` kernel in its order
-        // and types (checked above against KERNEL_SIGNATURES, which the NVRTC test checks
-        // against the PTX: device addresses as 64-bit values, int, float, long long); the
-        // dynamic shared memory is what the kernel is told it has (`mvt1_*`: its stage
-        // layout, within the size its attribute allows, set at load);
-        // each address points into a live buffer of this decoder (weights, pointer table,
-        // scratch grown for this call, the sequence's KV cache) sized for the grid, whose
-        // blocks past the data return. Buffers outlive the launch: the call synchronizes
-        // (the logits download) before any of them can be dropped or regrown.
-        unsafe { b.launch(cfg) }.map_err(|e| err("launch", e))?;
-        Ok(())
+        // SAFETY: `k.sig` is the `forward.cu` kernel's parameter list (KERNEL_SIGNATURES,
+        // which the NVRTC test checks against the PTX: device addresses as 64-bit values,
+        // int, float, long long), and `launch` refuses arguments of other kinds; the dynamic
+        // shared memory is what the kernel is told it has (`mvt1_*`: its stage layout,
+        // within the size its attribute allows, set at load); each address points into a
+        // live buffer of this decoder (weights, pointer table, scratch grown for this call,
+        // the sequence's KV cache and state) sized for the grid, whose blocks past the data
+        // return. Buffers outlive the launch: the call synchronizes (the logits download)
+        // before any of them can be dropped or regrown.
+        unsafe { launch(&self.stream, &k.f, &k.name, k.sig, grid, block, smem, args) }
+            .map_err(|m| ModelError::Compute(format!("cuda: {m}")))
     }
 
     /// `out[i] = rms_norm(x[rows ? rows[i] : i]) * w` for `n` rows of `cols`.

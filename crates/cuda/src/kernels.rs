@@ -15,7 +15,8 @@ use sluice_models::ModelError;
 
 use crate::blocks::deltanet::GDN_THREADS;
 use crate::blocks::hyper_lowrank::GROUP_THREADS;
-use crate::forward::{GpuDecoder, Kernel, A, ATT_THREADS};
+use crate::forward::{GpuDecoder, Kernel, ATT_THREADS};
+use crate::launch::A;
 
 /// The Rust type of a parameter kind of `KERNEL_SIGNATURES`.
 macro_rules! kind_ty {

@@ -39,19 +39,19 @@
 mod blocks;
 pub mod forward;
 mod kernels;
+pub mod launch;
 mod lru;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
-    PushKernelArg,
-};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 use sluice_kernels::{GgmlType, KernelError};
 use sluice_models::compute::{Compute, Cpu, LinearJob, UnitKey};
 use sluice_tier::SlotMemory;
+
+use crate::launch::{MvJob, MvLaunch};
 
 /// The kernels' CUDA C source, without the lookup tables [`kernel_source`] puts first.
 const KERNEL_BODY: &str = concat!(
@@ -86,9 +86,6 @@ pub fn kernel_source() -> String {
 
 /// Tokens per group of the matvec kernel (its `MV_MAX_N`).
 pub const MATVEC_MAX_N: usize = 8;
-
-/// Bytes of one entry of the matvec job table (`MvJob` in kernels.cu).
-const MV_JOB_BYTES: usize = 48;
 
 /// The largest grid y / z dimension.
 const MAX_GRID_Y: usize = 65535;
@@ -662,66 +659,16 @@ impl Device {
             y_offs,
             y_total,
         } = xy_layout(jobs);
-        // Weights: in the expert cache (present, or a slot made now that the copy stream
-        // fills), resident (uploaded now if new and within budget) or copied per use into
-        // the scratch buffer (on the copy stream). `pending`: the job's weights are
-        // uploaded by this call on the copy stream.
-        let mut w_off: Vec<Option<usize>> = Vec::with_capacity(jobs.len());
-        let mut w_total = 0usize;
-        let mut in_cache: Vec<bool> = Vec::with_capacity(jobs.len());
-        let mut pending: Vec<bool> = Vec::with_capacity(jobs.len());
-        for j in jobs.iter() {
-            if let (Some(u), Some(ec)) = (j.unit, inner.experts.as_mut()) {
-                match cache_expert(copy, ec, &mut inner.stats, u, j.w.len(), jobs)? {
-                    Cached::Hit | Cached::Miss => {
-                        let miss = ec.get(&u).expect("made above").1;
-                        w_off.push(None);
-                        in_cache.push(true);
-                        pending.push(miss);
-                    }
-                    Cached::NoRoom => {
-                        in_cache.push(false);
-                        pending.push(true);
-                        w_off.push(Some(w_total));
-                        w_total += j.w.len().next_multiple_of(ALIGN_B);
-                    }
-                }
-                continue;
-            }
-            in_cache.push(false);
-            let key = (j.w.as_ptr() as usize, j.w.len());
-            if inner.resident.contains_key(&key) {
-                w_off.push(None);
-                pending.push(false);
-                continue;
-            }
-            let len = j.w.len() as u64;
-            if self.is_stable(j.w) && inner.stats.resident_bytes + len <= inner.budget {
-                let d = stream.clone_htod(j.w).map_err(|e| dev_err("upload", e))?;
-                inner.resident.insert(key, d);
-                inner.stats.resident_bytes += len;
-                inner.stats.resident_mats += 1;
-                w_off.push(None);
-                pending.push(false);
-            } else {
-                w_off.push(Some(w_total));
-                pending.push(true);
-                w_total += j.w.len().next_multiple_of(ALIGN_B);
-            }
-        }
+        let places = self.place_weights(inner, jobs)?;
         grow(stream, &mut inner.x, x_total)?;
         grow(stream, &mut inner.y, y_total)?;
-        grow(copy, &mut inner.w, w_total)?;
+        grow(copy, &mut inner.w, places.w_total)?;
         // Uploads on the copy stream, timed by two events; the compute stream waits on the
         // end event before the first product that needs them.
-        let any_pending = pending.iter().any(|&p| p);
+        let any_pending = places.pending.iter().any(|&p| p);
         if any_pending {
-            self.upload_pending(inner, jobs, &pending, &w_off)?;
+            self.upload_pending(inner, jobs, &places.pending, &places.w_off)?;
         }
-        let (xb, yb) = (
-            inner.x.as_mut().expect("grown"),
-            inner.y.as_mut().expect("grown"),
-        );
         inner.hx.clear();
         inner.hx.resize(x_total, 0.0);
         for (ki, &off) in x_offs.iter().enumerate() {
@@ -729,6 +676,7 @@ impl Device {
             let x = jobs[ji].x;
             inner.hx[off..off + x.len()].copy_from_slice(x);
         }
+        let xb = inner.x.as_mut().expect("grown");
         stream
             .memcpy_htod(&inner.hx[..], &mut xb.slice_mut(0..x_total))
             .map_err(|e| dev_err("copy x", e))?;
@@ -736,28 +684,8 @@ impl Device {
         // Raw device addresses: the kernels take them inside a job table (mv) or as
         // parameters (mm). Every buffer stays alive and unmoved until the synchronize below.
         let xbase = xb.device_ptr(stream).0;
-        let ybase = yb.device_ptr(stream).0;
-        let mut wptr = Vec::with_capacity(jobs.len());
-        for (ji, j) in jobs.iter().enumerate() {
-            let key = (j.w.as_ptr() as usize, j.w.len());
-            let p = match w_off[ji] {
-                None if in_cache[ji] => {
-                    let u = j.unit.expect("cached jobs have a unit");
-                    inner
-                        .experts
-                        .as_ref()
-                        .expect("on")
-                        .get(&u)
-                        .expect("made above")
-                        .0
-                        .device_ptr(stream)
-                        .0
-                }
-                None => inner.resident[&key].device_ptr(stream).0,
-                Some(off) => inner.w.as_ref().expect("grown").device_ptr(stream).0 + off as u64,
-            };
-            wptr.push(p);
-        }
+        let ybase = inner.y.as_ref().expect("grown").device_ptr(stream).0;
+        let wptr = weight_addrs(inner, stream, jobs, &places);
         let addr = |ji: usize| {
             (
                 wptr[ji],
@@ -765,83 +693,9 @@ impl Device {
                 ybase + 4 * y_offs[ji] as u64,
             )
         };
-        // Matvec jobs: one table; per phase (0: weights already in VRAM, 1: uploaded by
-        // this call) one launch per format (blockIdx.y = job).
-        let tiled = |j: &LinearJob<'_>| self.tiled && j.n > MATVEC_MAX_N;
-        let (table, launches) = job_table(jobs, fis, &pending, &tiled, &addr);
-        let mut dbase = 0u64;
-        if !table.is_empty() {
-            grow(stream, &mut inner.d, table.len())?;
-            let db = inner.d.as_mut().expect("grown");
-            stream
-                .memcpy_htod(&table[..], &mut db.slice_mut(0..table.len()))
-                .map_err(|e| dev_err("copy job table", e))?;
-            dbase = db.device_ptr(stream).0;
-        }
-        for phase in [false, true] {
-            if phase {
-                if !any_pending {
-                    break;
-                }
-                inner
-                    .ready_done
-                    .record(stream)
-                    .map_err(|e| dev_err("event", e))?;
-                stream
-                    .wait(&inner.up_end)
-                    .map_err(|e| dev_err("wait for uploads", e))?;
-            }
-            for &(fi, first, count, max_rows, max_groups, ph) in &launches {
-                if ph != phase {
-                    continue;
-                }
-                let cfg = LaunchConfig {
-                    grid_dim: (max_rows.div_ceil(4) as u32, count as u32, max_groups as u32),
-                    block_dim: (128, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let t = dbase + (first * MV_JOB_BYTES) as u64;
-                let mut b = stream.launch_builder(&self.funcs[fi].0);
-                b.arg(&t);
-                // SAFETY: mv_* takes one parameter, a pointer to `count` MvJob entries
-                // (48 bytes each, the layout written above) in device memory; each entry
-                // names a W of rows * row_bytes bytes, an X of n * cols floats and a Y of
-                // n * rows floats inside live buffers (checked by gpu_job and the offsets
-                // above), whose bytes are on the device before this launch (phase 1 runs
-                // after the compute stream waited for the uploads); blocks past a job's
-                // rows or tokens return.
-                unsafe { b.launch(cfg) }.map_err(|e| dev_err("launch", e))?;
-            }
-            // Tiled jobs (SLUICE_CUDA_TILED=1): one launch each.
-            for (ji, j) in jobs.iter().enumerate() {
-                if !tiled(j) || pending[ji] != phase {
-                    continue;
-                }
-                let (w, x, y) = addr(ji);
-                let (rows, cols, n) = (j.rows as i32, j.cols as i32, j.n as i32);
-                let rb = (j.w.len() / j.rows) as i64;
-                let cfg = LaunchConfig {
-                    grid_dim: (j.rows.div_ceil(64) as u32, j.n.div_ceil(64) as u32, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let mut b = stream.launch_builder(&self.funcs[fis[ji]].1);
-                b.arg(&w)
-                    .arg(&x)
-                    .arg(&y)
-                    .arg(&rows)
-                    .arg(&cols)
-                    .arg(&rb)
-                    .arg(&n);
-                // SAFETY: mm_* takes (const u8* W, const float* X, float* Y, int rows, int
-                // cols, long long row_bytes, int n), pushed in that order with those types;
-                // W, X and Y are device addresses inside live buffers of rows * row_bytes
-                // bytes, n * cols and n * rows floats, W's bytes on the device before this
-                // launch (as above); the grid covers the rows and tokens the kernel guards.
-                unsafe { b.launch(cfg) }.map_err(|e| dev_err("launch", e))?;
-            }
-        }
+        self.launch_products(inner, jobs, fis, &places.pending, &addr)?;
         inner.hy.resize(y_total.max(inner.hy.len()), 0.0);
+        let yb = inner.y.as_ref().expect("grown");
         stream
             .memcpy_dtoh(&yb.slice(0..y_total), &mut inner.hy[..y_total])
             .map_err(|e| dev_err("copy y", e))?;
@@ -868,6 +722,134 @@ impl Device {
         inner.stats.gpu_jobs += jobs.len() as u64;
         inner.stats.calls += 1;
         inner.stats.busy_ns += t0.elapsed().as_nanos() as u64;
+        Ok(())
+    }
+
+    /// Where each job's weights are for this call: in the expert cache (present, or a slot
+    /// made now that the copy stream fills), resident (uploaded now if new and within
+    /// budget) or copied per use into the scratch buffer (on the copy stream).
+    fn place_weights(
+        &self,
+        inner: &mut Inner,
+        jobs: &[&mut LinearJob<'_>],
+    ) -> Result<Placement, KernelError> {
+        let stream = &self.stream;
+        let mut p = Placement {
+            w_off: Vec::with_capacity(jobs.len()),
+            in_cache: Vec::with_capacity(jobs.len()),
+            pending: Vec::with_capacity(jobs.len()),
+            w_total: 0,
+        };
+        for j in jobs.iter() {
+            if let (Some(u), Some(ec)) = (j.unit, inner.experts.as_mut()) {
+                match cache_expert(&self.copy, ec, &mut inner.stats, u, j.w.len(), jobs)? {
+                    Cached::Hit | Cached::Miss => {
+                        let miss = ec.get(&u).expect("made above").1;
+                        p.w_off.push(None);
+                        p.in_cache.push(true);
+                        p.pending.push(miss);
+                    }
+                    Cached::NoRoom => {
+                        p.in_cache.push(false);
+                        p.pending.push(true);
+                        p.w_off.push(Some(p.w_total));
+                        p.w_total += j.w.len().next_multiple_of(ALIGN_B);
+                    }
+                }
+                continue;
+            }
+            p.in_cache.push(false);
+            let key = (j.w.as_ptr() as usize, j.w.len());
+            if inner.resident.contains_key(&key) {
+                p.w_off.push(None);
+                p.pending.push(false);
+                continue;
+            }
+            let len = j.w.len() as u64;
+            if self.is_stable(j.w) && inner.stats.resident_bytes + len <= inner.budget {
+                let d = stream.clone_htod(j.w).map_err(|e| dev_err("upload", e))?;
+                inner.resident.insert(key, d);
+                inner.stats.resident_bytes += len;
+                inner.stats.resident_mats += 1;
+                p.w_off.push(None);
+                p.pending.push(false);
+            } else {
+                p.w_off.push(Some(p.w_total));
+                p.pending.push(true);
+                p.w_total += j.w.len().next_multiple_of(ALIGN_B);
+            }
+        }
+        Ok(p)
+    }
+
+    /// The call's product launches, through their typed launches ([`launch::MvLaunch`],
+    /// [`launch::Mm`]): matvec jobs in one table, per phase (weights already in VRAM, then
+    /// those uploaded by this call, after the compute stream waited for the copies) one
+    /// launch per format; tiled jobs (`SLUICE_CUDA_TILED=1`) one launch each. `addr(ji)`:
+    /// job ji's W, X and Y device addresses.
+    fn launch_products(
+        &self,
+        inner: &mut Inner,
+        jobs: &[&mut LinearJob<'_>],
+        fis: &[usize],
+        pending: &[bool],
+        addr: &dyn Fn(usize) -> (u64, u64, u64),
+    ) -> Result<(), KernelError> {
+        let stream = &self.stream;
+        let tiled = |j: &LinearJob<'_>| self.tiled && j.n > MATVEC_MAX_N;
+        let (table, launches) = job_table(jobs, fis, pending, &tiled, addr);
+        let mut dbase = 0u64;
+        if !table.is_empty() {
+            grow(stream, &mut inner.d, table.len())?;
+            let db = inner.d.as_mut().expect("grown");
+            stream
+                .memcpy_htod(&table[..], &mut db.slice_mut(0..table.len()))
+                .map_err(|e| dev_err("copy job table", e))?;
+            dbase = db.device_ptr(stream).0;
+        }
+        let launched =
+            |r: Result<(), String>| r.map_err(|m| KernelError::Device(format!("cuda {m}")));
+        for phase in [false, true] {
+            if phase {
+                if !pending.iter().any(|&p| p) {
+                    break;
+                }
+                inner
+                    .ready_done
+                    .record(stream)
+                    .map_err(|e| dev_err("event", e))?;
+                stream
+                    .wait(&inner.up_end)
+                    .map_err(|e| dev_err("wait for uploads", e))?;
+            }
+            for l in launches.iter().filter(|l| l.uploaded == phase) {
+                // SAFETY: the table (the layout `MvJob::write` gives) is on the device;
+                // each entry names a W of rows * row_bytes bytes, an X of n * cols floats
+                // and a Y of n * rows floats inside live buffers (checked by gpu_job and
+                // the offsets of run_gpu), whose bytes are on the device before this
+                // launch (phase 1 runs after the compute stream waited for the uploads).
+                launched(unsafe { l.launch(stream, &self.funcs[l.format].0, dbase) })?;
+            }
+            for (ji, j) in jobs.iter().enumerate() {
+                if !tiled(j) || pending[ji] != phase {
+                    continue;
+                }
+                let (w, x, y) = addr(ji);
+                let mm = launch::Mm {
+                    w,
+                    x,
+                    y,
+                    rows: j.rows as i32,
+                    cols: j.cols as i32,
+                    row_bytes: (j.w.len() / j.rows) as i64,
+                    n: j.n as i32,
+                };
+                // SAFETY: W, X and Y are device addresses inside live buffers of rows *
+                // row_bytes bytes, n * cols and n * rows floats (as above), W's bytes on
+                // the device before this launch.
+                launched(unsafe { mm.launch(stream, &self.funcs[fis[ji]].1) })?;
+            }
+        }
         Ok(())
     }
 
@@ -976,9 +958,46 @@ fn xy_layout(jobs: &[&mut LinearJob<'_>]) -> XyLayout {
     }
 }
 
-/// One launch of the matvec kernels: (format, first job, jobs, most rows, most token
-/// groups, whether its weights are uploaded by this call).
-type MvLaunch = (usize, usize, usize, usize, usize, bool);
+/// Where a call's jobs' weights are ([`Device::place_weights`]): `w_off` the offset in
+/// the scratch buffer of those copied per use (None: in VRAM), `in_cache` those in the
+/// expert cache, `pending` those this call uploads, `w_total` the scratch bytes.
+struct Placement {
+    w_off: Vec<Option<usize>>,
+    in_cache: Vec<bool>,
+    pending: Vec<bool>,
+    w_total: usize,
+}
+
+/// Each job's weights' device address, as `places` put them.
+fn weight_addrs(
+    inner: &Inner,
+    stream: &Arc<CudaStream>,
+    jobs: &[&mut LinearJob<'_>],
+    places: &Placement,
+) -> Vec<u64> {
+    let mut wptr = Vec::with_capacity(jobs.len());
+    for (ji, j) in jobs.iter().enumerate() {
+        let key = (j.w.as_ptr() as usize, j.w.len());
+        let p = match places.w_off[ji] {
+            None if places.in_cache[ji] => {
+                let u = j.unit.expect("cached jobs have a unit");
+                inner
+                    .experts
+                    .as_ref()
+                    .expect("on")
+                    .get(&u)
+                    .expect("made above")
+                    .0
+                    .device_ptr(stream)
+                    .0
+            }
+            None => inner.resident[&key].device_ptr(stream).0,
+            Some(off) => inner.w.as_ref().expect("grown").device_ptr(stream).0 + off as u64,
+        };
+        wptr.push(p);
+    }
+    wptr
+}
 
 /// The matvec jobs' table (per phase, 0: weights already in VRAM, 1: uploaded by this
 /// call, one launch per format; blockIdx.y = job) and its launches; `addr(ji)`: job ji's
@@ -992,34 +1011,42 @@ fn job_table(
 ) -> (Vec<u8>, Vec<MvLaunch>) {
     let mut table: Vec<u8> = Vec::new();
     let mut launches: Vec<MvLaunch> = Vec::new();
-    for phase in [false, true] {
-        for fi in 0..FORMATS.len() {
-            let mut first = table.len() / MV_JOB_BYTES;
-            let (mut count, mut max_rows, mut max_groups) = (0usize, 0usize, 0usize);
+    for uploaded in [false, true] {
+        for format in 0..FORMATS.len() {
+            let mut l = MvLaunch {
+                format,
+                first: table.len() / MvJob::BYTES,
+                count: 0,
+                max_rows: 0,
+                max_groups: 0,
+                uploaded,
+            };
             for (ji, j) in jobs.iter().enumerate() {
-                if fis[ji] != fi || tiled(j) || pending[ji] != phase {
+                if fis[ji] != format || tiled(j) || pending[ji] != uploaded {
                     continue;
                 }
                 let (w, x, y) = addr(ji);
-                table.extend_from_slice(&w.to_le_bytes());
-                table.extend_from_slice(&x.to_le_bytes());
-                table.extend_from_slice(&y.to_le_bytes());
-                table.extend_from_slice(&((j.w.len() / j.rows) as i64).to_le_bytes());
-                table.extend_from_slice(&(j.rows as i32).to_le_bytes());
-                table.extend_from_slice(&(j.cols as i32).to_le_bytes());
-                table.extend_from_slice(&(j.n as i32).to_le_bytes());
-                table.extend_from_slice(&0i32.to_le_bytes());
-                count += 1;
-                max_rows = max_rows.max(j.rows);
-                max_groups = max_groups.max(j.n.div_ceil(MATVEC_MAX_N));
-                if count == MAX_GRID_Y {
-                    launches.push((fi, first, count, max_rows, max_groups, phase));
-                    first += count;
-                    (count, max_rows, max_groups) = (0, 0, 0);
+                MvJob {
+                    w,
+                    x,
+                    y,
+                    row_bytes: (j.w.len() / j.rows) as i64,
+                    rows: j.rows as i32,
+                    cols: j.cols as i32,
+                    n: j.n as i32,
+                }
+                .write(&mut table);
+                l.count += 1;
+                l.max_rows = l.max_rows.max(j.rows);
+                l.max_groups = l.max_groups.max(j.n.div_ceil(MATVEC_MAX_N));
+                if l.count == MAX_GRID_Y {
+                    launches.push(l);
+                    l.first += l.count;
+                    (l.count, l.max_rows, l.max_groups) = (0, 0, 0);
                 }
             }
-            if count > 0 {
-                launches.push((fi, first, count, max_rows, max_groups, phase));
+            if l.count > 0 {
+                launches.push(l);
             }
         }
     }

@@ -94,7 +94,8 @@ fn kernels_compile_with_nvrtc() {
             let name = format!(".entry {k}(");
             assert!(ptx.contains(&name), "{arch}: PTX lacks {name}");
         }
-        // Every whole-forward kernel's parameters are what its launches pass.
+        // Every kernel's parameters (the whole forward pass's and the products backend's
+        // `mv_*` / `mm_*`) are what its launches pass.
         let mut checked = 0;
         for (name, params) in ptx_entries(&ptx) {
             let Some(sig) = sluice_cuda::forward::kernel_signature(&name) else {
@@ -115,10 +116,11 @@ fn kernels_compile_with_nvrtc() {
             );
             checked += 1;
         }
-        // Every format x (mvg, mvt, mvt1, mvd, embed), 2 x (kv_store, attention), 37 others.
+        // Every format x (mv, mm, mvg, mvt, mvt1, mvd, embed), 2 x (kv_store, attention),
+        // 37 others.
         let formats = sluice_cuda::FORMATS.len();
         assert!(formats >= 19, "the seeds' formats have kernels");
-        assert_eq!(checked, formats * 5 + 2 * 2 + 37, "{arch}: kernels checked");
+        assert_eq!(checked, formats * 7 + 2 * 2 + 37, "{arch}: kernels checked");
     }
 }
 
