@@ -40,7 +40,7 @@ use sluice_models::ModelError;
 
 use crate::blocks::attention::Gqa;
 use crate::blocks::deltanet::{gdn_smem, DDelta, GDN_STATIC_SMEM};
-use crate::blocks::dsv4_attention::{DDsv4, Dsv4Ptrs};
+use crate::blocks::dsv4_attention::DDsv4;
 use crate::blocks::ffn::{act_id, DenseFfn};
 use crate::blocks::hyper::{hc_segments, DHc};
 use crate::blocks::hyper_lowrank::DMix;
@@ -57,6 +57,7 @@ use crate::forward::products::{
     MVT_STEP,
 };
 use crate::forward::scratch::{NextDims, Rows};
+use crate::forward::state::{state_mismatch, LayerPtrs, OwnPtrs};
 use crate::launch::{launch, A, PRODUCT_SIGNATURES};
 use crate::lru::Lru;
 use crate::{kernel_format, kernels, Cuda, Device};
@@ -68,7 +69,7 @@ pub(crate) mod scratch;
 pub(crate) mod state;
 pub(crate) mod upload;
 
-pub(crate) use call::{addr, graph_key, push_chunk, rows_n, Call, Scratch, StatePtrs};
+pub(crate) use call::{addr, graph_key, push_chunk, rows_n, Call, Scratch};
 pub use state::GpuKv;
 pub(crate) use upload::{weights_fit, Uploader};
 
@@ -880,31 +881,32 @@ impl GpuDecoder {
             o,
             nb,
             small,
-            rec_ptrs,
             qsa_bufs,
-            kv_ptrs,
+            layers,
             ..
         } = call;
-        let (kc, vc) = kv_ptrs[il];
-        let wo = match attn {
-            DAttn::Gqa(w) => self.gqa(w, &call, (kc, vc))?,
-            DAttn::Mla(w) => self.mla(w, il, &call, (kc, vc), mla_sel)?,
-            DAttn::Dsv4(a) => self.dsv4(a, il, &call)?,
-            DAttn::Delta(w) => {
-                let st = &rec_ptrs[il];
-                self.delta(w, (st[0], st[1]), pos, h, &nb, dense_rows, n)?;
+        let LayerPtrs { kv: cache, own, .. } = layers[il];
+        let wo = match (attn, own) {
+            (DAttn::Gqa(w), _) => self.gqa(w, &call, cache)?,
+            (DAttn::Mla(w), own) => self.mla(w, il, &call, cache, own, mla_sel)?,
+            (DAttn::Dsv4(a), OwnPtrs::Dsv4(st)) => self.dsv4(a, &call, st)?,
+            (DAttn::Delta(w), OwnPtrs::Delta(st)) => {
+                self.delta(w, st, pos, h, &nb, dense_rows, n)?;
                 (&w.out, nb.dout)
             }
-            DAttn::Qsa(w) => {
-                let st = &rec_ptrs[il];
-                let cache = (kc, vc);
+            (DAttn::Qsa(w), own) => {
+                let st = match own {
+                    OwnPtrs::Qsa(st) => Some(st),
+                    _ => None,
+                };
                 let y = self.qsa(w, kvt, cache, st, pos, h, &qsa_bufs, &nb, dense_rows, n)?;
                 (&w.wo, y)
             }
-            DAttn::Kda(w) => {
-                self.kda(w, &rec_ptrs[il], pos, h, &nb, dense_rows, n)?;
+            (DAttn::Kda(w), OwnPtrs::Kda(st)) => {
+                self.kda(w, st, pos, h, &nb, dense_rows, n)?;
                 (&w.out, nb.dout)
             }
+            _ => return Err(state_mismatch(il)),
         };
         self.mv(&[(wo.0, o)], dense, n_dense, nd, wo.1, 1, small)?;
         Ok(())
@@ -960,7 +962,7 @@ impl GpuDecoder {
             rowmap,
             hsel,
             lg,
-            ple_ptrs,
+            layers,
             ..
         } = call;
         // With hyper-connections the embedding goes to `o`, then into every stream.
@@ -995,7 +997,7 @@ impl GpuDecoder {
         for (il, l) in self.layers.iter().enumerate() {
             // Attention.
             if let Some(w) = &l.ple {
-                self.ple_layer(w, n_hc, x, ple_ptrs[il], pos, &nb, dense_rows, n, eps)?;
+                self.ple_layer(w, n_hc, x, layers[il].ple, pos, &nb, dense_rows, n, eps)?;
             }
             if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
                 let b = (hcf, hcm);
@@ -1133,40 +1135,12 @@ impl DeviceForward for GpuDecoder {
             }
             _ => None,
         };
-        let rec_ptrs: Vec<Vec<u64>> = kv
-            .rec
-            .iter()
-            .map(|l| l.iter().map(|b| b.device_ptr(&kv.stream).0).collect())
-            .collect();
-        let ple_ptrs: Vec<u64> = kv
-            .ple
-            .iter()
-            .map(|d| d.as_ref().map_or(0, |d| d.device_ptr(&kv.stream).0))
-            .collect();
-        let dsv4_ptrs: Vec<Dsv4Ptrs> = kv
-            .dsv4
-            .iter()
-            .map(|d| {
-                d.as_ref()
-                    .map_or_else(Dsv4Ptrs::default, |d| d.ptrs(&kv.stream))
-            })
-            .collect();
-        let kv_ptrs: Vec<(u64, u64)> =
-            kv.k.iter()
-                .zip(&kv.v)
-                .map(|(k, v)| (k.device_ptr(&kv.stream).0, v.device_ptr(&kv.stream).0))
-                .collect();
-        let ptrs = StatePtrs {
-            rec_ptrs: &rec_ptrs,
-            ple_ptrs: &ple_ptrs,
-            dsv4_ptrs: &dsv4_ptrs,
-            kv_ptrs: &kv_ptrs,
-        };
+        let ptrs = kv.ptrs();
         let nr = rows.len();
         let stream = &self.stream;
         let mut sc = lock(&self.scratch);
         let sc = &mut *sc;
-        let (call, hb) = self.call(sc, batch, rows, kvt, heads, ple_rows, ptrs)?;
+        let (call, hb) = self.call(sc, batch, rows, kvt, heads, ple_rows, &ptrs)?;
         let run = || self.run(&call, env);
         // A decode step whose buffers and sequence were captured before replays those
         // launches (one graph launch instead of ~16 launches per layer; the same kernels

@@ -5,15 +5,19 @@
 //! convolution over the batch and the ring of earlier inputs, [`GpuDecoder::conv`]), the
 //! gates, [`GpuDecoder::delta_rule`] (a block per value head walking the batch's tokens
 //! with the head's state in shared memory; KDA runs it too, with per-channel decay). Its
-//! per-sequence state (the ring and the recurrent matrices) is made by
-//! `forward::layer_state`; it continues or restarts at 0.
+//! per-sequence state: [`DeltaState`] (the ring and the recurrent matrices; [`DeltaPtrs`]
+//! for a call), which continues or restarts at 0.
 
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
 use sluice_models::blocks::deltanet::{DeltaShape, DeltaWeights};
 use sluice_models::plan::DecoderPlan;
 use sluice_models::ModelError;
 
 use crate::blocks::hyper_lowrank::DFew;
 use crate::forward::scratch::{NextBufs, Rows};
+use crate::forward::state::{dup, ptr, zeros};
 use crate::forward::{i32_of, DMat, GpuDecoder, Uploader};
 use crate::kernels;
 
@@ -37,6 +41,46 @@ pub(crate) struct DDelta {
     pub(crate) a: u64,
     pub(crate) norm: u64,
     pub(crate) shape: DeltaShape,
+}
+
+/// A Gated DeltaNet layer's state for a sequence: the convolution ring of the last
+/// `kernel - 1` q|k|v inputs and the recurrent matrices (`[hv][dk][dv]`). The kernels read
+/// neither in a batch starting at position 0 (a fresh sequence).
+pub(crate) struct DeltaState {
+    pub(crate) ring: CudaSlice<f32>,
+    pub(crate) state: CudaSlice<f32>,
+}
+
+/// [`DeltaState`]'s device addresses for one call.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct DeltaPtrs {
+    pub(crate) ring: u64,
+    pub(crate) state: u64,
+}
+
+impl DeltaState {
+    /// Zeros for a layer of shape `s`.
+    pub(crate) fn new(stream: &Arc<CudaStream>, s: &DeltaShape) -> Result<DeltaState, ModelError> {
+        Ok(DeltaState {
+            ring: zeros(stream, (s.conv_kernel - 1) * s.conv_dim(), "DeltaNet state")?,
+            state: zeros(stream, s.n_v_heads * s.d_k * s.d_v, "DeltaNet state")?,
+        })
+    }
+
+    /// A copy on the device (a snapshot); None if a copy failed.
+    pub(crate) fn copy(&self, stream: &Arc<CudaStream>) -> Option<DeltaState> {
+        Some(DeltaState {
+            ring: dup(stream, &self.ring)?,
+            state: dup(stream, &self.state)?,
+        })
+    }
+
+    pub(crate) fn ptrs(&self, stream: &Arc<CudaStream>) -> DeltaPtrs {
+        DeltaPtrs {
+            ring: ptr(stream, &self.ring),
+            state: ptr(stream, &self.state),
+        }
+    }
 }
 
 /// Shared memory `delta_rule` declares statically (`block_sum`'s partial sums), with room
@@ -109,7 +153,7 @@ impl GpuDecoder {
     pub(crate) fn delta(
         &self,
         w: &DDelta,
-        st: (u64, u64),
+        st: DeltaPtrs,
         pos: u64,
         h: u64,
         b: &NextBufs,
@@ -123,12 +167,12 @@ impl GpuDecoder {
         let parts = [(&w.qkv, b.cqkv), (&w.gate, b.z)];
         self.mv_rows(&parts, rows, h)?;
         let taps = (w.conv, s.conv_kernel, 1);
-        self.conv(b.cqkv, st.0, taps, 0, b.cconv, pos, cd, n)?;
+        self.conv(b.cqkv, st.ring, taps, 0, b.cconv, pos, cd, n)?;
         let (hk, dk) = (s.n_k_heads as u64, s.d_k as u64);
         let q = b.cconv;
         let (k, v) = (q + 4 * hk * dk, q + 8 * hk * dk);
         let gates = (b.beta, b.alpha, b.z);
-        let st = (st.1, b.dout);
+        let st = (st.state, b.dout);
         self.delta_rule(
             s,
             (q, k, v, cd),

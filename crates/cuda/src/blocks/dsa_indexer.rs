@@ -5,11 +5,15 @@
 //! weights) and [`GpuDecoder::index_select`]: an indexer's scores of the rows each token
 //! sees (`dsv4_index_scores`) and their top-k (`dsv4_topk`), in tiles of tokens within
 //! [`SCORES_MAX`] floats ([`IndexSelect`] names the rows; DeepSeek V4's indexer, QSA's and
-//! the k-pool indexer call it too). Its per-sequence state (every position's keys) is made
-//! by `forward::layer_state`; its launches before the scoring are in `blocks::mla`.
+//! the k-pool indexer call it too). Its per-sequence state: [`DsaState`] (every position's
+//! keys; [`DsaPtrs`] for a call). Its launches before the scoring are in `blocks::mla`.
 
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
 use sluice_models::ModelError;
 
+use crate::forward::state::{dup, ptr, zeros};
 use crate::forward::{i32_of, DMat, GpuDecoder};
 use crate::kernels;
 
@@ -48,6 +52,44 @@ pub(crate) struct DDsa {
 }
 
 pub(crate) const IDX_MAX_Q: usize = 8192;
+
+/// A DSA indexer's state for a sequence: every position's key (f32, LayerNorm'd, roped on
+/// its first dims), written by `dsa_key_prep` before any read of its row.
+pub(crate) struct DsaState {
+    pub(crate) keys: CudaSlice<f32>,
+}
+
+/// [`DsaState`]'s device addresses for one call.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct DsaPtrs {
+    pub(crate) keys: u64,
+}
+
+impl DsaState {
+    /// Zeros for a sequence of `n_ctx` positions.
+    pub(crate) fn new(
+        stream: &Arc<CudaStream>,
+        ix: &DDsa,
+        n_ctx: usize,
+    ) -> Result<DsaState, ModelError> {
+        Ok(DsaState {
+            keys: zeros(stream, n_ctx * ix.head_dim, "DSA indexer state")?,
+        })
+    }
+
+    /// A copy on the device (a snapshot); None if a copy failed.
+    pub(crate) fn copy(&self, stream: &Arc<CudaStream>) -> Option<DsaState> {
+        Some(DsaState {
+            keys: dup(stream, &self.keys)?,
+        })
+    }
+
+    pub(crate) fn ptrs(&self, stream: &Arc<CudaStream>) -> DsaPtrs {
+        DsaPtrs {
+            keys: ptr(stream, &self.keys),
+        }
+    }
+}
 
 impl GpuDecoder {
     /// An indexer's choice for each of `n` tokens (positions at `pos`): the scores of the

@@ -8,16 +8,18 @@
 //! head's sink), the window ring's update, the output's de-rotation and the grouped
 //! low-rank output. Also its device weights ([`DDsv4`], [`DComp`], [`DIndexer`]), its
 //! check ([`check_dsv4`]: what the kernels refuse) and its per-sequence state ([`Dsv4Kv`]:
-//! the window ring, the compressors' carries and rows), which continues or restarts at 0.
+//! the window ring, the compressors' carries and rows, in place of KV rows; [`Dsv4Ptrs`]
+//! for a call), which continues or restarts at 0.
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream};
 use sluice_models::blocks::dsv4_attention::{Dsv4AttnWeights, Dsv4Shape};
 use sluice_models::plan::{DecoderPlan, PlanAttn};
 use sluice_models::ModelError;
 
 use crate::blocks::dsa_indexer::{IndexSelect, IDX_MAX_Q};
+use crate::forward::state::{dup, ptr, zeros};
 use crate::forward::{i32_of, rows_n, Call, DMat, GpuDecoder, Uploader, MAX_HEAD_DIM_V};
 use crate::kernels;
 
@@ -95,8 +97,8 @@ impl GpuDecoder {
     pub(crate) fn dsv4<'w>(
         &self,
         a: &'w DDsv4,
-        il: usize,
         c: &Call<'_>,
+        dp: Dsv4Ptrs,
     ) -> Result<(&'w DMat, u64), ModelError> {
         let Call {
             n,
@@ -127,7 +129,6 @@ impl GpuDecoder {
             selb,
             nselb,
             dz,
-            dsv4_ptrs,
             ..
         } = *c;
 
@@ -135,7 +136,6 @@ impl GpuDecoder {
             .dsv4
             .as_ref()
             .expect("checked: DeepSeek V4 has a shape");
-        let dp = dsv4_ptrs[il];
         let nrot = s.n_rot as i32;
         let round = i32::from(kvt == 0);
         // Every product of the normed input.
@@ -352,37 +352,78 @@ pub(crate) fn check_dsv4(
     Ok(())
 }
 
+impl CompKv {
+    /// Zeros for compressor `c` over a sequence of `n_ctx` positions.
+    fn new(stream: &Arc<CudaStream>, c: &DComp, n_ctx: usize) -> Result<CompKv, ModelError> {
+        let carry = c.coff * c.ratio * c.coff * c.head_dim;
+        let what = "DeepSeek V4 state";
+        Ok(CompKv {
+            rc: zeros(stream, carry, what)?,
+            rz: zeros(stream, carry, what)?,
+            rows: zeros(stream, n_ctx / c.ratio * c.head_dim, what)?,
+        })
+    }
+
+    fn copy(&self, stream: &Arc<CudaStream>) -> Option<CompKv> {
+        Some(CompKv {
+            rc: dup(stream, &self.rc)?,
+            rz: dup(stream, &self.rz)?,
+            rows: dup(stream, &self.rows)?,
+        })
+    }
+
+    fn ptrs(&self, stream: &Arc<CudaStream>) -> [u64; 3] {
+        [
+            ptr(stream, &self.rc),
+            ptr(stream, &self.rz),
+            ptr(stream, &self.rows),
+        ]
+    }
+}
+
 impl Dsv4Kv {
+    /// Zeros for layer `a` (of the decoder's DeepSeek V4 shape `s`) over a sequence of
+    /// `n_ctx` positions. The kernels read no ring or carry slot in a batch starting at 0.
+    pub(crate) fn new(
+        stream: &Arc<CudaStream>,
+        a: &DDsv4,
+        s: &Dsv4Shape,
+        n_ctx: usize,
+    ) -> Result<Dsv4Kv, ModelError> {
+        Ok(Dsv4Kv {
+            ring: zeros(stream, s.window * s.head_dim, "DeepSeek V4 state")?,
+            comp: a
+                .comp
+                .as_ref()
+                .map(|c| CompKv::new(stream, c, n_ctx))
+                .transpose()?,
+            index: a
+                .indexer
+                .as_ref()
+                .map(|ix| CompKv::new(stream, &ix.comp, n_ctx))
+                .transpose()?,
+        })
+    }
+
     pub(crate) fn ptrs(&self, stream: &Arc<CudaStream>) -> Dsv4Ptrs {
-        let c = |c: &Option<CompKv>| {
-            c.as_ref().map_or([0; 3], |c| {
-                [
-                    c.rc.device_ptr(stream).0,
-                    c.rz.device_ptr(stream).0,
-                    c.rows.device_ptr(stream).0,
-                ]
-            })
-        };
+        let c = |c: &Option<CompKv>| c.as_ref().map_or([0; 3], |c| c.ptrs(stream));
         Dsv4Ptrs {
-            ring: self.ring.device_ptr(stream).0,
+            ring: ptr(stream, &self.ring),
             comp: c(&self.comp),
             index: c(&self.index),
         }
     }
 
+    /// A copy on the device (a snapshot); None if a copy failed.
     pub(crate) fn copy(&self, stream: &Arc<CudaStream>) -> Option<Dsv4Kv> {
         let c = |c: &Option<CompKv>| -> Option<Option<CompKv>> {
             match c {
                 None => Some(None),
-                Some(c) => Some(Some(CompKv {
-                    rc: stream.clone_dtod(&c.rc).ok()?,
-                    rz: stream.clone_dtod(&c.rz).ok()?,
-                    rows: stream.clone_dtod(&c.rows).ok()?,
-                })),
+                Some(c) => Some(Some(c.copy(stream)?)),
             }
         };
         Some(Dsv4Kv {
-            ring: stream.clone_dtod(&self.ring).ok()?,
+            ring: dup(stream, &self.ring)?,
             comp: c(&self.comp)?,
             index: c(&self.index)?,
         })

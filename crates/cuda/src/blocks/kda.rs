@@ -1,11 +1,14 @@
 //! Kimi delta attention on the GPU (the CPU's `sluice_models::blocks::kda`).
 //!
-//! Owns: [`DKda`] (its device weights), its per-sequence state ([`kda_state`]: the three
-//! convolution rings and the recurrent matrices), its view as a delta rule
+//! Owns: [`DKda`] (its device weights), its per-sequence state ([`KdaState`]: the three
+//! convolution rings and the recurrent matrices; [`KdaPtrs`] for a call), its view as a
+//! delta rule
 //! ([`delta_shape`]) and its launches ([`GpuDecoder::kda`]: the products, the three
 //! convolutions, `kda_gate`, `delta_rule` with per-channel decay).
 
-use cudarc::driver::CudaSlice;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
 use sluice_models::blocks::deltanet::DeltaShape;
 use sluice_models::blocks::kda::{KdaShape, KdaWeights};
 use sluice_models::plan::DecoderPlan;
@@ -14,7 +17,8 @@ use sluice_models::ModelError;
 use crate::blocks::deltanet::{gdn_smem, DV_MAX};
 use crate::blocks::hyper_lowrank::DFew;
 use crate::forward::scratch::{NextBufs, Rows};
-use crate::forward::{err, i32_of, DMat, GpuDecoder, Uploader};
+use crate::forward::state::{dup, ptr, zeros};
+use crate::forward::{i32_of, DMat, GpuDecoder, Uploader};
 use crate::kernels;
 
 /// Kimi delta attention of one layer in VRAM (`kda::KdaWeights`).
@@ -50,24 +54,50 @@ pub(crate) fn delta_shape(s: &KdaShape) -> DeltaShape {
     }
 }
 
-/// One KDA layer's state for a sequence, zeros: the q, k and v convolution rings (the last
-/// `kernel - 1` inputs each) and the recurrent matrices.
-pub(crate) fn kda_state(
-    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
-    s: &KdaShape,
-) -> Result<Vec<CudaSlice<f32>>, ModelError> {
-    let zeros = |len: usize| {
-        stream
-            .alloc_zeros::<f32>(len.max(1))
-            .map_err(|e| err("KDA state", e))
-    };
-    let ring = (s.conv_kernel - 1) * s.inner();
-    Ok(vec![
-        zeros(ring)?,
-        zeros(ring)?,
-        zeros(ring)?,
-        zeros(s.n_head * s.head_dim * s.head_dim)?,
-    ])
+/// One KDA layer's state for a sequence: the q, k and v convolution rings (the last
+/// `kernel - 1` inputs each) and the recurrent matrices; like DeltaNet's, not read by a
+/// batch starting at position 0.
+pub(crate) struct KdaState {
+    pub(crate) rings: [CudaSlice<f32>; 3],
+    pub(crate) state: CudaSlice<f32>,
+}
+
+/// [`KdaState`]'s device addresses for one call.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct KdaPtrs {
+    pub(crate) rings: [u64; 3],
+    pub(crate) state: u64,
+}
+
+impl KdaState {
+    /// Zeros for a layer of shape `s`.
+    pub(crate) fn new(stream: &Arc<CudaStream>, s: &KdaShape) -> Result<KdaState, ModelError> {
+        let ring = (s.conv_kernel - 1) * s.inner();
+        Ok(KdaState {
+            rings: [
+                zeros(stream, ring, "KDA state")?,
+                zeros(stream, ring, "KDA state")?,
+                zeros(stream, ring, "KDA state")?,
+            ],
+            state: zeros(stream, s.n_head * s.head_dim * s.head_dim, "KDA state")?,
+        })
+    }
+
+    /// A copy on the device (a snapshot); None if a copy failed.
+    pub(crate) fn copy(&self, stream: &Arc<CudaStream>) -> Option<KdaState> {
+        let [q, k, v] = &self.rings;
+        Some(KdaState {
+            rings: [dup(stream, q)?, dup(stream, k)?, dup(stream, v)?],
+            state: dup(stream, &self.state)?,
+        })
+    }
+
+    pub(crate) fn ptrs(&self, stream: &Arc<CudaStream>) -> KdaPtrs {
+        KdaPtrs {
+            rings: self.rings.each_ref().map(|r| ptr(stream, r)),
+            state: ptr(stream, &self.state),
+        }
+    }
 }
 
 impl Uploader<'_> {
@@ -102,7 +132,7 @@ impl GpuDecoder {
     pub(crate) fn kda(
         &self,
         w: &DKda,
-        st: &[u64],
+        st: KdaPtrs,
         pos: u64,
         h: u64,
         b: &NextBufs,
@@ -135,11 +165,11 @@ impl GpuDecoder {
         .launch(self, (n as u32, inner.div_ceil(256) as u32, 1))?;
         for i in 0..3 {
             let taps = (w.conv[i], s.conv_kernel, 1);
-            self.conv(raw[i], st[i], taps, 0, conv[i], pos, inner, n)?;
+            self.conv(raw[i], st.rings[i], taps, 0, conv[i], pos, inner, n)?;
         }
         let delta = delta_shape(s);
         let (q, k, v) = (conv[0], conv[1], conv[2]);
-        let (ab, st3) = ((w.a, 0), (st[3], b.dout));
+        let (ab, st3) = ((w.a, 0), (st.state, b.dout));
         let gates = (b.beta, b.alpha, b.z);
         self.delta_rule(
             &delta,

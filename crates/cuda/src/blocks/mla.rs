@@ -13,8 +13,9 @@ use sluice_models::blocks::mla::{MlaShape, MlaWeights};
 use sluice_models::plan::{DecoderPlan, MlaSelect, PlanAttn};
 use sluice_models::ModelError;
 
-use crate::blocks::dsa_indexer::{DDsa, IndexSelect, IDX_MAX_Q};
+use crate::blocks::dsa_indexer::{DDsa, DsaPtrs, IndexSelect, IDX_MAX_Q};
 use crate::blocks::mla_pooled::{DPool, PoolBufs};
+use crate::forward::state::{state_mismatch, OwnPtrs};
 use crate::forward::{rows_n, Call, DMat, GpuDecoder, Uploader};
 use crate::kernels;
 
@@ -54,6 +55,7 @@ impl GpuDecoder {
         il: usize,
         c: &Call<'_>,
         cache: (u64, u64),
+        own: OwnPtrs,
         mla_sel: &mut (u64, u64, usize),
     ) -> Result<(&'w DMat, u64), ModelError> {
         let Mla {
@@ -104,7 +106,6 @@ impl GpuDecoder {
             nselb,
             nb,
             mla,
-            rec_ptrs,
             ..
         } = *c;
         let (kc, vc) = cache;
@@ -127,7 +128,9 @@ impl GpuDecoder {
         if let DSelect::Indexer(ix) = select {
             // GLM's DSA indexer: its queries and this batch's keys roped on
             // their first dims, every visible position scored, the top-k.
-            let keys = rec_ptrs[il][0];
+            let OwnPtrs::Dsa(DsaPtrs { keys }) = own else {
+                return Err(state_mismatch(il));
+            };
             let (ih, id) = (ix.n_head as i32, ix.head_dim as i32);
             kernels::Dsv4Heads {
                 x: iq,
@@ -175,7 +178,9 @@ impl GpuDecoder {
                 gt: nb.pg,
                 index: (scores, stride, idx_tile, selb, nselb),
             };
-            let st = &rec_ptrs[il];
+            let OwnPtrs::Pool(st) = own else {
+                return Err(state_mismatch(il));
+            };
             *mla_sel = self.pool_select(ix, st, pos, &bufs, &nb, kvt == 0, n)?;
         }
         kernels::MlaKvPrep {

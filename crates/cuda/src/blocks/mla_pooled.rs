@@ -3,12 +3,14 @@
 //! [`pooled_mla_shape`]) over the positions its k-pool indexer picks.
 //!
 //! Owns: the k-pool indexer [`DPool`] (its device weights; `Uploader::pool`, the per-head
-//! `k_b` / `v_b` of `Uploader::stacked_heads`), its per-sequence state ([`pool_state`]:
-//! LayerNorm'd keys, gate logits and pools) and its launches ([`GpuDecoder::pool_select`]:
+//! `k_b` / `v_b` of `Uploader::stacked_heads`), its per-sequence state ([`PoolState`]:
+//! LayerNorm'd keys, gate logits and pools; [`PoolPtrs`] for a call) and its launches ([`GpuDecoder::pool_select`]:
 //! `pool_prep`, `pool_make`, the pools' scores and top-k through
 //! `GpuDecoder::index_select`, their positions and the tail through `qsa_expand`).
 
-use cudarc::driver::CudaSlice;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
 use sluice_models::blocks::mla::MlaShape;
 use sluice_models::blocks::mla_pooled::{PooledIndexer, PooledShape, PooledWeights};
 use sluice_models::plan::{DecoderPlan, PlanAttn, PlanLayer};
@@ -18,7 +20,8 @@ use sluice_models::ModelError;
 use crate::blocks::dsa_indexer::{IndexSelect, IDX_MAX_Q};
 use crate::blocks::mla::{DSelect, Mla};
 use crate::forward::scratch::NextBufs;
-use crate::forward::{err, i32_of, DMat, GpuDecoder, Uploader, MAX_HEAD_DIM_V};
+use crate::forward::state::{dup, ptr, zeros};
+use crate::forward::{i32_of, DMat, GpuDecoder, Uploader, MAX_HEAD_DIM_V};
 use crate::{kernel_format, kernels};
 
 /// The k-pool indexer of a full pooled layer in VRAM (`mla_pooled::PooledIndexer`).
@@ -66,24 +69,54 @@ pub(crate) fn pooled_mla_shape(s: &PooledShape) -> MlaShape {
     }
 }
 
-/// One full pooled layer's indexer state for a sequence of `n_ctx` positions: every
-/// position's key and gate logits, every complete pool's key.
-pub(crate) fn pool_state(
-    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
-    ix: &DPool,
-    n_ctx: usize,
-) -> Result<Vec<CudaSlice<f32>>, ModelError> {
-    let zeros = |len: usize| {
-        stream
-            .alloc_zeros::<f32>(len.max(1))
-            .map_err(|e| err("k-pool indexer state", e))
-    };
-    let d = ix.head_dim;
-    Ok(vec![
-        zeros(n_ctx * d)?,
-        zeros(n_ctx * d)?,
-        zeros((n_ctx / ix.kpool + 1) * d)?,
-    ])
+/// One full pooled layer's indexer state for a sequence: every position's key and gate
+/// logits, every complete pool's key (by position and pool, written before they are read).
+pub(crate) struct PoolState {
+    pub(crate) keys: CudaSlice<f32>,
+    pub(crate) gates: CudaSlice<f32>,
+    pub(crate) pooled: CudaSlice<f32>,
+}
+
+/// [`PoolState`]'s device addresses for one call.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct PoolPtrs {
+    pub(crate) keys: u64,
+    pub(crate) gates: u64,
+    pub(crate) pooled: u64,
+}
+
+impl PoolState {
+    /// Zeros for a sequence of `n_ctx` positions.
+    pub(crate) fn new(
+        stream: &Arc<CudaStream>,
+        ix: &DPool,
+        n_ctx: usize,
+    ) -> Result<PoolState, ModelError> {
+        let d = ix.head_dim;
+        let what = "k-pool indexer state";
+        Ok(PoolState {
+            keys: zeros(stream, n_ctx * d, what)?,
+            gates: zeros(stream, n_ctx * d, what)?,
+            pooled: zeros(stream, (n_ctx / ix.kpool + 1) * d, what)?,
+        })
+    }
+
+    /// A copy on the device (a snapshot); None if a copy failed.
+    pub(crate) fn copy(&self, stream: &Arc<CudaStream>) -> Option<PoolState> {
+        Some(PoolState {
+            keys: dup(stream, &self.keys)?,
+            gates: dup(stream, &self.gates)?,
+            pooled: dup(stream, &self.pooled)?,
+        })
+    }
+
+    pub(crate) fn ptrs(&self, stream: &Arc<CudaStream>) -> PoolPtrs {
+        PoolPtrs {
+            keys: ptr(stream, &self.keys),
+            gates: ptr(stream, &self.gates),
+            pooled: ptr(stream, &self.pooled),
+        }
+    }
 }
 
 impl DPool {
@@ -145,14 +178,18 @@ impl GpuDecoder {
     pub(crate) fn pool_select(
         &self,
         ix: &DPool,
-        st: &[u64],
+        st: PoolPtrs,
         pos: u64,
         bufs: &PoolBufs,
         b: &NextBufs,
         round: bool,
         n: usize,
     ) -> Result<(u64, u64, usize), ModelError> {
-        let (keys, gates, pooled) = (st[0], st[1], st[2]);
+        let PoolPtrs {
+            keys,
+            gates,
+            pooled,
+        } = st;
         let id = i32_of(ix.head_dim, "indexer keys")?;
         kernels::PoolPrep {
             ik: bufs.ik,

@@ -1,7 +1,7 @@
 //! The hashed n-gram PLE layer on the GPU (the CPU's `sluice_models::blocks::ple`).
 //!
-//! Owns: [`DPle`] (its device weights), its per-sequence convolution ring
-//! ([`ple_state`]) and its launches ([`GpuDecoder::ple_layer`]: key / value products of
+//! Owns: [`DPle`] (its device weights), its per-sequence convolution ring ([`PleState`];
+//! the hash context it continues is the sequence's, `forward::GpuKv`) and its launches ([`GpuDecoder::ple_layer`]: key / value products of
 //! the rows hashed and gathered on the host, `rms_groups`, `ple_gate`, `conv_ring` and the
 //! ring store).
 
@@ -13,7 +13,8 @@ use sluice_models::plan::DecoderPlan;
 use sluice_models::ModelError;
 
 use crate::forward::scratch::{NextBufs, Rows};
-use crate::forward::{err, i32_of, DMat, GpuDecoder, Uploader};
+use crate::forward::state::{dup, ptr, zeros};
+use crate::forward::{i32_of, DMat, GpuDecoder, Uploader};
 use crate::kernels;
 
 /// The PLE layer in VRAM (`ple::PleWeights`).
@@ -28,16 +29,35 @@ pub(crate) struct DPle {
     pub(crate) dilation: usize,
 }
 
-/// The PLE layer's convolution ring for a sequence: the last `(kernel - 1) * dilation`
-/// normed gated values of every stream.
-pub(crate) fn ple_state(
-    stream: &Arc<CudaStream>,
-    w: &DPle,
-    width: usize,
-) -> Result<CudaSlice<f32>, ModelError> {
-    stream
-        .alloc_zeros::<f32>(((w.kernel - 1) * w.dilation * width).max(1))
-        .map_err(|e| err("PLE state", e))
+/// The PLE layer's state for a sequence: its convolution ring, the last `(kernel - 1) *
+/// dilation` normed gated values of every stream (not read by a batch starting at 0).
+pub(crate) struct PleState {
+    pub(crate) ring: CudaSlice<f32>,
+}
+
+impl PleState {
+    /// Zeros for streams `width` values wide.
+    pub(crate) fn new(
+        stream: &Arc<CudaStream>,
+        w: &DPle,
+        width: usize,
+    ) -> Result<PleState, ModelError> {
+        Ok(PleState {
+            ring: zeros(stream, (w.kernel - 1) * w.dilation * width, "PLE state")?,
+        })
+    }
+
+    /// A copy on the device (a snapshot); None if a copy failed.
+    pub(crate) fn copy(&self, stream: &Arc<CudaStream>) -> Option<PleState> {
+        Some(PleState {
+            ring: dup(stream, &self.ring)?,
+        })
+    }
+
+    /// The ring's device address.
+    pub(crate) fn ptr(&self, stream: &Arc<CudaStream>) -> u64 {
+        ptr(stream, &self.ring)
+    }
 }
 
 impl Uploader<'_> {

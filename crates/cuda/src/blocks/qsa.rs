@@ -4,9 +4,12 @@
 //! its launches ([`GpuDecoder::qsa`]: the products, `qsa_prep` (norms, RoPE, the output
 //! gate, the indexer's queries and keys), `qsa_pool` (pooled block keys), the blocks'
 //! scores and top-k through `GpuDecoder::index_select`, [`GpuDecoder::expand`] (blocks to
-//! positions), attention over them, the gate). Its per-sequence state (raw and pooled
-//! indexer keys) is made by `forward::layer_state`.
+//! positions), attention over them, the gate). Its per-sequence state beside the KV rows:
+//! [`QsaState`] (raw and pooled indexer keys, with an indexer; [`QsaPtrs`] for a call).
 
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
 use sluice_models::blocks::qsa::{QsaShape, QsaWeights};
 use sluice_models::plan::DecoderPlan;
 use sluice_models::ModelError;
@@ -14,6 +17,7 @@ use sluice_models::ModelError;
 use crate::blocks::dsa_indexer::{IndexSelect, IDX_MAX_Q};
 use crate::blocks::ffn::ACT_SIGMOID;
 use crate::forward::scratch::{NextBufs, Rows};
+use crate::forward::state::{dup, ptr, zeros};
 use crate::forward::{i32_of, DMat, GpuDecoder, Uploader};
 use crate::kernels;
 
@@ -31,6 +35,52 @@ pub(crate) struct DQsa {
     pub(crate) idx_k_norm: u64,
     pub(crate) inv_freq: u64,
     pub(crate) shape: QsaShape,
+}
+
+/// An indexed QSA layer's state for a sequence: every position's raw indexer key and every
+/// complete block's pooled key (by position and block, written before they are read).
+pub(crate) struct QsaState {
+    pub(crate) keys: CudaSlice<f32>,
+    pub(crate) pooled: CudaSlice<f32>,
+}
+
+/// [`QsaState`]'s device addresses for one call.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct QsaPtrs {
+    pub(crate) keys: u64,
+    pub(crate) pooled: u64,
+}
+
+impl QsaState {
+    /// Zeros for a sequence of `n_ctx` positions; None for a layer without an indexer.
+    pub(crate) fn new(
+        stream: &Arc<CudaStream>,
+        s: &QsaShape,
+        n_ctx: usize,
+    ) -> Result<Option<QsaState>, ModelError> {
+        if s.ratio == 0 {
+            return Ok(None);
+        }
+        Ok(Some(QsaState {
+            keys: zeros(stream, n_ctx * s.idx_dim, "QSA state")?,
+            pooled: zeros(stream, (n_ctx / s.ratio + 1) * s.idx_dim, "QSA state")?,
+        }))
+    }
+
+    /// A copy on the device (a snapshot); None if a copy failed.
+    pub(crate) fn copy(&self, stream: &Arc<CudaStream>) -> Option<QsaState> {
+        Some(QsaState {
+            keys: dup(stream, &self.keys)?,
+            pooled: dup(stream, &self.pooled)?,
+        })
+    }
+
+    pub(crate) fn ptrs(&self, stream: &Arc<CudaStream>) -> QsaPtrs {
+        QsaPtrs {
+            keys: ptr(stream, &self.keys),
+            pooled: ptr(stream, &self.pooled),
+        }
+    }
 }
 
 /// A QSA layer's view of the shared scratch: the q, k, v and attention buffers, the
@@ -104,14 +154,14 @@ impl GpuDecoder {
 
     /// QSA attention `w` of the block input `h`, gated (`[n][nh * hd]`, before the output
     /// product; its address is returned): the KV cache `cache` (`kvt` its type), the
-    /// indexer's state `st` (raw keys, pooled keys; empty without an indexer).
+    /// indexer's state `st` (None without an indexer).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn qsa(
         &self,
         w: &DQsa,
         kvt: usize,
         cache: (u64, u64),
-        st: &[u64],
+        st: Option<QsaPtrs>,
         pos: u64,
         h: u64,
         bufs: &QsaBufs,
@@ -129,7 +179,16 @@ impl GpuDecoder {
         self.mv_rows(&parts, rows, h)?;
         // With an indexer: its query heads and one more block storing the raw keys.
         let blocks = nh + nkv + if indexed { s.idx_heads + 1 } else { 0 };
-        let keys = st.first().copied().unwrap_or(0);
+        let st = match st {
+            Some(st) => st,
+            None if !indexed => QsaPtrs::default(),
+            None => {
+                return Err(ModelError::Compute(
+                    "cuda: a QSA indexer without its state".into(),
+                ))
+            }
+        };
+        let keys = st.keys;
         kernels::QsaPrep {
             qg: b.qg,
             q: bufs.q,
@@ -156,7 +215,7 @@ impl GpuDecoder {
         self.kv_store(kvt, bufs.k, bufs.v, cache.0, cache.1, pos, n, kdim, vdim)?;
         let mut sel = (0, 0, 0);
         if indexed {
-            let pooled = st[1];
+            let pooled = st.pooled;
             kernels::QsaPool {
                 keys,
                 pooled,

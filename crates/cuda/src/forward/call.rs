@@ -1,7 +1,7 @@
 //! One forward call's layout on the GPU: its header ([`Header`]: tokens, positions, the
 //! chunk tables), the decoder's scratch buffers ([`Scratch`], grown as needed), the
-//! addresses the blocks read ([`Call`], made by `GpuDecoder::call`; [`StatePtrs`], the
-//! sequence's state) and a captured decode step's key ([`graph_key`]).
+//! addresses the blocks read ([`Call`], made by `GpuDecoder::call`, with the sequence's
+//! per-layer addresses) and a captured decode step's key ([`graph_key`]).
 
 use std::sync::Arc;
 
@@ -13,9 +13,9 @@ use sluice_models::plan::DecoderPlan;
 use sluice_models::ModelError;
 
 use crate::blocks::dsa_indexer::SCORES_MAX;
-use crate::blocks::dsv4_attention::Dsv4Ptrs;
 use crate::blocks::qsa::QsaBufs;
 use crate::forward::scratch::{NextBufs, NextScratch, Rows};
+use crate::forward::state::LayerPtrs;
 use crate::forward::{err, i32_of, GpuDecoder, IndexDims, CHUNK_BYTES, MVG_N};
 use crate::grow;
 
@@ -164,8 +164,6 @@ pub(crate) struct Call<'a> {
     pub(crate) p: &'a DecoderPlan,
     pub(crate) stream: &'a Arc<CudaStream>,
     pub(crate) sc_ids: &'a CudaSlice<i32>,
-    pub(crate) rec_ptrs: &'a [Vec<u64>],
-    pub(crate) dsv4_ptrs: &'a [Dsv4Ptrs],
     /// The residual's streams, hyper-connection and head buffers (the loop's own).
     pub(crate) x: u64,
     pub(crate) hcf: u64,
@@ -182,18 +180,8 @@ pub(crate) struct Call<'a> {
     pub(crate) rowmap: u64,
     pub(crate) hsel: u64,
     pub(crate) lg: u64,
-    pub(crate) kv_ptrs: &'a [(u64, u64)],
-    pub(crate) ple_ptrs: &'a [u64],
-}
-
-/// The device addresses of a sequence's per-layer state (`GpuKv`) for one call: each
-/// layer's own state buffers, PLE ring, DeepSeek V4 state, and KV cache (keys, values).
-#[derive(Clone, Copy)]
-pub(crate) struct StatePtrs<'a> {
-    pub(crate) rec_ptrs: &'a [Vec<u64>],
-    pub(crate) ple_ptrs: &'a [u64],
-    pub(crate) dsv4_ptrs: &'a [Dsv4Ptrs],
-    pub(crate) kv_ptrs: &'a [(u64, u64)],
+    /// The sequence's per-layer addresses (`GpuKv::ptrs`).
+    pub(crate) layers: &'a [LayerPtrs],
 }
 
 /// A grid of one block per row.
@@ -328,10 +316,7 @@ pub(crate) fn graph_key(c: &Call<'_>, hb: u64) -> Vec<u64> {
         nselb,
         dz,
         nb,
-        rec_ptrs,
-        ple_ptrs,
-        kv_ptrs,
-        dsv4_ptrs,
+        layers,
         ..
     } = *c;
     let mut key = vec![
@@ -343,14 +328,9 @@ pub(crate) fn graph_key(c: &Call<'_>, hb: u64) -> Vec<u64> {
         hcf, hcm, hcpc, cc, cz, ic, iz, iq, wh, ik, scores, selb, nselb, dz,
     ]);
     key.extend(nb.all());
-    key.extend(rec_ptrs.iter().flatten().copied());
-    key.extend(ple_ptrs.iter().copied());
-    key.extend(kv_ptrs.iter().flat_map(|&(a, b)| [a, b]));
-    key.extend(
-        dsv4_ptrs
-            .iter()
-            .flat_map(|d| [[d.ring, 0, 0], d.comp, d.index].into_iter().flatten()),
-    );
+    for l in layers {
+        l.key(&mut key);
+    }
     key
 }
 
@@ -367,14 +347,8 @@ impl GpuDecoder {
         kvt: usize,
         heads: usize,
         ple_rows: Option<Vec<f32>>,
-        ptrs: StatePtrs<'a>,
+        layers: &'a [LayerPtrs],
     ) -> Result<(Call<'a>, u64), ModelError> {
-        let StatePtrs {
-            rec_ptrs,
-            ple_ptrs,
-            dsv4_ptrs,
-            kv_ptrs,
-        } = ptrs;
         let n = batch.len();
         let p = &self.plan;
         let sh = p.shape;
@@ -584,8 +558,6 @@ impl GpuDecoder {
             p,
             stream: &self.stream,
             sc_ids,
-            rec_ptrs,
-            dsv4_ptrs,
             x,
             hcf,
             hcm,
@@ -601,8 +573,7 @@ impl GpuDecoder {
             rowmap,
             hsel,
             lg,
-            kv_ptrs,
-            ple_ptrs,
+            layers,
         };
         Ok((call, hb))
     }
