@@ -28,40 +28,39 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use sluice_models::blocks::dsv4_attention::Dsv4Shape;
 use sluice_models::blocks::hyper::HcShape;
 use sluice_models::blocks::mla::MlaShape;
 use sluice_models::blocks::{head, Batch, Env};
-use sluice_models::plan::{DecoderPlan, DeviceForward, HyperHead, PlanAttn, PlanFfn};
+use sluice_models::plan::{DecoderPlan, DeviceForward, HyperHead, PlanAttn};
 use sluice_models::state::SeqState;
 use sluice_models::ModelError;
 
 use crate::blocks::attention::Gqa;
-use crate::blocks::deltanet::{gdn_smem, DDelta, GDN_STATIC_SMEM};
+use crate::blocks::deltanet::{DDelta, GDN_STATIC_SMEM};
 use crate::blocks::dsv4_attention::DDsv4;
-use crate::blocks::ffn::{act_id, DenseFfn};
-use crate::blocks::hyper::{hc_segments, DHc};
+use crate::blocks::ffn::DenseFfn;
+use crate::blocks::hyper::DHc;
 use crate::blocks::hyper_lowrank::DMix;
-use crate::blocks::kda::{delta_shape, DKda};
+use crate::blocks::kda::DKda;
 use crate::blocks::mla::{DSelect, Mla};
 use crate::blocks::mla_pooled::pooled_mla_shape;
 use crate::blocks::moe::{Moe, UnitCache};
 use crate::blocks::ple::DPle;
 use crate::blocks::qsa::DQsa;
 use crate::blocks::{attention, dsv4_attention, hyper, mla, moe};
+use crate::forward::bufs::{FfnDims, HeadBufs, Io, ResidualBufs};
 use crate::forward::check::{glm5next_parts, qwen4exp_parts};
-use crate::forward::products::{
-    Mvt1Staging, MVD_MIN_BLOCKS, MVD_STAGES, MVT1_MAX_STAGES, MVT1_PART, MVT1_STAGES, MVT1_STEP,
-    MVT_STEP,
-};
-use crate::forward::scratch::{NextDims, Rows};
+use crate::forward::products::{mvd_min_blocks, Mvt1Staging};
+use crate::forward::scratch::NextDims;
 use crate::forward::state::{state_mismatch, LayerPtrs, OwnPtrs};
 use crate::launch::{launch, A, PRODUCT_SIGNATURES};
 use crate::lru::Lru;
 use crate::{kernel_format, kernels, Cuda, Device};
 
+pub(crate) mod bufs;
 pub(crate) mod call;
 mod check;
 pub(crate) mod products;
@@ -71,7 +70,7 @@ pub(crate) mod upload;
 
 pub(crate) use call::{addr, graph_key, push_chunk, rows_n, Call, Scratch};
 pub use state::GpuKv;
-pub(crate) use upload::{weights_fit, Uploader};
+pub(crate) use upload::{segment_counts, weights_fit, Uploader};
 
 /// Rows of X one chunk holds (`MVG_N` of `forward.cu`).
 pub(crate) const MVG_N: usize = 32;
@@ -336,11 +335,8 @@ pub struct GpuDecoder {
     pub(crate) ptrs_base: u64,
     /// Experts not resident whole: the VRAM unit cache.
     pub(crate) units: Option<Mutex<UnitCache>>,
-    /// Largest FFN width (dense) and routed-expert width.
-    pub(crate) ff_dense: usize,
-    pub(crate) ff_moe: usize,
-    pub(crate) k_max: usize,
-    pub(crate) n_expert_max: usize,
+    /// The widest feed-forward (the feed-forward buffers' sizes).
+    pub(crate) ffn_dims: FfnDims,
     pub(crate) scratch: Mutex<Scratch>,
     /// Device memory the weights took (statistics).
     pub weight_bytes: u64,
@@ -501,28 +497,7 @@ impl GpuDecoder {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(|e| format!("shared memory per block: {e}"))?
             .max(48 * 1024) as usize;
-        let env_usize = |name: &str, default: usize| {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .unwrap_or(default)
-        };
-        let mvt1 = Mvt1Staging {
-            stages: env_usize("SLUICE_CUDA_MVT1_STAGES", MVT1_STAGES).clamp(1, MVT1_MAX_STAGES),
-            step: env_usize("SLUICE_CUDA_MVT1_STEP", MVT1_STEP),
-            stage_bytes: env_usize("SLUICE_CUDA_MVT1_STAGE_KB", 0) * 1024,
-            smem_max,
-            fit_steps: false,
-        };
-        // `mvd_*`: small stages (512 columns), up to MVD_STAGES of them within
-        // SLUICE_CUDA_MVD_SMEM_KB (32) of shared memory, so that many 4-warp blocks fit an SM.
-        let mvd = Mvt1Staging {
-            stages: env_usize("SLUICE_CUDA_MVD_STAGES", MVD_STAGES).clamp(1, MVT1_MAX_STAGES),
-            step: env_usize("SLUICE_CUDA_MVD_STEP", MVT_STEP),
-            stage_bytes: 0,
-            smem_max: (env_usize("SLUICE_CUDA_MVD_SMEM_KB", 32) * 1024).clamp(MVT1_PART, smem_max),
-            fit_steps: true,
-        };
+        let (mvt1, mvd) = (Mvt1Staging::mvt1(smem_max), Mvt1Staging::mvd(smem_max));
         let f = Funcs::load(&d, smem_max)?;
         // DeltaNet's state lives in shared memory while a batch runs: the kernel may have
         // what its widest head needs (the opt-in limit less the kernel's static shared
@@ -530,27 +505,7 @@ impl GpuDecoder {
         let gdn_max = smem_max.saturating_sub(GDN_STATIC_SMEM);
         qwen4exp_parts(&plan, gdn_max)?;
         glm5next_parts(&plan, gdn_max)?;
-        let gdn_need = plan
-            .layers
-            .iter()
-            .filter_map(|l| match &l.attn {
-                PlanAttn::Delta { shape, .. } => Some(gdn_smem(shape)),
-                PlanAttn::Kda { shape, .. } => Some(gdn_smem(&delta_shape(shape))),
-                _ => None,
-            })
-            .max()
-            .unwrap_or(0);
-        if gdn_need > 0 {
-            f.delta_rule
-                .f
-                .set_attribute(
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    gdn_need as i32,
-                )
-                .map_err(|e| {
-                    format!("kernel delta_rule: {gdn_need} bytes of shared memory: {e}")
-                })?;
-        }
+        f.fit_delta_rule(&plan)?;
         let expert_budget = weights_fit(&d, &plan, experts)?;
         let mut up = Uploader {
             stream: stream.clone(),
@@ -564,80 +519,8 @@ impl GpuDecoder {
         let embd_ptr = up.tab[embd.tab];
         let output = up.mat(&plan.output)?;
         let output_norm = up.norm(&plan.output_norm)?;
-        let (mut ff_dense, mut ff_moe, mut k_max, mut n_expert_max) = (0, 0, 0, 0);
-        // One segment count for every hyper-connection projection (the call header has one
-        // chunk table for them); a count that splits one splits the others (powers of two).
-        let hc_nseg = plan
-            .layers
-            .iter()
-            .flat_map(|l| l.hc.iter().flat_map(|w| w.iter()))
-            .chain(match &plan.hyper {
-                Some(h) => match &h.head {
-                    HyperHead::Learned(w) => Some(w),
-                    HyperHead::Mean => None,
-                },
-                None => None,
-            })
-            .map(|w| hc_segments(w.proj.ty, w.proj.cols))
-            .min()
-            .unwrap_or(1);
-        // The low-rank mixers' down products (a few hundred rows, the streams' width in
-        // columns) in column segments, one count for all (the call header's segment table).
-        let lr_nseg = plan
-            .layers
-            .iter()
-            .flat_map(|l| l.hc_lowrank.iter().flat_map(|w| w.iter()))
-            .map(|w| hc_segments(w.down.ty, w.down.cols))
-            .min()
-            .unwrap_or(1);
-        let mut layers = Vec::with_capacity(plan.layers.len());
-        for l in &plan.layers {
-            let ffn = match &l.ffn {
-                PlanFfn::Dense { w, act } => {
-                    ff_dense = ff_dense.max(w.gate.rows);
-                    DFfn::Dense(DenseFfn {
-                        gate: up.mat(&w.gate)?,
-                        up: up.mat(&w.up)?,
-                        down: up.mat(&w.down)?,
-                        act: act_id(*act),
-                    })
-                }
-                PlanFfn::Moe {
-                    moe,
-                    experts: st,
-                    shared,
-                } => {
-                    ff_moe = ff_moe.max(st[0].rows);
-                    k_max = k_max.max(moe.k);
-                    n_expert_max = n_expert_max.max(moe.n_expert);
-                    if let Some(sh) = shared {
-                        ff_dense = ff_dense.max(sh.w.gate.rows);
-                    }
-                    DFfn::Moe(Box::new(up.moe(moe, st, shared, experts)?))
-                }
-            };
-            let attn = up.attention(&l.attn)?;
-            let hc = match &l.hc {
-                Some(w) => Some([up.hc(&w[0], hc_nseg)?, up.hc(&w[1], hc_nseg)?]),
-                None => None,
-            };
-            let lr = match &l.hc_lowrank {
-                Some(w) => Some([up.mix(&w[0], lr_nseg)?, up.mix(&w[1], lr_nseg)?]),
-                None => None,
-            };
-            let ple = l.ple.as_ref().map(|w| up.ple(w)).transpose()?.map(Box::new);
-            layers.push(DLayer {
-                lr,
-                ple,
-                attn_norm: up.norm(&l.attn_norm)?,
-                attn,
-                post_attn: up.opt_norm(&l.post_attn_norm)?,
-                ffn_norm: up.norm(&l.ffn_norm)?,
-                ffn,
-                post_ffn: up.opt_norm(&l.post_ffn_norm)?,
-                hc,
-            });
-        }
+        let (hc_nseg, lr_nseg) = segment_counts(&plan);
+        let (layers, ffn_dims) = up.layers(&plan, experts, hc_nseg, lr_nseg)?;
         let hyper = match &plan.hyper {
             Some(h) => match &h.head {
                 HyperHead::Learned(w) => Some((h.shape, Some(up.hc(w, hc_nseg)?))),
@@ -687,14 +570,7 @@ impl GpuDecoder {
             ),
             mvt1,
             mvd,
-            mvd_min_blocks: if std::env::var("SLUICE_CUDA_DECODE").is_ok_and(|v| v == "mvt1") {
-                usize::MAX
-            } else {
-                std::env::var("SLUICE_CUDA_MVD_MIN_BLOCKS")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(MVD_MIN_BLOCKS)
-            },
+            mvd_min_blocks: mvd_min_blocks(),
             mla: plan
                 .mla_shape()
                 .or(plan.layers.iter().find_map(|l| match &l.attn {
@@ -723,10 +599,7 @@ impl GpuDecoder {
             ptrs: Mutex::new(ptrs),
             ptrs_base,
             units,
-            ff_dense,
-            ff_moe,
-            k_max,
-            n_expert_max,
+            ffn_dims,
             scratch: Mutex::new(Scratch::default()),
             weight_bytes: uploaded,
             _owned: owned,
@@ -858,9 +731,9 @@ impl GpuDecoder {
         Ok(())
     }
 
-    /// The attention half of layer `il` (`attn`) on the normed input `c.h`, its output
-    /// into `c.o` (through the block's output matrix); `mla_sel` carries the MLA selection
-    /// later layers reuse.
+    /// The attention half of layer `il` (`attn`) on the normed input `c.io.h`, its output
+    /// into `c.io.o` (through the block's output matrix); `mla_sel` carries the MLA
+    /// selection later layers reuse.
     fn attention_half(
         &self,
         il: usize,
@@ -868,30 +741,14 @@ impl GpuDecoder {
         c: &Call<'_>,
         mla_sel: &mut (u64, u64, usize),
     ) -> Result<(), ModelError> {
-        let call = *c;
-        let Call {
-            n,
-            kvt,
-            pos,
-            dense,
-            n_dense,
-            nd,
-            dense_rows,
-            h,
-            o,
-            nb,
-            small,
-            qsa_bufs,
-            layers,
-            ..
-        } = call;
-        let LayerPtrs { kv: cache, own, .. } = layers[il];
+        let (io, nb) = (&c.io, &c.next);
+        let LayerPtrs { kv: cache, own, .. } = c.layers[il];
         let wo = match (attn, own) {
-            (DAttn::Gqa(w), _) => self.gqa(w, &call, cache)?,
-            (DAttn::Mla(w), own) => self.mla(w, il, &call, cache, own, mla_sel)?,
-            (DAttn::Dsv4(a), OwnPtrs::Dsv4(st)) => self.dsv4(a, &call, st)?,
+            (DAttn::Gqa(w), _) => self.gqa(w, io, &c.attn, cache)?,
+            (DAttn::Mla(w), own) => self.mla(w, il, c, cache, own, mla_sel)?,
+            (DAttn::Dsv4(a), OwnPtrs::Dsv4(st)) => self.dsv4(a, c, st)?,
             (DAttn::Delta(w), OwnPtrs::Delta(st)) => {
-                self.delta(w, st, pos, h, &nb, dense_rows, n)?;
+                self.delta(w, st, io, nb)?;
                 (&w.out, nb.dout)
             }
             (DAttn::Qsa(w), own) => {
@@ -899,21 +756,19 @@ impl GpuDecoder {
                     OwnPtrs::Qsa(st) => Some(st),
                     _ => None,
                 };
-                let y = self.qsa(w, kvt, cache, st, pos, h, &qsa_bufs, &nb, dense_rows, n)?;
-                (&w.wo, y)
+                (&w.wo, self.qsa(w, c, cache, st)?)
             }
             (DAttn::Kda(w), OwnPtrs::Kda(st)) => {
-                self.kda(w, st, pos, h, &nb, dense_rows, n)?;
+                self.kda(w, st, io, nb)?;
                 (&w.out, nb.dout)
             }
             _ => return Err(state_mismatch(il)),
         };
-        self.mv(&[(wo.0, o)], dense, n_dense, nd, wo.1, 1, small)?;
-        Ok(())
+        self.mv_rows(&[(wo.0, io.o)], io.rows, wo.1)
     }
 
-    /// The feed-forward half of layer `il` (`ffn`) on the normed input `c.h`, its output
-    /// into `c.o`.
+    /// The feed-forward half of layer `il` (`ffn`) on the normed input `c.io.h`, its output
+    /// into `c.io.o`.
     fn feed_forward(
         &self,
         il: usize,
@@ -923,8 +778,8 @@ impl GpuDecoder {
         host_ids: &mut Vec<i32>,
     ) -> Result<(), ModelError> {
         match ffn {
-            DFfn::Dense(w) => self.dense_ffn(w, c),
-            DFfn::Moe(w) => self.moe(w, il, c, env, host_ids),
+            DFfn::Dense(w) => self.dense_ffn(w, &c.io, &c.ffn),
+            DFfn::Moe(w) => self.moe(w, il, &c.io, &c.ffn, c.next.sg, env, host_ids),
         }
     }
 
@@ -934,53 +789,41 @@ impl GpuDecoder {
     /// hyper-connections or low-rank mixers), then the head's rows. Captured as a graph
     /// for a decode step.
     fn run(&self, c: &Call<'_>, env: &Env<'_>) -> Result<(), ModelError> {
-        let call = *c;
-        let Call {
+        let Io {
             n,
             e,
             ei,
             eps,
-            small,
             tokens,
-            pos,
-            dense_rows,
+            rows,
             h,
             o,
-            nb,
-            p,
+            ..
+        } = c.io;
+        let ResidualBufs {
             x,
+            n_hc,
+            hs,
+            lr_streams,
             hcf,
             hcm,
             hcpc,
-            seg_rows,
-            n_hc,
-            lr_streams,
-            hs,
-            nr,
-            row_chunks,
-            n_rowc,
-            rowmap,
-            hsel,
-            lg,
-            layers,
-            ..
-        } = call;
+            segs,
+        } = c.res;
+        let nb = &c.next;
         // With hyper-connections the embedding goes to `o`, then into every stream.
+        let streams = hs.is_some() || lr_streams.is_some();
         kernels::Embed {
             format: self.embd.fi,
             w: self.embd_ptr,
             row_bytes: self.embd.row_bytes,
             tokens,
-            x: if hs.is_some() || lr_streams.is_some() {
-                o
-            } else {
-                x
-            },
+            x: if streams { o } else { x },
             cols: ei,
-            scale: p.embd_scale,
+            scale: self.plan.embd_scale,
         }
         .launch(self, rows_n(n))?;
-        if hs.is_some() || lr_streams.is_some() {
+        if streams {
             kernels::HcExpand {
                 src: o,
                 x,
@@ -994,33 +837,30 @@ impl GpuDecoder {
         let mut host_ids: Vec<i32> = Vec::new();
         // The most recent DSA indexer's selection (positions, counts, top-k; zeros: all).
         let mut mla_sel: (u64, u64, usize) = (0, 0, 0);
+        let hc_bufs = (hcf, hcm);
         for (il, l) in self.layers.iter().enumerate() {
             // Attention.
             if let Some(w) = &l.ple {
-                self.ple_layer(w, n_hc, x, layers[il].ple, pos, &nb, dense_rows, n, eps)?;
+                self.ple_layer(w, (n_hc, x), c.layers[il].ple, &c.io, nb)?;
             }
             if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
-                let b = (hcf, hcm);
-                self.hc_mix(&hw[0], hs, x, b, hcpc, l.attn_norm, h, n, seg_rows, eps)?;
+                self.hc_mix(&hw[0], hs, x, hc_bufs, hcpc, l.attn_norm, h, n, segs, eps)?;
             }
             if let Some(mx) = &l.lr {
-                let rows = (dense_rows, seg_rows);
-                self.lr_mixer(&mx[0], n_hc, x, h, &nb, rows, n, eps)?;
+                self.lr_mixer(&mx[0], n_hc, x, h, nb, (rows, segs), n, eps)?;
             }
-            self.attention_half(il, &l.attn, &call, &mut mla_sel)?;
+            self.attention_half(il, &l.attn, c, &mut mla_sel)?;
             if let (Some(hw), Some(hs)) = (&l.hc, &hs) {
                 self.hc_post(hs, x, o, hcpc, n)?;
-                let b = (hcf, hcm);
-                self.hc_mix(&hw[1], hs, x, b, hcpc, l.ffn_norm, h, n, seg_rows, eps)?;
+                self.hc_mix(&hw[1], hs, x, hc_bufs, hcpc, l.ffn_norm, h, n, segs, eps)?;
             } else if let Some(mx) = &l.lr {
                 self.lr_post(n_hc, x, o, nb.inj, n)?;
-                let rows = (dense_rows, seg_rows);
-                self.lr_mixer(&mx[1], n_hc, x, h, &nb, rows, n, eps)?;
+                self.lr_mixer(&mx[1], n_hc, x, h, nb, (rows, segs), n, eps)?;
             } else {
                 self.residual(x, o, l.post_attn, l.ffn_norm, h, n, e, eps)?;
             }
             // Feed-forward.
-            self.feed_forward(il, &l.ffn, &call, env, &mut host_ids)?;
+            self.feed_forward(il, &l.ffn, c, env, &mut host_ids)?;
             if let (Some(_), Some(hs)) = (&l.hc, &hs) {
                 self.hc_post(hs, x, o, hcpc, n)?;
             } else if l.lr.is_some() {
@@ -1030,23 +870,42 @@ impl GpuDecoder {
                 self.residual(x, o, l.post_ffn, next, h, n, e, eps)?;
             }
         }
-        if let (true, Some(w)) = (nr > 0, &self.lowrank) {
+        self.head(c)
+    }
+
+    /// The head's launches: the logits rows' collapse of the streams (the low-rank output
+    /// mixer, the hyper-connections' head mix or mean) and final norm, the output product.
+    fn head(&self, c: &Call<'_>) -> Result<(), ModelError> {
+        let Io { n, e, eps, h, .. } = c.io;
+        let ResidualBufs {
+            x,
+            n_hc,
+            hcf,
+            hcm,
+            segs,
+            ..
+        } = c.res;
+        let HeadBufs {
+            nr,
+            rows,
+            rowmap,
+            hsel,
+            logits,
+        } = c.head;
+        if nr == 0 {
+            return Ok(());
+        }
+        if let Some(w) = &self.lowrank {
             // The output mixer normalises: it reads the logits rows' streams.
-            let head_rows = Rows {
-                table: row_chunks,
-                count: n_rowc,
-                chunks: nr.div_ceil(MVG_N),
-                small,
-            };
+            let nb = &c.next;
             self.gather(x, rowmap, nb.xg, nr, n_hc * e)?;
             // (Its down product is not segmented: the rows are the logits rows.)
-            let rows = (head_rows, head_rows);
-            self.lr_mixer(w, n_hc, nb.xg, hsel, &nb, rows, nr, eps)?;
-        } else if nr > 0 {
+            self.lr_mixer(w, n_hc, nb.xg, hsel, nb, (rows, rows), nr, eps)?;
+        } else {
             // Hyper-connections: the head's collapse of the streams first (into h).
             let last = match &self.hyper {
                 Some((hs, Some(w))) => {
-                    self.hc_mix(w, hs, x, (hcf, hcm), 0, 0, h, n, seg_rows, eps)?;
+                    self.hc_mix(w, hs, x, (hcf, hcm), 0, 0, h, n, segs, eps)?;
                     h
                 }
                 Some((hs, None)) => {
@@ -1057,18 +916,7 @@ impl GpuDecoder {
             };
             self.rms_norm(last, self.output_norm, hsel, rowmap, nr, e, eps)?;
         }
-        if nr > 0 {
-            self.mv(
-                &[(&self.output, lg)],
-                row_chunks,
-                n_rowc,
-                nr.div_ceil(MVG_N),
-                hsel,
-                1,
-                small,
-            )?;
-        }
-        Ok(())
+        self.mv_rows(&[(&self.output, logits)], rows, hsel)
     }
 }
 
@@ -1160,7 +1008,7 @@ impl DeviceForward for GpuDecoder {
             logits.resize(nr * nv, 0.0f32);
             stream
                 .memcpy_dtoh(
-                    &sc.logits.as_ref().expect("grown").slice(0..nr * nv),
+                    &sc.head.logits.as_ref().expect("grown").slice(0..nr * nv),
                     &mut logits[..],
                 )
                 .map_err(|e| err("logits", e))?;
@@ -1192,7 +1040,7 @@ mod tests {
     use super::*;
     use crate::blocks::moe::{layer_table, rows_by_unit, LAYER_COUNTS_BYTES};
     use crate::forward::call::Header;
-    use crate::forward::products::MVT1_PART;
+    use crate::forward::products::{MVD_STAGES, MVT1_PART, MVT_STEP};
 
     fn i32_at(b: &[u8], off: usize) -> i32 {
         i32::from_le_bytes(b[off..off + 4].try_into().unwrap())

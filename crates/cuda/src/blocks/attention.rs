@@ -10,7 +10,8 @@ use sluice_models::blocks::attention::GqaWeights;
 use sluice_models::plan::DecoderPlan;
 use sluice_models::ModelError;
 
-use crate::forward::{i32_of, Call, DMat, GpuDecoder, Uploader, MAX_HEAD_DIM, MAX_HEAD_DIM_V};
+use crate::forward::bufs::{AttnBufs, Io};
+use crate::forward::{i32_of, DMat, GpuDecoder, Uploader, MAX_HEAD_DIM, MAX_HEAD_DIM_V};
 use crate::kernels;
 
 /// A GQA layer in VRAM.
@@ -34,7 +35,8 @@ impl GpuDecoder {
     pub(crate) fn gqa<'w>(
         &self,
         w: &'w Gqa,
-        c: &Call<'_>,
+        io: &Io,
+        a: &AttnBufs,
         cache: (u64, u64),
     ) -> Result<(&'w DMat, u64), ModelError> {
         let Gqa {
@@ -47,37 +49,28 @@ impl GpuDecoder {
             inv_freq,
             window,
         } = w;
-        let Call {
+        let Io {
             n,
+            eps,
+            kvt,
+            pos,
+            rows,
+            h,
+            ..
+        } = *io;
+        let AttnBufs {
             nh,
             nkv,
             hd,
             kdim,
             vdim,
-            eps,
-            small,
-            kvt,
-            pos,
-            dense,
-            n_dense,
-            nd,
-            h,
             q,
             k,
             v,
             att,
-            ..
-        } = *c;
+        } = *a;
         let (kc, vc) = cache;
-        self.mv(
-            &[(wq, q), (wk, k), (wv, v)],
-            dense,
-            n_dense,
-            nd,
-            h,
-            1,
-            small,
-        )?;
+        self.mv_rows(&[(wq, q), (wk, k), (wv, v)], rows, h)?;
         kernels::QkNormRope {
             q,
             k,

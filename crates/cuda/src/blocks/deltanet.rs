@@ -16,7 +16,8 @@ use sluice_models::plan::DecoderPlan;
 use sluice_models::ModelError;
 
 use crate::blocks::hyper_lowrank::DFew;
-use crate::forward::scratch::{NextBufs, Rows};
+use crate::forward::bufs::Io;
+use crate::forward::scratch::NextBufs;
 use crate::forward::state::{dup, ptr, zeros};
 use crate::forward::{i32_of, DMat, GpuDecoder, Uploader};
 use crate::kernels;
@@ -147,19 +148,18 @@ impl GpuDecoder {
         Ok(())
     }
 
-    /// Gated DeltaNet `w` of the block input `h` into `b.dout` (`[n][hv * dv]`, before the
-    /// output product); `st`: the layer's convolution ring and recurrent matrices.
-    #[allow(clippy::too_many_arguments)]
+    /// Gated DeltaNet `w` of the block input `io.h` into `b.dout` (`[n][hv * dv]`, before
+    /// the output product); `st`: the layer's convolution ring and recurrent matrices.
     pub(crate) fn delta(
         &self,
         w: &DDelta,
         st: DeltaPtrs,
-        pos: u64,
-        h: u64,
+        io: &Io,
         b: &NextBufs,
-        rows: Rows,
-        n: usize,
     ) -> Result<(), ModelError> {
+        let Io {
+            n, pos, rows, h, ..
+        } = *io;
         let s = &w.shape;
         let cd = s.conv_dim();
         self.few(&w.beta, h, b.beta, rows, n)?;

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 use sluice_models::ModelError;
 
+use crate::forward::bufs::IndexBufs;
 use crate::forward::state::{dup, ptr, zeros};
 use crate::forward::{i32_of, DMat, GpuDecoder};
 use crate::kernels;
@@ -93,18 +94,24 @@ impl DsaState {
 
 impl GpuDecoder {
     /// An indexer's choice for each of `n` tokens (positions at `pos`): the scores of the
-    /// rows each sees into `scratch.0` (row stride `scratch.1`), then the top-k into
-    /// `scratch.3` (`[n][top_k]`) and the counts into `scratch.4`, in tiles of `scratch.2`
-    /// tokens (the scores buffer holds one tile). A token's scores and choice do not depend
-    /// on its tile.
+    /// rows each sees into `b.scores` (row stride `b.stride`), then the top-k into `b.sel`
+    /// (`[n][top_k]`) and the counts into `b.nsel`, in tiles of `b.tile` tokens (the scores
+    /// buffer holds one tile). A token's scores and choice do not depend on its tile.
     pub(crate) fn index_select(
         &self,
         ix: &IndexSelect,
         pos: u64,
-        scratch: (u64, usize, usize, u64, u64),
+        b: &IndexBufs,
         n: usize,
     ) -> Result<(), ModelError> {
-        let (scores, stride, tile, sel, nsel) = scratch;
+        let IndexBufs {
+            scores,
+            stride,
+            tile,
+            sel,
+            nsel,
+            ..
+        } = *b;
         let stride_i = i32_of(stride, "indexer rows")?;
         let qn = (ix.n_head * ix.head_dim) as u64;
         let mut t0 = 0;

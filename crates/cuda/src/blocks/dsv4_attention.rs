@@ -19,6 +19,7 @@ use sluice_models::plan::{DecoderPlan, PlanAttn};
 use sluice_models::ModelError;
 
 use crate::blocks::dsa_indexer::{IndexSelect, IDX_MAX_Q};
+use crate::forward::bufs::{AttnBufs, Dsv4Bufs, IndexBufs, Io, MlaBufs};
 use crate::forward::state::{dup, ptr, zeros};
 use crate::forward::{i32_of, rows_n, Call, DMat, GpuDecoder, Uploader, MAX_HEAD_DIM_V};
 use crate::kernels;
@@ -100,37 +101,20 @@ impl GpuDecoder {
         c: &Call<'_>,
         dp: Dsv4Ptrs,
     ) -> Result<(&'w DMat, u64), ModelError> {
-        let Call {
+        let Io {
             n,
             eps,
-            small,
             kvt,
             pos,
-            dense,
-            n_dense,
-            nd,
-            head_chunks,
-            n_headc,
+            rows,
+            heads: groups,
             h,
-            q,
-            k,
-            att,
-            qa,
-            qan,
-            cc,
-            cz,
-            iq,
-            wh,
-            ic,
-            iz,
-            scores,
-            stride,
-            idx_tile,
-            selb,
-            nselb,
-            dz,
             ..
-        } = *c;
+        } = c.io;
+        let AttnBufs { q, k, att, .. } = c.attn;
+        let MlaBufs { qa, qan, .. } = c.mla;
+        let Dsv4Bufs { cc, cz, ic, iz, dz } = c.dsv4;
+        let IndexBufs { iq, wh, .. } = c.index;
 
         let s = self
             .dsv4
@@ -146,13 +130,13 @@ impl GpuDecoder {
         if let Some(ix) = &a.indexer {
             from_h.extend([(&ix.proj, wh), (&ix.comp.kv, ic), (&ix.comp.gate, iz)]);
         }
-        self.mv(&from_h, dense, n_dense, nd, h, 1, small)?;
+        self.mv_rows(&from_h, rows, h)?;
         self.rms_norm(qa, a.q_a_norm, qan, 0, n, s.q_lora, eps)?;
         let mut from_q: Vec<(&DMat, u64)> = vec![(&a.q_b, q)];
         if let Some(ix) = &a.indexer {
             from_q.push((&ix.q_b, iq));
         }
-        self.mv(&from_q, dense, n_dense, nd, qan, 1, small)?;
+        self.mv_rows(&from_q, rows, qan)?;
         let heads = |buf: u64, n_heads: usize, dim: usize, freq: u64, flags: i32| {
             kernels::Dsv4Heads {
                 x: buf,
@@ -216,9 +200,8 @@ impl GpuDecoder {
                 ratio: ix.comp.ratio,
                 top_k: ix.top_k,
             };
-            let scratch = (scores, stride, idx_tile, selb, nselb);
-            self.index_select(&ix_sel, pos, scratch, n)?;
-            (sel, nsel, top) = (selb, nselb, ix.top_k);
+            self.index_select(&ix_sel, pos, &c.index, n)?;
+            (sel, nsel, top) = (c.index.sel, c.index.nsel, ix.top_k);
         }
         let ratio = a.comp.as_ref().map_or(0, |c| c.ratio);
         kernels::Dsv4Attention {
@@ -242,8 +225,8 @@ impl GpuDecoder {
         // The window's ring after every read of it.
         self.ring_store(k, 0, dp.ring, 0, pos, s.head_dim, s.window, n)?;
         heads(att, s.n_head, s.head_dim, a.rope, 2)?;
-        let gy = s.o_groups * nd;
-        self.mv(&[(&a.out_a, dz)], head_chunks, n_headc, gy, att, 1, small)?;
+        // (The per-head chunk table's units are the output groups.)
+        self.mv_rows(&[(&a.out_a, dz)], groups, att)?;
         Ok((&a.out_b, dz))
     }
 }

@@ -6,7 +6,8 @@
 use sluice_models::blocks::ffn::Activation;
 use sluice_models::ModelError;
 
-use crate::forward::{Call, DMat, GpuDecoder};
+use crate::forward::bufs::{FfnBufs, Io};
+use crate::forward::{DMat, GpuDecoder};
 use crate::kernels;
 
 /// A dense feed-forward in VRAM.
@@ -25,30 +26,19 @@ pub(crate) const ACT_SIGMOID: Act = (3, 0.0);
 
 impl GpuDecoder {
     /// A dense GLU feed-forward (the CPU's `blocks::ffn`) of the normed input into `o`.
-    pub(crate) fn dense_ffn(&self, w: &DenseFfn, c: &Call<'_>) -> Result<(), ModelError> {
+    pub(crate) fn dense_ffn(&self, w: &DenseFfn, io: &Io, f: &FfnBufs) -> Result<(), ModelError> {
         let DenseFfn {
             gate,
             up,
             down,
             act,
         } = w;
-        let Call {
-            n,
-            small,
-            dense,
-            n_dense,
-            nd,
-            h,
-            o,
-            g,
-            u,
-            ..
-        } = *c;
-
-        self.mv(&[(gate, g), (up, u)], dense, n_dense, nd, h, 1, small)?;
+        let Io { n, rows, h, o, .. } = *io;
+        let FfnBufs { g, u, .. } = *f;
+        self.mv_rows(&[(gate, g), (up, u)], rows, h)?;
         let len = n * gate.rows;
         self.glu(g, u, len, *act)?;
-        self.mv(&[(down, o)], dense, n_dense, nd, g, 1, small)?;
+        self.mv_rows(&[(down, o)], rows, g)?;
         Ok(())
     }
 }

@@ -16,7 +16,8 @@ use sluice_models::ModelError;
 
 use crate::blocks::deltanet::{gdn_smem, DV_MAX};
 use crate::blocks::hyper_lowrank::DFew;
-use crate::forward::scratch::{NextBufs, Rows};
+use crate::forward::bufs::Io;
+use crate::forward::scratch::NextBufs;
 use crate::forward::state::{dup, ptr, zeros};
 use crate::forward::{i32_of, DMat, GpuDecoder, Uploader};
 use crate::kernels;
@@ -126,19 +127,19 @@ impl Uploader<'_> {
 }
 
 impl GpuDecoder {
-    /// Kimi delta attention `w` of the block input `h` into `b.dout` (`[n][inner]`, before
-    /// the output product); `st`: the q, k, v convolution rings and the recurrent matrices.
-    #[allow(clippy::too_many_arguments)]
+    /// Kimi delta attention `w` of the block input `io.h` into `b.dout` (`[n][inner]`,
+    /// before the output product); `st`: the q, k, v convolution rings and the recurrent
+    /// matrices.
     pub(crate) fn kda(
         &self,
         w: &DKda,
         st: KdaPtrs,
-        pos: u64,
-        h: u64,
+        io: &Io,
         b: &NextBufs,
-        rows: Rows,
-        n: usize,
     ) -> Result<(), ModelError> {
+        let Io {
+            n, pos, rows, h, ..
+        } = *io;
         let s = &w.shape;
         let inner = s.inner();
         // q, k, v side by side in the DeltaNet buffers: [3][n][inner] before and after the

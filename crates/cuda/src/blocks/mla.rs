@@ -14,7 +14,8 @@ use sluice_models::plan::{DecoderPlan, MlaSelect, PlanAttn};
 use sluice_models::ModelError;
 
 use crate::blocks::dsa_indexer::{DDsa, DsaPtrs, IndexSelect, IDX_MAX_Q};
-use crate::blocks::mla_pooled::{DPool, PoolBufs};
+use crate::blocks::mla_pooled::DPool;
+use crate::forward::bufs::{AttnBufs, IndexBufs, Io, MlaBufs};
 use crate::forward::state::{state_mismatch, OwnPtrs};
 use crate::forward::{rows_n, Call, DMat, GpuDecoder, Uploader};
 use crate::kernels;
@@ -71,24 +72,33 @@ impl GpuDecoder {
             select,
         } = w;
         let Call {
+            io,
+            attn,
+            mla,
+            index,
+            next: nb,
+            ..
+        } = c;
+        let Io {
             n,
-            kdim,
-            vdim,
             eps,
-            small,
             kvt,
             pos,
-            dense,
-            n_dense,
-            nd,
-            head_chunks,
-            n_headc,
+            rows,
             heads,
             h,
+            ..
+        } = *io;
+        let AttnBufs {
+            kdim,
+            vdim,
             q,
             k,
             v,
             att,
+            ..
+        } = *attn;
+        let MlaBufs {
             qa,
             qan,
             kva,
@@ -96,20 +106,10 @@ impl GpuDecoder {
             qabs,
             qatt,
             ov,
-            iq,
-            wh,
-            ik,
-            scores,
-            stride,
-            idx_tile,
-            selb,
-            nselb,
-            nb,
-            mla,
-            ..
-        } = *c;
+        } = *mla;
+        let IndexBufs { iq, wh, ik, .. } = *index;
         let (kc, vc) = cache;
-        let m = mla.as_ref().expect("checked: MLA layers have a shape");
+        let m = self.mla.as_ref().expect("checked: MLA layers have a shape");
         let (nope, rope, kl) = (m.nope as i32, m.rope as i32, m.kv_lora as i32);
         let heads_grid = (n as u32, m.n_head as u32, 1);
         let mut from_h: Vec<(&DMat, u64)> = vec![(q_a, qa), (kv_a, kva)];
@@ -122,9 +122,9 @@ impl GpuDecoder {
             from_h.extend([(&ix.k, ik), (&ix.gate, nb.pg), (&ix.proj, wh)]);
             from_q.push((ix.q_b(), iq));
         }
-        self.mv(&from_h, dense, n_dense, nd, h, 1, small)?;
+        self.mv_rows(&from_h, rows, h)?;
         self.rms_norm(qa, *q_a_norm, qan, 0, n, m.q_lora, eps)?;
-        self.mv(&from_q, dense, n_dense, nd, qan, 1, small)?;
+        self.mv_rows(&from_q, rows, qan)?;
         if let DSelect::Indexer(ix) = select {
             // GLM's DSA indexer: its queries and this batch's keys roped on
             // their first dims, every visible position scored, the top-k.
@@ -164,24 +164,16 @@ impl GpuDecoder {
                 ratio: 1,
                 top_k: ix.top_k,
             };
-            let scratch = (scores, stride, idx_tile, selb, nselb);
-            self.index_select(&ix_sel, pos, scratch, n)?;
-            *mla_sel = (selb, nselb, ix.top_k);
+            self.index_select(&ix_sel, pos, index, n)?;
+            *mla_sel = (index.sel, index.nsel, ix.top_k);
         }
         if let DSelect::Pooled(ix) = select {
             // GLM-5.3-Flash's k-pool indexer: keys, gates and pools, the
             // pools' top-k, their positions and the tail.
-            let bufs = PoolBufs {
-                iq,
-                wh,
-                ik,
-                gt: nb.pg,
-                index: (scores, stride, idx_tile, selb, nselb),
-            };
             let OwnPtrs::Pool(st) = own else {
                 return Err(state_mismatch(il));
             };
-            *mla_sel = self.pool_select(ix, st, pos, &bufs, &nb, kvt == 0, n)?;
+            *mla_sel = self.pool_select(ix, st, pos, index, nb, kvt == 0, n)?;
         }
         kernels::MlaKvPrep {
             kva,
@@ -204,8 +196,7 @@ impl GpuDecoder {
             rope,
         }
         .launch(self, heads_grid)?;
-        let gy = heads * nd;
-        self.mv(&[(k_b, qabs)], head_chunks, n_headc, gy, qn, 1, small)?;
+        self.mv_rows(&[(k_b, qabs)], heads, qn)?;
         kernels::MlaQJoin {
             qabs,
             q,
@@ -223,7 +214,7 @@ impl GpuDecoder {
             DSelect::Indexer(_) | DSelect::Pooled(_) | DSelect::Previous => *mla_sel,
         };
         self.attention(kvt, qatt, kc, vc, att, pos, n, 0, sel)?;
-        self.mv(&[(v_b, ov)], head_chunks, n_headc, gy, att, 1, small)?;
+        self.mv_rows(&[(v_b, ov)], heads, att)?;
         Ok((out, ov))
     }
 }

@@ -19,6 +19,7 @@ use sluice_models::ModelError;
 
 use crate::blocks::dsa_indexer::{IndexSelect, IDX_MAX_Q};
 use crate::blocks::mla::{DSelect, Mla};
+use crate::forward::bufs::IndexBufs;
 use crate::forward::scratch::NextBufs;
 use crate::forward::state::{dup, ptr, zeros};
 use crate::forward::{i32_of, DMat, GpuDecoder, Uploader, MAX_HEAD_DIM_V};
@@ -41,17 +42,6 @@ pub(crate) struct DPool {
     pub(crate) kpool: usize,
     pub(crate) tail: bool,
     pub(crate) ln_eps: f32,
-}
-
-/// A pooled layer's indexer buffers: its queries (`[n][heads * dim]`), head weights, keys
-/// and gate logits of the batch, and the shared indexer scratch (scores, their stride,
-/// tokens per tile, chosen pools, their counts).
-pub(crate) struct PoolBufs {
-    pub(crate) iq: u64,
-    pub(crate) wh: u64,
-    pub(crate) ik: u64,
-    pub(crate) gt: u64,
-    pub(crate) index: (u64, usize, usize, u64, u64),
 }
 
 /// A pooled layer's attention as the absorbed-MLA kernels see it: latent rows of
@@ -170,17 +160,17 @@ impl Uploader<'_> {
 
 impl GpuDecoder {
     /// A full pooled layer's selection for `n` tokens: its indexer's keys, gate logits and
-    /// completed pools into the state `st` (keys, gates, pools), the pools' scores and
-    /// top-k, then the positions (chosen pools and, when the layer says so, the tail) into
-    /// `b.psel` / `b.npsel`. Returns (positions, counts, positions per token) for the
-    /// attention.
+    /// completed pools into the state `st` (keys, gates, pools; the batch's keys and gate
+    /// logits from `idx.ik` and `b.pg`), the pools' scores and top-k (`idx`), then the
+    /// positions (chosen pools and, when the layer says so, the tail) into `b.psel` /
+    /// `b.npsel`. Returns (positions, counts, positions per token) for the attention.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn pool_select(
         &self,
         ix: &DPool,
         st: PoolPtrs,
         pos: u64,
-        bufs: &PoolBufs,
+        idx: &IndexBufs,
         b: &NextBufs,
         round: bool,
         n: usize,
@@ -192,8 +182,8 @@ impl GpuDecoder {
         } = st;
         let id = i32_of(ix.head_dim, "indexer keys")?;
         kernels::PoolPrep {
-            ik: bufs.ik,
-            gt: bufs.gt,
+            ik: idx.ik,
+            gt: b.pg,
             lnw: ix.k_norm,
             lnb: ix.k_norm_b,
             pos,
@@ -216,18 +206,17 @@ impl GpuDecoder {
         }
         .launch(self, (n as u32, 1, 1))?;
         let sel = IndexSelect {
-            iq: bufs.iq,
-            wh: bufs.wh,
+            iq: idx.iq,
+            wh: idx.wh,
             n_head: ix.n_head,
             head_dim: ix.head_dim,
             rows: pooled,
             ratio: ix.kpool,
             top_k: ix.keep,
         };
-        self.index_select(&sel, pos, bufs.index, n)?;
+        self.index_select(&sel, pos, idx, n)?;
         let kp = ix.positions();
-        let (_, _, _, bsel, nb) = bufs.index;
-        self.expand(bsel, nb, pos, b, ix.kpool, ix.keep, kp, ix.tail, n)?;
+        self.expand(idx.sel, idx.nsel, pos, b, ix.kpool, ix.keep, kp, ix.tail, n)?;
         Ok((b.psel, b.npsel, kp))
     }
 }

@@ -18,9 +18,11 @@ use sluice_tier::Stop;
 
 use crate::blocks::ffn::{act_id, Act};
 use crate::blocks::hyper_lowrank::DFew;
+use crate::forward::bufs::{FfnBufs, Io};
+use crate::forward::scratch::Rows;
 use crate::forward::{
-    addr, err, lock, push_chunk, rows_n, Call, DMat, ExpertPlacement, GpuDecoder, Uploader,
-    CHUNK_BYTES, MVG_N,
+    addr, err, lock, push_chunk, rows_n, DMat, ExpertPlacement, GpuDecoder, Uploader, CHUNK_BYTES,
+    MVG_N,
 };
 use crate::lru::Lru;
 use crate::{kernel_format, kernels};
@@ -100,12 +102,16 @@ pub(crate) struct RouterKind<'a> {
 impl GpuDecoder {
     /// MoE layer `il` (the CPU's `blocks::moe`) of the normed input into `o`: the router
     /// and its top-k, the shared expert, the routed experts' products (resident, or
-    /// through the VRAM unit cache, hits first), the weighted combine.
+    /// through the VRAM unit cache, hits first), the weighted combine; `sg`: the buffer of
+    /// the shared expert gate's logits.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn moe(
         &self,
         w: &Moe,
         il: usize,
-        c: &Call<'_>,
+        io: &Io,
+        f: &FfnBufs<'_>,
+        sg: u64,
         env: &Env<'_>,
         host_ids: &mut Vec<i32>,
     ) -> Result<(), ModelError> {
@@ -123,36 +129,32 @@ impl GpuDecoder {
             tab_index,
             act,
         } = w;
-        let Call {
+        let Io {
             n,
             e,
             ei,
             small,
             tokens,
-            dense,
-            n_dense,
-            nd,
-            dense_rows,
+            rows,
             h,
             o,
-            shb,
+            ..
+        } = *io;
+        let FfnBufs {
             g,
             u,
+            sh: shb,
             rl,
             ids,
+            ids_buf,
             wts,
             dd,
             chunks,
             nchunks,
-            nb,
-            p,
-            stream,
-            sc_ids,
-            ..
-        } = *c;
-
+        } = *f;
+        let stream = &self.stream;
         let (ne, kk) = (*n_expert, *top);
-        self.mv(&[(router, rl)], dense, n_dense, nd, h, 1, small)?;
+        self.mv_rows(&[(router, rl)], rows, h)?;
         kernels::TopkRoute {
             logits: rl,
             bias: *bias,
@@ -171,7 +173,7 @@ impl GpuDecoder {
         if self.units.is_some() || env.routing.is_some() {
             host_ids.resize(np, 0);
             stream
-                .memcpy_dtoh(&sc_ids.slice(0..np), &mut host_ids[..])
+                .memcpy_dtoh(&ids_buf.slice(0..np), &mut host_ids[..])
                 .map_err(|e| err("expert ids", e))?;
             stream.synchronize().map_err(|e| err("expert ids", e))?;
             if let Some(rec) = env.routing {
@@ -187,39 +189,38 @@ impl GpuDecoder {
         // it runs while the misses are read.
         if let Some(sh) = shared {
             let gu = [(&sh.gate, g), (&sh.up, u)];
-            self.mv(&gu, dense, n_dense, nd, h, 1, small)?;
+            self.mv_rows(&gu, rows, h)?;
             self.glu(g, u, n * sh.gate.rows, sh.act)?;
-            self.mv(&[(&sh.down, shb)], dense, n_dense, nd, g, 1, small)?;
-            if let Some(sg) = &sh.scale {
-                self.few(sg, h, nb.sg, dense_rows, n)?;
+            self.mv_rows(&[(&sh.down, shb)], rows, g)?;
+            if let Some(gate) = &sh.scale {
+                self.few(gate, h, sg, rows, n)?;
             }
         }
         let len = np * parts[0].rows;
         if self.units.is_some() {
             // Hits first: their gate / up products run while the misses
             // are read and copied; then the misses', then down for all.
-            let PlanFfn::Moe { experts, .. } = &p.layers[il].ffn else {
+            let PlanFfn::Moe { experts, .. } = &self.plan.layers[il].ffn else {
                 unreachable!("the plan's layer kinds match")
             };
-            let gate_up = |table: u64, count: u64, chunks: usize| {
+            let table = |table: u64, count: u64, chunks: usize| Rows {
+                table,
+                count,
+                chunks,
+                small,
+            };
+            let gate_up = |rows: Rows| {
                 let gu = [(&parts[0], g), (&parts[1], u)];
-                self.mv(&gu, table, count, chunks, h, kk, small)
+                self.mv(&gu, rows, h, kk)
             };
             let lc = self.ensure_units(env, il, host_ids, experts, ne, *tab_index, &mut |lc| {
-                gate_up(lc.table, lc.counts, lc.hit)
+                gate_up(table(lc.table, lc.counts, lc.hit))
             })?;
             let miss_table = lc.table + (lc.hit * CHUNK_BYTES) as u64;
-            gate_up(miss_table, lc.counts + 4, lc.miss)?;
+            gate_up(table(miss_table, lc.counts + 4, lc.miss))?;
             self.glu(g, u, len, *act)?;
-            self.mv(
-                &[(&parts[2], dd)],
-                lc.table,
-                lc.counts + 8,
-                lc.hit + lc.miss,
-                g,
-                1,
-                small,
-            )?;
+            let all = table(lc.table, lc.counts + 8, lc.hit + lc.miss);
+            self.mv_rows(&[(&parts[2], dd)], all, g)?;
         } else {
             kernels::MoeChunks {
                 gids: ids,
@@ -229,15 +230,20 @@ impl GpuDecoder {
                 n_chunks: nchunks,
             }
             .launch(self, (1, 1, 1))?;
-            let gy = np / MVG_N + ne.min(np);
+            let routed = Rows {
+                table: chunks,
+                count: nchunks,
+                chunks: np / MVG_N + ne.min(np),
+                small,
+            };
             let gu = [(&parts[0], g), (&parts[1], u)];
-            self.mv(&gu, chunks, nchunks, gy, h, kk, small)?;
+            self.mv(&gu, routed, h, kk)?;
             self.glu(g, u, len, *act)?;
-            self.mv(&[(&parts[2], dd)], chunks, nchunks, gy, g, 1, small)?;
+            self.mv_rows(&[(&parts[2], dd)], routed, g)?;
         }
         let sh_or_null = if shared.is_some() { shb } else { 0 };
         let gated = shared.as_ref().is_some_and(|sh| sh.scale.is_some());
-        let sg_or_null = if gated { nb.sg } else { 0 };
+        let sg_or_null = if gated { sg } else { 0 };
         kernels::MoeCombine {
             d: dd,
             wts,

@@ -12,7 +12,8 @@ use sluice_models::blocks::ple::PleWeights;
 use sluice_models::plan::DecoderPlan;
 use sluice_models::ModelError;
 
-use crate::forward::scratch::{NextBufs, Rows};
+use crate::forward::bufs::Io;
+use crate::forward::scratch::NextBufs;
 use crate::forward::state::{dup, ptr, zeros};
 use crate::forward::{i32_of, DMat, GpuDecoder, Uploader};
 use crate::kernels;
@@ -79,19 +80,17 @@ impl GpuDecoder {
     /// The PLE layer `w` on the streams `x` (`[n][s][e]`) from the gathered rows in `b.pe`:
     /// `x += G + silu(conv(norm(G)))`, the convolution reading the ring `hist` for
     /// positions before the batch; the ring gets the batch's last values after.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn ple_layer(
         &self,
         w: &DPle,
-        s: usize,
-        x: u64,
+        (s, x): (usize, u64),
         hist: u64,
-        pos: u64,
+        io: &Io,
         b: &NextBufs,
-        rows: Rows,
-        n: usize,
-        eps: f32,
     ) -> Result<(), ModelError> {
+        let Io {
+            n, pos, rows, eps, ..
+        } = *io;
         let e = self.plan.n_embd;
         let ei = i32_of(e, "n_embd")?;
         let width = s * e;

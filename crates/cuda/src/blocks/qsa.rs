@@ -1,10 +1,10 @@
 //! QSA indexed attention on the GPU (the CPU's `sluice_models::blocks::qsa`).
 //!
-//! Owns: [`DQsa`] (its device weights), its view of the shared scratch ([`QsaBufs`]) and
-//! its launches ([`GpuDecoder::qsa`]: the products, `qsa_prep` (norms, RoPE, the output
-//! gate, the indexer's queries and keys), `qsa_pool` (pooled block keys), the blocks'
-//! scores and top-k through `GpuDecoder::index_select`, [`GpuDecoder::expand`] (blocks to
-//! positions), attention over them, the gate). Its per-sequence state beside the KV rows:
+//! Owns: [`DQsa`] (its device weights) and its launches ([`GpuDecoder::qsa`]: the
+//! products, `qsa_prep` (norms, RoPE, the output gate, the indexer's queries and keys),
+//! `qsa_pool` (pooled block keys), the blocks' scores and top-k through
+//! `GpuDecoder::index_select`, [`GpuDecoder::expand`] (blocks to positions), attention over
+//! them, the gate), reading the shared attention and indexer buffers of `forward::Call`. Its per-sequence state beside the KV rows:
 //! [`QsaState`] (raw and pooled indexer keys, with an indexer; [`QsaPtrs`] for a call).
 
 use std::sync::Arc;
@@ -16,9 +16,10 @@ use sluice_models::ModelError;
 
 use crate::blocks::dsa_indexer::{IndexSelect, IDX_MAX_Q};
 use crate::blocks::ffn::ACT_SIGMOID;
-use crate::forward::scratch::{NextBufs, Rows};
+use crate::forward::bufs::Io;
+use crate::forward::scratch::NextBufs;
 use crate::forward::state::{dup, ptr, zeros};
-use crate::forward::{i32_of, DMat, GpuDecoder, Uploader};
+use crate::forward::{i32_of, Call, DMat, GpuDecoder, Uploader};
 use crate::kernels;
 
 /// A QSA layer in VRAM (`qsa::QsaWeights`).
@@ -83,20 +84,6 @@ impl QsaState {
     }
 }
 
-/// A QSA layer's view of the shared scratch: the q, k, v and attention buffers, the
-/// indexer's queries and keys, and the indexer scratch (scores, their row stride, tokens
-/// per tile, chosen blocks, their counts).
-#[derive(Clone, Copy)]
-pub(crate) struct QsaBufs {
-    pub(crate) q: u64,
-    pub(crate) k: u64,
-    pub(crate) v: u64,
-    pub(crate) att: u64,
-    pub(crate) iq: u64,
-    pub(crate) ik: u64,
-    pub(crate) index: (u64, usize, usize, u64, u64),
-}
-
 impl Uploader<'_> {
     pub(crate) fn qsa(
         &mut self,
@@ -152,29 +139,32 @@ impl GpuDecoder {
         .launch(self, (n as u32, 1, 1))
     }
 
-    /// QSA attention `w` of the block input `h`, gated (`[n][nh * hd]`, before the output
-    /// product; its address is returned): the KV cache `cache` (`kvt` its type), the
-    /// indexer's state `st` (None without an indexer).
-    #[allow(clippy::too_many_arguments)]
+    /// QSA attention `w` of the block input `c.io.h`, gated (`[n][nh * hd]`, before the
+    /// output product; its address is returned): the attention and indexer buffers of `c`
+    /// and its gates (`c.next`), the KV cache `cache`, the indexer's state `st` (None
+    /// without an indexer).
     pub(crate) fn qsa(
         &self,
         w: &DQsa,
-        kvt: usize,
+        c: &Call<'_>,
         cache: (u64, u64),
         st: Option<QsaPtrs>,
-        pos: u64,
-        h: u64,
-        bufs: &QsaBufs,
-        b: &NextBufs,
-        rows: Rows,
-        n: usize,
     ) -> Result<u64, ModelError> {
+        let Io {
+            n,
+            kvt,
+            pos,
+            rows,
+            h,
+            ..
+        } = c.io;
+        let (bufs, idx, b) = (&c.attn, &c.index, &c.next);
         let s = &w.shape;
         let (nh, nkv, hd) = (s.n_head, s.n_head_kv, s.head_dim);
         let indexed = s.ratio > 0;
         let mut parts = vec![(&w.wq, b.qg), (&w.wk, bufs.k), (&w.wv, bufs.v)];
         if indexed {
-            parts.extend([(&w.idx_q, bufs.iq), (&w.idx_k, bufs.ik)]);
+            parts.extend([(&w.idx_q, idx.iq), (&w.idx_k, idx.ik)]);
         }
         self.mv_rows(&parts, rows, h)?;
         // With an indexer: its query heads and one more block storing the raw keys.
@@ -194,8 +184,8 @@ impl GpuDecoder {
             q: bufs.q,
             gate: b.gate,
             k: bufs.k,
-            iq: bufs.iq,
-            ik: bufs.ik,
+            iq: idx.iq,
+            ik: idx.ik,
             keys,
             qn: w.q_norm,
             kn: w.k_norm,
@@ -230,7 +220,7 @@ impl GpuDecoder {
             .launch(self, (n as u32, 1, 1))?;
             let kb = s.budget / s.ratio;
             let ix = IndexSelect {
-                iq: bufs.iq,
+                iq: idx.iq,
                 wh: 0,
                 n_head: s.idx_heads,
                 head_dim: s.idx_dim,
@@ -238,10 +228,9 @@ impl GpuDecoder {
                 ratio: s.ratio,
                 top_k: kb,
             };
-            self.index_select(&ix, pos, bufs.index, n)?;
+            self.index_select(&ix, pos, idx, n)?;
             let kp = s.budget + s.ratio - 1;
-            let (_, _, _, bsel, nb) = bufs.index;
-            self.expand(bsel, nb, pos, b, s.ratio, kb, kp, true, n)?;
+            self.expand(idx.sel, idx.nsel, pos, b, s.ratio, kb, kp, true, n)?;
             sel = (b.psel, b.npsel, kp);
         }
         self.attention(kvt, bufs.q, cache.0, cache.1, bufs.att, pos, n, 0, sel)?;

@@ -1,5 +1,5 @@
-//! The weight products of the GPU decoder: [`GpuDecoder::mv`] picks, for up to three
-//! matrices of one format and shape, the tensor-core kernel (`mvt_*`, or `mvt1_*` for chunks
+//! The weight products of the GPU decoder: [`GpuDecoder::mv`] (over the chunk table a
+//! [`Rows`] names) picks, for up to three matrices of one format and shape, the tensor-core kernel (`mvt_*`, or `mvt1_*` for chunks
 //! of at most 8 rows with [`Mvt1Staging`]'s staging) or the f32 one (`mvg_*`), and launches
 //! it over a chunk table.
 
@@ -73,7 +73,49 @@ pub(crate) struct Mvt1Staging {
     pub(crate) fit_steps: bool,
 }
 
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(default)
+}
+
+/// The fewest blocks a decode product takes `mvd_*` with ([`MVD_MIN_BLOCKS`], or
+/// `SLUICE_CUDA_MVD_MIN_BLOCKS`; `SLUICE_CUDA_DECODE=mvt1`: never).
+pub(crate) fn mvd_min_blocks() -> usize {
+    if std::env::var("SLUICE_CUDA_DECODE").is_ok_and(|v| v == "mvt1") {
+        usize::MAX
+    } else {
+        env_usize("SLUICE_CUDA_MVD_MIN_BLOCKS", MVD_MIN_BLOCKS)
+    }
+}
+
 impl Mvt1Staging {
+    /// `mvt1_*`'s staging: [`MVT1_STAGES`] steps of [`MVT1_STEP`] columns (or
+    /// `SLUICE_CUDA_MVT1_STAGES` / `_STEP` / `_STAGE_KB`) within `smem_max` bytes.
+    pub(crate) fn mvt1(smem_max: usize) -> Mvt1Staging {
+        Mvt1Staging {
+            stages: env_usize("SLUICE_CUDA_MVT1_STAGES", MVT1_STAGES).clamp(1, MVT1_MAX_STAGES),
+            step: env_usize("SLUICE_CUDA_MVT1_STEP", MVT1_STEP),
+            stage_bytes: env_usize("SLUICE_CUDA_MVT1_STAGE_KB", 0) * 1024,
+            smem_max,
+            fit_steps: false,
+        }
+    }
+
+    /// `mvd_*`'s: small stages (512 columns), up to [`MVD_STAGES`] of them within
+    /// SLUICE_CUDA_MVD_SMEM_KB (32) of shared memory, so that many 4-warp blocks fit an SM
+    /// (`SLUICE_CUDA_MVD_STAGES` / `_STEP` for A/B).
+    pub(crate) fn mvd(smem_max: usize) -> Mvt1Staging {
+        Mvt1Staging {
+            stages: env_usize("SLUICE_CUDA_MVD_STAGES", MVD_STAGES).clamp(1, MVT1_MAX_STAGES),
+            step: env_usize("SLUICE_CUDA_MVD_STEP", MVT_STEP),
+            stage_bytes: 0,
+            smem_max: (env_usize("SLUICE_CUDA_MVD_SMEM_KB", 32) * 1024).clamp(MVT1_PART, smem_max),
+            fit_steps: true,
+        }
+    }
+
     /// (stages, step columns, stage buffer bytes, dynamic shared memory) for a matrix of
     /// `cols` columns and `row_bytes` a row.
     pub(crate) fn layout(&self, cols: usize, row_bytes: usize) -> (usize, usize, usize, usize) {
@@ -95,20 +137,23 @@ impl Mvt1Staging {
 }
 
 impl GpuDecoder {
-    /// `y[rows_of_chunks] = W x` for every `(W, y)` of `parts`, through the chunk table at
-    /// `chunks` (`grid_y` blocks in y, the count at `nchunks`). Consecutive matrices of the
+    /// `y[rows_of_chunks] = W x` for every `(W, y)` of `parts`, through the chunk table
+    /// `rows` names (its chunks in grid y); `x_div` chunk rows per row of `x` (the routed
+    /// experts' (token, slot) rows read their token's input). Consecutive matrices of the
     /// same format and shape (q, k and v; gate and up) share a launch, up to three.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn mv(
         &self,
         parts: &[(&DMat, u64)],
-        chunks: u64,
-        nchunks: u64,
-        grid_y: usize,
+        rows: Rows,
         x: u64,
         x_div: usize,
-        small: bool,
     ) -> Result<(), ModelError> {
+        let Rows {
+            table: chunks,
+            count: nchunks,
+            chunks: grid_y,
+            small,
+        } = rows;
         if grid_y == 0 {
             return Ok(());
         }
@@ -185,6 +230,6 @@ impl GpuDecoder {
         rows: Rows,
         x: u64,
     ) -> Result<(), ModelError> {
-        self.mv(parts, rows.table, rows.count, rows.chunks, x, 1, rows.small)
+        self.mv(parts, rows, x, 1)
     }
 }

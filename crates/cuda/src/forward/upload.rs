@@ -7,11 +7,16 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
-use sluice_models::plan::{DecoderPlan, PlanAttn, PlanFfn};
+use sluice_models::plan::{DecoderPlan, HyperHead, PlanAttn, PlanFfn};
 use sluice_models::weights::Mat;
 
+use crate::blocks::deltanet::gdn_smem;
+use crate::blocks::ffn::{act_id, DenseFfn};
+use crate::blocks::hyper::hc_segments;
+use crate::blocks::kda::delta_shape;
+use crate::forward::bufs::FfnDims;
 use crate::forward::products::takes_f16;
-use crate::forward::{kernel_signature, DAttn, DMat, ExpertPlacement, Funcs, Kernel};
+use crate::forward::{kernel_signature, DAttn, DFfn, DLayer, DMat, ExpertPlacement, Funcs, Kernel};
 use crate::{kernel_format, Device, Mma, FORMATS};
 
 /// Uploads weights at start and keeps their device buffers and the host pointer table.
@@ -207,7 +212,137 @@ impl Uploader<'_> {
     }
 }
 
+/// The column segments of the hyper-connection projections and of the low-rank mixers'
+/// down products: one count for each (the call header has one segment chunk table); a
+/// count that splits one splits the others (powers of two).
+pub(crate) fn segment_counts(plan: &DecoderPlan) -> (usize, usize) {
+    let hc_nseg = plan
+        .layers
+        .iter()
+        .flat_map(|l| l.hc.iter().flat_map(|w| w.iter()))
+        .chain(match &plan.hyper {
+            Some(h) => match &h.head {
+                HyperHead::Learned(w) => Some(w),
+                HyperHead::Mean => None,
+            },
+            None => None,
+        })
+        .map(|w| hc_segments(w.proj.ty, w.proj.cols))
+        .min()
+        .unwrap_or(1);
+    // The low-rank mixers' down products: a few hundred rows, the streams' width in
+    // columns.
+    let lr_nseg = plan
+        .layers
+        .iter()
+        .flat_map(|l| l.hc_lowrank.iter().flat_map(|w| w.iter()))
+        .map(|w| hc_segments(w.down.ty, w.down.cols))
+        .min()
+        .unwrap_or(1);
+    (hc_nseg, lr_nseg)
+}
+
+impl Uploader<'_> {
+    /// Upload every layer of `plan` (each block's weights through its own `Uploader`
+    /// method; `experts`: where routed experts live; the mixes' segment counts); the widest
+    /// feed-forward with them.
+    pub(crate) fn layers(
+        &mut self,
+        plan: &DecoderPlan,
+        experts: ExpertPlacement,
+        hc_nseg: usize,
+        lr_nseg: usize,
+    ) -> Result<(Vec<DLayer>, FfnDims), String> {
+        let mut dims = FfnDims {
+            dense: 0,
+            moe: 0,
+            k_max: 0,
+            n_expert_max: 0,
+        };
+        let mut layers = Vec::with_capacity(plan.layers.len());
+        for l in &plan.layers {
+            let ffn = match &l.ffn {
+                PlanFfn::Dense { w, act } => {
+                    dims.dense = dims.dense.max(w.gate.rows);
+                    DFfn::Dense(DenseFfn {
+                        gate: self.mat(&w.gate)?,
+                        up: self.mat(&w.up)?,
+                        down: self.mat(&w.down)?,
+                        act: act_id(*act),
+                    })
+                }
+                PlanFfn::Moe {
+                    moe,
+                    experts: st,
+                    shared,
+                } => {
+                    dims.moe = dims.moe.max(st[0].rows);
+                    dims.k_max = dims.k_max.max(moe.k);
+                    dims.n_expert_max = dims.n_expert_max.max(moe.n_expert);
+                    if let Some(sh) = shared {
+                        dims.dense = dims.dense.max(sh.w.gate.rows);
+                    }
+                    DFfn::Moe(Box::new(self.moe(moe, st, shared, experts)?))
+                }
+            };
+            let attn = self.attention(&l.attn)?;
+            let hc = match &l.hc {
+                Some(w) => Some([self.hc(&w[0], hc_nseg)?, self.hc(&w[1], hc_nseg)?]),
+                None => None,
+            };
+            let lr = match &l.hc_lowrank {
+                Some(w) => Some([self.mix(&w[0], lr_nseg)?, self.mix(&w[1], lr_nseg)?]),
+                None => None,
+            };
+            let ple = l
+                .ple
+                .as_ref()
+                .map(|w| self.ple(w))
+                .transpose()?
+                .map(Box::new);
+            layers.push(DLayer {
+                lr,
+                ple,
+                attn_norm: self.norm(&l.attn_norm)?,
+                attn,
+                post_attn: self.opt_norm(&l.post_attn_norm)?,
+                ffn_norm: self.norm(&l.ffn_norm)?,
+                ffn,
+                post_ffn: self.opt_norm(&l.post_ffn_norm)?,
+                hc,
+            });
+        }
+        Ok((layers, dims))
+    }
+}
+
 impl Funcs {
+    /// DeltaNet's (and KDA's) state lives in shared memory while a batch runs:
+    /// `delta_rule` may have what the widest head of `plan` needs (the opt-in limit less
+    /// the kernel's static shared memory is the driver's to check).
+    pub(crate) fn fit_delta_rule(&self, plan: &DecoderPlan) -> Result<(), String> {
+        let need = plan
+            .layers
+            .iter()
+            .filter_map(|l| match &l.attn {
+                PlanAttn::Delta { shape, .. } => Some(gdn_smem(shape)),
+                PlanAttn::Kda { shape, .. } => Some(gdn_smem(&delta_shape(shape))),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        if need > 0 {
+            self.delta_rule
+                .f
+                .set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    need as i32,
+                )
+                .map_err(|e| format!("kernel delta_rule: {need} bytes of shared memory: {e}"))?;
+        }
+        Ok(())
+    }
+
     /// Load every kernel of the forward pass from the compiled module (`mvt1_*` allowed
     /// `smem_max` bytes of dynamic shared memory).
     pub(crate) fn load(d: &Device, smem_max: usize) -> Result<Funcs, String> {
