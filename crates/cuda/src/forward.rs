@@ -4,15 +4,16 @@
 //! [`DecoderPlan`] (every architecture's): its check (`check`; the blocks' own checks in
 //! `blocks` and `forward/check.rs`), the upload of every resident weight at start (`new`;
 //! `Uploader`, whose block methods live with the blocks), the per-sequence state
-//! ([`GpuKv`], in `SeqState::device`: the KV cache in VRAM and each layer's own state), and
-//! per forward call one upload of the batch's header (tokens, positions, chunk tables,
-//! `Header`), then only kernel launches on one stream through the typed launches of
-//! `crate::kernels`: `GpuDecoder::run` is the loop (embedding, per layer the PLE layer,
-//! the attention block, the residual mix, the feed-forward block, the residual mix, the
-//! head), each block's launch sequence a method in `crate::blocks` reading the call's
-//! addresses from `Call`; the weight products are `forward/products.rs`, the blocks'
-//! scratch `forward/scratch.rs`. Decode steps are captured as CUDA graphs and replayed
-//! (`GpuDecoder::replay`). One download of the logits.
+//! ([`GpuKv`], in `SeqState::device`: `forward/state.rs`, the KV rows and each layer's
+//! `LayerState`, a block's own state type), and per forward call one upload of the batch's
+//! header (tokens, positions, chunk tables, `Header`), then only kernel launches on one
+//! stream through the typed launches of `crate::kernels` (all through `crate::launch`):
+//! `GpuDecoder::run` is the loop (embedding, per layer the PLE layer, the attention
+//! block, the residual mix, the feed-forward block, the residual mix, then
+//! `GpuDecoder::head`), each block's launch sequence a method in `crate::blocks` reading
+//! its group of the call's buffers from `Call` (`forward/bufs.rs`, `forward/scratch.rs`);
+//! the weight products are `forward/products.rs`. Decode steps are captured as CUDA graphs
+//! and replayed (`GpuDecoder::replay`). One download of the logits.
 //!
 //! Routed experts either live in VRAM whole (the stacked tensors uploaded at start; the
 //! router's choice never leaves the device) or, when they do not fit or stream from the

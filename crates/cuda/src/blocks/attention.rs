@@ -4,7 +4,7 @@
 //! frequencies, the sliding window) and its launch sequence ([`GpuDecoder::gqa`]). The
 //! KV cache rows (`kv_store_*`) and the softmax attention kernel (`attention_*`) it
 //! launches are shared with MLA and QSA (`GpuDecoder::kv_store` / `attention`). Its
-//! per-sequence state is the KV cache of [`crate::forward::GpuKv`].
+//! per-sequence state is its KV rows in [`crate::forward::GpuKv`].
 
 use sluice_models::blocks::attention::GqaWeights;
 use sluice_models::plan::DecoderPlan;

@@ -1,7 +1,8 @@
-//! Per-call scratch of the blocks beyond the decoder's own (`forward::Scratch`): the
-//! low-rank mixers', PLE's, DeltaNet's / KDA's, QSA's and the k-pool indexer's buffers
-//! ([`NextScratch`], sized by [`NextDims`], addressed by [`NextBufs`]) and [`Rows`] (where a
-//! product's rows come from).
+//! Per-call scratch of the blocks beyond the decoder's own groups (`forward::bufs`): the
+//! low-rank mixers', PLE's, DeltaNet's / KDA's, QSA's gates and the k-pool indexer's
+//! buffers ([`NextScratch`], sized by [`NextDims`], addressed by [`NextBufs`], the
+//! `next` group of `forward::Call`) and [`Rows`] (a chunk table: where a product's rows
+//! come from).
 
 use std::sync::Arc;
 
