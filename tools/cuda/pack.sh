@@ -3,7 +3,8 @@
 # device-check.sh (and with WITH_FIXTURES=1 the fixtures they read) into DEST (for a GPU
 # machine without Rust).
 #   [OLD=path/to/older/sluice] [WITH_FIXTURES=1] tools/cuda/pack.sh DEST
-# (OLD: an older release binary to compare with, packed as sluice-old.)
+# (OLD: an older release binary to compare with, packed as sluice-old; `bash ab-refactor.sh
+# ./sluice-old ./sluice OUT` there compares the two: logits, GPU tests, bench.)
 set -euo pipefail
 DEST=${1:?usage: tools/cuda/pack.sh DEST}
 cd "$(dirname "$0")/../.."
@@ -39,5 +40,5 @@ if [ -n "${WITH_FIXTURES:-}" ]; then
         cp -r "tests/fixtures/$d/." "$DEST/fixtures/$d/"
     done
 fi
-cp tools/cuda/device-check.sh "$DEST/"
+cp tools/cuda/device-check.sh tools/cuda/ab-refactor.sh tools/cuda/cmp_logits.py "$DEST/"
 du -sh "$DEST"
