@@ -57,7 +57,6 @@ use crate::forward::products::{
     MVT_STEP,
 };
 use crate::forward::scratch::{NextDims, Rows};
-use crate::lru::Lru;
 use crate::{kernel_format, kernels, Cuda, Device};
 
 pub(crate) mod call;
@@ -665,14 +664,8 @@ impl GpuDecoder {
             g.stats.resident_bytes += uploaded;
             g.stats.resident_mats += owned.len() as u64;
         }
-        let units = (experts == ExpertPlacement::Cached).then(|| {
-            Mutex::new(UnitCache {
-                lru: Lru::new(expert_budget),
-                transient: Vec::new(),
-                tab: tab.clone(),
-                chunks: None,
-            })
-        });
+        let units = (experts == ExpertPlacement::Cached)
+            .then(|| Mutex::new(UnitCache::new(expert_budget, tab.clone())));
         Ok(GpuDecoder {
             d,
             stream,
