@@ -72,13 +72,14 @@ impl StagingConfig {
 }
 
 /// A piece of the slot being filled: `len` bytes from host address `src` to slot offset
-/// `off`, bound for device address `dst`.
+/// `off`, bound for device address `dst` inside the allocation starting at `alloc`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Piece {
     pub(crate) src: usize,
     pub(crate) off: usize,
     pub(crate) len: usize,
     pub(crate) dst: u64,
+    pub(crate) alloc: u64,
 }
 
 /// The host copies of a slot's pieces: (source, slot offset, length), each at most `task`
@@ -97,14 +98,23 @@ pub(crate) fn tasks(pieces: &[Piece], task: usize) -> Vec<(usize, usize, usize)>
 }
 
 /// The device copies of a slot: (slot offset, length, destination), one per run of pieces
-/// whose slot bytes and destination bytes both follow on.
+/// whose slot bytes and destination bytes both follow on inside one device allocation (the
+/// driver refuses a copy across two allocations, even adjacent ones).
 pub(crate) fn sends(pieces: &[Piece]) -> Vec<(usize, usize, u64)> {
     let mut out: Vec<(usize, usize, u64)> = Vec::new();
+    let mut last_alloc = None;
     for p in pieces {
         match out.last_mut() {
-            Some(r) if r.0 + r.1 == p.off && r.2 + r.1 as u64 == p.dst => r.1 += p.len,
+            Some(r)
+                if last_alloc == Some(p.alloc)
+                    && r.0 + r.1 == p.off
+                    && r.2 + r.1 as u64 == p.dst =>
+            {
+                r.1 += p.len
+            }
             _ => out.push((p.off, p.len, p.dst)),
         }
+        last_alloc = Some(p.alloc);
     }
     out
 }
@@ -286,17 +296,21 @@ impl StagingRing {
         self.slots.iter().map(|s| s.host.num_bytes() as u64).sum()
     }
 
-    /// Queue `src` for device address `dst` (sending full slots on `stream` on the way).
+    /// Queue `src` for device address `alloc + at` (sending full slots on `stream` on the
+    /// way); `alloc`: the start of the device allocation `src` goes into.
     ///
     /// # Safety
-    /// `src` stays readable, and `[dst, dst + src.len())` allocated on (or ordered before)
-    /// `stream`, until the next [`StagingRing::flush`] or [`StagingRing::abandon`] returns.
+    /// `src` stays readable, and `[alloc + at, alloc + at + src.len())` inside one device
+    /// allocation made on (or ordered before) `stream`, until the next
+    /// [`StagingRing::flush`] or [`StagingRing::abandon`] returns.
     pub(crate) unsafe fn stage(
         &mut self,
         stream: &CudaStream,
         src: &[u8],
-        dst: u64,
-    ) -> Result<(), DriverError> {
+        alloc: u64,
+        at: usize,
+    ) -> Result<(), String> {
+        let dst = alloc + at as u64;
         let mut done = 0;
         while done < src.len() {
             if self.fill == self.slot_bytes {
@@ -308,6 +322,7 @@ impl StagingRing {
                 off: self.fill,
                 len: n,
                 dst: dst + done as u64,
+                alloc,
             });
             self.fill += n;
             done += n;
@@ -318,12 +333,13 @@ impl StagingRing {
     /// Send the slot being filled (nothing if it is empty): wait until its previous copies
     /// are done, copy its pieces in on the threads, queue its device copies on `stream`
     /// and record its event; the next slot is filled next.
-    pub(crate) fn flush(&mut self, stream: &CudaStream) -> Result<(), DriverError> {
+    pub(crate) fn flush(&mut self, stream: &CudaStream) -> Result<(), String> {
         if self.pieces.is_empty() {
             return Ok(());
         }
         let slot = &self.slots[self.cur];
-        slot.sent.synchronize()?;
+        let what = |op: &str, e: DriverError| format!("staging slot {}: {op}: {e}", self.cur);
+        slot.sent.synchronize().map_err(|e| what("waiting", e))?;
         let tasks: Vec<Task> = tasks(&self.pieces, TASK_BYTES)
             .into_iter()
             .map(|(src, off, len)| Task {
@@ -336,17 +352,21 @@ impl StagingRing {
         // destinations are disjoint ranges of this slot (pieces never overlap), which no
         // device copy reads any more (its event completed above).
         unsafe { self.pool.run(&tasks) };
-        stream.context().bind_to_thread()?;
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| what("binding", e))?;
         for (off, len, dst) in sends(&self.pieces) {
             // SAFETY: the slot's bytes [off, off + len) were written above and stay
             // untouched until the event recorded below completes; the destination is
             // allocated on or before this stream (`stage`'s contract).
             unsafe {
                 let src = std::slice::from_raw_parts((slot.ptr + off) as *const u8, len);
-                result::memcpy_htod_async(dst, src, stream.cu_stream())?;
+                result::memcpy_htod_async(dst, src, stream.cu_stream())
+                    .map_err(|e| what(&format!("{len} bytes from {off} to {dst:#x}"), e))?;
             }
         }
-        slot.sent.record(stream)?;
+        slot.sent.record(stream).map_err(|e| what("event", e))?;
         self.cur = (self.cur + 1) % self.slots.len();
         self.fill = 0;
         self.pieces.clear();
@@ -428,7 +448,14 @@ mod tests {
     use super::*;
 
     fn piece(src: usize, off: usize, len: usize, dst: u64) -> Piece {
-        Piece { src, off, len, dst }
+        // Allocations of 1000 bytes at multiples of 1000.
+        Piece {
+            src,
+            off,
+            len,
+            dst,
+            alloc: dst / 1000 * 1000,
+        }
     }
 
     #[test]
@@ -443,15 +470,24 @@ mod tests {
 
     #[test]
     fn sends_merge_only_runs_contiguous_in_the_slot_and_on_the_device() {
-        // A unit's three parts follow on in VRAM: one send; the next unit elsewhere: another.
+        // A unit's three parts follow on in VRAM: one send; the next unit elsewhere: another;
+        // a unit in the allocation right after the previous one's end: another too.
         let p = [
             piece(0, 0, 10, 500),
             piece(90, 10, 5, 510),
             piece(40, 15, 5, 515),
             piece(0, 20, 8, 9000),
             piece(0, 28, 2, 9100),
+            piece(0, 30, 900, 9102),
+            piece(0, 930, 4, 10002),
         ];
-        assert_eq!(sends(&p), vec![(0, 20, 500), (20, 8, 9000), (28, 2, 9100)]);
+        let want = vec![
+            (0, 20, 500),
+            (20, 8, 9000),
+            (28, 902, 9100),
+            (930, 4, 10002),
+        ];
+        assert_eq!(sends(&p), want);
     }
 
     #[test]

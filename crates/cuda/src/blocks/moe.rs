@@ -494,18 +494,20 @@ impl GpuDecoder {
                             let sent = match ring.as_deref_mut() {
                                 Some(r) if !from_pinned => {
                                     staged += len as u64;
-                                    let dst = slot.device_ptr(copy).0 + off as u64;
+                                    let base = slot.device_ptr(copy).0;
                                     // SAFETY: `src` stays readable until this batch's flush
                                     // below (the views live until this closure returns, and
-                                    // the ring is abandoned after the walk); the slot was
-                                    // allocated on the copy stream, which sends the ring.
-                                    unsafe { r.stage(copy, src, dst) }
+                                    // the ring is abandoned after the walk); the part's
+                                    // bytes lie inside the slot, one allocation made on the
+                                    // copy stream, which sends the ring.
+                                    unsafe { r.stage(copy, src, base, off) }
                                 }
                                 _ => {
                                     if from_pinned {
                                         pinned += len as u64;
                                     }
                                     copy.memcpy_htod(src, &mut slot.slice_mut(off..off + len))
+                                        .map_err(|e| e.to_string())
                                 }
                             };
                             if let Err(e) = sent {
