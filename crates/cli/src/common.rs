@@ -673,6 +673,14 @@ impl PrintStats for sluice_engine::load::Loaded {
                     s.pin_ns as f64 * 1e-9
                 );
             }
+            if s.staging_bytes > 0 {
+                eprintln!(
+                    "gpu staging ring: {} page-locked | {} of the uploads staged through it ({:.1}%)",
+                    human(s.staging_bytes),
+                    human(s.upload_staged_bytes),
+                    100.0 * s.upload_staged_bytes as f64 / s.upload_bytes.max(1) as f64
+                );
+            }
         }
         if let Some(p) = &self.ple {
             let s = p.stats();

@@ -58,7 +58,6 @@ use crate::forward::products::{mvd_min_blocks, Mvt1Staging};
 use crate::forward::scratch::NextDims;
 use crate::forward::state::{state_mismatch, LayerPtrs, OwnPtrs};
 use crate::launch::{launch, A, PRODUCT_SIGNATURES};
-use crate::lru::Lru;
 use crate::{kernel_format, kernels, Cuda, Device};
 
 pub(crate) mod bufs;
@@ -553,14 +552,8 @@ impl GpuDecoder {
             g.stats.resident_bytes += uploaded;
             g.stats.resident_mats += owned.len() as u64;
         }
-        let units = (experts == ExpertPlacement::Cached).then(|| {
-            Mutex::new(UnitCache {
-                lru: Lru::new(expert_budget),
-                transient: Vec::new(),
-                tab: tab.clone(),
-                chunks: None,
-            })
-        });
+        let units = (experts == ExpertPlacement::Cached)
+            .then(|| Mutex::new(UnitCache::new(expert_budget, tab.clone())));
         Ok(GpuDecoder {
             d,
             stream,

@@ -41,6 +41,7 @@ pub mod forward;
 mod kernels;
 pub mod launch;
 mod lru;
+pub mod staging;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -186,6 +187,11 @@ pub struct CudaStats {
     pub upload_bytes: u64,
     pub upload_ns: u64,
     pub upload_pinned_bytes: u64,
+    /// Of those, bytes that went through the whole forward pass's page-locked staging ring
+    /// (`staging`: copied there from pageable memory first), and the ring's page-locked
+    /// bytes (0 until a miss needed it).
+    pub upload_staged_bytes: u64,
+    pub staging_bytes: u64,
     /// GPU time the compute stream waited for uploads after the products that needed none
     /// (CUDA events: from the end of those products to the end of the uploads).
     pub upload_wait_ns: u64,

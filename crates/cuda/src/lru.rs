@@ -7,6 +7,12 @@
 //! the least recently used entries the caller does not protect (what the call in progress
 //! uses). Knows nothing of CUDA: the values are device buffers in the backend and plain
 //! numbers in the tests below.
+//!
+//! Scan resistance: [`Lru::insert_cold`] adds an entry at the cold end, below every entry
+//! inserted or used the ordinary way, the latest cold insert lowest: a scan (a prefill batch
+//! that needs nearly every expert of each layer, one layer after the other) then evicts its
+//! own previous layer's entries first and leaves what was there before it alone, instead of
+//! flushing the whole cache once per pass.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -21,15 +27,22 @@ struct Entry<V> {
 pub(crate) struct Lru<K, V> {
     map: HashMap<K, Entry<V>>,
     clock: u64,
+    /// The last cold insert's use time (counts down from [`WARM`]).
+    cold: u64,
     held: u64,
     budget: u64,
 }
+
+/// Where the use clock starts: cold inserts count down from just below it, so every cold
+/// entry is older than every entry inserted or used since.
+const WARM: u64 = 1 << 62;
 
 impl<K: Eq + Hash + Copy, V> Lru<K, V> {
     pub(crate) fn new(budget: u64) -> Self {
         Lru {
             map: HashMap::new(),
-            clock: 0,
+            clock: WARM,
+            cold: WARM,
             held: 0,
             budget,
         }
@@ -94,9 +107,21 @@ impl<K: Eq + Hash + Copy, V> Lru<K, V> {
 
     /// Add `k` (replacing any entry it had), used now.
     pub(crate) fn insert(&mut self, k: K, value: V, len: u64) {
+        let clock = self.clock;
+        self.insert_at(k, value, len, clock);
+    }
+
+    /// Add `k` (replacing any entry it had) at the cold end: the next to be evicted, before
+    /// every other entry, until a [`Lru::touch`] makes it used now.
+    pub(crate) fn insert_cold(&mut self, k: K, value: V, len: u64) {
+        self.cold -= 1;
+        let cold = self.cold;
+        self.insert_at(k, value, len, cold);
+    }
+
+    fn insert_at(&mut self, k: K, value: V, len: u64, last_use: u64) {
         self.remove(&k);
         self.held += len;
-        let last_use = self.clock;
         self.map.insert(
             k,
             Entry {
@@ -153,5 +178,28 @@ mod tests {
         assert_eq!(c.held(), 25);
         assert_eq!(c.remove(&2), None);
         assert_eq!(c.budget(), 100);
+    }
+
+    #[test]
+    fn cold_inserts_go_first_latest_first_and_get_does_not_promote() {
+        let mut c = cache(50, &[1, 2, 3]); // warm, 1 the oldest
+        c.tick();
+        c.insert_cold(4, 400, 10);
+        c.tick();
+        c.insert_cold(5, 500, 10);
+        // A lookup that does not promote leaves 4 and 5 cold.
+        c.tick();
+        assert_eq!(c.get(&4), Some(&400));
+        assert_eq!(c.make_room(10, |_| false), (1, true));
+        assert!(c.get(&5).is_none() && c.get(&4).is_some());
+        assert_eq!(c.make_room(30, |_| false), (2, true));
+        // Then 4 (the other cold one), then the least recently used warm entry.
+        assert!(c.get(&4).is_none() && c.get(&1).is_none() && c.get(&2).is_some());
+        // A touch makes a cold entry the most recently used.
+        c.insert_cold(6, 600, 10);
+        c.tick();
+        assert!(c.touch(&6).is_some());
+        assert_eq!(c.make_room(40, |_| false), (2, true));
+        assert!(c.get(&6).is_some() && c.get(&2).is_none() && c.get(&3).is_none());
     }
 }

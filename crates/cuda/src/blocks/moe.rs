@@ -25,6 +25,7 @@ use crate::forward::{
     MVG_N,
 };
 use crate::lru::Lru;
+use crate::staging::{Staging, StagingConfig};
 use crate::{kernel_format, kernels};
 
 /// A MoE layer in VRAM.
@@ -73,6 +74,33 @@ pub(crate) struct UnitCache {
     pub(crate) tab: Vec<u64>,
     /// The layer's chunk table built on the host ([`layer_table`]).
     pub(crate) chunks: Option<CudaSlice<u8>>,
+    /// Scan resistance (`SLUICE_CUDA_SCAN=0`: plain LRU): a batch that needs at least half
+    /// of a layer's experts, with at least as many (token, slot) rows as experts, neither
+    /// promotes its hits nor puts its misses anywhere but at the cold end ([`Lru::insert_cold`]).
+    pub(crate) scan: bool,
+    /// Uploads of misses from pageable memory through the page-locked ring.
+    pub(crate) staging: Staging,
+}
+
+impl UnitCache {
+    /// An empty cache of `budget` bytes over the host pointer table `tab`; scan resistance
+    /// and the staging ring as the environment says.
+    pub(crate) fn new(budget: u64, tab: Vec<u64>) -> UnitCache {
+        UnitCache {
+            lru: Lru::new(budget),
+            transient: Vec::new(),
+            tab,
+            chunks: None,
+            scan: !std::env::var("SLUICE_CUDA_SCAN").is_ok_and(|v| v == "0"),
+            staging: Staging::new(StagingConfig::from_env()),
+        }
+    }
+
+    /// Whether a layer's batch of `rows` (token, slot) rows needing `needed` of its
+    /// `n_expert` units is a scan (see `scan`).
+    pub(crate) fn is_scan(&self, rows: usize, needed: usize, n_expert: usize) -> bool {
+        self.scan && rows >= n_expert && 2 * needed >= n_expert
+    }
 }
 
 /// One MoE layer's expert chunks when experts come through the VRAM unit cache: `hit`
@@ -368,11 +396,18 @@ impl GpuDecoder {
             offs[pi] = offs[pi - 1] + sizes[pi - 1];
         }
         let (mut hit_units, mut misses) = (Vec::new(), Vec::new());
+        let scan = uc.is_scan(ids.len(), needed.len(), n_expert);
         for &u in &needed {
             uc.lru.tick();
-            match uc.lru.touch(&(il, u)) {
-                Some(_) => hit_units.push(u),
-                None => misses.push(u),
+            let hit = if scan {
+                uc.lru.get(&(il, u)).is_some()
+            } else {
+                uc.lru.touch(&(il, u)).is_some()
+            };
+            if hit {
+                hit_units.push(u);
+            } else {
+                misses.push(u);
             }
         }
         // The previous layer's kernels are done (its ids were downloaded after them).
@@ -423,10 +458,11 @@ impl GpuDecoder {
         let mut transient_bytes = 0u64;
         // Time spent copying (not waiting for the expert source's reads).
         let mut copy_ns = 0u64;
-        let (mut uploaded, mut pinned) = (0u64, 0u64);
+        let (mut uploaded, mut pinned, mut staged) = (0u64, 0u64, 0u64);
         let mut failed: Option<ModelError> = None;
         let copy = &self.copy;
         if !misses.is_empty() {
+            let mut ring = uc.staging.ring(&self.d.ctx);
             let walked = env
                 .experts
                 .for_each_batch(env.map, il, &misses, &mut |batch| {
@@ -460,12 +496,27 @@ impl GpuDecoder {
                                 )));
                                 return Err(Stop);
                             }
-                            if self.d.host().covers(src.as_ptr() as usize, len) {
-                                pinned += len as u64;
-                            }
-                            if let Err(e) =
-                                copy.memcpy_htod(src, &mut slot.slice_mut(off..off + len))
-                            {
+                            let from_pinned = self.d.host().covers(src.as_ptr() as usize, len);
+                            let sent = match ring.as_deref_mut() {
+                                Some(r) if !from_pinned => {
+                                    staged += len as u64;
+                                    let base = slot.device_ptr(copy).0;
+                                    // SAFETY: `src` stays readable until this batch's flush
+                                    // below (the views live until this closure returns, and
+                                    // the ring is abandoned after the walk); the part's
+                                    // bytes lie inside the slot, one allocation made on the
+                                    // copy stream, which sends the ring.
+                                    unsafe { r.stage(copy, src, base, off) }
+                                }
+                                _ => {
+                                    if from_pinned {
+                                        pinned += len as u64;
+                                    }
+                                    copy.memcpy_htod(src, &mut slot.slice_mut(off..off + len))
+                                        .map_err(|e| e.to_string())
+                                }
+                            };
+                            if let Err(e) = sent {
                                 failed = Some(err("expert upload", e));
                                 return Err(Stop);
                             }
@@ -475,7 +526,11 @@ impl GpuDecoder {
                         uploaded += unit_bytes as u64;
                         if keep {
                             in_cache += 1;
-                            uc.lru.insert((il, u), slot, unit_bytes as u64);
+                            if scan {
+                                uc.lru.insert_cold((il, u), slot, unit_bytes as u64);
+                            } else {
+                                uc.lru.insert((il, u), slot, unit_bytes as u64);
+                            }
                         } else {
                             transient_bytes += unit_bytes as u64;
                             uc.transient.push((u, slot));
@@ -484,6 +539,10 @@ impl GpuDecoder {
                     // The views are released when this returns: their copies must be done
                     // (the hits' products keep running on the compute stream meanwhile).
                     let c0 = std::time::Instant::now();
+                    if let Some(Err(e)) = ring.as_deref_mut().map(|r| r.flush(copy)) {
+                        failed = Some(err("expert upload", e));
+                        return Err(Stop);
+                    }
                     if let Err(e) = copy.synchronize() {
                         failed = Some(err("expert upload", e));
                         return Err(Stop);
@@ -491,6 +550,9 @@ impl GpuDecoder {
                     copy_ns += c0.elapsed().as_nanos() as u64;
                     Ok(())
                 });
+            if let Some(r) = ring {
+                r.abandon();
+            }
             if let Some(e) = failed {
                 return Err(e);
             }
@@ -498,6 +560,7 @@ impl GpuDecoder {
             write_rows(uc, &misses)?;
         }
         let peak = uc.lru.held();
+        let ring_bytes = uc.staging.bytes();
         let mut g = self.d.lock();
         let s = &mut g.stats;
         s.expert_hits += hit_units.len() as u64;
@@ -507,6 +570,8 @@ impl GpuDecoder {
         s.transient_bytes += transient_bytes;
         s.upload_bytes += uploaded;
         s.upload_pinned_bytes += pinned;
+        s.upload_staged_bytes += staged;
+        s.staging_bytes = ring_bytes;
         s.expert_bytes = peak;
         s.expert_peak = s.expert_peak.max(peak);
         s.upload_ns += copy_ns;
