@@ -255,13 +255,6 @@ pub(super) fn f16_to_f32(h: u16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
 
-/// f16 bits to f32 through the table (the AVX-512 tier's row kernels, not measured with
-/// [`f16_to_f32`] on a machine of that tier yet).
-#[inline]
-pub(super) fn f16_lookup(h: u16, tab: &[f32; 65536]) -> f32 {
-    tab[h as usize]
-}
-
 /// `f16_to_f32` with the row kernels' signature (the table is not read).
 #[inline]
 #[target_feature(enable = "f16c")]
@@ -295,7 +288,24 @@ pub(super) fn decode_q8_0_f16c(b: &[u8; Q8_0_BYTES], _tab: &[f32; 65536]) -> (f3
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn decode_q5_0(b: &[u8; Q5_0_BYTES], tab: &[f32; 65536]) -> (f32, __m256i) {
-    let d = tab[u16::from_le_bytes([b[0], b[1]]) as usize];
+    (
+        tab[u16::from_le_bytes([b[0], b[1]]) as usize],
+        q5_0_quants(b),
+    )
+}
+
+/// [`decode_q5_0`] with the scale converted by F16C instead of the table (same bits; the
+/// single-token row kernels, where the table competes with the streamed weights).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn decode_q5_0_f16c(b: &[u8; Q5_0_BYTES], _tab: &[f32; 65536]) -> (f32, __m256i) {
+    (f16_to_f32(u16::from_le_bytes([b[0], b[1]])), q5_0_quants(b))
+}
+
+/// The 32 quants of a Q5_0 block as `q - 16` in -16..=15.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn q5_0_quants(b: &[u8; Q5_0_BYTES]) -> __m256i {
     let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
     // Byte e of `bits` is 0xFF when bit e of qh is set.
     let shuf = _mm256_set_epi64x(
@@ -314,7 +324,7 @@ pub(super) fn decode_q5_0(b: &[u8; Q5_0_BYTES], tab: &[f32; 65536]) -> (f32, __m
     );
     // (nib | 0x10 if bit) - 16 == nib if bit else nib | 0xF0 (as i8).
     let hi = _mm256_andnot_si256(bits, _mm256_set1_epi8(0xF0u8 as i8));
-    (d, _mm256_or_si256(nib, hi))
+    _mm256_or_si256(nib, hi)
 }
 
 crate::q8_like_kernel!(
@@ -330,7 +340,7 @@ crate::q8_like_kernel!(
     dot_q5_0,
     rows_q5_0,
     Q5_0_BYTES,
-    decode_q5_0,
+    decode_q5_0_f16c,
     f16_convert,
     "avx2,fma,f16c",
     |a, s| { _mm256_madd_epi16(_mm256_maddubs_epi16(a, s), _mm256_set1_epi16(1)) }
