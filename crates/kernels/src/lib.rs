@@ -580,8 +580,10 @@ pub struct PreparedBatch {
 
 enum BatchActs {
     Generic(Vec<QuantizedActs>),
+    /// Q5_0 / Q4_0 on the AVX2 tier, the 32-element block formats on the AVX-512 tier (the
+    /// backend holds the token).
     #[cfg(target_arch = "x86_64")]
-    PackedQ8(x86::Avx512, Vec<x86::PackedQ8>),
+    PackedQ8(Vec<x86::PackedQ8>),
     /// Q2_K-Q6_K on the AVX2 or AVX-512 tier (the backend holds the token).
     #[cfg(target_arch = "x86_64")]
     PackedQ8K(Vec<x86::PackedQ8K>),
@@ -755,14 +757,18 @@ impl PreparedBatch {
                 }
             }
             #[cfg(target_arch = "x86_64")]
-            BatchActs::PackedQ8(tok, acts) => {
+            BatchActs::PackedQ8(acts) => {
                 if !matches!(scratch.0, Some(BatchScratchInner::Q8(_))) {
                     *scratch = self.scratch();
                 }
                 let Some(BatchScratchInner::Q8(s)) = &mut scratch.0 else {
                     unreachable!("scratch made for this batch")
                 };
-                tok.matmul_q8_rows(ty, w_rows, rb, acts, s, out);
+                match self.be {
+                    Backend::Avx512(tok) => tok.matmul_q8_rows(ty, w_rows, rb, acts, s, out),
+                    Backend::Avx2(tok) => tok.matmul_q8_rows(ty, w_rows, rb, acts, s, out),
+                    Backend::Scalar => unreachable!("packed only on the x86 tiers"),
+                }
             }
             #[cfg(target_arch = "x86_64")]
             BatchActs::PackedQ8K(acts) => {

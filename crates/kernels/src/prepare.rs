@@ -22,7 +22,8 @@ const TOKENS_PER_ITEM: usize = 4;
 /// The form an input is prepared in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Form {
-    /// Packed Q8_0 blocks (AVX-512, the 32-element block formats with Q8_0 activations).
+    /// Packed Q8_0 blocks (AVX-512: the 32-element block formats with Q8_0 activations;
+    /// AVX2: Q5_0 and Q4_0).
     PackedQ8,
     /// Packed Q8_K blocks (AVX2 / AVX-512, Q4_K and Q6_K).
     PackedQ8K,
@@ -36,6 +37,11 @@ fn form(be: Backend, ty: GgmlType, n: usize, cols: usize) -> Form {
         use GgmlType::*;
         if n >= 2 && cols > 0 {
             if let (Backend::Avx512(_), Q5_0 | Q8_0 | Q4_0 | IQ4_NL | MXFP4) = (be, ty) {
+                return Form::PackedQ8;
+            }
+            // AVX2: only the formats whose unsigned quants keep `maddubs` exact (no i16
+            // saturation): Q5_0 (0..=31) and Q4_0 (0..=15).
+            if let (Backend::Avx2(_), Q5_0 | Q4_0) = (be, ty) {
                 return Form::PackedQ8;
             }
             if let (Backend::Avx2(_) | Backend::Avx512(_), Q2_K | Q3_K | Q4_K | Q5_K | Q6_K) =
@@ -233,9 +239,8 @@ fn batch_acts(be: Backend, form: Form, toks: Vec<TokenActs>) -> BatchActs {
     let _ = (be, form);
     #[cfg(target_arch = "x86_64")]
     match (form, be) {
-        (Form::PackedQ8, Backend::Avx512(tok)) => {
+        (Form::PackedQ8, _) => {
             return BatchActs::PackedQ8(
-                tok,
                 toks.into_iter()
                     .map(|t| match t {
                         TokenActs::Q8(p) => p,

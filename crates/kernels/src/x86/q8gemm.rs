@@ -1,4 +1,5 @@
-//! Register-blocked matmul for Q8_0-activation weights (Q8_0, Q5_0) on the AVX-512 tier.
+//! Register-blocked matmul for Q8_0-activation weights: the 32-element block formats on the
+//! AVX-512 tier (VNNI), Q5_0 and Q4_0 on the AVX2 tier (`maddubs`, see [`tile_avx2`]).
 //!
 //! Owns: [`PackedQ8`] (one token's Q8_0 activations with per-block f32 scales and offset
 //! corrections), the decode of a few weight rows into unsigned bytes once per matmul, and
@@ -266,6 +267,105 @@ impl super::Avx512 {
                     3 | 4 => by_tokens!(2),
                     5 | 6 => by_tokens!(3),
                     _ => by_tokens!(4),
+                }
+            }
+        }
+    }
+}
+
+/// `out[k][t] = row rs[k] . token t` on the AVX2 tier, for Q5_0 / Q4_0 weights only: each
+/// (row, token, block) i32 lane is `madd(maddubs(u, qy), 1) + corr`, the exact integer of
+/// the single-row kernel (`u` is at most 31, so a `maddubs` pair sum is at most
+/// 2 * 31 * 128 < 2^15 and never saturates; Q8_0's shifted 0..=255 would). Then the float
+/// steps of the single-row kernel: `dx * dy` rounded to f32, FMA into an 8-lane
+/// accumulator in block order, `hsum8`. The weight rows are decoded once per matmul
+/// instead of once per token tile.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_avx2<const R: usize, const N: usize>(
+    w: &DecodedRows,
+    rs: [usize; R],
+    ys: [&PackedQ8; N],
+) -> [[f32; N]; R] {
+    let nb = w.nb;
+    for &r in &rs {
+        assert!((r + 1) * nb <= w.blocks.len(), "decoded row in range");
+    }
+    for y in &ys {
+        assert!(y.blocks.len() >= nb, "activation blocks in range");
+    }
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); N]; R];
+    for i in 0..nb {
+        for (k, acck) in acc.iter_mut().enumerate() {
+            let wb = &w.blocks[rs[k] * nb + i];
+            let u = ld256(&wb.u);
+            for (t, a) in acck.iter_mut().enumerate() {
+                let yb = &ys[t].blocks[i];
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, ld256_i8(&yb.qs)), ones);
+                let s = _mm256_add_epi32(p, ld256_corr(&yb.corr));
+                let dd = _mm256_set1_ps(wb.d * yb.d);
+                *a = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), *a);
+            }
+        }
+    }
+    let mut out = [[0.0f32; N]; R];
+    for k in 0..R {
+        for t in 0..N {
+            out[k][t] = hsum8(acc[k][t]);
+        }
+    }
+    out
+}
+
+/// Rows and tokens per tile of the AVX2 kernel.
+const TR_AVX2: usize = 4;
+const TN_AVX2: usize = 2;
+
+impl super::Avx2 {
+    /// [`super::Avx512::matmul_q8_rows`] on the AVX2 tier, for Q5_0 / Q4_0 weights only
+    /// (the batch preparation picks this form for those): the same bits as the single-row
+    /// kernels.
+    pub(crate) fn matmul_q8_rows(
+        self,
+        ty: GgmlType,
+        w: &[u8],
+        rb: usize,
+        acts: &[PackedQ8],
+        scratch: &mut DecodedRows,
+        out: &mut impl RowsOut,
+    ) {
+        assert!(
+            matches!(ty, GgmlType::Q5_0 | GgmlType::Q4_0),
+            "AVX2 packed matmul is exact only for Q5_0 / Q4_0"
+        );
+        let nrows = out.rows();
+        for g in 0..nrows.div_ceil(TR) {
+            let nr = (nrows - g * TR).min(TR);
+            let rows = &w[g * TR * rb..(g * TR + nr) * rb];
+            // SAFETY: the token proves the CPU has AVX2/FMA/F16C; slices only.
+            unsafe { decode_rows(ty, rows, scratch) };
+            for k0 in (0..nr).step_by(TR_AVX2) {
+                let kn = (nr - k0).min(TR_AVX2);
+                // Row k0 + k of the group, or its last row past the end (computed, not stored).
+                let rs: [usize; TR_AVX2] = core::array::from_fn(|k| (k0 + k).min(nr - 1));
+                for (tc, a) in acts.chunks(TN_AVX2).enumerate() {
+                    let t0 = tc * TN_AVX2;
+                    macro_rules! run {
+                        ($($t:literal),*) => {{
+                            // SAFETY: the token proves the CPU has the kernel's features;
+                            // the kernel reads only through the slices it is given.
+                            let o = unsafe {
+                                tile_avx2::<TR_AVX2, { [$($t),*].len() }>(scratch, rs, [$(&a[$t]),*])
+                            };
+                            for (k, orow) in o.iter().take(kn).enumerate() {
+                                out.put(g * TR + k0 + k, t0, orow);
+                            }
+                        }};
+                    }
+                    match a.len() {
+                        1 => run!(0),
+                        _ => run!(0, 1),
+                    }
                 }
             }
         }
