@@ -348,11 +348,14 @@ __device__ __forceinline__ void mvt_chunks(u8* __restrict__ smem, int stages, in
 #pragma unroll
                 for (int i = 0; i < 4; i++) gp[((warp + W * ci) * 4 + i) * 32 + lane] = acc[ci][0][i];
         __threadfence();
+        __syncthreads();  // every thread's partial sums written and fenced
+        // The staging area is free (the loop's last barrier): its first word says whether
+        // this block is the tile's last (no static shared memory: the kernel may take all
+        // the dynamic shared memory a block can have).
+        int* last = (int*)smem;
+        if (threadIdx.x == 0) *last = atomicAdd(gcnt + slot, 1) == CPW - 1;
         __syncthreads();
-        __shared__ int last;
-        if (threadIdx.x == 0) last = atomicAdd(gcnt + slot, 1) == CPW - 1;
-        __syncthreads();
-        if (!last) return;
+        if (!*last) return;
         __threadfence();
         // The tile's last block: element e = warp of every chain's fragments, as below.
         const int e = warp;
