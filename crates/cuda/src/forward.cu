@@ -211,29 +211,18 @@ __device__ __forceinline__ void mvt_stage(u8* __restrict__ dst, const u8* __rest
 
 // `smem`: `stages` staging buffers of `stage_bytes` (a multiple of 16, at least MVT_ROWS
 // rows of `step` columns) during the column loop, then the partial sums (MVT_PART).
-//
-// SPLIT (the decode kernel `mvd_*` given `gpart`, for launches of few tiles): the CPW
-// chains a warp would run go to CPW blocks instead (block x = tile * CPW + ci runs chain
-// warp + W ci of each warp), so a tile's 16 chains spread over CPW blocks; each block
-// writes its chains' fragments to `gpart` (slot = the tile's place in the launch), and the
-// tile's last block to finish (counted in `gcnt[slot]`, which it sets back to 0) adds the
-// 16 chains in the same fixed tree. The same chains and the same tree: the same bits.
-template <int TY, int TILES, bool ASYNC, int W = MVT_WARPS, bool SPLIT = false>
+template <int TY, int TILES, bool ASYNC, int W = MVT_WARPS>
 __device__ __forceinline__ void mvt_chunks(u8* __restrict__ smem, int stages, int step,
                                            int stage_bytes, const u64* __restrict__ wtab,
                                            const Chunk* __restrict__ chunks,
                                            const int* __restrict__ n_chunks,
                                            const float* __restrict__ X, int x_div,
                                            float* __restrict__ Y, int out_rows, int cols,
-                                           long long row_bytes, int bx,
-                                           float* __restrict__ gpart = nullptr,
-                                           int* __restrict__ gcnt = nullptr) {
+                                           long long row_bytes, int bx) {
     // W warps run the MVT_WARPS chains of partial sums: warp w the chains w, w + W, ..
     // (CPW of them), each over the same column groups in the same order whatever W.
     static_assert(MVT_WARPS % W == 0 && W >= TILES * 4, "warps");
-    static_assert(!SPLIT || TILES == 1, "split: one tile");
     constexpr int CPW = MVT_WARPS / W;
-    const int split_ci = SPLIT ? (int)(blockIdx.x % CPW) : 0;
     if ((int)blockIdx.y >= *n_chunks) return;
     const Chunk* c = chunks + blockIdx.y;
     const int count = c->count;
@@ -297,7 +286,6 @@ __device__ __forceinline__ void mvt_chunks(u8* __restrict__ smem, int stages, in
         for (int kb = 0; kb < ng; kb += MVT_WARPS) {
 #pragma unroll
             for (int ci = 0; ci < CPW; ci++) {
-                if (SPLIT && ci != split_ci) continue;
                 const int kl = kb + warp + W * ci;
                 if (kl >= ng) continue;
                 const int kc = (k0 >> 5) + kl;
@@ -338,40 +326,6 @@ __device__ __forceinline__ void mvt_chunks(u8* __restrict__ smem, int stages, in
             }
         }
         __syncthreads();  // step s's buffer is free for the next copy into it
-    }
-    if (SPLIT) {
-        const int slot = (int)blockIdx.y * (int)(gridDim.x / CPW) + (int)(blockIdx.x / CPW);
-        float* gp = gpart + (size_t)slot * MVT_WARPS * 4 * 32;
-#pragma unroll
-        for (int ci = 0; ci < CPW; ci++)
-            if (ci == split_ci)
-#pragma unroll
-                for (int i = 0; i < 4; i++) gp[((warp + W * ci) * 4 + i) * 32 + lane] = acc[ci][0][i];
-        __threadfence();
-        __syncthreads();  // every thread's partial sums written and fenced
-        // The staging area is free (the loop's last barrier): its first word says whether
-        // this block is the tile's last (no static shared memory: the kernel may take all
-        // the dynamic shared memory a block can have).
-        int* last = (int*)smem;
-        if (threadIdx.x == 0) *last = atomicAdd(gcnt + slot, 1) == CPW - 1;
-        __syncthreads();
-        if (!*last) return;
-        __threadfence();
-        // The tile's last block: element e = warp of every chain's fragments, as below.
-        const int e = warp;
-        if (e >= 4) return;
-        float s[MVT_WARPS];
-#pragma unroll
-        for (int w = 0; w < MVT_WARPS; w++) s[w] = __ldcg(gp + (w * 4 + e) * 32 + lane);
-#pragma unroll
-        for (int st = 1; st < MVT_WARPS; st <<= 1)
-#pragma unroll
-            for (int w = 0; w < MVT_WARPS; w += 2 * st) s[w] += s[w + st];
-        const int r = r0 + g + (((e & 3) >> 1) << 3);
-        const int t = 2 * q + (e & 1);
-        if (r < out_rows && t < count) Y[(size_t)c->rows[t] * out_rows + r] = s[0];
-        if (threadIdx.x == 0) gcnt[slot] = 0;
-        return;
     }
     // (The loop's last barrier: the staging area becomes the partial sums.)
     float(*part)[TILES * 4][32] = (float(*)[TILES * 4][32])smem;
@@ -428,10 +382,10 @@ struct Parts {
 };
 __device__ __forceinline__ Parts pick_part(const u64* w0, const u64* w1, const u64* w2,
                                            float* y0, float* y1, float* y2, int rows0,
-                                           int rows1, int rows2, int per_block,
-                                           int bx = blockIdx.x) {
+                                           int rows1, int rows2, int per_block) {
     const int b0 = (rows0 + per_block - 1) / per_block;
     const int b1 = (rows1 + per_block - 1) / per_block;
+    const int bx = blockIdx.x;
     if (bx < b0) return Parts{w0, y0, rows0, bx};
     if (bx < b0 + b1) return Parts{w1, y1, rows1, bx - b0};
     return Parts{w2, y2, rows2, bx - b0 - b1};
@@ -468,22 +422,9 @@ __device__ __forceinline__ Parts pick_part(const u64* w0, const u64* w1, const u
     /* The decode kernel again with MVD_WARPS warps a block (each runs MVT_WARPS / MVD_WARPS  \
        chains): the same chains, so the same bits as mvt1_ / mvt_, in smaller blocks (more of \
        them in flight per SM). Dynamic shared memory as mvt1_'s. */                           \
-    /* With gpart (and gcnt) given: the split form (mvt_chunks' SPLIT), MVT_WARPS /        \
-       MVD_WARPS blocks a tile. */                                                            \
     extern "C" __global__ void __launch_bounds__(MVD_WARPS * 32)                              \
-        mvd_##name(MV_PARAMS, int stages, int step, int stage_bytes, float* gpart,            \
-                   int* gcnt) {                                                               \
+        mvd_##name(MV_PARAMS, int stages, int step, int stage_bytes) {                        \
         extern __shared__ __align__(16) u8 dsmem[];                                           \
-        if (gpart) {                                                                          \
-            constexpr int CPW = MVT_WARPS / MVD_WARPS;                                        \
-            const Parts pp = pick_part(w0, w1, w2, y0, y1, y2, rows0, rows1, rows2, MVT_ROWS, \
-                                       blockIdx.x / CPW);                                     \
-            mvt_chunks<TY, 1, true, MVD_WARPS, true>(dsmem, stages, step, stage_bytes, pp.w,  \
-                                                     chunks, n_chunks, X, x_div, pp.y,        \
-                                                     pp.rows, cols, row_bytes, pp.bx, gpart,  \
-                                                     gcnt);                                   \
-            return;                                                                           \
-        }                                                                                     \
         const Parts pp = PICK_PART(MVT_ROWS);                                                 \
         mvt_chunks<TY, 1, true, MVD_WARPS>(dsmem, stages, step, stage_bytes, pp.w, chunks,    \
                                            n_chunks, X, x_div, pp.y, pp.rows, cols,          \

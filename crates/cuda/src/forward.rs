@@ -54,7 +54,7 @@ use crate::blocks::qsa::DQsa;
 use crate::blocks::{attention, dsv4_attention, hyper, mla, moe};
 use crate::forward::bufs::{FfnDims, HeadBufs, Io, ResidualBufs};
 use crate::forward::check::{glm5next_parts, qwen4exp_parts};
-use crate::forward::products::{mvd_min_blocks, Mvt1Staging, SPLIT_SLOTS, SPLIT_SLOT_FLOATS};
+use crate::forward::products::{mvd_min_blocks, Mvt1Staging};
 use crate::forward::scratch::NextDims;
 use crate::forward::state::{state_mismatch, LayerPtrs, OwnPtrs};
 use crate::launch::{launch, A, PRODUCT_SIGNATURES};
@@ -153,7 +153,7 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("mvg_", "PPPPPPIPPPIIIIL"),
     ("mvt_", "PPPPPPIPPPIIIIL"),
     ("mvt1_", "PPPPPPIPPPIIIILIII"),
-    ("mvd_", "PPPPPPIPPPIIIILIIIPP"),
+    ("mvd_", "PPPPPPIPPPIIIILIII"),
     ("embed_", "PLPPIF"),
     ("rms_norm_rows", "PPPPIF"),
     ("residual_norm", "PPPPPIFPPPPI"),
@@ -309,14 +309,6 @@ pub struct GpuDecoder {
     /// step's resident experts' chunk table written by `topk_route` (no `moe_chunks`), the
     /// MoE combine inside the next `residual_norm` (no `moe_combine`).
     pub(crate) fuse: bool,
-    /// The split decode product's partial sums and per-tile counts (`mvd_*` given them:
-    /// a tile's 16 chains over 4 blocks, for launches of at most [`SPLIT_SLOTS`] tiles;
-    /// `SLUICE_CUDA_SPLIT=0`: none, for A/B; the same bits) and their device addresses.
-    pub(crate) split: Option<[u64; 2]>,
-    /// The most tiles a split launch takes ([`SPLIT_SLOTS`], or fewer by
-    /// `SLUICE_CUDA_SPLIT_MAX_TILES`, for A/B).
-    pub(crate) split_max: usize,
-    pub(crate) _split_bufs: Option<(CudaSlice<f32>, CudaSlice<i32>)>,
     /// The plan's MLA layers' shape (`DecoderPlan::mla_shape`; checked to be every one's),
     /// or its pooled layers' absorbed view.
     pub(crate) mla: Option<MlaShape>,
@@ -564,21 +556,6 @@ impl GpuDecoder {
             g.stats.resident_bytes += uploaded;
             g.stats.resident_mats += owned.len() as u64;
         }
-        let off = |var: &str, v: &str| std::env::var(var).is_ok_and(|x| x == v);
-        let split_bufs = if off("SLUICE_CUDA_SPLIT", "0") || off("SLUICE_CUDA_DECODE", "mvt1") {
-            None
-        } else {
-            let part = stream
-                .alloc_zeros::<f32>(SPLIT_SLOTS * SPLIT_SLOT_FLOATS)
-                .map_err(|e| format!("split products' partial sums: {e}"))?;
-            let cnt = stream
-                .alloc_zeros::<i32>(SPLIT_SLOTS)
-                .map_err(|e| format!("split products' counts: {e}"))?;
-            Some((part, cnt))
-        };
-        let split = split_bufs
-            .as_ref()
-            .map(|(p, c)| [p.device_ptr(&stream).0, c.device_ptr(&stream).0]);
         let units = (experts == ExpertPlacement::Cached)
             .then(|| Mutex::new(UnitCache::new(expert_budget, tab.clone())));
         Ok(GpuDecoder {
@@ -593,12 +570,6 @@ impl GpuDecoder {
             mvd,
             mvd_min_blocks: mvd_min_blocks(),
             fuse: std::env::var("SLUICE_CUDA_FUSE").map_or(true, |v| v != "0"),
-            split,
-            split_max: std::env::var("SLUICE_CUDA_SPLIT_MAX_TILES")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .map_or(SPLIT_SLOTS, |v| v.min(SPLIT_SLOTS)),
-            _split_bufs: split_bufs,
             mla: plan
                 .mla_shape()
                 .or(plan.layers.iter().find_map(|l| match &l.attn {

@@ -694,8 +694,6 @@ pub(crate) struct Mv {
     pub(crate) cols: i32,
     pub(crate) row_bytes: i64,
     pub(crate) staging: Option<[i32; 3]>,
-    /// `mvd_*` only: the split form's partial sums and counts (`[0, 0]`: not split).
-    pub(crate) split: Option<[u64; 2]>,
 }
 
 impl Mv {
@@ -728,9 +726,6 @@ impl Mv {
         ];
         if let Some([stages, step, stage_bytes]) = self.staging {
             args.extend([A::I(stages), A::I(step), A::I(stage_bytes)]);
-        }
-        if let Some([gpart, gcnt]) = self.split {
-            args.extend([A::P(gpart), A::P(gcnt)]);
         }
         dec.launch_smem(k, grid, threads, smem, &args)
     }
@@ -908,13 +903,10 @@ pub(crate) mod tests {
         );
         let open = s.find("mvd_##name(MV_PARAMS,").expect("mvd_") + "mvd_##name(MV_PARAMS,".len();
         let close = open + s[open..].find(')').expect(")");
-        assert_eq!(
-            names(&s[open..close]),
-            ["stages", "step", "stage_bytes", "gpart", "gcnt"]
-        );
+        assert_eq!(names(&s[open..close]), ["stages", "step", "stage_bytes"]);
         assert_eq!(
             crate::forward::kernel_signature("mvd_q8_0"),
-            Some("PPPPPPIPPPIIIILIIIPP")
+            Some("PPPPPPIPPPIIIILIII")
         );
     }
 }

@@ -35,18 +35,6 @@ pub(crate) const MVD_STAGES: usize = 4;
 /// -> 34.8, the head (19) 9.5 -> 17.4: fewer blocks than SMs' worth leave `mvd_*` slower.
 pub(crate) const MVD_MIN_BLOCKS: usize = 512;
 
-/// Tiles (16-row blocks x chunks) a split decode product may have: its partial sums take
-/// [`SPLIT_SLOT_FLOATS`] floats a tile (16 chains x 4 fragment elements x 32 lanes).
-/// Decode launches of fewer blocks than [`MVD_MIN_BLOCKS`] (q + k + v, o, a small head)
-/// run split: `mvd_*` with a tile's 16 chains over 4 blocks of 4 warps, the last block of
-/// a tile adding them (forward.cu, `mvt_chunks`' SPLIT; the same bits as `mvt1_*`).
-pub(crate) const SPLIT_SLOTS: usize = 2048;
-
-pub(crate) const SPLIT_SLOT_FLOATS: usize = 16 * 4 * 32;
-
-/// Blocks a tile of the split decode product takes (`MVT_WARPS / MVD_WARPS`).
-const SPLIT_BLOCKS: usize = 4;
-
 pub(crate) const MVG_ROWS: usize = 4;
 
 pub(crate) const MVG_THREADS: u32 = MVG_ROWS as u32 * 32;
@@ -191,13 +179,8 @@ impl GpuDecoder {
             // matrices: o, the head), whose column steps its warps share. The same bits.
             let tiles: usize = group.iter().map(|(d, _)| d.rows.div_ceil(MVT_ROWS)).sum();
             let use_mvd = decode && tiles * grid_y >= self.mvd_min_blocks;
-            // Fewer tiles: the split form of `mvd_*` (4 blocks a tile), where it has room.
-            let split = match self.split {
-                Some(sp) if decode && !use_mvd && tiles * grid_y <= self.split_max => Some(sp),
-                _ => None,
-            };
             let (k, rows_per_block, threads) = match mvt {
-                Some([_, _, d]) if use_mvd || split.is_some() => (d, MVT_ROWS, MVD_THREADS),
+                Some([_, _, d]) if use_mvd => (d, MVT_ROWS, MVD_THREADS),
                 Some([one, four, _]) => (if small { one } else { four }, MVT_ROWS, MVT_THREADS),
                 None => (&self.f.mvg[m.fi], MVG_ROWS, MVG_THREADS),
             };
@@ -207,16 +190,11 @@ impl GpuDecoder {
             let blocks: usize = [p0.1, p1.1, p2.1]
                 .iter()
                 .map(|r| r.div_ceil(rows_per_block))
-                .sum::<usize>()
-                * if split.is_some() { SPLIT_BLOCKS } else { 1 };
+                .sum();
             let mut smem = 0;
             let mut staging = None;
             if decode {
-                let st = if use_mvd || split.is_some() {
-                    &self.mvd
-                } else {
-                    &self.mvt1
-                };
+                let st = if use_mvd { &self.mvd } else { &self.mvt1 };
                 let (stages, step, stage, bytes) = st.layout(m.cols, m.row_bytes as usize);
                 staging = Some([stages as i32, step as i32, stage as i32]);
                 smem = bytes;
@@ -238,8 +216,6 @@ impl GpuDecoder {
                 cols: i32_of(m.cols, "columns")?,
                 row_bytes: m.row_bytes,
                 staging,
-                // `mvd_*` takes the split buffers' addresses, 0 when not split.
-                split: (use_mvd || split.is_some()).then(|| split.unwrap_or([0, 0])),
             }
             .launch(self, k, (blocks as u32, gy, 1), threads, smem)?;
         }
