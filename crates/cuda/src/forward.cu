@@ -501,13 +501,46 @@ extern "C" __global__ void rms_norm_rows(const float* __restrict__ x,
         out[(size_t)r * cols + i] = w ? xr[i] * s * w[i] : xr[i] * s;
 }
 
+// o[t][i] = sum over slots, in slot order, of wts[t k + s] * d[t k + s][i], plus the shared
+// expert's output sh[t][i] when given, times sigmoid(sg[t]) when its gate's logits sg are
+// given: the weighted sum of a token's experts (moe_combine, and residual_norm when it
+// takes the combine).
+__device__ __forceinline__ float combine_at(const float* __restrict__ d,
+                                            const float* __restrict__ wts,
+                                            const float* __restrict__ sh,
+                                            const float* __restrict__ sg, int t, int k, int cols,
+                                            int i) {
+    float v = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < k; s++) v += d[((size_t)t * k + s) * cols + i] * wts[t * k + s];
+    if (sh) {
+        const float w = sh[(size_t)t * cols + i];
+        v = sg ? v + (1.0f / (1.0f + expf(-sg[t]))) * w : v + w;
+    }
+    return v;
+}
+
+// Values a thread of residual_norm keeps in registers (rows of up to RN_REGS * 256).
+#define RN_REGS 8
+
 // Residual step of one row (one block per row): x += (post ? rms_norm(o) * post : o),
 // then h = rms_norm(x) * next when next is given (the next half-block's input norm).
-extern "C" __global__ void residual_norm(float* __restrict__ x, const float* __restrict__ o,
+// With d given, o is first written as the MoE layer's combine of d, wts, sh, sg (k slots;
+// what moe_combine computes, the same arithmetic per column), saving that launch: each
+// thread writes the columns it reads below, so no barrier is needed.
+extern "C" __global__ void residual_norm(float* __restrict__ x, float* __restrict__ o,
                                          const float* __restrict__ post,
                                          const float* __restrict__ next, float* __restrict__ h,
-                                         int cols, float eps) {
+                                         int cols, float eps, const float* __restrict__ d,
+                                         const float* __restrict__ wts,
+                                         const float* __restrict__ sh,
+                                         const float* __restrict__ sg, int k) {
     const size_t base = (size_t)blockIdx.x * cols;
+    if (d && (post || cols > RN_REGS * (int)blockDim.x)) {
+        for (int i = threadIdx.x; i < cols; i += blockDim.x)
+            o[base + i] = combine_at(d, wts, sh, sg, blockIdx.x, k, cols, i);
+        d = nullptr;
+    }
     float so = 1.0f;
     if (post) {
         float ss = 0.0f;
@@ -515,6 +548,41 @@ extern "C" __global__ void residual_norm(float* __restrict__ x, const float* __r
         for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += o[base + i] * o[base + i];
         ss = block_sum(ss);
         so = rsqrtf(ss / (float)cols + eps);
+    }
+    if (cols <= RN_REGS * (int)blockDim.x) {
+        // A row of at most RN_REGS values a thread: the same sums in the same order as the
+        // loops below, with the row, its combine and the next norm's weights held in
+        // registers (the norm weights loaded before the block sum, not after it).
+        float xv[RN_REGS], nw[RN_REGS];
+        float ss = 0.0f;
+#pragma unroll
+        for (int u = 0; u < RN_REGS; u++) {
+            const int i = threadIdx.x + u * blockDim.x;
+            if (i < cols) {
+                if (next) nw[u] = next[i];
+                float ov;
+                if (d) {
+                    ov = combine_at(d, wts, sh, sg, blockIdx.x, k, cols, i);
+                    o[base + i] = ov;
+                } else {
+                    ov = o[base + i];
+                }
+                const float add = post ? ov * so * post[i] : ov;
+                const float v = x[base + i] + add;
+                x[base + i] = v;
+                xv[u] = v;
+                ss += v * v;
+            }
+        }
+        if (!next) return;
+        ss = block_sum(ss);
+        const float s = rsqrtf(ss / (float)cols + eps);
+#pragma unroll
+        for (int u = 0; u < RN_REGS; u++) {
+            const int i = threadIdx.x + u * blockDim.x;
+            if (i < cols) h[base + i] = xv[u] * s * nw[u];
+        }
+        return;
     }
     float ss = 0.0f;
 #pragma unroll 8
@@ -533,9 +601,14 @@ extern "C" __global__ void residual_norm(float* __restrict__ x, const float* __r
 
 // Per (token, head) (grid n x (nh + nkv)): optional RMS norm over the head (qn / kn), then
 // the NEOX rotation by pos * inv_freq (element i pairs with i + hd/2).
+//
+// With kc given (the GQA block, fused: no kv_store launch), a key head's block then
+// stores its rotated key and the token's value head j to the cache rows pos[t] (kv_f32:
+// f32 cache, else f16), as kv_store_rows does: the same values, the same conversion.
 extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* qn, const float* kn,
                                         const int* pos, const float* inv_freq, int nh, int nkv,
-                                        int hd, float eps) {
+                                        int hd, float eps, void* kc, void* vc, const float* v,
+                                        int kv_f32, int kdim, int vdim) {
     const int t = blockIdx.x;
     const int h = blockIdx.y;
     float* x;
@@ -567,6 +640,29 @@ extern "C" __global__ void qk_norm_rope(float* q, float* k, const float* qn, con
         const float c = (float)cs, sf = (float)sn;
         x[i] = a * c - b * sf;
         x[i + half] = a * sf + b * c;
+    }
+    if (kc && h >= nh) {
+        __syncthreads();  // the head's rotated values, written by other threads, in place
+        const int j = h - nh;
+        const int hdv = vdim / nkv;
+        const size_t p = (size_t)pos[t];
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            const size_t o = p * kdim + (size_t)j * hd + i;
+            if (kv_f32) {
+                ((float*)kc)[o] = x[i];
+            } else {
+                ((u16*)kc)[o] = f2h(x[i]);
+            }
+        }
+        const float* vr = v + (size_t)t * vdim + (size_t)j * hdv;
+        for (int i = threadIdx.x; i < hdv; i += blockDim.x) {
+            const size_t o = p * vdim + (size_t)j * hdv + i;
+            if (kv_f32) {
+                ((float*)vc)[o] = vr[i];
+            } else {
+                ((u16*)vc)[o] = f2h(vr[i]);
+            }
+        }
     }
 }
 
@@ -773,9 +869,16 @@ KV_KERNELS(f32, float)
 // renormalised to sum 1 if norm, then times scale (sluice_models::blocks::moe::Router:
 // Softmax is score 0 without bias, scale 1; Biased the others; Hash takes its experts from
 // `table` by the token ids, see below).
+//
+// The weights' renormalisation / scale: lane s takes slot s's (k <= 32; lane 0 all of them
+// in order otherwise), the same arithmetic. With `chunks` given (one token, k <= 32: a
+// decode step's resident experts) the warp also writes moe_chunks' table for its k pairs,
+// which the products then read: one chunk a chosen expert, in ascending expert order,
+// count 1, row = slot; *n_chunks = k (the experts are distinct: hashed tables are checked).
 extern "C" __global__ void topk_route(const float* logits, const float* bias, int n_expert,
                                       int k, int score, int norm, float scale, int* ids,
-                                      float* wts, const int* table, const int* tokens) {
+                                      float* wts, const int* table, const int* tokens,
+                                      Chunk* chunks, int* n_chunks) {
     const int t = blockIdx.x;
     const int lane = threadIdx.x;
     const float* l = logits + (size_t)t * n_expert;
@@ -821,6 +924,10 @@ extern "C" __global__ void topk_route(const float* logits, const float* bias, in
         sel[i] = (e < n_expert) ? (bias ? pr[i] + bias[e] : pr[i]) : NEG_INF;
     }
     float chosen_sum = 0.0f;
+    // Lane s keeps slot s's expert and weight when k <= 32 (`lanes`).
+    const bool lanes = k <= 32 && (norm || scale != 1.0f);
+    int my_id = 0;
+    float my_w = 0.0f;
     for (int s = 0; s < k; s++) {
         int bi;
         if (table) {
@@ -857,17 +964,42 @@ extern "C" __global__ void topk_route(const float* logits, const float* bias, in
         const float w = __shfl_sync(0xffffffffu, mine, bi & 31);
         if (lane == 0) {
             ids[t * k + s] = bi;
-            wts[t * k + s] = w;
+            if (!lanes) wts[t * k + s] = w;
+        }
+        if (lane == s) {
+            my_id = bi;
+            my_w = w;
         }
         chosen_sum += w;
     }
-    if (lane == 0 && (norm || scale != 1.0f)) {
+    if (lanes) {
+        if (lane < k) {
+            float w = my_w;
+            if (norm) w = w / chosen_sum;
+            if (scale != 1.0f) w = w * scale;
+            wts[t * k + lane] = w;
+        }
+    } else if (lane == 0 && (norm || scale != 1.0f)) {
         for (int s = 0; s < k; s++) {
             float w = wts[t * k + s];
             if (norm) w = w / chosen_sum;
             if (scale != 1.0f) w = w * scale;
             wts[t * k + s] = w;
         }
+    }
+    if (chunks && k <= 32) {
+        // Slot lane's expert's rank among the k chosen (ascending ids).
+        int rank = 0;
+        for (int j = 0; j < k; j++) {
+            const int other = __shfl_sync(0xffffffffu, my_id, j);
+            rank += (other < my_id);
+        }
+        if (lane < k) {
+            chunks[rank].unit = my_id;
+            chunks[rank].count = 1;
+            chunks[rank].rows[0] = lane;
+        }
+        if (lane == 0) *n_chunks = k;
     }
 }
 
@@ -939,9 +1071,7 @@ extern "C" __global__ void glu_act(float* g, const float* u, long long n, int ac
     g[i] = a * u[i];
 }
 
-// o[t] = sum over slots, in slot order, of wts[t k + s] * d[t k + s], plus the shared
-// expert's output sh[t] when given, times sigmoid(sg[t]) when its gate's logits sg are
-// given (grid n tokens x blocks of the columns).
+// o[t] = combine_at(..) of every column (grid n tokens x blocks of the columns).
 extern "C" __global__ void moe_combine(const float* __restrict__ d,
                                        const float* __restrict__ wts,
                                        const float* __restrict__ sh,
@@ -950,14 +1080,7 @@ extern "C" __global__ void moe_combine(const float* __restrict__ d,
     const int t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= cols) return;
-    float v = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < k; s++) v += d[((size_t)t * k + s) * cols + i] * wts[t * k + s];
-    if (sh) {
-        const float w = sh[(size_t)t * cols + i];
-        v = sg ? v + (1.0f / (1.0f + expf(-sg[t]))) * w : v + w;
-    }
-    o[(size_t)t * cols + i] = v;
+    o[(size_t)t * cols + i] = combine_at(d, wts, sh, sg, t, k, cols, i);
 }
 
 // Absorbed MLA, the latent cache row of each token (grid n): c = rms_norm(kva[t][..kl]) *

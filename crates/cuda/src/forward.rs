@@ -156,11 +156,11 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("mvd_", "PPPPPPIPPPIIIILIII"),
     ("embed_", "PLPPIF"),
     ("rms_norm_rows", "PPPPIF"),
-    ("residual_norm", "PPPPPIF"),
-    ("qk_norm_rope", "PPPPPPIIIF"),
+    ("residual_norm", "PPPPPIFPPPPI"),
+    ("qk_norm_rope", "PPPPPPIIIFPPPIII"),
     ("kv_store_", "PPPPPII"),
     ("attention_", "PPPPPIIIIFIPPI"),
-    ("topk_route", "PPIIIIFPPPP"),
+    ("topk_route", "PPIIIIFPPPPPP"),
     ("moe_chunks", "PIIPP"),
     ("glu_act", "PPLIF"),
     ("moe_combine", "PPPPPII"),
@@ -305,6 +305,10 @@ pub struct GpuDecoder {
     /// tiles x chunks) take `mvd_*`, the rest `mvt1_*` (`SLUICE_CUDA_MVD_MIN_BLOCKS`,
     /// default [`MVD_MIN_BLOCKS`]; `SLUICE_CUDA_DECODE=mvt1`: never, for A/B; the same bits).
     pub(crate) mvd_min_blocks: usize,
+    /// Fused small launches (`SLUICE_CUDA_FUSE=0`: off, for A/B; the same bits): a decode
+    /// step's resident experts' chunk table written by `topk_route` (no `moe_chunks`), the
+    /// MoE combine inside the next `residual_norm` (no `moe_combine`).
+    pub(crate) fuse: bool,
     /// The plan's MLA layers' shape (`DecoderPlan::mla_shape`; checked to be every one's),
     /// or its pooled layers' absorbed view.
     pub(crate) mla: Option<MlaShape>,
@@ -565,6 +569,7 @@ impl GpuDecoder {
             mvt1,
             mvd,
             mvd_min_blocks: mvd_min_blocks(),
+            fuse: std::env::var("SLUICE_CUDA_FUSE").map_or(true, |v| v != "0"),
             mla: plan
                 .mla_shape()
                 .or(plan.layers.iter().find_map(|l| match &l.attn {
@@ -656,6 +661,7 @@ impl GpuDecoder {
     /// `x += post ? rms_norm(o) * post : o`, then `h = rms_norm(x) * next` if `next`
     /// (addresses; 0 = none), for `n` rows.
     #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn residual(
         &self,
         x: u64,
@@ -666,7 +672,9 @@ impl GpuDecoder {
         n: usize,
         cols: usize,
         eps: f32,
+        combine: Option<moe::Combine>,
     ) -> Result<(), ModelError> {
+        let c = combine.unwrap_or_default();
         kernels::ResidualNorm {
             x,
             o,
@@ -675,6 +683,11 @@ impl GpuDecoder {
             h,
             cols: i32_of(cols, "n_embd")?,
             eps,
+            d: c.d,
+            wts: c.wts,
+            sh: c.sh,
+            sg: c.sg,
+            k: c.k,
         }
         .launch(self, (n as u32, 1, 1))
     }
@@ -762,7 +775,9 @@ impl GpuDecoder {
     }
 
     /// The feed-forward half of layer `il` (`ffn`) on the normed input `c.io.h`, its output
-    /// into `c.io.o`.
+    /// into `c.io.o`; with `defer_combine` (and fusing on) a MoE layer leaves its combine to
+    /// the caller's `residual_norm` and returns it.
+    #[allow(clippy::too_many_arguments)]
     fn feed_forward(
         &self,
         il: usize,
@@ -770,10 +785,14 @@ impl GpuDecoder {
         c: &Call<'_>,
         env: &Env<'_>,
         host_ids: &mut Vec<i32>,
-    ) -> Result<(), ModelError> {
+        defer_combine: bool,
+    ) -> Result<Option<moe::Combine>, ModelError> {
         match ffn {
-            DFfn::Dense(w) => self.dense_ffn(w, &c.io, &c.ffn),
-            DFfn::Moe(w) => self.moe(w, il, &c.io, &c.ffn, c.next.sg, env, host_ids),
+            DFfn::Dense(w) => self.dense_ffn(w, &c.io, &c.ffn).map(|()| None),
+            DFfn::Moe(w) => {
+                let defer = defer_combine && self.fuse;
+                self.moe(w, il, &c.io, &c.ffn, c.next.sg, env, host_ids, defer)
+            }
         }
     }
 
@@ -851,17 +870,18 @@ impl GpuDecoder {
                 self.lr_post(n_hc, x, o, nb.inj, n)?;
                 self.lr_mixer(&mx[1], n_hc, x, h, nb, (rows, segs), n, eps)?;
             } else {
-                self.residual(x, o, l.post_attn, l.ffn_norm, h, n, e, eps)?;
+                self.residual(x, o, l.post_attn, l.ffn_norm, h, n, e, eps, None)?;
             }
-            // Feed-forward.
-            self.feed_forward(il, &l.ffn, c, env, &mut host_ids)?;
+            // Feed-forward. A MoE layer's combine goes into the plain residual step.
+            let plain = !(l.hc.is_some() && hs.is_some()) && l.lr.is_none();
+            let combine = self.feed_forward(il, &l.ffn, c, env, &mut host_ids, plain)?;
             if let (Some(_), Some(hs)) = (&l.hc, &hs) {
                 self.hc_post(hs, x, o, hcpc, n)?;
             } else if l.lr.is_some() {
                 self.lr_post(n_hc, x, o, nb.inj, n)?;
             } else {
                 let next = self.layers.get(il + 1).map_or(0, |nl| nl.attn_norm);
-                self.residual(x, o, l.post_ffn, next, h, n, e, eps)?;
+                self.residual(x, o, l.post_ffn, next, h, n, e, eps, combine)?;
             }
         }
         self.head(c)

@@ -106,7 +106,9 @@ kernel! {
 }
 
 kernel! {
-    /// `x += post ? rms_norm(o) * post : o`, then `h = rms_norm(x) * next` if `next`.
+    /// `x += post ? rms_norm(o) * post : o`, then `h = rms_norm(x) * next` if `next`;
+    /// with `d` (0: none) `o` first becomes the MoE combine of `d`, `wts`, `sh`, `sg`
+    /// (`k` slots), as [`MoeCombine`] writes it.
     ResidualNorm => residual_norm, 256, "residual_norm", "forward.cu" {
         x: P,
         o: P,
@@ -115,11 +117,17 @@ kernel! {
         h: P,
         cols: I,
         eps: F,
+        d: P,
+        wts: P,
+        sh: P,
+        sg: P,
+        k: I,
     }
 }
 
 kernel! {
-    /// Per-head q / k RMS norms (0: none) and NEOX RoPE of a token's query and key heads.
+    /// Per-head q / k RMS norms (0: none) and NEOX RoPE of a token's query and key heads;
+    /// with `kc` (0: none) also the key and value rows into the cache (`kv_store`'s work).
     QkNormRope => qk_norm_rope, 128, "qk_norm_rope", "forward.cu" {
         q: P,
         k: P,
@@ -131,6 +139,12 @@ kernel! {
         nkv: I,
         hd: I,
         eps: F,
+        kc: P,
+        vc: P,
+        v: P,
+        kv_f32: I,
+        kdim: I,
+        vdim: I,
     }
 }
 
@@ -168,7 +182,8 @@ kernel! {
 }
 
 kernel! {
-    /// A token's router scores, selection bias or hash table, top-k ids and weights.
+    /// A token's router scores, selection bias or hash table, top-k ids and weights; with
+    /// `chunks` (0: none; one token) also `moe_chunks`' table of its pairs.
     TopkRoute => topk_route, 32, "topk_route", "forward.cu" {
         logits: P,
         bias: P,
@@ -181,6 +196,8 @@ kernel! {
         wts: P,
         table: P,
         tokens: P,
+        chunks: P,
+        n_chunks: P,
     }
 }
 

@@ -71,6 +71,8 @@ impl GpuDecoder {
         } = *a;
         let (kc, vc) = cache;
         self.mv_rows(&[(wq, q), (wk, k), (wv, v)], rows, h)?;
+        // The cache store inside qk_norm_rope (SLUICE_CUDA_FUSE=0: kv_store's launch).
+        let fused = self.fuse && kdim == nkv * hd && vdim % nkv == 0;
         kernels::QkNormRope {
             q,
             k,
@@ -82,9 +84,17 @@ impl GpuDecoder {
             nkv: nkv as i32,
             hd: hd as i32,
             eps,
+            kc: if fused { kc } else { 0 },
+            vc,
+            v,
+            kv_f32: kvt as i32,
+            kdim: i32_of(kdim, "key row")?,
+            vdim: i32_of(vdim, "value row")?,
         }
         .launch(self, (n as u32, (nh + nkv) as u32, 1))?;
-        self.kv_store(kvt, k, v, kc, vc, pos, n, kdim, vdim)?;
+        if !fused {
+            self.kv_store(kvt, k, v, kc, vc, pos, n, kdim, vdim)?;
+        }
         self.attention(kvt, q, kc, vc, att, pos, n, *window, (0, 0, 0))?;
         Ok((wo, att))
     }

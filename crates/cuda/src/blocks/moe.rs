@@ -127,11 +127,24 @@ pub(crate) struct RouterKind<'a> {
     pub(crate) table: Option<&'a [u32]>,
 }
 
+/// A MoE layer's weighted combine (`moe_combine`'s operands) left to the next
+/// `residual_norm`: the experts' outputs `d`, the weights `wts`, the shared expert's output
+/// `sh` and gate logits `sg` (0: none), `k` slots a token. The default: no combine.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Combine {
+    pub(crate) d: u64,
+    pub(crate) wts: u64,
+    pub(crate) sh: u64,
+    pub(crate) sg: u64,
+    pub(crate) k: i32,
+}
+
 impl GpuDecoder {
     /// MoE layer `il` (the CPU's `blocks::moe`) of the normed input into `o`: the router
     /// and its top-k, the shared expert, the routed experts' products (resident, or
     /// through the VRAM unit cache, hits first), the weighted combine; `sg`: the buffer of
-    /// the shared expert gate's logits.
+    /// the shared expert gate's logits. With `defer` the combine is not launched but
+    /// returned, for the caller's `residual_norm` to compute (the same bits).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn moe(
         &self,
@@ -142,7 +155,8 @@ impl GpuDecoder {
         sg: u64,
         env: &Env<'_>,
         host_ids: &mut Vec<i32>,
-    ) -> Result<(), ModelError> {
+        defer: bool,
+    ) -> Result<Option<Combine>, ModelError> {
         let Moe {
             router,
             norm,
@@ -182,6 +196,8 @@ impl GpuDecoder {
         } = *f;
         let stream = &self.stream;
         let (ne, kk) = (*n_expert, *top);
+        // A decode step's resident experts: topk_route writes the chunk table itself.
+        let chunked = self.fuse && n == 1 && kk <= 32 && self.units.is_none();
         self.mv_rows(&[(router, rl)], rows, h)?;
         kernels::TopkRoute {
             logits: rl,
@@ -195,6 +211,8 @@ impl GpuDecoder {
             wts,
             table: *table,
             tokens,
+            chunks: if chunked { chunks } else { 0 },
+            n_chunks: if chunked { nchunks } else { 0 },
         }
         .launch(self, rows_n(n))?;
         let np = n * kk;
@@ -250,14 +268,16 @@ impl GpuDecoder {
             let all = table(lc.table, lc.counts + 8, lc.hit + lc.miss);
             self.mv_rows(&[(&parts[2], dd)], all, g)?;
         } else {
-            kernels::MoeChunks {
-                gids: ids,
-                n_pairs: np as i32,
-                n_expert: ne as i32,
-                chunks,
-                n_chunks: nchunks,
+            if !chunked {
+                kernels::MoeChunks {
+                    gids: ids,
+                    n_pairs: np as i32,
+                    n_expert: ne as i32,
+                    chunks,
+                    n_chunks: nchunks,
+                }
+                .launch(self, (1, 1, 1))?;
             }
-            .launch(self, (1, 1, 1))?;
             let routed = Rows {
                 table: chunks,
                 count: nchunks,
@@ -272,6 +292,15 @@ impl GpuDecoder {
         let sh_or_null = if shared.is_some() { shb } else { 0 };
         let gated = shared.as_ref().is_some_and(|sh| sh.scale.is_some());
         let sg_or_null = if gated { sg } else { 0 };
+        if defer {
+            return Ok(Some(Combine {
+                d: dd,
+                wts,
+                sh: sh_or_null,
+                sg: sg_or_null,
+                k: kk as i32,
+            }));
+        }
         kernels::MoeCombine {
             d: dd,
             wts,
@@ -282,7 +311,7 @@ impl GpuDecoder {
             cols: ei,
         }
         .launch(self, (n as u32, e.div_ceil(256) as u32, 1))?;
-        Ok(())
+        Ok(None)
     }
 }
 
