@@ -255,50 +255,24 @@ pub(super) fn f16_to_f32(h: u16) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
 
-/// `f16_to_f32` with the row kernels' signature (the table is not read).
-#[inline]
-#[target_feature(enable = "f16c")]
-pub(super) fn f16_convert(h: u16, _tab: &[f32; 65536]) -> f32 {
-    f16_to_f32(h)
-}
-
-/// Decode a Q8_0 block: scale and the 32 quants as they are.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn decode_q8_0(b: &[u8; Q8_0_BYTES], tab: &[f32; 65536]) -> (f32, __m256i) {
-    (
-        tab[u16::from_le_bytes([b[0], b[1]]) as usize],
-        ld256(sub::<32, u8>(b, 2)),
-    )
-}
-
-/// [`decode_q8_0`] with the scale converted by F16C instead of the table: on the AMD EPYC
-/// (Zen 3) dev machine, 2 threads, the 12-layer 30B-shape Q8_0 synth, tg32 27.1-27.5 ->
-/// 28.7-29.1 tok/s (alternated, 3 rounds), same bits.
+/// Decode a Q8_0 block: scale (converted by F16C, not read from the 256 KiB table, which
+/// competes with the streamed weights for the cache: on the AMD EPYC Zen 3 dev machine,
+/// 2 threads, the 12-layer 30B-shape Q8_0 synth, tg32 27.1-27.5 -> 28.7-29.1 tok/s; same
+/// bits) and the 32 quants as they are. `_tab`: the signature the kernel macros call.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-pub(super) fn decode_q8_0_f16c(b: &[u8; Q8_0_BYTES], _tab: &[f32; 65536]) -> (f32, __m256i) {
+pub(super) fn decode_q8_0(b: &[u8; Q8_0_BYTES], _tab: &[f32; 65536]) -> (f32, __m256i) {
     (
         f16_to_f32(u16::from_le_bytes([b[0], b[1]])),
         ld256(sub::<32, u8>(b, 2)),
     )
 }
 
-/// Decode a Q5_0 block: scale and the 32 quants `q - 16` in -16..=15.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn decode_q5_0(b: &[u8; Q5_0_BYTES], tab: &[f32; 65536]) -> (f32, __m256i) {
-    (
-        tab[u16::from_le_bytes([b[0], b[1]]) as usize],
-        q5_0_quants(b),
-    )
-}
-
-/// [`decode_q5_0`] with the scale converted by F16C instead of the table (same bits; the
-/// single-token row kernels, where the table competes with the streamed weights).
+/// Decode a Q5_0 block: scale (F16C, as [`decode_q8_0`]) and the 32 quants `q - 16` in
+/// -16..=15.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-pub(super) fn decode_q5_0_f16c(b: &[u8; Q5_0_BYTES], _tab: &[f32; 65536]) -> (f32, __m256i) {
+pub(super) fn decode_q5_0(b: &[u8; Q5_0_BYTES], _tab: &[f32; 65536]) -> (f32, __m256i) {
     (f16_to_f32(u16::from_le_bytes([b[0], b[1]])), q5_0_quants(b))
 }
 
@@ -331,8 +305,7 @@ crate::q8_like_kernel!(
     dot_q8_0,
     rows_q8_0,
     Q8_0_BYTES,
-    decode_q8_0_f16c,
-    f16_convert,
+    decode_q8_0,
     "avx2,fma,f16c",
     |a, s| { _mm256_madd_epi16(_mm256_maddubs_epi16(a, s), _mm256_set1_epi16(1)) }
 );
@@ -340,8 +313,7 @@ crate::q8_like_kernel!(
     dot_q5_0,
     rows_q5_0,
     Q5_0_BYTES,
-    decode_q5_0_f16c,
-    f16_convert,
+    decode_q5_0,
     "avx2,fma,f16c",
     |a, s| { _mm256_madd_epi16(_mm256_maddubs_epi16(a, s), _mm256_set1_epi16(1)) }
 );

@@ -17,7 +17,7 @@
 
 use core::arch::x86_64::*;
 
-use super::avx2::{decode_q5_0_f16c, decode_q8_0_f16c, f16_convert, hsum4, hsum8, ld256_i8};
+use super::avx2::{decode_q5_0, decode_q8_0, hsum4, hsum8, ld256_i8};
 use super::avx2::{k4_block_head, ld128, ld256, ld256_i16, q6k_half, sub};
 use crate::formats::{BlockQ8K, Q4_K_BYTES, Q5_0_BYTES, Q6_K_BYTES, Q8_0_BYTES};
 
@@ -25,8 +25,7 @@ crate::q8_like_kernel!(
     dot_q8_0,
     rows_q8_0,
     Q8_0_BYTES,
-    decode_q8_0_f16c,
-    f16_convert,
+    decode_q8_0,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     |a, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, s)
 );
@@ -34,8 +33,7 @@ crate::q8_like_kernel!(
     dot_q5_0,
     rows_q5_0,
     Q5_0_BYTES,
-    decode_q5_0_f16c,
-    f16_convert,
+    decode_q5_0,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     |a, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, s)
 );

@@ -14,11 +14,11 @@
 #[macro_export]
 #[doc(hidden)]
 macro_rules! q8_like_kernel {
-    ($name:ident, $rows:ident, $bytes:expr, $decode:ident, $f16:ident, $features:literal, $dot:expr) => {
+    ($name:ident, $rows:ident, $bytes:expr, $decode:ident, $features:literal, $dot:expr) => {
         /// `out[r] = row r . ys` for the consecutive rows of `w` (`rb` bytes each): the
         /// same bits as `$name::<1>` on each row (same per-lane operations in the same
         /// order), but two rows run interleaved (two independent FMA chains), the
-        /// activation block and its scale are loaded once for both, and the weights are
+        /// activation block and its scale (F16C) are loaded once for both, and the weights are
         /// prefetched [`MATVEC_PREFETCH_ROWS`] rows ahead, one hint per row per block as
         /// the block is reached.
         #[target_feature(enable = $features)]
@@ -52,7 +52,7 @@ macro_rules! q8_like_kernel {
                         pf(r, i * $bytes);
                         pf(r + 1, i * $bytes);
                     }
-                    let dy = $f16(yb.d, tab);
+                    let dy = super::avx2::f16_to_f32(yb.d);
                     let qy = ld256_i8(&yb.qs);
                     let (d0, q0) = $decode(x0, tab);
                     let (d1, q1) = $decode(x1, tab);
@@ -173,6 +173,28 @@ fn cpu_vendor_is_amd() -> bool {
     v[4..8].copy_from_slice(&r.edx.to_le_bytes());
     v[8..].copy_from_slice(&r.ecx.to_le_bytes());
     &v == b"AuthenticAMD"
+}
+
+/// `out[r] = dot(row r)` one row after the other: the formats without a paired row kernel,
+/// and Q4_K in [`Q4kRowOrder::Single`]. Weights are hinted [`KQ_PREFETCH_ROWS`] rows ahead,
+/// except where one sequential stream is what the hardware prefetchers follow on their own:
+/// dense rows (long runs) and Q4_K walked this way (AMD).
+#[cfg(target_arch = "x86_64")]
+fn rows_one_by_one(
+    ty: crate::GgmlType,
+    w: &[u8],
+    rb: usize,
+    out: &mut [f32],
+    mut dot: impl FnMut(&[u8], &mut f32),
+) {
+    use crate::GgmlType::{BF16, F16, F32, Q4_K};
+    let hinted = !matches!(ty, F32 | F16 | BF16 | Q4_K);
+    for (i, o) in out.iter_mut().enumerate() {
+        if hinted {
+            prefetch_block(w, (i + KQ_PREFETCH_ROWS) * rb, rb);
+        }
+        dot(&w[i * rb..(i + 1) * rb], o);
+    }
 }
 
 /// Prefetch hints for the `len` bytes at byte `off` of `w` (one per 64 bytes), which may
@@ -365,30 +387,13 @@ mod tokens {
             match ty {
                 GgmlType::Q8_0 => unsafe { super::avx2::rows_q8_0(w, rb, q8_0(acts), out) },
                 GgmlType::Q5_0 => unsafe { super::avx2::rows_q5_0(w, rb, q8_0(acts), out) },
-                GgmlType::Q4_K if super::q4k_row_order() == super::Q4kRowOrder::Single => {
-                    for (i, o) in out.iter_mut().enumerate() {
-                        let row = &w[i * rb..(i + 1) * rb];
-                        self.dot_tile(ty, row, &[acts], std::slice::from_mut(o));
-                    }
-                }
-                GgmlType::Q4_K => unsafe { super::avx2::rows_q4k(w, rb, q8k(acts), out) },
+                GgmlType::Q4_K if super::q4k_row_order() == super::Q4kRowOrder::Pairs => unsafe {
+                    super::avx2::rows_q4k(w, rb, q8k(acts), out)
+                },
                 GgmlType::Q6_K => unsafe { super::avx2::rows_q6k(w, rb, q8k(acts), out) },
-                _ => {
-                    // Dense rows are long runs the hardware prefetchers follow on their own.
-                    let dense = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-                    let pf = if dense {
-                        0
-                    } else {
-                        super::KQ_PREFETCH_ROWS * rb
-                    };
-                    for (i, o) in out.iter_mut().enumerate() {
-                        if pf > 0 {
-                            super::prefetch_block(w, i * rb + pf, rb);
-                        }
-                        let row = &w[i * rb..(i + 1) * rb];
-                        self.dot_tile(ty, row, &[acts], std::slice::from_mut(o));
-                    }
-                }
+                _ => super::rows_one_by_one(ty, w, rb, out, |row, o| {
+                    self.dot_tile(ty, row, &[acts], std::slice::from_mut(o))
+                }),
             }
         }
 
@@ -448,30 +453,13 @@ mod tokens {
             match ty {
                 GgmlType::Q8_0 => unsafe { super::avx512::rows_q8_0(w, rb, q8_0(acts), out) },
                 GgmlType::Q5_0 => unsafe { super::avx512::rows_q5_0(w, rb, q8_0(acts), out) },
-                GgmlType::Q4_K if super::q4k_row_order() == super::Q4kRowOrder::Single => {
-                    for (i, o) in out.iter_mut().enumerate() {
-                        let row = &w[i * rb..(i + 1) * rb];
-                        self.dot_tile(ty, row, &[acts], std::slice::from_mut(o));
-                    }
-                }
-                GgmlType::Q4_K => unsafe { super::avx512::rows_q4k(w, rb, q8k(acts), out) },
+                GgmlType::Q4_K if super::q4k_row_order() == super::Q4kRowOrder::Pairs => unsafe {
+                    super::avx512::rows_q4k(w, rb, q8k(acts), out)
+                },
                 GgmlType::Q6_K => unsafe { super::avx512::rows_q6k(w, rb, q8k(acts), out) },
-                _ => {
-                    // Dense rows are long runs the hardware prefetchers follow on their own.
-                    let dense = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-                    let pf = if dense {
-                        0
-                    } else {
-                        super::KQ_PREFETCH_ROWS * rb
-                    };
-                    for (i, o) in out.iter_mut().enumerate() {
-                        if pf > 0 {
-                            super::prefetch_block(w, i * rb + pf, rb);
-                        }
-                        let row = &w[i * rb..(i + 1) * rb];
-                        self.dot_tile(ty, row, &[acts], std::slice::from_mut(o));
-                    }
-                }
+                _ => super::rows_one_by_one(ty, w, rb, out, |row, o| {
+                    self.dot_tile(ty, row, &[acts], std::slice::from_mut(o))
+                }),
             }
         }
 

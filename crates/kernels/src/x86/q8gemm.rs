@@ -214,6 +214,27 @@ fn ld256_corr(p: &[i32; 8]) -> __m256i {
     unsafe { _mm256_loadu_si256(p.as_ptr().cast()) }
 }
 
+/// The row groups of a packed-Q8 matmul: the `nrows` rows of `w` (whole rows of `ty`, `rb`
+/// bytes each) decoded [`TR`] at a time into `scratch`, then `tiles(group, rows in the
+/// group, scratch)` runs the tier's tiles over them.
+fn decoded_groups(
+    _tok: super::Avx2,
+    ty: GgmlType,
+    w: &[u8],
+    rb: usize,
+    nrows: usize,
+    scratch: &mut DecodedRows,
+    mut tiles: impl FnMut(usize, usize, &DecodedRows),
+) {
+    for g in 0..nrows.div_ceil(TR) {
+        let nr = (nrows - g * TR).min(TR);
+        let rows = &w[g * TR * rb..(g * TR + nr) * rb];
+        // SAFETY: the token proves the CPU has AVX2/FMA/F16C; slices only.
+        unsafe { decode_rows(ty, rows, scratch) };
+        tiles(g, nr, scratch);
+    }
+}
+
 /// Tokens per tile of the kernel.
 pub(crate) const TN: usize = 4;
 /// Weight rows per tile of the kernel.
@@ -232,11 +253,7 @@ impl super::Avx512 {
         out: &mut impl RowsOut,
     ) {
         let nrows = out.rows();
-        for g in 0..nrows.div_ceil(TR) {
-            let nr = (nrows - g * TR).min(TR);
-            let rows = &w[g * TR * rb..(g * TR + nr) * rb];
-            // SAFETY: the token proves the CPU has AVX2/FMA/F16C; slices only.
-            unsafe { decode_rows(ty, rows, scratch) };
+        decoded_groups(self.avx2(), ty, w, rb, nrows, scratch, |g, nr, scratch| {
             for (tc, a) in acts.chunks(TN).enumerate() {
                 let t0 = tc * TN;
                 // Row k of the group, or its last row past the end (computed, not stored).
@@ -269,7 +286,7 @@ impl super::Avx512 {
                     _ => by_tokens!(4),
                 }
             }
-        }
+        });
     }
 }
 
@@ -339,11 +356,7 @@ impl super::Avx2 {
             "AVX2 packed matmul is exact only for Q5_0 / Q4_0"
         );
         let nrows = out.rows();
-        for g in 0..nrows.div_ceil(TR) {
-            let nr = (nrows - g * TR).min(TR);
-            let rows = &w[g * TR * rb..(g * TR + nr) * rb];
-            // SAFETY: the token proves the CPU has AVX2/FMA/F16C; slices only.
-            unsafe { decode_rows(ty, rows, scratch) };
+        decoded_groups(self, ty, w, rb, nrows, scratch, |g, nr, scratch| {
             for k0 in (0..nr).step_by(TR_AVX2) {
                 let kn = (nr - k0).min(TR_AVX2);
                 // Row k0 + k of the group, or its last row past the end (computed, not stored).
@@ -368,6 +381,6 @@ impl super::Avx2 {
                     }
                 }
             }
-        }
+        });
     }
 }
