@@ -205,13 +205,194 @@ __device__ __forceinline__ void mvt_stage(u8* __restrict__ dst, const u8* __rest
     }
 }
 
+// Int8 tensor-core products (`mvi_*` / `mvi1_*` / `mvid_*`, Q4_K and Q8_0; the host's
+// choice unless SLUICE_CUDA_INT8=0): the same blocks, staging, chains and tree as
+// `mvt_*` / `mvt1_*` / `mvd_*`, but no weight is turned into a float. The product's
+// input rows are first quantized by `quant_x8`, per row (a token, or a (token, slot)
+// pair reading its token's row) and per 32-column block, into {f32 d; f32 s; i8 q[32]}
+// (QX_BYTES): d = amax / 127, q = rint(x * (127 / amax)) (to nearest even, |q| <= 127), s =
+// the block's f32 sum of x (for Q4_K's min term). Each weight block of 32 columns (a
+// Q8_0 block, a Q4_K sub-block) goes into `mma.m16n8k32.s8` as its integer quants
+// (Q8_0's bytes as they are, Q4_K's nibbles by and / shift of 32-bit words) against the
+// quants of 8 rows of X: an exact int32 dot of 32 products each (|dot| <= 32 * 128 *
+// 127 < 2^22). Then, per (weight row r, X row t, block b), in f32 with explicit rounding
+// (no contraction left to the compiler):
+//   acc = fma(dw[r,b] * dx[t,b], dot, acc)                     (Q8_0: dw = d)
+//   acc = fma(-mw[r,b], s[t,b], acc)                            (Q4_K: dw = d * sc, mw = dmin * m)
+// where chain w takes the blocks b = w (mod MVT_WARPS) in order, as the f16 path's
+// chains do. Why the bits are the same in any chunk and any kernel: the quants of a row
+// depend only on that row's 32 values (the same instructions wherever the row sits);
+// the int32 dot is exact, so where the row sits in the mma (its column) and which tile
+// it is in change nothing; dw, mw, dx, s and the two fmas are the same f32 operations
+// for the row in every kernel (`mvi_*` for prefill chunks, `mvi1_*` / `mvid_*` for
+// decode), and the chains and the tree are the f16 path's. The dot goes to f32 exactly:
+// the accumulator starts at the bits of 2^23 + 2^22 (0x4B400000), so the s32 result read
+// as f32 is 12582912 + dot, and subtracting 12582912 is exact for |dot| < 2^22.
+#define QX_BYTES 40
+#define QX_MAGIC 0x4B400000
+
+// c (s32, from QX_MAGIC) += A (16 x 32, s8, row) * B (32 x 8, s8, col).
+__device__ __forceinline__ void mma16832(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                         u32 b1) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// Which formats have the int8 form (the host asks the same of `Funcs`).
+#define I8_FORMAT(TY) ((TY) == T_Q8_0 || (TY) == T_Q4_K)
+
+// Block kl (32 columns) of a staged weight row `row` (the step's bytes): the quants of
+// columns 4q .. 4q+3 (*lo) and 16+4q .. 16+4q+3 (*hi), the block's scale *dw and min
+// *mw (Q4_K; 0 otherwise).
+template <int TY>
+__device__ __forceinline__ void wi8(const u8* __restrict__ row, int kl, int q, u32* lo,
+                                    u32* hi, float* dw, float* mw) {
+    if (TY == T_Q8_0) {
+        const u8* b = row + kl * 34;
+        const u16* qs = (const u16*)(b + 2 + 4 * q);  // 2-byte aligned
+        *lo = (u32)qs[0] | ((u32)qs[1] << 16);
+        *hi = (u32)qs[8] | ((u32)qs[9] << 16);
+        *dw = h2f(*(const u16*)b);
+        *mw = 0.0f;
+    } else if (TY == T_Q4_K) {
+        // A step starts on a 256-column block; blocks of 144 bytes, 8-byte aligned.
+        const u8* b = row + (kl >> 3) * 144;
+        const int j = kl & 7;
+        const u32 dm = *(const u32*)b;
+        const u32* sw = (const u32*)(b + 4);
+        const int sh = 8 * (j & 3);
+        const u32 w0 = (sw[0] >> sh) & 0xFF, w1 = (sw[1] >> sh) & 0xFF;
+        int sc, m;
+        if (j < 4) {
+            sc = (int)(w0 & 63);
+            m = (int)(w1 & 63);
+        } else {
+            const u32 w2 = (sw[2] >> sh) & 0xFF;
+            sc = (int)((w2 & 0x0F) | ((w0 >> 6) << 4));
+            m = (int)((w2 >> 4) | ((w1 >> 6) << 4));
+        }
+        *dw = __fmul_rn(h2f((u16)(dm & 0xFFFF)), (float)sc);
+        *mw = __fmul_rn(h2f((u16)(dm >> 16)), (float)m);
+        const u32* qs = (const u32*)(b + 16 + 32 * (j >> 1));
+        const int shift = (j & 1) * 4;
+        *lo = (qs[q] >> shift) & 0x0F0F0F0Fu;
+        *hi = (qs[4 + q] >> shift) & 0x0F0F0F0Fu;
+    } else {
+        *lo = 0;
+        *hi = 0;
+        *dw = 0.0f;
+        *mw = 0.0f;
+    }
+}
+
+// One chain's step through block kl of the stage (block kc of the row) for every tile:
+// weight rows g and g + 8 of the block's 16 against X rows 8j + g (see above).
+template <int TY, int TILES>
+__device__ __forceinline__ void mvi_group(const u8* __restrict__ stage, int segb, int kl,
+                                          int kc, int g, int q, int nrows, int tiles,
+                                          const float* const* xr, float (*acc)[4]) {
+    u32 a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    float da = 0.0f, ma = 0.0f, db = 0.0f, mb = 0.0f;
+    if (g < nrows) wi8<TY>(stage + g * segb, kl, q, &a0, &a2, &da, &ma);
+    if (g + 8 < nrows) wi8<TY>(stage + (g + 8) * segb, kl, q, &a1, &a3, &db, &mb);
+#pragma unroll
+    for (int j = 0; j < TILES; j++) {
+        if (j < tiles) {
+            const u8* xb = (const u8*)xr[j] + (size_t)kc * QX_BYTES;
+            const float2 ds = *(const float2*)xb;
+            const u32* xq = (const u32*)(xb + 8);
+            int c[4] = {QX_MAGIC, QX_MAGIC, QX_MAGIC, QX_MAGIC};
+            mma16832(c, a0, a1, a2, a3, xq[q], xq[4 + q]);
+            // X rows 2q and 2q + 1 of the tile (the fragment's columns): lanes 8q, 8q + 4.
+            const float d0 = __shfl_sync(0xffffffffu, ds.x, 8 * q);
+            const float d1 = __shfl_sync(0xffffffffu, ds.x, 8 * q + 4);
+            const float f0 = __fsub_rn(__int_as_float(c[0]), 12582912.0f);
+            const float f1 = __fsub_rn(__int_as_float(c[1]), 12582912.0f);
+            const float f2 = __fsub_rn(__int_as_float(c[2]), 12582912.0f);
+            const float f3 = __fsub_rn(__int_as_float(c[3]), 12582912.0f);
+            acc[j][0] = __fmaf_rn(__fmul_rn(da, d0), f0, acc[j][0]);
+            acc[j][1] = __fmaf_rn(__fmul_rn(da, d1), f1, acc[j][1]);
+            acc[j][2] = __fmaf_rn(__fmul_rn(db, d0), f2, acc[j][2]);
+            acc[j][3] = __fmaf_rn(__fmul_rn(db, d1), f3, acc[j][3]);
+            if (TY == T_Q4_K) {
+                const float s0 = __shfl_sync(0xffffffffu, ds.y, 8 * q);
+                const float s1 = __shfl_sync(0xffffffffu, ds.y, 8 * q + 4);
+                acc[j][0] = __fmaf_rn(-ma, s0, acc[j][0]);
+                acc[j][1] = __fmaf_rn(-ma, s1, acc[j][1]);
+                acc[j][2] = __fmaf_rn(-mb, s0, acc[j][2]);
+                acc[j][3] = __fmaf_rn(-mb, s1, acc[j][3]);
+            }
+        }
+    }
+}
+
+// The int8 products' input: row t of chunk blockIdx.y (X row rows[t] / x_div, `cols`
+// values) into row blockIdx.y * MVG_N + t of `xq` (cols / 32 blocks of QX_BYTES). Four
+// lanes a block, 8 values each; the amax and the sum in a fixed xor tree, so a row's
+// bytes depend only on its values.
+extern "C" __global__ void __launch_bounds__(256)
+    quant_x8(const Chunk* __restrict__ chunks, const int* __restrict__ n_chunks,
+             const float* __restrict__ X, int x_div, u8* __restrict__ xq, int cols) {
+    if ((int)blockIdx.y >= *n_chunks) return;
+    const Chunk* c = chunks + blockIdx.y;
+    const int nb = cols >> 5;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const int blk = i >> 2, sub = i & 3;
+    const int t = blk / nb, b = blk - t * nb;
+    const bool ok = t < c->count;  // the same for a block's four lanes
+    float x[8];
+    if (ok) {
+        const float4* src =
+            (const float4*)(X + (size_t)(c->rows[t] / x_div) * cols + 32 * b + 8 * sub);
+        const float4 u = src[0], v = src[1];
+        x[0] = u.x; x[1] = u.y; x[2] = u.z; x[3] = u.w;
+        x[4] = v.x; x[5] = v.y; x[6] = v.z; x[7] = v.w;
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) x[k] = 0.0f;
+    }
+    float amax = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        amax = fmaxf(amax, fabsf(x[k]));
+        sum = __fadd_rn(sum, x[k]);
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
+    sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
+    const float d = __fdiv_rn(amax, 127.0f);
+    const float id = (amax > 0.0f) ? __fdiv_rn(127.0f, amax) : 0.0f;
+    u32 w[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        u32 v = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            int qv = __float2int_rn(__fmul_rn(x[4 * h + k], id));
+            qv = max(-127, min(127, qv));
+            v |= ((u32)qv & 0xFFu) << (8 * k);
+        }
+        w[h] = v;
+    }
+    if (!ok) return;
+    u8* out = xq + ((size_t)blockIdx.y * MVG_N + t) * (size_t)nb * QX_BYTES + (size_t)b * QX_BYTES;
+    *(uint2*)(out + 8 + 8 * sub) = make_uint2(w[0], w[1]);
+    if (sub == 0) *(float2*)out = make_float2(d, sum);
+}
+
 // Bytes of the warps' partial sums `mvt_chunks` leaves in shared memory after its column
 // loop: [warp][tile * 4 + fragment element][lane] (conflict-free writes and reads).
 #define MVT_PART(TILES) (MVT_WARPS * (TILES) * 4 * 32 * 4)
 
 // `smem`: `stages` staging buffers of `stage_bytes` (a multiple of 16, at least MVT_ROWS
 // rows of `step` columns) during the column loop, then the partial sums (MVT_PART).
-template <int TY, int TILES, bool ASYNC, int W = MVT_WARPS>
+template <int TY, int TILES, bool ASYNC, int W = MVT_WARPS, bool I8 = false>
 __device__ __forceinline__ void mvt_chunks(u8* __restrict__ smem, int stages, int step,
                                            int stage_bytes, const u64* __restrict__ wtab,
                                            const Chunk* __restrict__ chunks,
@@ -240,7 +421,10 @@ __device__ __forceinline__ void mvt_chunks(u8* __restrict__ smem, int stages, in
     for (int j = 0; j < TILES; j++) {
         const int t = 8 * j + g;
         vt[j] = t < count;
-        xr[j] = X + (size_t)(c->rows[vt[j] ? t : 0] / x_div) * cols;
+        // I8: X is `quant_x8`'s output, row blockIdx.y * MVG_N + t (the chunk's row t).
+        xr[j] = I8 ? (const float*)((const u8*)X + ((size_t)blockIdx.y * MVG_N + (vt[j] ? t : 0)) *
+                                                    (size_t)(cols >> 5) * QX_BYTES)
+                   : X + (size_t)(c->rows[vt[j] ? t : 0] / x_div) * cols;
 #pragma unroll
         for (int ci = 0; ci < CPW; ci++)
 #pragma unroll
@@ -289,6 +473,10 @@ __device__ __forceinline__ void mvt_chunks(u8* __restrict__ smem, int stages, in
                 const int kl = kb + warp + W * ci;
                 if (kl >= ng) continue;
                 const int kc = (k0 >> 5) + kl;
+                if (I8) {
+                    mvi_group<TY, TILES>(stage, segb, kl, kc, g, q, nrows, tiles, xr, acc[ci]);
+                    continue;
+                }
                 const int p = 4 * kl + q;  // group of 8 within the step
                 float wa[8], wb[8];
                 if (g < nrows) {
@@ -435,6 +623,38 @@ __device__ __forceinline__ Parts pick_part(const u64* w0, const u64* w1, const u
                                             float scale) {                                   \
         embed_rows<TY>(W, row_bytes, tokens, x, cols, scale);                                \
     }
+
+// The int8 forms (see mvi_group) of mvt_ / mvt1_ / mvd_: the same parameters, X being
+// `quant_x8`'s output for the launch's chunk table.
+#define I8_KERNELS(name, TY)                                                                  \
+    extern "C" __global__ void __launch_bounds__(MVT_WARPS * 32) mvi_##name(MV_PARAMS) {     \
+        __shared__ __align__(16) u8 smem[MVT_PART(MVT_TILES) > MVT_STAGE ? MVT_PART(MVT_TILES) \
+                                                                        : MVT_STAGE];         \
+        const Parts pp = PICK_PART(MVT_ROWS);                                                 \
+        mvt_chunks<TY, MVT_TILES, false, MVT_WARPS, true>(smem, 1, MVT_WARPS * 32, MVT_STAGE, \
+                                                          pp.w, chunks, n_chunks, X, x_div,   \
+                                                          pp.y, pp.rows, cols, row_bytes,     \
+                                                          pp.bx);                             \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(MVT_WARPS * 32)                              \
+        mvi1_##name(MV_PARAMS, int stages, int step, int stage_bytes) {                       \
+        extern __shared__ __align__(16) u8 dsmem[];                                           \
+        const Parts pp = PICK_PART(MVT_ROWS);                                                 \
+        mvt_chunks<TY, 1, true, MVT_WARPS, true>(dsmem, stages, step, stage_bytes, pp.w,      \
+                                                 chunks, n_chunks, X, x_div, pp.y, pp.rows,   \
+                                                 cols, row_bytes, pp.bx);                     \
+    }                                                                                         \
+    extern "C" __global__ void __launch_bounds__(MVD_WARPS * 32)                              \
+        mvid_##name(MV_PARAMS, int stages, int step, int stage_bytes) {                       \
+        extern __shared__ __align__(16) u8 dsmem[];                                           \
+        const Parts pp = PICK_PART(MVT_ROWS);                                                 \
+        mvt_chunks<TY, 1, true, MVD_WARPS, true>(dsmem, stages, step, stage_bytes, pp.w,      \
+                                                 chunks, n_chunks, X, x_div, pp.y, pp.rows,   \
+                                                 cols, row_bytes, pp.bx);                     \
+    }
+
+I8_KERNELS(q8_0, T_Q8_0)
+I8_KERNELS(q4_k, T_Q4_K)
 
 FWD_KERNELS(f32, T_F32)
 FWD_KERNELS(f16, T_F16)

@@ -35,7 +35,7 @@ use sluice_models::blocks::dsv4_attention::Dsv4Shape;
 use sluice_models::blocks::hyper::HcShape;
 use sluice_models::blocks::mla::MlaShape;
 use sluice_models::blocks::{head, Batch, Env};
-use sluice_models::plan::{DecoderPlan, DeviceForward, HyperHead, PlanAttn};
+use sluice_models::plan::{DecoderPlan, DeviceForward, HyperHead, PlanAttn, PlanFfn};
 use sluice_models::state::SeqState;
 use sluice_models::ModelError;
 
@@ -154,6 +154,10 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("mvt_", "PPPPPPIPPPIIIIL"),
     ("mvt1_", "PPPPPPIPPPIIIILIII"),
     ("mvd_", "PPPPPPIPPPIIIILIII"),
+    ("mvi_", "PPPPPPIPPPIIIIL"),
+    ("mvi1_", "PPPPPPIPPPIIIILIII"),
+    ("mvid_", "PPPPPPIPPPIIIILIII"),
+    ("quant_x8", "PPPIPI"),
     ("embed_", "PLPPIF"),
     ("rms_norm_rows", "PPPPIF"),
     ("residual_norm", "PPPPPIFPPPPI"),
@@ -227,6 +231,10 @@ pub(crate) struct Funcs {
     /// kernel in blocks of 4 warps (`mvd_*`, the default for chunks of at most 8 rows); all
     /// three compute a row the same way.
     pub(crate) mvt: Vec<Option<[Kernel; 3]>>,
+    /// The int8 forms of the same three (`mvi1_*`, `mvi_*`, `mvid_*`: Q4_K and Q8_0, when
+    /// the f16 ones are loaded; None otherwise), over `quant_x8`'s quantized input.
+    pub(crate) mvi: Vec<Option<[Kernel; 3]>>,
+    pub(crate) quant_x8: Kernel,
     pub(crate) embed: Vec<Kernel>,
     pub(crate) rms_norm_rows: Kernel,
     pub(crate) residual_norm: Kernel,
@@ -305,6 +313,11 @@ pub struct GpuDecoder {
     /// tiles x chunks) take `mvd_*`, the rest `mvt1_*` (`SLUICE_CUDA_MVD_MIN_BLOCKS`,
     /// default [`MVD_MIN_BLOCKS`]; `SLUICE_CUDA_DECODE=mvt1`: never, for A/B; the same bits).
     pub(crate) mvd_min_blocks: usize,
+    /// Whether the products of Q4_K and Q8_0 weights take the int8 kernels (`mvi_*`,
+    /// default; `SLUICE_CUDA_INT8=0`: the f16 ones, for A/B); and the widest product input
+    /// (columns), which sizes their quantized input.
+    pub(crate) int8: bool,
+    pub(crate) xq_cols: usize,
     /// Fused small launches (`SLUICE_CUDA_FUSE=0`: off, for A/B; the same bits): a decode
     /// step's resident experts' chunk table written by `topk_route` (no `moe_chunks`), the
     /// MoE combine inside the next `residual_norm` (no `moe_combine`).
@@ -569,6 +582,8 @@ impl GpuDecoder {
             mvt1,
             mvd,
             mvd_min_blocks: mvd_min_blocks(),
+            int8: std::env::var("SLUICE_CUDA_INT8").map_or(true, |v| v != "0"),
+            xq_cols: widest_cols(&plan),
             fuse: std::env::var("SLUICE_CUDA_FUSE").map_or(true, |v| v != "0"),
             mla: plan
                 .mla_shape()
@@ -605,6 +620,30 @@ impl GpuDecoder {
             _norms: norms,
         })
     }
+}
+
+/// The most columns any of `plan`'s products has (dense matrices, routed experts, pooled
+/// layers' per-head tensors).
+fn widest_cols(plan: &DecoderPlan) -> usize {
+    let dense = plan.matrices().iter().map(|(_, m)| m.cols).max().unwrap_or(0);
+    let other = plan
+        .layers
+        .iter()
+        .flat_map(|l| {
+            let routed = match &l.ffn {
+                PlanFfn::Moe { experts, .. } => experts.iter().map(|s| s.cols).max(),
+                PlanFfn::Dense { .. } => None,
+            };
+            let pooled = match &l.attn {
+                PlanAttn::Pooled { w, .. } => Some(w.k_b.cols.max(w.v_b.cols)),
+                _ => None,
+            };
+            [routed, pooled]
+        })
+        .flatten()
+        .max()
+        .unwrap_or(0);
+    dense.max(other)
 }
 
 pub(crate) fn i32_of(v: usize, what: &str) -> Result<i32, ModelError> {

@@ -213,6 +213,19 @@ kernel! {
 }
 
 kernel! {
+    /// The int8 products' input: chunk row t of chunk c (input row `rows[t] / x_div`)
+    /// quantized per 32 columns into row `c * MVG_N + t` of `xq`.
+    QuantX8 => quant_x8, 256, "quant_x8", "forward.cu" {
+        chunks: P,
+        n_chunks: P,
+        x: P,
+        x_div: I,
+        xq: P,
+        cols: I,
+    }
+}
+
+kernel! {
     /// `g = act(g) * u` over `n` values.
     GluAct => glu_act, 256, "glu_act", "forward.cu" {
         g: P,
@@ -819,6 +832,7 @@ pub(crate) mod tests {
             checked::<Attention>(),
             checked::<TopkRoute>(),
             checked::<MoeChunks>(),
+            checked::<QuantX8>(),
             checked::<GluAct>(),
             checked::<MoeCombine>(),
             checked::<MlaKvPrep>(),
@@ -857,7 +871,7 @@ pub(crate) mod tests {
         let mut want: Vec<&str> = crate::forward::KERNEL_SIGNATURES
             .iter()
             .map(|(k, _)| *k)
-            .filter(|k| !["mvg_", "mvt_", "mvt1_", "mvd_"].contains(k))
+            .filter(|k| !["mvg_", "mvt_", "mvt1_", "mvd_", "mvi_", "mvi1_", "mvid_"].contains(k))
             .collect();
         let mut have = typed.to_vec();
         want.sort_unstable();

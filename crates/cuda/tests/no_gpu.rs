@@ -90,6 +90,7 @@ fn kernels_compile_with_nvrtc() {
             "dsv4_topk",
             "dsv4_attention",
             "dsa_key_prep",
+            "quant_x8",
         ] {
             let name = format!(".entry {k}(");
             assert!(ptx.contains(&name), "{arch}: PTX lacks {name}");
@@ -116,11 +117,18 @@ fn kernels_compile_with_nvrtc() {
             );
             checked += 1;
         }
+        // The int8 products of Q8_0 and Q4_K.
+        for f in ["q8_0", "q4_k"] {
+            for k in ["mvi", "mvi1", "mvid"] {
+                let name = format!(".entry {k}_{f}(");
+                assert!(ptx.contains(&name), "{arch}: PTX lacks {name}");
+            }
+        }
         // Every format x (mv, mm, mvg, mvt, mvt1, mvd, embed), 2 x (kv_store, attention),
-        // 37 others.
+        // 2 x (mvi, mvi1, mvid), 38 others.
         let formats = sluice_cuda::FORMATS.len();
         assert!(formats >= 19, "the seeds' formats have kernels");
-        assert_eq!(checked, formats * 7 + 2 * 2 + 37, "{arch}: kernels checked");
+        assert_eq!(checked, formats * 7 + 2 * 2 + 2 * 3 + 38, "{arch}: kernels checked");
     }
 }
 

@@ -175,7 +175,6 @@ impl GpuDecoder {
             n,
             e,
             ei,
-            small,
             tokens,
             rows,
             h,
@@ -253,7 +252,7 @@ impl GpuDecoder {
                 table,
                 count,
                 chunks,
-                small,
+                ..rows
             };
             let gate_up = |rows: Rows| {
                 let gu = [(&parts[0], g), (&parts[1], u)];
@@ -282,7 +281,7 @@ impl GpuDecoder {
                 table: chunks,
                 count: nchunks,
                 chunks: np / MVG_N + ne.min(np),
-                small,
+                ..rows
             };
             let gu = [(&parts[0], g), (&parts[1], u)];
             self.mv(&gu, routed, h, kk)?;

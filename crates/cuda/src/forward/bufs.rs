@@ -27,8 +27,7 @@ type Buf = Option<CudaSlice<f32>>;
 
 /// The batch as every block sees it: `n` tokens (ids at `tokens`, positions at `pos` in
 /// the call's header) of `e` values (`ei` as the kernels take it), the RMS norms' epsilon,
-/// whether every chunk has at most 8 rows (`small`: the decode kernels), the KV cache's
-/// type (`kvt`: 0 f16, 1 f32); the chunk tables of every token's rows (`rows`) and of the
+/// the KV cache's type (`kvt`: 0 f16, 1 f32); the chunk tables of every token's rows (`rows`) and of the
 /// per-head units (`heads`: MLA's heads or DeepSeek V4's output groups); the block's
 /// normed input `h` and its output `o`.
 #[derive(Clone, Copy)]
@@ -37,7 +36,6 @@ pub(crate) struct Io {
     pub(crate) e: usize,
     pub(crate) ei: i32,
     pub(crate) eps: f32,
-    pub(crate) small: bool,
     pub(crate) kvt: usize,
     pub(crate) tokens: u64,
     pub(crate) pos: u64,

@@ -13,6 +13,7 @@ use crate::forward::bufs::{
     AttnBufs, AttnScratch, Dsv4Bufs, Dsv4Scratch, FfnBufs, FfnScratch, HeadBufs, HeadScratch,
     IndexBufs, IndexScratch, Io, MlaBufs, MlaScratch, ResidualBufs, ResidualScratch,
 };
+use crate::forward::products::xq_bytes;
 use crate::forward::scratch::{NextBufs, NextScratch, Rows};
 use crate::forward::state::LayerPtrs;
 use crate::forward::{err, i32_of, GpuDecoder, MVG_N};
@@ -42,6 +43,8 @@ pub(crate) struct Scratch {
     pub(crate) head: HeadScratch,
     /// Qwen3.8-Flash-Next's and GLM-5.3-Flash's blocks' buffers.
     pub(crate) next: NextScratch,
+    /// The int8 products' quantized input (`quant_x8`'s output; `Rows::xq`).
+    pub(crate) xq: Option<CudaSlice<u8>>,
 }
 
 /// The device address of `b` after growing it to `len` elements.
@@ -162,7 +165,15 @@ impl Header {
 /// `hb`, the scratch buffers, the sequence's state).
 pub(crate) fn graph_key(c: &Call<'_>, hb: u64) -> Vec<u64> {
     let Call { io, head, .. } = c;
-    let mut key = vec![io.n as u64, head.nr as u64, io.kvt as u64, hb, io.h, io.o];
+    let mut key = vec![
+        io.n as u64,
+        head.nr as u64,
+        io.kvt as u64,
+        hb,
+        io.h,
+        io.o,
+        io.rows.xq,
+    ];
     key.extend(c.attn.all());
     key.extend(c.mla.all());
     key.extend(c.index.all());
@@ -218,6 +229,19 @@ impl GpuDecoder {
         let nd = n.div_ceil(MVG_N);
         // At most 8 tokens: every chunk has at most 8 rows (a token picks an expert once).
         let small = n <= 8;
+        // The int8 products' quantized input: a row per chunk row of the largest chunk
+        // table of the call (dense, per head or segment, logits rows, routed experts).
+        let xq_bytes = if self.int8 && self.f.mvi.iter().any(Option::is_some) {
+            let pairs = n * self.ffn_dims.k_max;
+            let routed = pairs / MVG_N + self.ffn_dims.n_expert_max.min(pairs);
+            let chunks = (nd * heads.max(segs).max(1))
+                .max(rows.len().div_ceil(MVG_N))
+                .max(routed);
+            xq_bytes(chunks, self.xq_cols)
+        } else {
+            0
+        };
+        let xq = addr(stream, &mut sc.xq, xq_bytes)?;
         // A chunk table of the header and the address of its count (the four counts
         // follow one another at `hdr.counts`).
         let table = |table: usize, count: usize, chunks: usize| Rows {
@@ -225,6 +249,8 @@ impl GpuDecoder {
             count: at(hdr.counts + 4 * count),
             chunks,
             small,
+            xq,
+            xq_bytes,
         };
         let hs = self.hyper.as_ref().map(|(s, _)| *s);
         // Residual streams: a hyper-connection's, the low-rank mixers' (1: plain).
@@ -245,7 +271,6 @@ impl GpuDecoder {
             e,
             ei: i32_of(e, "n_embd")?,
             eps: p.shape.rms_eps,
-            small,
             kvt,
             tokens: at(hdr.tokens),
             pos: at(hdr.pos),

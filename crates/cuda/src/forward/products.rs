@@ -7,7 +7,7 @@ use sluice_kernels::GgmlType;
 use sluice_models::ModelError;
 
 use crate::forward::scratch::Rows;
-use crate::forward::{i32_of, DMat, GpuDecoder};
+use crate::forward::{i32_of, DMat, GpuDecoder, MVG_N};
 use crate::{kernels, Mma};
 
 /// Whether the tensor-core products (`mvt_*`, f16 operands) take weights of `ty`: every
@@ -15,6 +15,24 @@ use crate::{kernels, Mma};
 /// stay on the f32 kernels).
 pub(crate) fn takes_f16(ty: GgmlType) -> bool {
     !matches!(ty, GgmlType::F32 | GgmlType::BF16)
+}
+
+/// Whether the int8 tensor-core products (`mvi_*`, forward.cu's `I8_FORMAT`) take weights
+/// of `ty`: Q8_0 and Q4_K.
+pub(crate) fn takes_i8(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_K)
+}
+
+/// Bytes of one 32-column block of `quant_x8`'s output (`QX_BYTES`: f32 scale, f32 sum,
+/// 32 quants), and of the quantized input of a product over `chunks` chunks of a
+/// `cols`-column input (a row per chunk row, MVG_N a chunk).
+pub(crate) const QX_BYTES: usize = 40;
+
+/// Threads of a `quant_x8` block (four a 32-column block).
+pub(crate) const QX_THREADS: u32 = 256;
+
+pub(crate) fn xq_bytes(chunks: usize, cols: usize) -> usize {
+    chunks * crate::forward::MVG_N * cols.div_ceil(32) * QX_BYTES
 }
 
 /// Weight rows and threads of one block of `mvt_*` (`MVT_ROWS`, `MVT_WARPS` of
@@ -153,6 +171,8 @@ impl GpuDecoder {
             count: nchunks,
             chunks: grid_y,
             small,
+            xq,
+            xq_bytes: xq_cap,
         } = rows;
         if grid_y == 0 {
             return Ok(());
@@ -173,6 +193,33 @@ impl GpuDecoder {
                 Some(_) if small && self.d.mma == Mma::Prefill => None,
                 k => k.as_ref(),
             };
+            // The int8 form where the format has one (prefill and decode alike: a row's
+            // bits must not depend on its chunk), over the input quantized once here.
+            let int8 = match &self.f.mvi[m.fi] {
+                Some(k) if self.int8 && mvt.is_some() => Some(k),
+                _ => None,
+            };
+            let mut x_in = x;
+            if int8.is_some() {
+                if xq_bytes(grid_y, m.cols) > xq_cap {
+                    return Err(ModelError::Compute(format!(
+                        "cuda: {grid_y} chunks of {} columns pass the call's quantized input",
+                        m.cols
+                    )));
+                }
+                let blocks = (MVG_N * m.cols.div_ceil(32) * 4).div_ceil(QX_THREADS as usize);
+                kernels::QuantX8 {
+                    chunks,
+                    n_chunks: nchunks,
+                    x,
+                    x_div: x_div as i32,
+                    xq,
+                    cols: i32_of(m.cols, "columns")?,
+                }
+                .launch(self, (blocks as u32, gy, 1))?;
+                x_in = xq;
+            }
+            let mvt = int8.or(mvt);
             let decode = mvt.is_some() && small;
             // `mvd_*` where the launch has blocks enough to fill the SMs with its small
             // blocks (routed experts); `mvt1_*`'s 16-warp blocks otherwise (fewer, wider
@@ -205,7 +252,7 @@ impl GpuDecoder {
                 w2: self.ptrs_base + 8 * p2.0.tab as u64,
                 chunks,
                 n_chunks: nchunks,
-                x,
+                x: x_in,
                 x_div: x_div as i32,
                 y0: p0.2,
                 y1: p1.2,

@@ -13,13 +13,17 @@ use sluice_models::ModelError;
 use crate::forward::addr;
 
 /// Where a product's rows come from: the chunk table, the address of its count, the
-/// chunks in the grid, whether every chunk has at most 8 rows (`GpuDecoder::mv`).
+/// chunks in the grid, whether every chunk has at most 8 rows (`GpuDecoder::mv`); the
+/// call's buffer for the int8 products' quantized input and its bytes (the same for every
+/// table of a call).
 #[derive(Clone, Copy)]
 pub(crate) struct Rows {
     pub(crate) table: u64,
     pub(crate) count: u64,
     pub(crate) chunks: usize,
     pub(crate) small: bool,
+    pub(crate) xq: u64,
+    pub(crate) xq_bytes: usize,
 }
 
 /// Per-token widths of this module's scratch, the widest over the layers (1 where a part

@@ -15,7 +15,7 @@ use crate::blocks::ffn::{act_id, DenseFfn};
 use crate::blocks::hyper::hc_segments;
 use crate::blocks::kda::delta_shape;
 use crate::forward::bufs::FfnDims;
-use crate::forward::products::takes_f16;
+use crate::forward::products::{takes_f16, takes_i8};
 use crate::forward::{kernel_signature, DAttn, DFfn, DLayer, DMat, ExpertPlacement, Funcs, Kernel};
 use crate::{kernel_format, Device, Mma, FORMATS};
 
@@ -357,24 +357,31 @@ impl Funcs {
         };
         let mut mvg = Vec::new();
         let mut mvt = Vec::new();
+        let mut mvi = Vec::new();
         let mut embed = Vec::new();
+        let dynamic = |name: String| -> Result<Kernel, String> {
+            let k = load(&name)?;
+            k.f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem_max as i32,
+            )
+            .map_err(|e| format!("kernel {name}: {smem_max} bytes of shared memory: {e}"))?;
+            Ok(k)
+        };
         for (ty, s) in FORMATS {
             mvg.push(load(&format!("mvg_{s}"))?);
-            mvt.push(if d.mma != Mma::Never && takes_f16(ty) {
-                let dynamic = |name: String| -> Result<Kernel, String> {
-                    let k = load(&name)?;
-                    k.f.set_attribute(
-                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        smem_max as i32,
-                    )
-                    .map_err(|e| {
-                        format!("kernel {name}: {smem_max} bytes of shared memory: {e}")
-                    })?;
-                    Ok(k)
-                };
+            let tensor = d.mma != Mma::Never && takes_f16(ty);
+            mvt.push(if tensor {
                 let one = dynamic(format!("mvt1_{s}"))?;
                 let mvd = dynamic(format!("mvd_{s}"))?;
                 Some([one, load(&format!("mvt_{s}"))?, mvd])
+            } else {
+                None
+            });
+            mvi.push(if tensor && takes_i8(ty) {
+                let one = dynamic(format!("mvi1_{s}"))?;
+                let mvd = dynamic(format!("mvid_{s}"))?;
+                Some([one, load(&format!("mvi_{s}"))?, mvd])
             } else {
                 None
             });
@@ -383,6 +390,8 @@ impl Funcs {
         Ok(Funcs {
             mvg,
             mvt,
+            mvi,
+            quant_x8: load("quant_x8")?,
             embed,
             rms_norm_rows: load("rms_norm_rows")?,
             residual_norm: load("residual_norm")?,
