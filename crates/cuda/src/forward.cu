@@ -209,8 +209,8 @@ __device__ __forceinline__ void mvt_stage(u8* __restrict__ dst, const u8* __rest
 // choice unless SLUICE_CUDA_INT8=0): the same blocks, staging, chains and tree as
 // `mvt_*` / `mvt1_*` / `mvd_*`, but no weight is turned into a float. The product's
 // input rows are first quantized by `quant_x8`, per row (a token, or a (token, slot)
-// pair reading its token's row) and per 32-column block, into {f32 d; f32 s; i8 q[32]}
-// (QX_BYTES): d = amax / 127, q = rint(x * (127 / amax)) (to nearest even, |q| <= 127), s =
+// pair reading its token's row) and per 32-column block, into {i8 q[32]; f32 d; f32 s;
+// 8 bytes unused} (QX_BYTES, 16-byte aligned): d = amax / 127, q = rint(x * (127 / amax)) (to nearest even, |q| <= 127), s =
 // the block's f32 sum of x (for Q4_K's min term). Each weight block of 32 columns (a
 // Q8_0 block, a Q4_K sub-block) goes into `mma.m16n8k32.s8` as its integer quants
 // (Q8_0's bytes as they are, Q4_K's nibbles by and / shift of 32-bit words) against the
@@ -228,7 +228,7 @@ __device__ __forceinline__ void mvt_stage(u8* __restrict__ dst, const u8* __rest
 // decode), and the chains and the tree are the f16 path's. The dot goes to f32 exactly:
 // the accumulator starts at the bits of 2^23 + 2^22 (0x4B400000), so the s32 result read
 // as f32 is 12582912 + dot, and subtracting 12582912 is exact for |dot| < 2^22.
-#define QX_BYTES 40
+#define QX_BYTES 48
 #define QX_MAGIC 0x4B400000
 
 // c (s32, from QX_MAGIC) += A (16 x 32, s8, row) * B (32 x 8, s8, col).
@@ -304,8 +304,8 @@ __device__ __forceinline__ void mvi_group(const u8* __restrict__ stage, int segb
     for (int j = 0; j < TILES; j++) {
         if (j < tiles) {
             const u8* xb = (const u8*)xr[j] + (size_t)kc * QX_BYTES;
-            const float2 ds = *(const float2*)xb;
-            const u32* xq = (const u32*)(xb + 8);
+            const float2 ds = *(const float2*)(xb + 32);
+            const u32* xq = (const u32*)xb;
             int c[4] = {QX_MAGIC, QX_MAGIC, QX_MAGIC, QX_MAGIC};
             mma16832(c, a0, a1, a2, a3, xq[q], xq[4 + q]);
             // X rows 2q and 2q + 1 of the tile (the fragment's columns): lanes 8q, 8q + 4.
@@ -382,8 +382,8 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     if (!ok) return;
     u8* out = xq + ((size_t)blockIdx.y * MVG_N + t) * (size_t)nb * QX_BYTES + (size_t)b * QX_BYTES;
-    *(uint2*)(out + 8 + 8 * sub) = make_uint2(w[0], w[1]);
-    if (sub == 0) *(float2*)out = make_float2(d, sum);
+    *(uint2*)(out + 8 * sub) = make_uint2(w[0], w[1]);
+    if (sub == 0) *(float2*)(out + 32) = make_float2(d, sum);
 }
 
 // Bytes of the warps' partial sums `mvt_chunks` leaves in shared memory after its column
@@ -623,6 +623,117 @@ __device__ __forceinline__ Parts pick_part(const u64* w0, const u64* w1, const u
                                             float scale) {                                   \
         embed_rows<TY>(W, row_bytes, tokens, x, cols, scale);                                \
     }
+
+// The decode form of the Q4_K int8 product (`mvq_q4_k`, chunks of at most MV_MAX_N rows):
+// no tensor cores and no shared memory, the same bits as `mvi_*` / `mvi1_*` / `mvid_*`.
+// Half a warp per weight row: lane c of the half is chain c, taking the row's 32-column
+// blocks b = c (mod MVT_WARPS) in order (the chains of the tensor-core forms); it loads the
+// block's 32 nibbles and its super-block's scales from global memory, forms the exact int32
+// dot with each X row's 32 quants by dp4a (an integer sum: any order gives the same value,
+// the value the mma gives), and adds it with the same two f32 operations; the 16 chains
+// are then added by shfl_down in the tensor-core forms' tree (s[w] += s[w + step], steps 1,
+// 2, 4, 8). Rows a block: MVQ_ROWS.
+#define MVQ_WARPS 4
+#define MVQ_ROWS (MVQ_WARPS * 2)
+
+__device__ __forceinline__ void q4k_block(const u8* __restrict__ row, int b, bool wide, u32* w,
+                                          float* dw, float* mw) {
+    const u8* sb = row + (b >> 3) * 144;
+    const int j = b & 7;
+    u32 hd[4];
+    const u8* qs = sb + 16 + 32 * (j >> 1);
+    u32 q[8];
+    if (wide) {
+        const uint4 h = *(const uint4*)sb;
+        hd[0] = h.x; hd[1] = h.y; hd[2] = h.z; hd[3] = h.w;
+        const uint4 a = *(const uint4*)qs, c = *(const uint4*)(qs + 16);
+        q[0] = a.x; q[1] = a.y; q[2] = a.z; q[3] = a.w;
+        q[4] = c.x; q[5] = c.y; q[6] = c.z; q[7] = c.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) hd[i] = ((const u32*)sb)[i];
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = ((const u32*)qs)[i];
+    }
+    const int sh = 8 * (j & 3);
+    const u32 w0 = (hd[1] >> sh) & 0xFF, w1 = (hd[2] >> sh) & 0xFF;
+    int sc, m;
+    if (j < 4) {
+        sc = (int)(w0 & 63);
+        m = (int)(w1 & 63);
+    } else {
+        const u32 w2 = (hd[3] >> sh) & 0xFF;
+        sc = (int)((w2 & 0x0F) | ((w0 >> 6) << 4));
+        m = (int)((w2 >> 4) | ((w1 >> 6) << 4));
+    }
+    *dw = __fmul_rn(h2f((u16)(hd[0] & 0xFFFF)), (float)sc);
+    *mw = __fmul_rn(h2f((u16)(hd[0] >> 16)), (float)m);
+    const int shift = (j & 1) * 4;
+#pragma unroll
+    for (int i = 0; i < 8; i++) w[i] = (q[i] >> shift) & 0x0F0F0F0Fu;
+}
+
+__device__ __forceinline__ void mvq_q4k_chunks(const u64* __restrict__ wtab,
+                                               const Chunk* __restrict__ chunks,
+                                               const int* __restrict__ n_chunks,
+                                               const u8* __restrict__ xq,
+                                               float* __restrict__ Y, int out_rows, int cols,
+                                               long long row_bytes, int bx) {
+    if ((int)blockIdx.y >= *n_chunks) return;
+    const Chunk* c = chunks + blockIdx.y;
+    const int count = c->count;
+    const int lane = threadIdx.x & 31;
+    const int chain = lane & 15;
+    const int r = bx * MVQ_ROWS + (threadIdx.x >> 5) * 2 + (lane >> 4);
+    const bool live = r < out_rows;
+    const u8* row = (const u8*)wtab[c->unit] + (size_t)(live ? r : 0) * (size_t)row_bytes;
+    const bool wide = (((size_t)row | (size_t)row_bytes) & 15) == 0;
+    const int nb = cols >> 5;
+    const size_t xs = (size_t)nb * QX_BYTES;
+    const u8* x0 = xq + (size_t)blockIdx.y * MVG_N * xs;
+    float acc[MV_MAX_N];
+#pragma unroll
+    for (int t = 0; t < MV_MAX_N; t++) acc[t] = 0.0f;
+#pragma unroll 2
+    for (int b = chain; b < nb; b += MVT_WARPS) {
+        u32 w[8];
+        float dw, mw;
+        q4k_block(row, b, wide, w, &dw, &mw);
+#pragma unroll
+        for (int t = 0; t < MV_MAX_N; t++) {
+            if (t < count) {
+                const u8* xb = x0 + (size_t)t * xs + (size_t)b * QX_BYTES;
+                const uint4 xa = *(const uint4*)xb, xc = *(const uint4*)(xb + 16);
+                const float2 ds = *(const float2*)(xb + 32);
+                int dot = __dp4a((int)w[0], (int)xa.x, 0);
+                dot = __dp4a((int)w[1], (int)xa.y, dot);
+                dot = __dp4a((int)w[2], (int)xa.z, dot);
+                dot = __dp4a((int)w[3], (int)xa.w, dot);
+                dot = __dp4a((int)w[4], (int)xc.x, dot);
+                dot = __dp4a((int)w[5], (int)xc.y, dot);
+                dot = __dp4a((int)w[6], (int)xc.z, dot);
+                dot = __dp4a((int)w[7], (int)xc.w, dot);
+                acc[t] = __fmaf_rn(__fmul_rn(dw, ds.x), (float)dot, acc[t]);
+                acc[t] = __fmaf_rn(-mw, ds.y, acc[t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MV_MAX_N; t++) {
+        if (t < count) {
+            float v = acc[t];
+#pragma unroll
+            for (int step = 1; step < MVT_WARPS; step <<= 1)
+                v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, step));
+            if (chain == 0 && live) Y[(size_t)c->rows[t] * out_rows + r] = v;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32) mvq_q4_k(MV_PARAMS) {
+    const Parts pp = PICK_PART(MVQ_ROWS);
+    mvq_q4k_chunks(pp.w, chunks, n_chunks, (const u8*)X, pp.y, pp.rows, cols, row_bytes, pp.bx);
+}
 
 // The int8 forms (see mvi_group) of mvt_ / mvt1_ / mvd_: the same parameters, X being
 // `quant_x8`'s output for the launch's chunk table.

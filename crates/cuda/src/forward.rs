@@ -157,6 +157,7 @@ pub const KERNEL_SIGNATURES: &[(&str, &str)] = &[
     ("mvi_", "PPPPPPIPPPIIIIL"),
     ("mvi1_", "PPPPPPIPPPIIIILIII"),
     ("mvid_", "PPPPPPIPPPIIIILIII"),
+    ("mvq_", "PPPPPPIPPPIIIIL"),
     ("quant_x8", "PPPIPI"),
     ("embed_", "PLPPIF"),
     ("rms_norm_rows", "PPPPIF"),
@@ -235,6 +236,8 @@ pub(crate) struct Funcs {
     /// the f16 ones are loaded; None otherwise), over `quant_x8`'s quantized input.
     pub(crate) mvi: Vec<Option<[Kernel; 3]>>,
     pub(crate) quant_x8: Kernel,
+    /// The int8 decode product on dp4a (`mvq_*`: Q4_K), the same bits as `mvi*_*`.
+    pub(crate) mvq: Vec<Option<Kernel>>,
     pub(crate) embed: Vec<Kernel>,
     pub(crate) rms_norm_rows: Kernel,
     pub(crate) residual_norm: Kernel,
@@ -318,6 +321,9 @@ pub struct GpuDecoder {
     /// (columns), which sizes their quantized input.
     pub(crate) int8: bool,
     pub(crate) xq_cols: usize,
+    /// Whether decode products take `mvq_*` where the format has it (default;
+    /// `SLUICE_CUDA_DP4A=0`: the tensor-core decode kernels, for A/B; the same bits).
+    pub(crate) dp4a: bool,
     /// Fused small launches (`SLUICE_CUDA_FUSE=0`: off, for A/B; the same bits): a decode
     /// step's resident experts' chunk table written by `topk_route` (no `moe_chunks`), the
     /// MoE combine inside the next `residual_norm` (no `moe_combine`).
@@ -584,6 +590,7 @@ impl GpuDecoder {
             mvd_min_blocks: mvd_min_blocks(),
             int8: std::env::var("SLUICE_CUDA_INT8").map_or(true, |v| v != "0"),
             xq_cols: widest_cols(&plan),
+            dp4a: std::env::var("SLUICE_CUDA_DP4A").map_or(true, |v| v != "0"),
             fuse: std::env::var("SLUICE_CUDA_FUSE").map_or(true, |v| v != "0"),
             mla: plan
                 .mla_shape()

@@ -23,10 +23,15 @@ pub(crate) fn takes_i8(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_K)
 }
 
-/// Bytes of one 32-column block of `quant_x8`'s output (`QX_BYTES`: f32 scale, f32 sum,
-/// 32 quants), and of the quantized input of a product over `chunks` chunks of a
+/// Bytes of one 32-column block of `quant_x8`'s output (`QX_BYTES`: 32 quants, f32
+/// scale, f32 sum, 8 bytes unused), and of the quantized input of a product over `chunks` chunks of a
 /// `cols`-column input (a row per chunk row, MVG_N a chunk).
-pub(crate) const QX_BYTES: usize = 40;
+pub(crate) const QX_BYTES: usize = 48;
+
+/// Weight rows and threads of a block of the dp4a decode kernel `mvq_*` (`MVQ_ROWS`).
+pub(crate) const MVQ_ROWS: usize = 8;
+
+pub(crate) const MVQ_THREADS: u32 = 4 * 32;
 
 /// Threads of a `quant_x8` block (four a 32-column block).
 pub(crate) const QX_THREADS: u32 = 256;
@@ -219,14 +224,19 @@ impl GpuDecoder {
                 .launch(self, (blocks as u32, gy, 1))?;
                 x_in = xq;
             }
+            let mvq = match &self.f.mvq[m.fi] {
+                Some(k) if int8.is_some() && small && self.dp4a => Some(k),
+                _ => None,
+            };
             let mvt = int8.or(mvt);
-            let decode = mvt.is_some() && small;
+            let decode = mvt.is_some() && small && mvq.is_none();
             // `mvd_*` where the launch has blocks enough to fill the SMs with its small
             // blocks (routed experts); `mvt1_*`'s 16-warp blocks otherwise (fewer, wider
             // matrices: o, the head), whose column steps its warps share. The same bits.
             let tiles: usize = group.iter().map(|(d, _)| d.rows.div_ceil(MVT_ROWS)).sum();
             let use_mvd = decode && tiles * grid_y >= self.mvd_min_blocks;
             let (k, rows_per_block, threads) = match mvt {
+                _ if mvq.is_some() => (mvq.expect("some"), MVQ_ROWS, MVQ_THREADS),
                 Some([_, _, d]) if use_mvd => (d, MVT_ROWS, MVD_THREADS),
                 Some([one, four, _]) => (if small { one } else { four }, MVT_ROWS, MVT_THREADS),
                 None => (&self.f.mvg[m.fi], MVG_ROWS, MVG_THREADS),

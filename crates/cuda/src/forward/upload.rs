@@ -5,6 +5,8 @@
 
 use std::sync::Arc;
 
+use sluice_kernels::GgmlType;
+
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use sluice_models::plan::{DecoderPlan, HyperHead, PlanAttn, PlanFfn};
@@ -358,6 +360,7 @@ impl Funcs {
         let mut mvg = Vec::new();
         let mut mvt = Vec::new();
         let mut mvi = Vec::new();
+        let mut mvq = Vec::new();
         let mut embed = Vec::new();
         let dynamic = |name: String| -> Result<Kernel, String> {
             let k = load(&name)?;
@@ -378,6 +381,11 @@ impl Funcs {
             } else {
                 None
             });
+            mvq.push(if tensor && ty == GgmlType::Q4_K {
+                Some(load(&format!("mvq_{s}"))?)
+            } else {
+                None
+            });
             mvi.push(if tensor && takes_i8(ty) {
                 let one = dynamic(format!("mvi1_{s}"))?;
                 let mvd = dynamic(format!("mvid_{s}"))?;
@@ -392,6 +400,7 @@ impl Funcs {
             mvt,
             mvi,
             quant_x8: load("quant_x8")?,
+            mvq,
             embed,
             rms_norm_rows: load("rms_norm_rows")?,
             residual_norm: load("residual_norm")?,
