@@ -2,8 +2,10 @@
 // and routing on the device. Appended to kernels.cu (deq8, h2f come from there).
 //
 // Owns: the weight products over chunk tables (dense matrices and routed experts alike):
-// `mvt_*` / `mvt1_*` on tensor cores (f16 operands, f32 sums) and `mvg_*` in f32 (F32 and
-// BF16 weights, or SLUICE_CUDA_MMA=0); embedding rows, RMS norms fused with the residual
+// `mvt_*` / `mvt1_*` on tensor cores (f16 operands, f32 sums), for Q8_0 and Q4_K their
+// int8 forms (`quant_x8` + `mvi_*` / `mvi1_*` / `mvid_*` on s8 tensor cores, Q4_K's decode
+// `mvq_q4_k` on dp4a: the same bits; SLUICE_CUDA_INT8=0 for the f16 ones) and `mvg_*` in
+// f32 (F32 and BF16 weights, or SLUICE_CUDA_MMA=0); embedding rows, RMS norms fused with the residual
 // add, q/k norm + NEOX RoPE, the f16 KV cache store, attention (online softmax, tiles of
 // keys), the softmax top-k router, grouping (token, slot) pairs by expert on the device
 // (`moe_chunks`), the GLU activation and the weighted sum of a token's experts.

@@ -632,7 +632,12 @@ impl GpuDecoder {
 /// The most columns any of `plan`'s products has (dense matrices, routed experts, pooled
 /// layers' per-head tensors).
 fn widest_cols(plan: &DecoderPlan) -> usize {
-    let dense = plan.matrices().iter().map(|(_, m)| m.cols).max().unwrap_or(0);
+    let dense = plan
+        .matrices()
+        .iter()
+        .map(|(_, m)| m.cols)
+        .max()
+        .unwrap_or(0);
     let other = plan
         .layers
         .iter()

@@ -872,7 +872,10 @@ pub(crate) mod tests {
             .iter()
             .map(|(k, _)| *k)
             .filter(|k| {
-                !["mvg_", "mvt_", "mvt1_", "mvd_", "mvi_", "mvi1_", "mvid_", "mvq_"].contains(k)
+                ![
+                    "mvg_", "mvt_", "mvt1_", "mvd_", "mvi_", "mvi1_", "mvid_", "mvq_",
+                ]
+                .contains(k)
             })
             .collect();
         let mut have = typed.to_vec();

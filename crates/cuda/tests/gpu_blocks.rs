@@ -16,7 +16,10 @@
 //!   H200; the worst is looser for the discontinuous choices, router and indexer top-k);
 //! - f16 operands: median within 2e-2 (f16 rounding of the weights' products, and near-tied
 //!   router / indexer scores on random weights may pick other rows: GLM-DSA's and
-//!   GLM-5.3-Flash's whole-forward bound).
+//!   GLM-5.3-Flash's whole-forward bound); with int8 products (Q8_0 / Q4_K weights, the
+//!   default; `SLUICE_CUDA_INT8=0`: f16), whose activations are quantized per 32 values as
+//!   the CPU's quantized products quantize theirs, within the larger of 2e-2 and twice the
+//!   CPU's own median (its quantized products against the same oracle; printed).
 //!
 //! Not an isolated-block harness: a block runs inside its smallest model, so a failure names
 //! the case's blocks, not one kernel (the kernels themselves are `gpu_kernels`' tests).
@@ -36,15 +39,20 @@ const CHUNK: usize = 16;
 /// Every position's logits of `toks` on `path`: on the GPU decoder, or on the CPU with
 /// reference products.
 fn logits(path: &Path, toks: &[u32], gpu: bool) -> (Vec<f32>, usize) {
+    logits_on(path, toks, Some(gpu))
+}
+
+/// [`logits`], or (`None`) on the CPU with its own quantized products.
+fn logits_on(path: &Path, toks: &[u32], gpu: Option<bool>) -> (Vec<f32>, usize) {
     let mut m = Model::load(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    if gpu {
+    if gpu == Some(true) {
         let c = Cuda::new(m.map.bytes())
             .unwrap_or_else(|e| panic!("this test needs a CUDA device: {e}"));
         let plan = m.plan().expect("a plan for this architecture");
         let dec = GpuDecoder::new(&c, plan, m.map.bytes(), ExpertPlacement::Resident)
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         m.set_device_forward(Box::new(dec));
-    } else {
+    } else if gpu == Some(false) {
         m.set_compute(Box::new(RefCompute));
     }
     let out = common::logits_in_chunks(&mut m, toks, CHUNK);
@@ -93,6 +101,12 @@ fn check(what: &str, path: &Path) {
     if f32_operands {
         assert!(median <= 1e-6, "{what}: median {median:e} > 1e-6");
         assert!(worst <= 1e-5, "{what}: worst {worst:e} > 1e-5");
+    } else if std::env::var("SLUICE_CUDA_INT8").as_deref() != Ok("0") {
+        let (q, _) = logits_on(path, &toks, None);
+        let cm = deviations(&q, &cpu, n_vocab)[d.len() / 2];
+        eprintln!("{what}: the CPU's quantized products against the same oracle: median {cm:e}");
+        let bound = 2e-2f32.max(2.0 * cm);
+        assert!(median <= bound, "{what}: median {median:e} > {bound:e}");
     } else {
         assert!(median <= 2e-2, "{what}: median {median:e} > 2e-2");
     }

@@ -118,7 +118,10 @@ fn kernels_compile_with_nvrtc() {
             checked += 1;
         }
         // The int8 products of Q8_0 and Q4_K, Q4_K's dp4a decode product.
-        assert!(ptx.contains(".entry mvq_q4_k("), "{arch}: PTX lacks mvq_q4_k");
+        assert!(
+            ptx.contains(".entry mvq_q4_k("),
+            "{arch}: PTX lacks mvq_q4_k"
+        );
         for f in ["q8_0", "q4_k"] {
             for k in ["mvi", "mvi1", "mvid"] {
                 let name = format!(".entry {k}_{f}(");
@@ -129,7 +132,11 @@ fn kernels_compile_with_nvrtc() {
         // 2 x (mvi, mvi1, mvid), mvq_q4_k, 38 others.
         let formats = sluice_cuda::FORMATS.len();
         assert!(formats >= 19, "the seeds' formats have kernels");
-        assert_eq!(checked, formats * 7 + 2 * 2 + 2 * 3 + 1 + 38, "{arch}: kernels checked");
+        assert_eq!(
+            checked,
+            formats * 7 + 2 * 2 + 2 * 3 + 1 + 38,
+            "{arch}: kernels checked"
+        );
     }
 }
 
