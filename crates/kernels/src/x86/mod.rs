@@ -224,6 +224,8 @@ mod kgemm;
 #[cfg(target_arch = "x86_64")]
 mod kquants;
 #[cfg(target_arch = "x86_64")]
+mod q4k_rows;
+#[cfg(target_arch = "x86_64")]
 mod q8gemm;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use kgemm::{DecodedK, PackedQ8K, KTR};
@@ -382,13 +384,18 @@ mod tokens {
             acts: &QuantizedActs,
             out: &mut [f32],
         ) {
-            // SAFETY (both arms): the token proves the CPU has the kernel's features; the
+            // SAFETY (every arm): the token proves the CPU has the kernel's features; the
             // kernel only touches memory through the safe slices it is given.
             match ty {
                 GgmlType::Q8_0 => unsafe { super::avx2::rows_q8_0(w, rb, q8_0(acts), out) },
                 GgmlType::Q5_0 => unsafe { super::avx2::rows_q5_0(w, rb, q8_0(acts), out) },
-                GgmlType::Q4_K if super::q4k_row_order() == super::Q4kRowOrder::Pairs => unsafe {
-                    super::avx2::rows_q4k(w, rb, q8k(acts), out)
+                GgmlType::Q4_K => match super::q4k_row_order() {
+                    super::Q4kRowOrder::Pairs => unsafe {
+                        super::avx2::rows_q4k(w, rb, q8k(acts), out)
+                    },
+                    super::Q4kRowOrder::Single => unsafe {
+                        super::q4k_rows::rows_q4k_walk(w, rb, q8k(acts), out)
+                    },
                 },
                 GgmlType::Q6_K => unsafe { super::avx2::rows_q6k(w, rb, q8k(acts), out) },
                 _ => super::rows_one_by_one(ty, w, rb, out, |row, o| {
@@ -448,13 +455,18 @@ mod tokens {
             acts: &QuantizedActs,
             out: &mut [f32],
         ) {
-            // SAFETY (both arms): the token proves the CPU has the kernel's features; the
+            // SAFETY (every arm): the token proves the CPU has the kernel's features; the
             // kernel only touches memory through the safe slices it is given.
             match ty {
                 GgmlType::Q8_0 => unsafe { super::avx512::rows_q8_0(w, rb, q8_0(acts), out) },
                 GgmlType::Q5_0 => unsafe { super::avx512::rows_q5_0(w, rb, q8_0(acts), out) },
-                GgmlType::Q4_K if super::q4k_row_order() == super::Q4kRowOrder::Pairs => unsafe {
-                    super::avx512::rows_q4k(w, rb, q8k(acts), out)
+                GgmlType::Q4_K => match super::q4k_row_order() {
+                    super::Q4kRowOrder::Pairs => unsafe {
+                        super::avx512::rows_q4k(w, rb, q8k(acts), out)
+                    },
+                    super::Q4kRowOrder::Single => unsafe {
+                        super::q4k_rows::rows_q4k_walk(w, rb, q8k(acts), out)
+                    },
                 },
                 GgmlType::Q6_K => unsafe { super::avx512::rows_q6k(w, rb, q8k(acts), out) },
                 _ => super::rows_one_by_one(ty, w, rb, out, |row, o| {
@@ -500,7 +512,7 @@ mod tests {
     use crate::{ActData, GgmlType, QuantizedActs};
 
     /// `rows` Q4_K rows of `nb` blocks: pseudo-random quants and packed scales, finite
-    /// block scales (d ~0.1, dmin ~0.05).
+    /// block scales different in every block (d ~0.1, dmin ~0.05).
     fn q4k_rows(rows: usize, nb: usize, seed: u64) -> Vec<u8> {
         let mut s = seed;
         let mut w: Vec<u8> = (0..rows * nb * 144)
@@ -512,19 +524,32 @@ mod tests {
             })
             .collect();
         for b in w.chunks_exact_mut(144) {
-            b[..4].copy_from_slice(&[0x66, 0x2E, 0x66, 0x2A]);
+            // Random mantissa bits, fixed exponents: d and dmin differ from block to block.
+            b[1] = 0x2E;
+            b[3] = 0x2A;
         }
         w
     }
 
-    /// Both Q4_K row orders ([`super::Q4kRowOrder`]) give every row the bits of
-    /// `dot_q4k::<1>`, on each tier this CPU has, odd row counts included.
+    /// Both Q4_K row orders ([`super::Q4kRowOrder`]: `rows_q4k` pairs and the
+    /// `rows_q4k_walk` single-row walk) give every row the bits of `dot_q4k::<1>`, on each
+    /// tier this CPU has, odd row counts, 768-column rows and rows past the walk's
+    /// stack-held activation terms (65 blocks) included.
     #[test]
     fn q4k_row_orders_give_the_same_bits() {
-        for (rows, nb, seed) in [(1, 1, 1), (7, 3, 2), (8, 8, 3), (33, 2, 4)] {
+        for (rows, nb, seed) in [
+            (1, 1, 1),
+            (7, 3, 2),
+            (8, 8, 3),
+            (33, 2, 4),
+            (5, 16, 5),
+            (3, 64, 6),
+            (2, 65, 7),
+        ] {
             let w = q4k_rows(rows, nb, seed);
+            // A different activation scale in every block.
             let x: Vec<f32> = (0..nb * 256)
-                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.03)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.03 * (1.0 + (i / 256) as f32 * 0.37))
                 .collect();
             let acts = QuantizedActs::new(GgmlType::Q4_K, &x).unwrap();
             let ActData::Q8K(ys) = &acts.data else {
@@ -550,6 +575,14 @@ mod tests {
                 bits(&pairs),
                 bits(&single),
                 "avx2 pairs, {rows} rows of {nb} blocks"
+            );
+            let mut walk = vec![0f32; rows];
+            // SAFETY: the token proves AVX2 + FMA + F16C.
+            unsafe { super::q4k_rows::rows_q4k_walk(&w, rb, ys, &mut walk) };
+            assert_eq!(
+                bits(&walk),
+                bits(&single),
+                "single-row walk, {rows} rows of {nb} blocks"
             );
             if Avx512::new().is_some() {
                 let mut pairs = vec![0f32; rows];
