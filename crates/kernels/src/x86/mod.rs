@@ -163,6 +163,28 @@ pub(crate) fn q4k_row_order() -> Q4kRowOrder {
     })
 }
 
+/// How the single-token Q8_0 row kernels walk a matrix: `rows_q8_0` (two rows side by
+/// side, hinted [`MATVEC_PREFETCH_ROWS`] ahead) or the one-stream walk of `walk.rs`.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Q8RowOrder {
+    /// `rows_q8_0`: two rows interleaved, software prefetch.
+    Pairs,
+    /// `walk::rows_q8_0_walk`: one row after the other in one function, no hints.
+    Single,
+}
+
+/// The Q8_0 row order: `SLUICE_Q8_ROWS=pairs|single` if set, else pairs. Both orders give
+/// the same bits.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn q8_row_order() -> Q8RowOrder {
+    static ORDER: std::sync::OnceLock<Q8RowOrder> = std::sync::OnceLock::new();
+    *ORDER.get_or_init(|| match std::env::var("SLUICE_Q8_ROWS").as_deref() {
+        Ok("single") => Q8RowOrder::Single,
+        _ => Q8RowOrder::Pairs,
+    })
+}
+
 /// Whether CPUID's vendor string is "AuthenticAMD".
 #[cfg(target_arch = "x86_64")]
 fn cpu_vendor_is_amd() -> bool {
@@ -224,9 +246,9 @@ mod kgemm;
 #[cfg(target_arch = "x86_64")]
 mod kquants;
 #[cfg(target_arch = "x86_64")]
-mod q4k_rows;
-#[cfg(target_arch = "x86_64")]
 mod q8gemm;
+#[cfg(target_arch = "x86_64")]
+mod walk;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use kgemm::{DecodedK, PackedQ8K, KTR};
 #[cfg(target_arch = "x86_64")]
@@ -387,14 +409,21 @@ mod tokens {
             // SAFETY (every arm): the token proves the CPU has the kernel's features; the
             // kernel only touches memory through the safe slices it is given.
             match ty {
-                GgmlType::Q8_0 => unsafe { super::avx2::rows_q8_0(w, rb, q8_0(acts), out) },
+                GgmlType::Q8_0 => match super::q8_row_order() {
+                    super::Q8RowOrder::Pairs => unsafe {
+                        super::avx2::rows_q8_0(w, rb, q8_0(acts), out)
+                    },
+                    super::Q8RowOrder::Single => unsafe {
+                        super::walk::rows_q8_0_walk(w, rb, q8_0(acts), out)
+                    },
+                },
                 GgmlType::Q5_0 => unsafe { super::avx2::rows_q5_0(w, rb, q8_0(acts), out) },
                 GgmlType::Q4_K => match super::q4k_row_order() {
                     super::Q4kRowOrder::Pairs => unsafe {
                         super::avx2::rows_q4k(w, rb, q8k(acts), out)
                     },
                     super::Q4kRowOrder::Single => unsafe {
-                        super::q4k_rows::rows_q4k_walk(w, rb, q8k(acts), out)
+                        super::walk::rows_q4k_walk(w, rb, q8k(acts), out)
                     },
                 },
                 GgmlType::Q6_K => unsafe { super::avx2::rows_q6k(w, rb, q8k(acts), out) },
@@ -458,14 +487,21 @@ mod tokens {
             // SAFETY (every arm): the token proves the CPU has the kernel's features; the
             // kernel only touches memory through the safe slices it is given.
             match ty {
-                GgmlType::Q8_0 => unsafe { super::avx512::rows_q8_0(w, rb, q8_0(acts), out) },
+                GgmlType::Q8_0 => match super::q8_row_order() {
+                    super::Q8RowOrder::Pairs => unsafe {
+                        super::avx512::rows_q8_0(w, rb, q8_0(acts), out)
+                    },
+                    super::Q8RowOrder::Single => unsafe {
+                        super::walk::rows_q8_0_walk_vnni(w, rb, q8_0(acts), out)
+                    },
+                },
                 GgmlType::Q5_0 => unsafe { super::avx512::rows_q5_0(w, rb, q8_0(acts), out) },
                 GgmlType::Q4_K => match super::q4k_row_order() {
                     super::Q4kRowOrder::Pairs => unsafe {
                         super::avx512::rows_q4k(w, rb, q8k(acts), out)
                     },
                     super::Q4kRowOrder::Single => unsafe {
-                        super::q4k_rows::rows_q4k_walk(w, rb, q8k(acts), out)
+                        super::walk::rows_q4k_walk(w, rb, q8k(acts), out)
                     },
                 },
                 GgmlType::Q6_K => unsafe { super::avx512::rows_q6k(w, rb, q8k(acts), out) },
@@ -531,6 +567,69 @@ mod tests {
         w
     }
 
+    /// Both Q8_0 row orders ([`super::Q8RowOrder`]: `rows_q8_0` pairs and the
+    /// `rows_q8_0_walk` single-row walk, on each tier) give every row the bits of
+    /// `dot_q8_0::<1>`, odd row counts and rows past the walk's stack-held scales (257
+    /// blocks) included.
+    #[test]
+    fn q8_0_row_orders_give_the_same_bits() {
+        for (rows, nb, seed) in [
+            (1usize, 1usize, 1u64),
+            (7, 24, 2),
+            (8, 64, 3),
+            (3, 256, 4),
+            (2, 257, 5),
+        ] {
+            let mut s = seed;
+            let mut w: Vec<u8> = (0..rows * nb * 34)
+                .map(|_| {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (s >> 56) as u8
+                })
+                .collect();
+            for b in w.chunks_exact_mut(34) {
+                // Random mantissa bits, a fixed finite exponent.
+                b[1] = 0x2E;
+            }
+            let x: Vec<f32> = (0..nb * 32)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.03 * (1.0 + (i / 32) as f32 * 0.37))
+                .collect();
+            let acts = QuantizedActs::new(GgmlType::Q8_0, &x).unwrap();
+            let ActData::Q8_0(ys) = &acts.data else {
+                panic!("Q8_0 activations are Q8_0")
+            };
+            let rb = nb * 34;
+            let Some(t) = Avx2::new() else { return };
+            let mut single = vec![0f32; rows];
+            for (r, o) in single.iter_mut().enumerate() {
+                t.dot_tile(
+                    GgmlType::Q8_0,
+                    &w[r * rb..(r + 1) * rb],
+                    &[&acts],
+                    std::slice::from_mut(o),
+                );
+            }
+            assert!(single.iter().all(|v| v.is_finite() && *v != 0.0));
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let mut pairs = vec![0f32; rows];
+            // SAFETY: the token proves AVX2 + FMA + F16C.
+            unsafe { super::avx2::rows_q8_0(&w, rb, ys, &mut pairs) };
+            assert_eq!(bits(&pairs), bits(&single), "avx2 pairs, {rows} x {nb}");
+            let mut walk = vec![0f32; rows];
+            // SAFETY: as above.
+            unsafe { super::walk::rows_q8_0_walk(&w, rb, ys, &mut walk) };
+            assert_eq!(bits(&walk), bits(&single), "avx2 walk, {rows} x {nb}");
+            if Avx512::new().is_some() {
+                let mut walk = vec![0f32; rows];
+                // SAFETY: the token proves the AVX-512 tier.
+                unsafe { super::walk::rows_q8_0_walk_vnni(&w, rb, ys, &mut walk) };
+                assert_eq!(bits(&walk), bits(&single), "vnni walk, {rows} x {nb}");
+            }
+        }
+    }
+
     /// Both Q4_K row orders ([`super::Q4kRowOrder`]: `rows_q4k` pairs and the
     /// `rows_q4k_walk` single-row walk) give every row the bits of `dot_q4k::<1>`, on each
     /// tier this CPU has, odd row counts, 768-column rows and rows past the walk's
@@ -578,7 +677,7 @@ mod tests {
             );
             let mut walk = vec![0f32; rows];
             // SAFETY: the token proves AVX2 + FMA + F16C.
-            unsafe { super::q4k_rows::rows_q4k_walk(&w, rb, ys, &mut walk) };
+            unsafe { super::walk::rows_q4k_walk(&w, rb, ys, &mut walk) };
             assert_eq!(
                 bits(&walk),
                 bits(&single),

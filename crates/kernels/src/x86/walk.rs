@@ -1,30 +1,31 @@
-//! The single-token Q4_K row walk of AMD machines ([`super::Q4kRowOrder::Single`]): rows
-//! one after the other (one sequential stream, which Zen's hardware prefetchers follow),
-//! all in one function.
+//! Single-token row walks: rows one after the other (one sequential stream, which Zen's
+//! hardware prefetchers follow, no software hints), all in one function, for Q4_K
+//! ([`super::Q4kRowOrder::Single`], AMD) and Q8_0 ([`super::Q8RowOrder::Single`]).
 //!
-//! Owns: [`rows_q4k_walk`]. Each row gets exactly the lane operations of
-//! `avx2::dot_q4k::<1>` in the same order (same bits; `q4k_row_orders_give_the_same_bits`
-//! in `x86/mod.rs`), with less work per block and per row than calling that kernel row by
-//! row:
-//! - the activation's per-block terms (the pair sums of its `bsums`, `dy` and `-dy`) are
-//!   made once per call, not once per row;
-//! - `d` and `dmin` are converted together by F16C (the same values as the f16 table,
-//!   without its loads) and multiplied by `[dy, -dy]` in one vector product (the products
-//!   `dy d` and `-dy dmin` are what the kernel rounds, in either operand order);
-//! - the 12 packed bytes of 6-bit scales and mins are unpacked with vector shifts and masks
-//!   (ggml's `utmp` arithmetic on the three u32 words, lane by lane) instead of scalar code
-//!   and four inserts, and each sub-block's scale is broadcast to i16 lanes by one byte
-//!   shuffle from the unpacked bytes;
+//! Owns: [`rows_q4k_walk`] and the Q8_0 walks. Each row gets exactly the lane operations of
+//! the one-row dot (`avx2::dot_q4k::<1>`, `dot_q8_0::<1>`) in the same order (same bits;
+//! `q4k_row_orders_give_the_same_bits` / `q8_0_row_orders_give_the_same_bits` in
+//! `x86/mod.rs`), with less work per block and per row than calling that kernel row by row:
+//! - the activation's per-block terms (Q4_K: the pair sums of its `bsums`, `dy` and `-dy`;
+//!   Q8_0: `dy`) are made once per call, not once per row;
+//! - Q4_K's `d` and `dmin` are converted together by F16C (the same values as the f16
+//!   table, without its loads) and multiplied by `[dy, -dy]` in one vector product (the
+//!   products `dy d` and `-dy dmin` are what the kernel rounds, in either operand order);
+//! - Q4_K's 12 packed bytes of 6-bit scales and mins are unpacked with vector shifts and
+//!   masks (ggml's `utmp` arithmetic on the three u32 words, lane by lane) instead of scalar
+//!   code and four inserts, and each sub-block's scale is broadcast to i16 lanes by one
+//!   byte shuffle from the unpacked bytes;
 //! - no per-row dispatch (the one-row fallback went through `dot_tile` and a call per row:
-//!   a 768-column down row is only 3 blocks).
+//!   a 768-column Q4_K down row is only 3 blocks).
 //!
-//! The integer lane values are the ones `dot_q4k` forms (exact: maddubs pairs <= 2 * 15 *
-//! 127, times 6-bit scales in madd), so only how they are produced differs.
+//! The integer lane values are the ones the one-row dots form (exact: Q4_K maddubs pairs
+//! <= 2 * 15 * 127, times 6-bit scales in madd; Q8_0 through the sign trick), so only how
+//! they are produced differs.
 
 use core::arch::x86_64::*;
 
 use super::avx2::{hsum4, hsum8, ld128, ld256, ld256_i16, sub};
-use crate::formats::{BlockQ8K, Q4_K_BYTES};
+use crate::formats::{BlockQ8K, BlockQ8_0, Q4_K_BYTES, Q8_0_BYTES};
 
 /// Blocks per row the walk takes its activation terms for on the stack (64 blocks: 16384
 /// columns); longer rows go through `dot_q4k::<1>` row by row (same bits).
@@ -128,3 +129,59 @@ pub(super) fn rows_q4k_walk(w: &[u8], rb: usize, ys: &[BlockQ8K], out: &mut [f32
         *o = hsum8(acc) + hsum4(accm);
     }
 }
+
+/// Blocks per row the Q8_0 walk keeps its activation scales for on the stack (256 blocks:
+/// 8192 columns); longer rows go through the tier's `dot_q8_0::<1>` row by row (same bits).
+const MAX_Q8_BLOCKS: usize = 256;
+
+/// Generates a Q8_0 single-row walk for one way of doing the u8 x i8 -> i32 step (`$dot`:
+/// maddubs + madd, or VNNI; the same exact i32 lanes). `$tier`: the module of that tier's
+/// one-row `dot_q8_0`.
+macro_rules! q8_0_walk {
+    ($name:ident, $tier:ident, $features:literal, $dot:expr) => {
+        /// `out[r] = row r . ys` for consecutive Q8_0 rows of `w` (`rb` bytes each), one
+        /// row after the other; each row's result has the bits of `dot_q8_0::<1>` on it.
+        #[target_feature(enable = $features)]
+        pub(super) fn $name(w: &[u8], rb: usize, ys: &[BlockQ8_0], out: &mut [f32]) {
+            let dot = $dot;
+            let nb = rb / Q8_0_BYTES;
+            if nb > MAX_Q8_BLOCKS {
+                for (r, o) in out.iter_mut().enumerate() {
+                    *o = super::$tier::dot_q8_0::<1>(&w[r * rb..(r + 1) * rb], [ys])[0];
+                }
+                return;
+            }
+            let ys = &ys[..nb];
+            let mut dys = [0.0f32; MAX_Q8_BLOCKS];
+            for (d, yb) in dys.iter_mut().zip(ys) {
+                *d = super::avx2::f16_to_f32(yb.d);
+            }
+            for (r, o) in out.iter_mut().enumerate() {
+                let (blocks, _) = w[r * rb..(r + 1) * rb].as_chunks::<Q8_0_BYTES>();
+                let mut acc = _mm256_setzero_ps();
+                for ((b, yb), dy) in blocks.iter().zip(ys).zip(&dys) {
+                    // dx in every lane by F16C from a broadcast (a full register write: a
+                    // scalar insert merged into whatever register the compiler picked, once
+                    // the accumulator, and chained the blocks), then `dx dy` in every lane.
+                    let h = i16::from_le_bytes([b[0], b[1]]);
+                    let dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16(h)), _mm256_set1_ps(*dy));
+                    let qx = ld256(sub::<32, u8>(b, 2));
+                    let qy = super::avx2::ld256_i8(&yb.qs);
+                    let s = dot(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
+                    acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(s), acc);
+                }
+                *o = hsum8(acc);
+            }
+        }
+    };
+}
+
+q8_0_walk!(rows_q8_0_walk, avx2, "avx2,fma,f16c", |a, s| {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(a, s), _mm256_set1_epi16(1))
+});
+q8_0_walk!(
+    rows_q8_0_walk_vnni,
+    avx512,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    |a, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, s)
+);
