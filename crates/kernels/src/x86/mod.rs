@@ -142,9 +142,10 @@ pub(crate) enum Q4kRowOrder {
     /// rows are two interleaved streams the hardware prefetchers do not follow, so hints
     /// are issued a few rows ahead. Measured best on Intel Xeons (AVX-512).
     Pairs,
-    /// `dot_q4k::<1>` row by row: one sequential stream through the matrix, which AMD Zen's
-    /// hardware prefetchers follow on their own. 12-layer 30B-shape Q4_K,
-    /// `sluice bench -t 2 -p 0 -n 64 -r 2`, AMD EPYC Zen 4, 5 alternated rounds (medians):
+    /// Rows one after the other (`walk::rows_q4k_walk`, the ops of `dot_q4k::<1>` on each):
+    /// one sequential stream through the matrix, which AMD Zen's hardware prefetchers follow
+    /// on their own. 12-layer 30B-shape Q4_K, `sluice bench -t 2 -p 0 -n 64 -r 2`, AMD EPYC
+    /// Zen 4, 5 alternated rounds (medians), then still through `dot_q4k::<1>` row by row:
     /// AVX2 tier 44.7 -> 49.5 tok/s, AVX-512 tier 42.4 -> 45.7 (llama.cpp's AVX2 build 49.5).
     Single,
 }
@@ -200,10 +201,9 @@ fn cpu_vendor_is_amd() -> bool {
     &v == b"AuthenticAMD"
 }
 
-/// `out[r] = dot(row r)` one row after the other: the formats without a paired row kernel,
-/// and Q4_K in [`Q4kRowOrder::Single`]. Weights are hinted [`KQ_PREFETCH_ROWS`] rows ahead,
-/// except where one sequential stream is what the hardware prefetchers follow on their own:
-/// dense rows (long runs) and Q4_K walked this way (AMD).
+/// `out[r] = dot(row r)` one row after the other: the formats without a paired row kernel
+/// or a walk. Weights are hinted [`KQ_PREFETCH_ROWS`] rows ahead, except dense rows (long
+/// runs, one sequential stream the hardware prefetchers follow on their own).
 #[cfg(target_arch = "x86_64")]
 fn rows_one_by_one(
     ty: crate::GgmlType,
@@ -212,8 +212,8 @@ fn rows_one_by_one(
     out: &mut [f32],
     mut dot: impl FnMut(&[u8], &mut f32),
 ) {
-    use crate::GgmlType::{BF16, F16, F32, Q4_K};
-    let hinted = !matches!(ty, F32 | F16 | BF16 | Q4_K);
+    use crate::GgmlType::{BF16, F16, F32};
+    let hinted = !matches!(ty, F32 | F16 | BF16);
     for (i, o) in out.iter_mut().enumerate() {
         if hinted {
             prefetch_block(w, (i + KQ_PREFETCH_ROWS) * rb, rb);
