@@ -249,10 +249,27 @@ pub(super) fn dot_q6k<const N: usize>(row: &[u8], ys: [&[BlockQ8K]; N]) -> [f32;
 
 /// f16 bits to f32 with F16C: exact, the same value as `formats::f16_table`, without a
 /// load from a 256 KiB table that competes with the streamed weights for the cache.
+///
+/// The f16 goes into the vector register by a `vmovd` (a full register write): with the
+/// intrinsic alone LLVM folded the load into `vpinsrw`, which merges into a register of
+/// its choice, and in the AVX-512 tier's `rows_q8_0` that was a row's accumulator, so each
+/// block's scale conversion waited for the previous block's FMA (one chain through the
+/// whole row).
 #[inline]
 #[target_feature(enable = "f16c")]
 pub(super) fn f16_to_f32(h: u16) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    let v: __m128i;
+    // SAFETY: `vmovd` from a general register to an xmm register (SSE2, x86-64 baseline)
+    // reads and writes only the named registers.
+    unsafe {
+        core::arch::asm!(
+            "vmovd {v}, {g:e}",
+            v = out(xmm_reg) v,
+            g = in(reg) h as u32,
+            options(pure, nomem, nostack, preserves_flags)
+        )
+    };
+    _mm_cvtss_f32(_mm_cvtph_ps(v))
 }
 
 /// Decode a Q8_0 block: scale (converted by F16C, not read from the 256 KiB table, which

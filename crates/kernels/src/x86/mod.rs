@@ -142,9 +142,10 @@ pub(crate) enum Q4kRowOrder {
     /// rows are two interleaved streams the hardware prefetchers do not follow, so hints
     /// are issued a few rows ahead. Measured best on Intel Xeons (AVX-512).
     Pairs,
-    /// `dot_q4k::<1>` row by row: one sequential stream through the matrix, which AMD Zen's
-    /// hardware prefetchers follow on their own. 12-layer 30B-shape Q4_K,
-    /// `sluice bench -t 2 -p 0 -n 64 -r 2`, AMD EPYC Zen 4, 5 alternated rounds (medians):
+    /// Rows one after the other (`walk::rows_q4k_walk`, the ops of `dot_q4k::<1>` on each):
+    /// one sequential stream through the matrix, which AMD Zen's hardware prefetchers follow
+    /// on their own. 12-layer 30B-shape Q4_K, `sluice bench -t 2 -p 0 -n 64 -r 2`, AMD EPYC
+    /// Zen 4, 5 alternated rounds (medians), then still through `dot_q4k::<1>` row by row:
     /// AVX2 tier 44.7 -> 49.5 tok/s, AVX-512 tier 42.4 -> 45.7 (llama.cpp's AVX2 build 49.5).
     Single,
 }
@@ -163,6 +164,31 @@ pub(crate) fn q4k_row_order() -> Q4kRowOrder {
     })
 }
 
+/// How the single-token Q8_0 row kernels walk a matrix: `rows_q8_0` (two rows side by
+/// side, hinted [`MATVEC_PREFETCH_ROWS`] ahead) or the one-stream walk of `walk.rs`.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Q8RowOrder {
+    /// `rows_q8_0`: two rows interleaved, software prefetch.
+    Pairs,
+    /// `walk::rows_q8_0_walk`: one row after the other in one function, no hints.
+    Single,
+}
+
+/// The Q8_0 row order: `SLUICE_Q8_ROWS=pairs|single` if set, else single on AMD (as for
+/// Q4_K) and pairs elsewhere (unmeasured on Intel with the walk). Both orders give the same
+/// bits.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn q8_row_order() -> Q8RowOrder {
+    static ORDER: std::sync::OnceLock<Q8RowOrder> = std::sync::OnceLock::new();
+    *ORDER.get_or_init(|| match std::env::var("SLUICE_Q8_ROWS").as_deref() {
+        Ok("pairs") => Q8RowOrder::Pairs,
+        Ok("single") => Q8RowOrder::Single,
+        _ if cpu_vendor_is_amd() => Q8RowOrder::Single,
+        _ => Q8RowOrder::Pairs,
+    })
+}
+
 /// Whether CPUID's vendor string is "AuthenticAMD".
 #[cfg(target_arch = "x86_64")]
 fn cpu_vendor_is_amd() -> bool {
@@ -175,10 +201,9 @@ fn cpu_vendor_is_amd() -> bool {
     &v == b"AuthenticAMD"
 }
 
-/// `out[r] = dot(row r)` one row after the other: the formats without a paired row kernel,
-/// and Q4_K in [`Q4kRowOrder::Single`]. Weights are hinted [`KQ_PREFETCH_ROWS`] rows ahead,
-/// except where one sequential stream is what the hardware prefetchers follow on their own:
-/// dense rows (long runs) and Q4_K walked this way (AMD).
+/// `out[r] = dot(row r)` one row after the other: the formats without a paired row kernel
+/// or a walk. Weights are hinted [`KQ_PREFETCH_ROWS`] rows ahead, except dense rows (long
+/// runs, one sequential stream the hardware prefetchers follow on their own).
 #[cfg(target_arch = "x86_64")]
 fn rows_one_by_one(
     ty: crate::GgmlType,
@@ -187,8 +212,8 @@ fn rows_one_by_one(
     out: &mut [f32],
     mut dot: impl FnMut(&[u8], &mut f32),
 ) {
-    use crate::GgmlType::{BF16, F16, F32, Q4_K};
-    let hinted = !matches!(ty, F32 | F16 | BF16 | Q4_K);
+    use crate::GgmlType::{BF16, F16, F32};
+    let hinted = !matches!(ty, F32 | F16 | BF16);
     for (i, o) in out.iter_mut().enumerate() {
         if hinted {
             prefetch_block(w, (i + KQ_PREFETCH_ROWS) * rb, rb);
@@ -225,6 +250,8 @@ mod kgemm;
 mod kquants;
 #[cfg(target_arch = "x86_64")]
 mod q8gemm;
+#[cfg(target_arch = "x86_64")]
+mod walk;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use kgemm::{DecodedK, PackedQ8K, KTR};
 #[cfg(target_arch = "x86_64")]
@@ -382,13 +409,25 @@ mod tokens {
             acts: &QuantizedActs,
             out: &mut [f32],
         ) {
-            // SAFETY (both arms): the token proves the CPU has the kernel's features; the
+            // SAFETY (every arm): the token proves the CPU has the kernel's features; the
             // kernel only touches memory through the safe slices it is given.
             match ty {
-                GgmlType::Q8_0 => unsafe { super::avx2::rows_q8_0(w, rb, q8_0(acts), out) },
+                GgmlType::Q8_0 => match super::q8_row_order() {
+                    super::Q8RowOrder::Pairs => unsafe {
+                        super::avx2::rows_q8_0(w, rb, q8_0(acts), out)
+                    },
+                    super::Q8RowOrder::Single => unsafe {
+                        super::walk::rows_q8_0_walk(w, rb, q8_0(acts), out)
+                    },
+                },
                 GgmlType::Q5_0 => unsafe { super::avx2::rows_q5_0(w, rb, q8_0(acts), out) },
-                GgmlType::Q4_K if super::q4k_row_order() == super::Q4kRowOrder::Pairs => unsafe {
-                    super::avx2::rows_q4k(w, rb, q8k(acts), out)
+                GgmlType::Q4_K => match super::q4k_row_order() {
+                    super::Q4kRowOrder::Pairs => unsafe {
+                        super::avx2::rows_q4k(w, rb, q8k(acts), out)
+                    },
+                    super::Q4kRowOrder::Single => unsafe {
+                        super::walk::rows_q4k_walk(w, rb, q8k(acts), out)
+                    },
                 },
                 GgmlType::Q6_K => unsafe { super::avx2::rows_q6k(w, rb, q8k(acts), out) },
                 _ => super::rows_one_by_one(ty, w, rb, out, |row, o| {
@@ -448,13 +487,25 @@ mod tokens {
             acts: &QuantizedActs,
             out: &mut [f32],
         ) {
-            // SAFETY (both arms): the token proves the CPU has the kernel's features; the
+            // SAFETY (every arm): the token proves the CPU has the kernel's features; the
             // kernel only touches memory through the safe slices it is given.
             match ty {
-                GgmlType::Q8_0 => unsafe { super::avx512::rows_q8_0(w, rb, q8_0(acts), out) },
+                GgmlType::Q8_0 => match super::q8_row_order() {
+                    super::Q8RowOrder::Pairs => unsafe {
+                        super::avx512::rows_q8_0(w, rb, q8_0(acts), out)
+                    },
+                    super::Q8RowOrder::Single => unsafe {
+                        super::walk::rows_q8_0_walk_vnni(w, rb, q8_0(acts), out)
+                    },
+                },
                 GgmlType::Q5_0 => unsafe { super::avx512::rows_q5_0(w, rb, q8_0(acts), out) },
-                GgmlType::Q4_K if super::q4k_row_order() == super::Q4kRowOrder::Pairs => unsafe {
-                    super::avx512::rows_q4k(w, rb, q8k(acts), out)
+                GgmlType::Q4_K => match super::q4k_row_order() {
+                    super::Q4kRowOrder::Pairs => unsafe {
+                        super::avx512::rows_q4k(w, rb, q8k(acts), out)
+                    },
+                    super::Q4kRowOrder::Single => unsafe {
+                        super::walk::rows_q4k_walk(w, rb, q8k(acts), out)
+                    },
                 },
                 GgmlType::Q6_K => unsafe { super::avx512::rows_q6k(w, rb, q8k(acts), out) },
                 _ => super::rows_one_by_one(ty, w, rb, out, |row, o| {
@@ -500,7 +551,7 @@ mod tests {
     use crate::{ActData, GgmlType, QuantizedActs};
 
     /// `rows` Q4_K rows of `nb` blocks: pseudo-random quants and packed scales, finite
-    /// block scales (d ~0.1, dmin ~0.05).
+    /// block scales different in every block (d ~0.1, dmin ~0.05).
     fn q4k_rows(rows: usize, nb: usize, seed: u64) -> Vec<u8> {
         let mut s = seed;
         let mut w: Vec<u8> = (0..rows * nb * 144)
@@ -512,19 +563,95 @@ mod tests {
             })
             .collect();
         for b in w.chunks_exact_mut(144) {
-            b[..4].copy_from_slice(&[0x66, 0x2E, 0x66, 0x2A]);
+            // Random mantissa bits, fixed exponents: d and dmin differ from block to block.
+            b[1] = 0x2E;
+            b[3] = 0x2A;
         }
         w
     }
 
-    /// Both Q4_K row orders ([`super::Q4kRowOrder`]) give every row the bits of
-    /// `dot_q4k::<1>`, on each tier this CPU has, odd row counts included.
+    /// Both Q8_0 row orders ([`super::Q8RowOrder`]: `rows_q8_0` pairs and the
+    /// `rows_q8_0_walk` single-row walk, on each tier) give every row the bits of
+    /// `dot_q8_0::<1>`, odd row counts and rows past the walk's stack-held scales (257
+    /// blocks) included.
+    #[test]
+    fn q8_0_row_orders_give_the_same_bits() {
+        for (rows, nb, seed) in [
+            (1usize, 1usize, 1u64),
+            (7, 24, 2),
+            (8, 64, 3),
+            (3, 256, 4),
+            (2, 257, 5),
+        ] {
+            let mut s = seed;
+            let mut w: Vec<u8> = (0..rows * nb * 34)
+                .map(|_| {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (s >> 56) as u8
+                })
+                .collect();
+            for b in w.chunks_exact_mut(34) {
+                // Random mantissa bits, a fixed finite exponent.
+                b[1] = 0x2E;
+            }
+            let x: Vec<f32> = (0..nb * 32)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.03 * (1.0 + (i / 32) as f32 * 0.37))
+                .collect();
+            let acts = QuantizedActs::new(GgmlType::Q8_0, &x).unwrap();
+            let ActData::Q8_0(ys) = &acts.data else {
+                panic!("Q8_0 activations are Q8_0")
+            };
+            let rb = nb * 34;
+            let Some(t) = Avx2::new() else { return };
+            let mut single = vec![0f32; rows];
+            for (r, o) in single.iter_mut().enumerate() {
+                t.dot_tile(
+                    GgmlType::Q8_0,
+                    &w[r * rb..(r + 1) * rb],
+                    &[&acts],
+                    std::slice::from_mut(o),
+                );
+            }
+            assert!(single.iter().all(|v| v.is_finite() && *v != 0.0));
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let mut pairs = vec![0f32; rows];
+            // SAFETY: the token proves AVX2 + FMA + F16C.
+            unsafe { super::avx2::rows_q8_0(&w, rb, ys, &mut pairs) };
+            assert_eq!(bits(&pairs), bits(&single), "avx2 pairs, {rows} x {nb}");
+            let mut walk = vec![0f32; rows];
+            // SAFETY: as above.
+            unsafe { super::walk::rows_q8_0_walk(&w, rb, ys, &mut walk) };
+            assert_eq!(bits(&walk), bits(&single), "avx2 walk, {rows} x {nb}");
+            if Avx512::new().is_some() {
+                let mut walk = vec![0f32; rows];
+                // SAFETY: the token proves the AVX-512 tier.
+                unsafe { super::walk::rows_q8_0_walk_vnni(&w, rb, ys, &mut walk) };
+                assert_eq!(bits(&walk), bits(&single), "vnni walk, {rows} x {nb}");
+            }
+        }
+    }
+
+    /// Both Q4_K row orders ([`super::Q4kRowOrder`]: `rows_q4k` pairs and the
+    /// `rows_q4k_walk` single-row walk) give every row the bits of `dot_q4k::<1>`, on each
+    /// tier this CPU has, odd row counts, 768-column rows and rows past the walk's
+    /// stack-held activation terms (65 blocks) included.
     #[test]
     fn q4k_row_orders_give_the_same_bits() {
-        for (rows, nb, seed) in [(1, 1, 1), (7, 3, 2), (8, 8, 3), (33, 2, 4)] {
+        for (rows, nb, seed) in [
+            (1, 1, 1),
+            (7, 3, 2),
+            (8, 8, 3),
+            (33, 2, 4),
+            (5, 16, 5),
+            (3, 64, 6),
+            (2, 65, 7),
+        ] {
             let w = q4k_rows(rows, nb, seed);
+            // A different activation scale in every block.
             let x: Vec<f32> = (0..nb * 256)
-                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.03)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.03 * (1.0 + (i / 256) as f32 * 0.37))
                 .collect();
             let acts = QuantizedActs::new(GgmlType::Q4_K, &x).unwrap();
             let ActData::Q8K(ys) = &acts.data else {
@@ -550,6 +677,14 @@ mod tests {
                 bits(&pairs),
                 bits(&single),
                 "avx2 pairs, {rows} rows of {nb} blocks"
+            );
+            let mut walk = vec![0f32; rows];
+            // SAFETY: the token proves AVX2 + FMA + F16C.
+            unsafe { super::walk::rows_q4k_walk(&w, rb, ys, &mut walk) };
+            assert_eq!(
+                bits(&walk),
+                bits(&single),
+                "single-row walk, {rows} rows of {nb} blocks"
             );
             if Avx512::new().is_some() {
                 let mut pairs = vec![0f32; rows];
