@@ -58,7 +58,8 @@ def main():
                 best = min(policies, key=lambda p: misses[p])
                 opt = max(1, misses["belady"])
                 cells = [
-                    (f"**{misses[p] / opt:.2f}**" if p == best else f"{misses[p] / opt:.2f}")
+                    (f"**{misses[p] / opt:.2f}**" if p == best and len(policies) > 1
+                     else f"{misses[p] / opt:.2f}")
                     for p in cols
                 ]
                 name = "/".join(Path(t).parts[-2:]).removesuffix(".xz").removesuffix(".slrt")

@@ -6,7 +6,7 @@
 //! and the eviction rule that uses those predictions in place of the plain selection rate
 //! of [`super::policy::NextUse`]. Everything is learned from the requests seen so far.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use super::key::ExpertKey;
 use super::policy::Policy;
@@ -117,6 +117,8 @@ struct Layer {
     /// Cached experts, by (extra cycles to the next request, reversed tick, expert): the
     /// last entry goes first.
     order: BTreeSet<(u64, u64, u32)>,
+    /// Per expert: its entry in `order` while cached.
+    filed: Vec<Option<(u64, u64)>>,
 }
 
 /// Expected next use with cross-layer and token-to-token prediction.
@@ -151,11 +153,12 @@ pub struct CrossLayer {
     /// Experts per layer in the dense tables (grows with the largest id seen).
     n: usize,
     layers: Vec<Layer>,
-    cached: HashMap<ExpertKey, (u64, u64)>,
     cur: usize,
     cur_layer: Option<u32>,
     /// Experts requested in the current visit so far.
     cur_set: Vec<u32>,
+    /// Scratch row for the next-visit prediction.
+    acc: Vec<f64>,
 }
 
 impl CrossLayer {
@@ -169,10 +172,10 @@ impl CrossLayer {
             tick: 0,
             n: 0,
             layers: Vec::new(),
-            cached: HashMap::new(),
             cur: 0,
             cur_layer: None,
             cur_set: Vec::new(),
+            acc: Vec::new(),
         }
     }
 
@@ -193,6 +196,7 @@ impl CrossLayer {
         l.count.resize(n, 0.0);
         l.last.resize(n, 0);
         l.tq.resize(n, 0.0);
+        l.filed.resize(n, None);
         l.temporal.resize(old, n);
         for c in &mut l.cross {
             c.resize(old, n);
@@ -215,6 +219,7 @@ impl CrossLayer {
                         .map(|_| Pairs::default())
                         .collect(),
                     order: BTreeSet::new(),
+                    filed: Vec::new(),
                 };
                 Self::resize_layer(&mut l, 0, self.n);
                 self.layers.insert(i, l);
@@ -248,17 +253,25 @@ impl CrossLayer {
         }
     }
 
-    fn file(&mut self, key: ExpertKey) {
-        let o = self.ordinal(key.layer);
-        let e = key.expert as usize;
+    /// (Re)files expert `e` of ordinal `o` as cached.
+    fn file(&mut self, o: usize, e: u32) {
+        let i = e as usize;
         let entry = (
-            self.extra(o, e).to_bits(),
-            u64::MAX - self.layers[o].last[e],
+            self.extra(o, i).to_bits(),
+            u64::MAX - self.layers[o].last[i],
         );
-        if let Some(old) = self.cached.insert(key, entry) {
-            self.layers[o].order.remove(&(old.0, old.1, key.expert));
+        let l = &mut self.layers[o];
+        if let Some(old) = l.filed[i].replace(entry) {
+            l.order.remove(&(old.0, old.1, e));
         }
-        self.layers[o].order.insert((entry.0, entry.1, key.expert));
+        l.order.insert((entry.0, entry.1, e));
+    }
+
+    fn refile_layer(&mut self, o: usize) {
+        let keys: Vec<u32> = self.layers[o].order.iter().map(|x| x.2).collect();
+        for e in keys {
+            self.file(o, e);
+        }
     }
 
     /// The current visit (of ordinal `cur`) is complete: learn from its set and predict
@@ -290,21 +303,36 @@ impl CrossLayer {
                 self.layers[o].temporal.add(n, &prev, &set, wp);
             }
         }
+        // tq[b] = mean over a in set of (m[a][b] + prior p_b) / (src[a] + prior), i.e.
+        // `Pairs::predict` for every b at once.
         let prior = self.cfg.prior * self.wp;
-        for b in 0..n {
+        let mut acc = std::mem::take(&mut self.acc);
+        acc.clear();
+        acc.resize(n, 0.0);
+        let learn = self.cfg.temporal && small(&set);
+        let mut inv_sum = 0.0;
+        if learn {
+            let t = &self.layers[o].temporal;
+            for &a in &set {
+                let a = a as usize;
+                let inv = 1.0 / (f64::from(t.src[a]) + prior);
+                inv_sum += inv;
+                for (x, &m) in acc.iter_mut().zip(&t.m[a * n..(a + 1) * n]) {
+                    *x += f64::from(m) * inv;
+                }
+            }
+        }
+        for (b, &x) in acc.iter().enumerate() {
             let pb = self.rate(o, b);
-            self.layers[o].tq[b] = if self.cfg.temporal && small(&set) {
-                self.layers[o].temporal.predict(n, &set, b, pb, prior)
+            self.layers[o].tq[b] = if learn {
+                (x + prior * pb * inv_sum) / set.len() as f64
             } else {
                 pb
             };
         }
+        self.acc = acc;
         self.layers[o].prev = set;
-        let keys: Vec<u32> = self.layers[o].order.iter().map(|e| e.2).collect();
-        let id = self.layers[o].id;
-        for e in keys {
-            self.file(ExpertKey::new(id, e));
-        }
+        self.refile_layer(o);
         self.cur_set = Vec::with_capacity(self.layers[o].prev.len());
     }
 
@@ -341,9 +369,8 @@ impl CrossLayer {
                 l.count.iter_mut().for_each(|c| *c /= w);
             }
             self.w = 1.0;
-            let keys: Vec<ExpertKey> = self.cached.keys().copied().collect();
-            for k in keys {
-                self.file(k);
+            for o in 0..self.layers.len() {
+                self.refile_layer(o);
             }
         }
         if self.wp > 1e30 {
@@ -398,14 +425,14 @@ impl Policy for CrossLayer {
         if !self.cur_set.contains(&key.expert) {
             self.cur_set.push(key.expert);
         }
-        if self.cached.contains_key(&key) {
-            self.file(key);
-        }
+        // A cached expert requested now is refiled when this visit completes (it is in
+        // use, so not evictable, until then).
     }
 
     fn on_insert(&mut self, key: ExpertKey) {
         self.ensure(key.expert);
-        self.file(key);
+        let o = self.ordinal(key.layer);
+        self.file(o, key.expert);
     }
 
     fn seed(&mut self, key: ExpertKey, weight: f64) {
@@ -420,15 +447,16 @@ impl Policy for CrossLayer {
         if l.tq[e] <= 0.0 {
             l.tq[e] = weight.clamp(0.0, 1.0);
         }
-        if self.cached.contains_key(&key) {
-            self.file(key);
+        if l.filed[e].is_some() {
+            self.file(o, key.expert);
         }
     }
 
     fn on_remove(&mut self, key: ExpertKey) {
-        if let Some(old) = self.cached.remove(&key) {
-            if let Ok(o) = self.layers.binary_search_by_key(&key.layer, |l| l.id) {
-                self.layers[o].order.remove(&(old.0, old.1, key.expert));
+        if let Ok(o) = self.layers.binary_search_by_key(&key.layer, |l| l.id) {
+            let l = &mut self.layers[o];
+            if let Some(old) = l.filed.get_mut(key.expert as usize).and_then(Option::take) {
+                l.order.remove(&(old.0, old.1, key.expert));
             }
         }
     }
@@ -445,45 +473,56 @@ impl Policy for CrossLayer {
     fn victim(&mut self, evictable: &mut dyn FnMut(ExpertKey) -> bool) -> Option<ExpertKey> {
         let nl = self.layers.len();
         let n = nl as f64;
+        let window = |d: usize| d <= self.cfg.lags && d < nl && self.cur_layer.is_some();
         // (expected visits to the next request, -last tick, key): the largest wins.
         let mut best: Option<(f64, u64, ExpertKey)> = None;
-        let mut consider = |x: f64, t: u64, k: ExpertKey| {
-            let better = match best {
+        let consider = |best: &mut Option<(f64, u64, ExpertKey)>, x: f64, t: u64, k| {
+            let better = match *best {
                 None => true,
                 Some((bx, bt, _)) => x > bx || (x == bx && t < bt),
             };
             if better {
-                best = Some((x, t, k));
+                *best = Some((x, t, k));
             }
         };
-        for o in 0..nl {
-            let l = &self.layers[o];
+        // Layers outside the window: their order is by expected next use.
+        for (o, l) in self.layers.iter().enumerate() {
             let d = (o + nl - self.cur - 1) % nl + 1;
-            if d <= self.cfg.lags && d < nl && self.cur_layer.is_some() {
-                for &(_, rt, e) in &l.order {
-                    let k = ExpertKey::new(l.id, e);
-                    if !evictable(k) {
-                        continue;
-                    }
-                    let p = self.rate(o, e as usize);
-                    let x = if p <= 0.0 {
-                        f64::INFINITY
-                    } else {
-                        d as f64 + n * (1.0 - self.window_q(o, d, e as usize)) / p
-                    };
-                    consider(x, u64::MAX - rt, k);
-                }
-            } else if let Some(&(f, rt, e)) = l
+            if window(d) {
+                continue;
+            }
+            if let Some(&(f, rt, e)) = l
                 .order
                 .iter()
                 .rev()
                 .find(|&&(_, _, e)| evictable(ExpertKey::new(l.id, e)))
             {
-                consider(
-                    d as f64 + n * f64::from_bits(f),
-                    u64::MAX - rt,
-                    ExpertKey::new(l.id, e),
-                );
+                let x = d as f64 + n * f64::from_bits(f);
+                consider(&mut best, x, u64::MAX - rt, ExpertKey::new(l.id, e));
+            }
+        }
+        // The window's layers: every cached expert, skipping those that cannot beat the
+        // best so far even if surely not selected (q = 0).
+        for (o, l) in self.layers.iter().enumerate() {
+            let d = (o + nl - self.cur - 1) % nl + 1;
+            if !window(d) {
+                continue;
+            }
+            for &(_, rt, e) in &l.order {
+                let p = self.rate(o, e as usize);
+                if p > 0.0 && best.is_some_and(|b| d as f64 + n / p < b.0) {
+                    continue;
+                }
+                let k = ExpertKey::new(l.id, e);
+                if !evictable(k) {
+                    continue;
+                }
+                let x = if p <= 0.0 {
+                    f64::INFINITY
+                } else {
+                    d as f64 + n * (1.0 - self.window_q(o, d, e as usize)) / p
+                };
+                consider(&mut best, x, u64::MAX - rt, k);
             }
         }
         best.map(|b| b.2)
