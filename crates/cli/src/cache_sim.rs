@@ -1,7 +1,8 @@
 //! `sluice cache-sim TRACE --budget SIZE [--policy next,lru,...]`: replays a routing trace
 //! (recorded with `--record-routing`) against cache budgets and prints misses, hit rate and
 //! GB read for each policy next to the hindsight-rate yardstick and Belady's optimum; writes
-//! popularity profiles for `--preload-profile` (`--write-profile`).
+//! popularity profiles for `--preload-profile` (`--write-profile`); with `--horizon`, the
+//! known-future yardstick (Belady within the next N tokens or layers, `next` beyond).
 //!
 //! Owns: flag definitions and output only; the simulation is
 //! `sluice_engine::tier::sim`, profiles `sluice_engine::tier::profile`.
@@ -10,7 +11,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use sluice_engine::tier::sim::{
-    format_report_with, simulate_belady, simulate_oracle_rate, simulate_preloaded,
+    format_report_with, simulate_belady, simulate_horizon_requests, simulate_oracle_rate,
+    simulate_preloaded,
 };
 use sluice_engine::tier::{parse_size_bytes, PolicyKind, Profile, RoutingTrace};
 
@@ -24,9 +26,16 @@ pub struct CacheSimArgs {
     #[arg(long, value_delimiter = ',')]
     pub budget: Vec<String>,
     /// Policies to compare, comma-separated: next (expected next use, rates halving every
-    /// 64 tokens; next:N every N), lru, lfu (counts halve every 16 tokens), lfu:N, lru2.
-    #[arg(long, value_delimiter = ',', default_value = "next,lru,lfu,lru2")]
+    /// 64 tokens; next:N every N), xl (next with the next selection predicted from the
+    /// layer's previous set and the current token's last 2 layers; xl:J from J layers),
+    /// lru, lfu (counts halve every 16 tokens), lfu:N, lru2.
+    #[arg(long, value_delimiter = ',', default_value = "next,xl,lru,lfu,lru2")]
     pub policy: Vec<String>,
+    /// Yardsticks with a known future, comma-separated: N (tokens) or NL (layer visits),
+    /// e.g. `1,4,16,8L`: Belady's rule for the experts requested within that horizon,
+    /// `next`'s for the rest (how far ahead a policy would need to know the routing).
+    #[arg(long, value_delimiter = ',')]
+    pub horizon: Vec<String>,
     /// Skip Belady's optimum and the hindsight-rate yardstick.
     #[arg(long)]
     pub no_belady: bool,
@@ -95,6 +104,21 @@ pub fn main(args: CacheSimArgs) -> anyhow::Result<()> {
         }
     };
     let total = trace.header.total_expert_bytes();
+    let per_token = (trace.header.moe_layers().len() * trace.header.top_k as usize) as u64;
+    let horizons = args
+        .horizon
+        .iter()
+        .map(|h| {
+            let t = h.trim().to_ascii_lowercase();
+            let (num, unit) = match t.strip_suffix('l') {
+                Some(n) => (n, u64::from(trace.header.top_k)),
+                None => (t.as_str(), per_token),
+            };
+            num.parse::<u64>()
+                .map(|n| (h.trim().to_string(), n * unit))
+                .with_context(|| format!("--horizon {h}: expected N (tokens) or NL (layers)"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let kinds = args
         .policy
         .iter()
@@ -112,6 +136,13 @@ pub fn main(args: CacheSimArgs) -> anyhow::Result<()> {
             })
             .collect::<Result<Vec<_>, _>>()
             .with_context(|| format!("budget {b}"))?;
+        let mut results = results;
+        for (label, reqs) in &horizons {
+            let mut r = simulate_horizon_requests(&trace, budget, *reqs)
+                .with_context(|| format!("budget {b}"))?;
+            r.policy = format!("horizon:{label}");
+            results.push(r);
+        }
         let (oracle, belady) = if args.no_belady {
             (None, None)
         } else {

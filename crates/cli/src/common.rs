@@ -241,9 +241,11 @@ pub struct StreamArgs {
     /// in-flight expert bytes never exceed it.
     #[arg(long = "expert-cache", value_name = "SIZE", value_parser = parse_budget)]
     pub expert_cache: Option<(Budget, String)>,
-    /// Eviction policy: next (default: evict the expert whose next selection is expected
-    /// farthest, from rates halving every 64 tokens; next:N sets N), lru, lfu (selection
-    /// counts halved every 16 tokens; lfu:N sets N), lru2.
+    /// Eviction policy: xl (default: next, with each layer's next selection predicted from
+    /// its previous set and, for the next 2 layers, from the current token's sets; xl:J for
+    /// J layers), next (evict the expert whose next selection is expected farthest, from
+    /// rates halving every 64 tokens; next:N sets N), lru, lfu (selection counts halved
+    /// every 16 tokens; lfu:N sets N), lru2.
     #[arg(long = "cache-policy", value_name = "POLICY", default_value_t = PolicyKind::default(), requires = "expert_cache")]
     pub cache_policy: PolicyKind,
     /// Pin the first N MoE layers' experts in RAM (read once at start; not counted in

@@ -1,7 +1,8 @@
 //! The expert tier: where routed experts live between the SSD and the compute thread.
 //!
 //! Owns: the RAM cache of experts with a hard byte budget ([`ExpertCache`]), its eviction
-//! policies ([`Policy`]: expected next use (default), LRU, LFU with decay, LRU-2), the routing trace format written by
+//! policies ([`Policy`]: expected next use with predicted selections (`xl`, default), expected
+//! next use, LRU, LFU with decay, LRU-2), the routing trace format written by
 //! `--record-routing` ([`trace`]) and its replay in place of the router ([`replay`]), the offline cache simulator with Belady's optimum
 //! ([`sim`]) and byte-size parsing for budgets ([`parse_size`]); the description of every
 //! tensor group that may live outside RAM ([`groups`]), the [`ExpertSource`] interface the
@@ -25,6 +26,7 @@ pub mod slot;
 pub mod source;
 pub mod streaming;
 pub mod trace;
+pub mod xlayer;
 
 pub use cache::{
     min_budget, CacheConfig, CacheError, CacheStats, ExpertCache, ExpertKey, LayerStats, Lookup,

@@ -1,7 +1,8 @@
 //! Offline cache simulator: replays a routing trace against a budget with each policy and
 //! with Belady's optimum.
 //!
-//! Owns: the replay loop, the Belady policy and the report table of `sluice cache-sim`.
+//! Owns: the replay loop, the Belady policy, the known-future yardstick [`Horizon`] and the
+//! report table of `sluice cache-sim`.
 //! The replay drives the real [`ExpertCache`] (with accounting-only [`NoBuf`] slots), so
 //! budget, pinning and size-class rules are exactly the engine's. Request order is the
 //! decode order: token by token, layer by layer, the layer's k experts in router order;
@@ -282,6 +283,79 @@ impl Policy for Belady {
     }
     fn victim(&mut self, evictable: &mut dyn FnMut(ExpertKey) -> bool) -> Option<ExpertKey> {
         self.order.iter().map(|e| e.1).find(|&k| evictable(k))
+    }
+}
+
+/// Replays with [`Horizon`]: the next `horizon` requests known exactly (a token makes
+/// MoE layers x top-k requests).
+pub fn simulate_horizon_requests(
+    trace: &RoutingTrace,
+    budget: u64,
+    horizon: u64,
+) -> Result<SimResult, CacheError> {
+    simulate(
+        trace,
+        budget,
+        Box::new(Horizon::new(&requests(trace), horizon)),
+    )
+}
+
+/// A yardstick between `next` and Belady: Belady's rule for the experts requested within
+/// the next `horizon` requests (known exactly, e.g. the next tokens' routing), `next`'s rule
+/// (decayed selection rates) for the rest, which go first. With `horizon` = 0 it is `next`;
+/// with the whole trace, Belady. How its misses fall with the horizon says how far ahead a
+/// policy would have to know the routing to come close to the optimum.
+pub struct Horizon {
+    belady: Belady,
+    inner: NextUse,
+    horizon: u64,
+}
+
+impl Horizon {
+    pub fn new(reqs: &[ExpertKey], horizon: u64) -> Horizon {
+        Horizon {
+            belady: Belady::new(reqs),
+            inner: NextUse::new(PolicyKind::DEFAULT_NEXT_HALF_LIFE),
+            horizon,
+        }
+    }
+}
+
+impl Policy for Horizon {
+    fn name(&self) -> &'static str {
+        "horizon"
+    }
+    fn on_request(&mut self, key: ExpertKey) {
+        self.belady.on_request(key);
+        self.inner.on_request(key);
+    }
+    fn on_insert(&mut self, key: ExpertKey) {
+        self.belady.on_insert(key);
+        self.inner.on_insert(key);
+    }
+    fn on_remove(&mut self, key: ExpertKey) {
+        self.belady.on_remove(key);
+        self.inner.on_remove(key);
+    }
+    fn on_token_end(&mut self) {
+        self.inner.on_token_end();
+    }
+    fn victim(&mut self, evictable: &mut dyn FnMut(ExpertKey) -> bool) -> Option<ExpertKey> {
+        let (Reverse(nu), far) = self
+            .belady
+            .order
+            .iter()
+            .copied()
+            .find(|&(_, k)| evictable(k))?;
+        let limit = (self.belady.pos as u64).saturating_add(self.horizon);
+        if nu < limit {
+            // Every evictable expert is requested within the horizon: Belady's choice.
+            return Some(far);
+        }
+        let latest = &self.belady.latest;
+        self.inner
+            .victim(&mut |k| evictable(k) && latest.get(&k).is_none_or(|&n| n >= limit))
+            .or(Some(far))
     }
 }
 
