@@ -333,31 +333,13 @@ __device__ __forceinline__ void mvi_group(const u8* __restrict__ stage, int segb
     }
 }
 
-// The int8 products' input: row t of chunk blockIdx.y (X row rows[t] / x_div, `cols`
-// values) into row blockIdx.y * MVG_N + t of `xq` (cols / 32 blocks of QX_BYTES). Four
-// lanes a block, 8 values each; the amax and the sum in a fixed xor tree, so a row's
-// bytes depend only on its values.
-extern "C" __global__ void __launch_bounds__(256)
-    quant_x8(const Chunk* __restrict__ chunks, const int* __restrict__ n_chunks,
-             const float* __restrict__ X, int x_div, u8* __restrict__ xq, int cols) {
-    if ((int)blockIdx.y >= *n_chunks) return;
-    const Chunk* c = chunks + blockIdx.y;
-    const int nb = cols >> 5;
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    const int blk = i >> 2, sub = i & 3;
-    const int t = blk / nb, b = blk - t * nb;
-    const bool ok = t < c->count;  // the same for a block's four lanes
-    float x[8];
-    if (ok) {
-        const float4* src =
-            (const float4*)(X + (size_t)(c->rows[t] / x_div) * cols + 32 * b + 8 * sub);
-        const float4 u = src[0], v = src[1];
-        x[0] = u.x; x[1] = u.y; x[2] = u.z; x[3] = u.w;
-        x[4] = v.x; x[5] = v.y; x[6] = v.z; x[7] = v.w;
-    } else {
-#pragma unroll
-        for (int k = 0; k < 8; k++) x[k] = 0.0f;
-    }
+// One lane's share of `quant_x8`'s block: `x` its 8 values (columns 8 sub .. 8 sub + 7 of
+// the block; zeros where the row is absent), lanes 4i .. 4i + 3 of the warp one block, every
+// lane of the warp taking part (the xor tree). Writes the lane's 8 quants and, lane sub 0,
+// the scale and the sum, to `out` (the block's QX_BYTES) where `ok`. `quant_x8` and the
+// dp4a decode product (which quantizes its chunk's rows into shared memory) both call
+// this: a row's bytes are the same whoever computes them.
+__device__ __forceinline__ void quant_lane(const float* x, bool ok, int sub, u8* out) {
     float amax = 0.0f, sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
@@ -383,9 +365,40 @@ extern "C" __global__ void __launch_bounds__(256)
         w[h] = v;
     }
     if (!ok) return;
-    u8* out = xq + ((size_t)blockIdx.y * MVG_N + t) * (size_t)nb * QX_BYTES + (size_t)b * QX_BYTES;
     *(uint2*)(out + 8 * sub) = make_uint2(w[0], w[1]);
     if (sub == 0) *(float2*)(out + 32) = make_float2(d, sum);
+}
+
+// Lane (blk, sub)'s 8 values of row `src` (`ok`), zeros otherwise.
+__device__ __forceinline__ void quant_load(const float* __restrict__ src, bool ok, float* x) {
+    if (ok) {
+        const float4 u = ((const float4*)src)[0], v = ((const float4*)src)[1];
+        x[0] = u.x; x[1] = u.y; x[2] = u.z; x[3] = u.w;
+        x[4] = v.x; x[5] = v.y; x[6] = v.z; x[7] = v.w;
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) x[k] = 0.0f;
+    }
+}
+
+// The int8 products' input: row t of chunk blockIdx.y (X row rows[t] / x_div, `cols`
+// values) into row blockIdx.y * MVG_N + t of `xq` (cols / 32 blocks of QX_BYTES). Four
+// lanes a block, 8 values each; the amax and the sum in a fixed xor tree, so a row's
+// bytes depend only on its values.
+extern "C" __global__ void __launch_bounds__(256)
+    quant_x8(const Chunk* __restrict__ chunks, const int* __restrict__ n_chunks,
+             const float* __restrict__ X, int x_div, u8* __restrict__ xq, int cols) {
+    if ((int)blockIdx.y >= *n_chunks) return;
+    const Chunk* c = chunks + blockIdx.y;
+    const int nb = cols >> 5;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const int blk = i >> 2, sub = i & 3;
+    const int t = blk / nb, b = blk - t * nb;
+    const bool ok = t < c->count;  // the same for a block's four lanes
+    float x[8];
+    quant_load(ok ? X + (size_t)(c->rows[t] / x_div) * cols + 32 * b + 8 * sub : X, ok, x);
+    quant_lane(x, ok, sub,
+               xq + ((size_t)blockIdx.y * MVG_N + t) * (size_t)nb * QX_BYTES + (size_t)b * QX_BYTES);
 }
 
 // Bytes of the warps' partial sums `mvt_chunks` leaves in shared memory after its column
@@ -678,7 +691,8 @@ __device__ __forceinline__ void q4k_block(const u8* __restrict__ row, int b, boo
 __device__ __forceinline__ void mvq_q4k_chunks(const u64* __restrict__ wtab,
                                                const Chunk* __restrict__ chunks,
                                                const int* __restrict__ n_chunks,
-                                               const u8* __restrict__ xq,
+                                               const float* __restrict__ X, int x_div,
+                                               u8* __restrict__ xs_smem,
                                                float* __restrict__ Y, int out_rows, int cols,
                                                long long row_bytes, int bx) {
     if ((int)blockIdx.y >= *n_chunks) return;
@@ -692,7 +706,27 @@ __device__ __forceinline__ void mvq_q4k_chunks(const u64* __restrict__ wtab,
     const bool wide = (((size_t)row | (size_t)row_bytes) & 15) == 0;
     const int nb = cols >> 5;
     const size_t xs = (size_t)nb * QX_BYTES;
-    const u8* x0 = xq + (size_t)blockIdx.y * MVG_N * xs;
+    // The chunk's rows of X quantized into shared memory (`quant_x8`'s arithmetic, by
+    // `quant_lane`; row t at t * xs): no separate launch, no round trip through global
+    // memory. The host gives at least count * xs bytes.
+    {
+        u32 dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if ((size_t)count * xs > (size_t)dyn) __trap();
+        const int total = count * nb * 4;
+        // The loop's bound is the same for a warp's lanes (the xor tree needs them all).
+        for (int i = threadIdx.x; i - lane < total; i += MVQ_WARPS * 32) {
+            const int blk = i >> 2, sub = i & 3;
+            const int t = blk / nb, b = blk - t * nb;
+            const bool ok = i < total;
+            float x[8];
+            quant_load(ok ? X + (size_t)(c->rows[t] / x_div) * cols + 32 * b + 8 * sub : X, ok,
+                       x);
+            quant_lane(x, ok, sub, xs_smem + (size_t)t * xs + (size_t)b * QX_BYTES);
+        }
+        __syncthreads();
+    }
+    const u8* x0 = xs_smem;
     float acc[MV_MAX_N];
 #pragma unroll
     for (int t = 0; t < MV_MAX_N; t++) acc[t] = 0.0f;
@@ -732,9 +766,13 @@ __device__ __forceinline__ void mvq_q4k_chunks(const u64* __restrict__ wtab,
     }
 }
 
+// X: the product's f32 input (not `quant_x8`'s output); dynamic shared memory: the
+// launch's most rows a chunk times cols / 32 blocks of QX_BYTES (the host's).
 extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32) mvq_q4_k(MV_PARAMS) {
+    extern __shared__ __align__(16) u8 dsmem[];
     const Parts pp = PICK_PART(MVQ_ROWS);
-    mvq_q4k_chunks(pp.w, chunks, n_chunks, (const u8*)X, pp.y, pp.rows, cols, row_bytes, pp.bx);
+    mvq_q4k_chunks(pp.w, chunks, n_chunks, X, x_div, dsmem, pp.y, pp.rows, cols, row_bytes,
+                   pp.bx);
 }
 
 // The int8 forms (see mvi_group) of mvt_ / mvt1_ / mvd_: the same parameters, X being
