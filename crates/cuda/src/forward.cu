@@ -688,6 +688,37 @@ __device__ __forceinline__ void q4k_block(const u8* __restrict__ row, int b, boo
     for (int i = 0; i < 8; i++) w[i] = (q[i] >> shift) & 0x0F0F0F0Fu;
 }
 
+// One weight block's dots with the chunk's quantized rows (in shared memory) into acc.
+__device__ __forceinline__ void mvq_block(const u8* __restrict__ row, int b, bool wide,
+                                          const u8* __restrict__ x0, size_t xs, int count,
+                                          float* acc) {
+    u32 w[8];
+    float dw, mw;
+    q4k_block(row, b, wide, w, &dw, &mw);
+#pragma unroll
+    for (int t = 0; t < MV_MAX_N; t++) {
+        if (t < count) {
+            const u8* xb = x0 + (size_t)t * xs + (size_t)b * QX_BYTES;
+            const uint4 xa = *(const uint4*)xb, xc = *(const uint4*)(xb + 16);
+            const float2 ds = *(const float2*)(xb + 32);
+            int dot = __dp4a((int)w[0], (int)xa.x, 0);
+            dot = __dp4a((int)w[1], (int)xa.y, dot);
+            dot = __dp4a((int)w[2], (int)xa.z, dot);
+            dot = __dp4a((int)w[3], (int)xa.w, dot);
+            dot = __dp4a((int)w[4], (int)xc.x, dot);
+            dot = __dp4a((int)w[5], (int)xc.y, dot);
+            dot = __dp4a((int)w[6], (int)xc.z, dot);
+            dot = __dp4a((int)w[7], (int)xc.w, dot);
+            acc[t] = __fmaf_rn(__fmul_rn(dw, ds.x), (float)dot, acc[t]);
+            acc[t] = __fmaf_rn(-mw, ds.y, acc[t]);
+        }
+    }
+}
+
+// LPR lanes a weight row: 16 (lane c = chain c) or 8 (lane c the chains c and c + 8, for
+// rows of few blocks: the routed down product's 24 leave half of 16 lanes a block short);
+// either way chain c takes the blocks c (mod 16) in order and the tree is the same.
+template <int LPR>
 __device__ __forceinline__ void mvq_q4k_chunks(const u64* __restrict__ wtab,
                                                const Chunk* __restrict__ chunks,
                                                const int* __restrict__ n_chunks,
@@ -695,12 +726,13 @@ __device__ __forceinline__ void mvq_q4k_chunks(const u64* __restrict__ wtab,
                                                u8* __restrict__ xs_smem,
                                                float* __restrict__ Y, int out_rows, int cols,
                                                long long row_bytes, int bx) {
+    static_assert(LPR == 16 || LPR == 8, "lanes a row");
     if ((int)blockIdx.y >= *n_chunks) return;
     const Chunk* c = chunks + blockIdx.y;
     const int count = c->count;
     const int lane = threadIdx.x & 31;
-    const int chain = lane & 15;
-    const int r = bx * MVQ_ROWS + (threadIdx.x >> 5) * 2 + (lane >> 4);
+    const int chain = lane & (LPR - 1);
+    const int r = bx * (MVQ_WARPS * 32 / LPR) + (threadIdx.x >> 5) * (32 / LPR) + lane / LPR;
     const bool live = r < out_rows;
     const u8* row = (const u8*)wtab[c->unit] + (size_t)(live ? r : 0) * (size_t)row_bytes;
     const bool wide = (((size_t)row | (size_t)row_bytes) & 15) == 0;
@@ -726,41 +758,33 @@ __device__ __forceinline__ void mvq_q4k_chunks(const u64* __restrict__ wtab,
         }
         __syncthreads();
     }
-    const u8* x0 = xs_smem;
-    float acc[MV_MAX_N];
+    float acc[MV_MAX_N], acc2[MV_MAX_N];
 #pragma unroll
-    for (int t = 0; t < MV_MAX_N; t++) acc[t] = 0.0f;
+    for (int t = 0; t < MV_MAX_N; t++) acc[t] = acc2[t] = 0.0f;
+    if (LPR == 16) {
 #pragma unroll 2
-    for (int b = chain; b < nb; b += MVT_WARPS) {
-        u32 w[8];
-        float dw, mw;
-        q4k_block(row, b, wide, w, &dw, &mw);
-#pragma unroll
-        for (int t = 0; t < MV_MAX_N; t++) {
-            if (t < count) {
-                const u8* xb = x0 + (size_t)t * xs + (size_t)b * QX_BYTES;
-                const uint4 xa = *(const uint4*)xb, xc = *(const uint4*)(xb + 16);
-                const float2 ds = *(const float2*)(xb + 32);
-                int dot = __dp4a((int)w[0], (int)xa.x, 0);
-                dot = __dp4a((int)w[1], (int)xa.y, dot);
-                dot = __dp4a((int)w[2], (int)xa.z, dot);
-                dot = __dp4a((int)w[3], (int)xa.w, dot);
-                dot = __dp4a((int)w[4], (int)xc.x, dot);
-                dot = __dp4a((int)w[5], (int)xc.y, dot);
-                dot = __dp4a((int)w[6], (int)xc.z, dot);
-                dot = __dp4a((int)w[7], (int)xc.w, dot);
-                acc[t] = __fmaf_rn(__fmul_rn(dw, ds.x), (float)dot, acc[t]);
-                acc[t] = __fmaf_rn(-mw, ds.y, acc[t]);
-            }
+        for (int b = chain; b < nb; b += MVT_WARPS) mvq_block(row, b, wide, xs_smem, xs, count, acc);
+    } else {
+        for (int b = chain; b < nb; b += MVT_WARPS) {
+            mvq_block(row, b, wide, xs_smem, xs, count, acc);
+            if (b + 8 < nb) mvq_block(row, b + 8, wide, xs_smem, xs, count, acc2);
         }
     }
 #pragma unroll
     for (int t = 0; t < MV_MAX_N; t++) {
         if (t < count) {
+            // s[w] += s[w + step], steps 1, 2, 4, 8 (LPR 8: chain w + 8's sums in acc2).
             float v = acc[t];
 #pragma unroll
-            for (int step = 1; step < MVT_WARPS; step <<= 1)
+            for (int step = 1; step < LPR; step <<= 1)
                 v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, step));
+            if (LPR == 8) {
+                float v2 = acc2[t];
+#pragma unroll
+                for (int step = 1; step < 8; step <<= 1)
+                    v2 = __fadd_rn(v2, __shfl_down_sync(0xffffffffu, v2, step));
+                v = __fadd_rn(v, v2);
+            }
             if (chain == 0 && live) Y[(size_t)c->rows[t] * out_rows + r] = v;
         }
     }
@@ -768,11 +792,18 @@ __device__ __forceinline__ void mvq_q4k_chunks(const u64* __restrict__ wtab,
 
 // X: the product's f32 input (not `quant_x8`'s output); dynamic shared memory: the
 // launch's most rows a chunk times cols / 32 blocks of QX_BYTES (the host's).
+// `mvq_q4_k`: 8 rows a block (16 lanes a row); `mvq_q4_k_q`: 16 (8 lanes a row).
 extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32) mvq_q4_k(MV_PARAMS) {
     extern __shared__ __align__(16) u8 dsmem[];
     const Parts pp = PICK_PART(MVQ_ROWS);
-    mvq_q4k_chunks(pp.w, chunks, n_chunks, X, x_div, dsmem, pp.y, pp.rows, cols, row_bytes,
-                   pp.bx);
+    mvq_q4k_chunks<16>(pp.w, chunks, n_chunks, X, x_div, dsmem, pp.y, pp.rows, cols, row_bytes,
+                       pp.bx);
+}
+extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32) mvq_q4_k_q(MV_PARAMS) {
+    extern __shared__ __align__(16) u8 dsmem[];
+    const Parts pp = PICK_PART(2 * MVQ_ROWS);
+    mvq_q4k_chunks<8>(pp.w, chunks, n_chunks, X, x_div, dsmem, pp.y, pp.rows, cols, row_bytes,
+                      pp.bx);
 }
 
 // The int8 forms (see mvi_group) of mvt_ / mvt1_ / mvd_: the same parameters, X being

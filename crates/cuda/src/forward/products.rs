@@ -210,10 +210,17 @@ impl GpuDecoder {
             // `mvid_*` otherwise, the same bits), the others read `quant_x8`'s.
             let mvq_smem = rows_max.min(MVG_N) * m.cols.div_ceil(32) * QX_BYTES;
             let mvq = match &self.f.mvq[m.fi] {
-                Some(k)
+                Some([k16, k8])
                     if int8.is_some() && small && self.dp4a && mvq_smem <= self.mvt1.smem_max =>
                 {
-                    Some(k)
+                    // 8 lanes a row where 16 would leave lanes idle: 24 blocks (the routed
+                    // down product's 768 columns) are 2 blocks for 8 lanes, 1 for the rest.
+                    let uneven = (1..=8).contains(&(m.cols.div_ceil(32) % 16));
+                    match self.mvq_q {
+                        2 => Some((k8, 2 * MVQ_ROWS)),
+                        1 if uneven => Some((k8, 2 * MVQ_ROWS)),
+                        _ => Some((k16, MVQ_ROWS)),
+                    }
                 }
                 _ => None,
             };
@@ -245,7 +252,10 @@ impl GpuDecoder {
             let tiles: usize = group.iter().map(|(d, _)| d.rows.div_ceil(MVT_ROWS)).sum();
             let use_mvd = decode && tiles * grid_y >= self.mvd_min_blocks;
             let (k, rows_per_block, threads) = match mvt {
-                _ if mvq.is_some() => (mvq.expect("some"), MVQ_ROWS, MVQ_THREADS),
+                _ if mvq.is_some() => {
+                    let (k, rows) = mvq.expect("some");
+                    (k, rows, MVQ_THREADS)
+                }
                 Some([_, _, d]) if use_mvd => (d, MVT_ROWS, MVD_THREADS),
                 Some([one, four, _]) => (if small { one } else { four }, MVT_ROWS, MVT_THREADS),
                 None => (&self.f.mvg[m.fi], MVG_ROWS, MVG_THREADS),
