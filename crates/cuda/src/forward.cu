@@ -640,14 +640,16 @@ __device__ __forceinline__ Parts pick_part(const u64* w0, const u64* w1, const u
     }
 
 // The decode form of the Q4_K int8 product (`mvq_q4_k`, chunks of at most MV_MAX_N rows):
-// no tensor cores and no shared memory, the same bits as `mvi_*` / `mvi1_*` / `mvid_*`.
-// Half a warp per weight row: lane c of the half is chain c, taking the row's 32-column
-// blocks b = c (mod MVT_WARPS) in order (the chains of the tensor-core forms); it loads the
-// block's 32 nibbles and its super-block's scales from global memory, forms the exact int32
-// dot with each X row's 32 quants by dp4a (an integer sum: any order gives the same value,
-// the value the mma gives), and adds it with the same two f32 operations; the 16 chains
-// are then added by shfl_down in the tensor-core forms' tree (s[w] += s[w + step], steps 1,
-// 2, 4, 8). Rows a block: MVQ_ROWS.
+// no tensor cores, the same bits as `mvi_*` / `mvi1_*` / `mvid_*`. The block first
+// quantizes its chunk's rows of X into shared memory with `quant_x8`'s arithmetic
+// (`quant_lane`), so decode launches no `quant_x8`. Half a warp per weight row: lane c of
+// the half is chain c, taking the row's 32-column blocks b = c (mod MVT_WARPS) in order
+// (the chains of the tensor-core forms); it loads the block's 32 nibbles and its
+// super-block's scales from global memory, forms the exact int32 dot with each X row's 32
+// quants by dp4a (an integer sum: any order gives the same value, the value the mma
+// gives), and adds it with the same two f32 operations; the 16 chains are then added by
+// shfl_down in the tensor-core forms' tree (s[w] += s[w + step], steps 1, 2, 4, 8). Rows
+// a block: MVQ_ROWS (`mvq_q4_k_q`: 8 lanes a row, twice the rows).
 #define MVQ_WARPS 4
 #define MVQ_ROWS (MVQ_WARPS * 2)
 
