@@ -333,31 +333,13 @@ __device__ __forceinline__ void mvi_group(const u8* __restrict__ stage, int segb
     }
 }
 
-// The int8 products' input: row t of chunk blockIdx.y (X row rows[t] / x_div, `cols`
-// values) into row blockIdx.y * MVG_N + t of `xq` (cols / 32 blocks of QX_BYTES). Four
-// lanes a block, 8 values each; the amax and the sum in a fixed xor tree, so a row's
-// bytes depend only on its values.
-extern "C" __global__ void __launch_bounds__(256)
-    quant_x8(const Chunk* __restrict__ chunks, const int* __restrict__ n_chunks,
-             const float* __restrict__ X, int x_div, u8* __restrict__ xq, int cols) {
-    if ((int)blockIdx.y >= *n_chunks) return;
-    const Chunk* c = chunks + blockIdx.y;
-    const int nb = cols >> 5;
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    const int blk = i >> 2, sub = i & 3;
-    const int t = blk / nb, b = blk - t * nb;
-    const bool ok = t < c->count;  // the same for a block's four lanes
-    float x[8];
-    if (ok) {
-        const float4* src =
-            (const float4*)(X + (size_t)(c->rows[t] / x_div) * cols + 32 * b + 8 * sub);
-        const float4 u = src[0], v = src[1];
-        x[0] = u.x; x[1] = u.y; x[2] = u.z; x[3] = u.w;
-        x[4] = v.x; x[5] = v.y; x[6] = v.z; x[7] = v.w;
-    } else {
-#pragma unroll
-        for (int k = 0; k < 8; k++) x[k] = 0.0f;
-    }
+// One lane's share of `quant_x8`'s block: `x` its 8 values (columns 8 sub .. 8 sub + 7 of
+// the block; zeros where the row is absent), lanes 4i .. 4i + 3 of the warp one block, every
+// lane of the warp taking part (the xor tree). Writes the lane's 8 quants and, lane sub 0,
+// the scale and the sum, to `out` (the block's QX_BYTES) where `ok`. `quant_x8` and the
+// dp4a decode product (which quantizes its chunk's rows into shared memory) both call
+// this: a row's bytes are the same whoever computes them.
+__device__ __forceinline__ void quant_lane(const float* x, bool ok, int sub, u8* out) {
     float amax = 0.0f, sum = 0.0f;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
@@ -383,9 +365,40 @@ extern "C" __global__ void __launch_bounds__(256)
         w[h] = v;
     }
     if (!ok) return;
-    u8* out = xq + ((size_t)blockIdx.y * MVG_N + t) * (size_t)nb * QX_BYTES + (size_t)b * QX_BYTES;
     *(uint2*)(out + 8 * sub) = make_uint2(w[0], w[1]);
     if (sub == 0) *(float2*)(out + 32) = make_float2(d, sum);
+}
+
+// Lane (blk, sub)'s 8 values of row `src` (`ok`), zeros otherwise.
+__device__ __forceinline__ void quant_load(const float* __restrict__ src, bool ok, float* x) {
+    if (ok) {
+        const float4 u = ((const float4*)src)[0], v = ((const float4*)src)[1];
+        x[0] = u.x; x[1] = u.y; x[2] = u.z; x[3] = u.w;
+        x[4] = v.x; x[5] = v.y; x[6] = v.z; x[7] = v.w;
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) x[k] = 0.0f;
+    }
+}
+
+// The int8 products' input: row t of chunk blockIdx.y (X row rows[t] / x_div, `cols`
+// values) into row blockIdx.y * MVG_N + t of `xq` (cols / 32 blocks of QX_BYTES). Four
+// lanes a block, 8 values each; the amax and the sum in a fixed xor tree, so a row's
+// bytes depend only on its values.
+extern "C" __global__ void __launch_bounds__(256)
+    quant_x8(const Chunk* __restrict__ chunks, const int* __restrict__ n_chunks,
+             const float* __restrict__ X, int x_div, u8* __restrict__ xq, int cols) {
+    if ((int)blockIdx.y >= *n_chunks) return;
+    const Chunk* c = chunks + blockIdx.y;
+    const int nb = cols >> 5;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const int blk = i >> 2, sub = i & 3;
+    const int t = blk / nb, b = blk - t * nb;
+    const bool ok = t < c->count;  // the same for a block's four lanes
+    float x[8];
+    quant_load(ok ? X + (size_t)(c->rows[t] / x_div) * cols + 32 * b + 8 * sub : X, ok, x);
+    quant_lane(x, ok, sub,
+               xq + ((size_t)blockIdx.y * MVG_N + t) * (size_t)nb * QX_BYTES + (size_t)b * QX_BYTES);
 }
 
 // Bytes of the warps' partial sums `mvt_chunks` leaves in shared memory after its column
@@ -627,14 +640,16 @@ __device__ __forceinline__ Parts pick_part(const u64* w0, const u64* w1, const u
     }
 
 // The decode form of the Q4_K int8 product (`mvq_q4_k`, chunks of at most MV_MAX_N rows):
-// no tensor cores and no shared memory, the same bits as `mvi_*` / `mvi1_*` / `mvid_*`.
-// Half a warp per weight row: lane c of the half is chain c, taking the row's 32-column
-// blocks b = c (mod MVT_WARPS) in order (the chains of the tensor-core forms); it loads the
-// block's 32 nibbles and its super-block's scales from global memory, forms the exact int32
-// dot with each X row's 32 quants by dp4a (an integer sum: any order gives the same value,
-// the value the mma gives), and adds it with the same two f32 operations; the 16 chains
-// are then added by shfl_down in the tensor-core forms' tree (s[w] += s[w + step], steps 1,
-// 2, 4, 8). Rows a block: MVQ_ROWS.
+// no tensor cores, the same bits as `mvi_*` / `mvi1_*` / `mvid_*`. The block first
+// quantizes its chunk's rows of X into shared memory with `quant_x8`'s arithmetic
+// (`quant_lane`), so decode launches no `quant_x8`. Half a warp per weight row: lane c of
+// the half is chain c, taking the row's 32-column blocks b = c (mod MVT_WARPS) in order
+// (the chains of the tensor-core forms); it loads the block's 32 nibbles and its
+// super-block's scales from global memory, forms the exact int32 dot with each X row's 32
+// quants by dp4a (an integer sum: any order gives the same value, the value the mma
+// gives), and adds it with the same two f32 operations; the 16 chains are then added by
+// shfl_down in the tensor-core forms' tree (s[w] += s[w + step], steps 1, 2, 4, 8). Rows
+// a block: MVQ_ROWS (`mvq_q4_k_q`: 8 lanes a row, twice the rows).
 #define MVQ_WARPS 4
 #define MVQ_ROWS (MVQ_WARPS * 2)
 
@@ -675,66 +690,122 @@ __device__ __forceinline__ void q4k_block(const u8* __restrict__ row, int b, boo
     for (int i = 0; i < 8; i++) w[i] = (q[i] >> shift) & 0x0F0F0F0Fu;
 }
 
+// One weight block's dots with the chunk's quantized rows (in shared memory) into acc.
+__device__ __forceinline__ void mvq_block(const u8* __restrict__ row, int b, bool wide,
+                                          const u8* __restrict__ x0, size_t xs, int count,
+                                          float* acc) {
+    u32 w[8];
+    float dw, mw;
+    q4k_block(row, b, wide, w, &dw, &mw);
+#pragma unroll
+    for (int t = 0; t < MV_MAX_N; t++) {
+        if (t < count) {
+            const u8* xb = x0 + (size_t)t * xs + (size_t)b * QX_BYTES;
+            const uint4 xa = *(const uint4*)xb, xc = *(const uint4*)(xb + 16);
+            const float2 ds = *(const float2*)(xb + 32);
+            int dot = __dp4a((int)w[0], (int)xa.x, 0);
+            dot = __dp4a((int)w[1], (int)xa.y, dot);
+            dot = __dp4a((int)w[2], (int)xa.z, dot);
+            dot = __dp4a((int)w[3], (int)xa.w, dot);
+            dot = __dp4a((int)w[4], (int)xc.x, dot);
+            dot = __dp4a((int)w[5], (int)xc.y, dot);
+            dot = __dp4a((int)w[6], (int)xc.z, dot);
+            dot = __dp4a((int)w[7], (int)xc.w, dot);
+            acc[t] = __fmaf_rn(__fmul_rn(dw, ds.x), (float)dot, acc[t]);
+            acc[t] = __fmaf_rn(-mw, ds.y, acc[t]);
+        }
+    }
+}
+
+// LPR lanes a weight row: 16 (lane c = chain c) or 8 (lane c the chains c and c + 8, for
+// rows of few blocks: the routed down product's 24 leave half of 16 lanes a block short);
+// either way chain c takes the blocks c (mod 16) in order and the tree is the same.
+template <int LPR>
 __device__ __forceinline__ void mvq_q4k_chunks(const u64* __restrict__ wtab,
                                                const Chunk* __restrict__ chunks,
                                                const int* __restrict__ n_chunks,
-                                               const u8* __restrict__ xq,
+                                               const float* __restrict__ X, int x_div,
+                                               u8* __restrict__ xs_smem,
                                                float* __restrict__ Y, int out_rows, int cols,
                                                long long row_bytes, int bx) {
+    static_assert(LPR == 16 || LPR == 8, "lanes a row");
     if ((int)blockIdx.y >= *n_chunks) return;
     const Chunk* c = chunks + blockIdx.y;
     const int count = c->count;
     const int lane = threadIdx.x & 31;
-    const int chain = lane & 15;
-    const int r = bx * MVQ_ROWS + (threadIdx.x >> 5) * 2 + (lane >> 4);
+    const int chain = lane & (LPR - 1);
+    const int r = bx * (MVQ_WARPS * 32 / LPR) + (threadIdx.x >> 5) * (32 / LPR) + lane / LPR;
     const bool live = r < out_rows;
     const u8* row = (const u8*)wtab[c->unit] + (size_t)(live ? r : 0) * (size_t)row_bytes;
     const bool wide = (((size_t)row | (size_t)row_bytes) & 15) == 0;
     const int nb = cols >> 5;
     const size_t xs = (size_t)nb * QX_BYTES;
-    const u8* x0 = xq + (size_t)blockIdx.y * MVG_N * xs;
-    float acc[MV_MAX_N];
+    // The chunk's rows of X quantized into shared memory (`quant_x8`'s arithmetic, by
+    // `quant_lane`; row t at t * xs): no separate launch, no round trip through global
+    // memory. The host gives at least count * xs bytes.
+    {
+        u32 dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if ((size_t)count * xs > (size_t)dyn) __trap();
+        const int total = count * nb * 4;
+        // The loop's bound is the same for a warp's lanes (the xor tree needs them all).
+        for (int i = threadIdx.x; i - lane < total; i += MVQ_WARPS * 32) {
+            const int blk = i >> 2, sub = i & 3;
+            const int t = blk / nb, b = blk - t * nb;
+            const bool ok = i < total;
+            float x[8];
+            quant_load(ok ? X + (size_t)(c->rows[t] / x_div) * cols + 32 * b + 8 * sub : X, ok,
+                       x);
+            quant_lane(x, ok, sub, xs_smem + (size_t)t * xs + (size_t)b * QX_BYTES);
+        }
+        __syncthreads();
+    }
+    float acc[MV_MAX_N], acc2[MV_MAX_N];
 #pragma unroll
-    for (int t = 0; t < MV_MAX_N; t++) acc[t] = 0.0f;
+    for (int t = 0; t < MV_MAX_N; t++) acc[t] = acc2[t] = 0.0f;
+    if (LPR == 16) {
 #pragma unroll 2
-    for (int b = chain; b < nb; b += MVT_WARPS) {
-        u32 w[8];
-        float dw, mw;
-        q4k_block(row, b, wide, w, &dw, &mw);
-#pragma unroll
-        for (int t = 0; t < MV_MAX_N; t++) {
-            if (t < count) {
-                const u8* xb = x0 + (size_t)t * xs + (size_t)b * QX_BYTES;
-                const uint4 xa = *(const uint4*)xb, xc = *(const uint4*)(xb + 16);
-                const float2 ds = *(const float2*)(xb + 32);
-                int dot = __dp4a((int)w[0], (int)xa.x, 0);
-                dot = __dp4a((int)w[1], (int)xa.y, dot);
-                dot = __dp4a((int)w[2], (int)xa.z, dot);
-                dot = __dp4a((int)w[3], (int)xa.w, dot);
-                dot = __dp4a((int)w[4], (int)xc.x, dot);
-                dot = __dp4a((int)w[5], (int)xc.y, dot);
-                dot = __dp4a((int)w[6], (int)xc.z, dot);
-                dot = __dp4a((int)w[7], (int)xc.w, dot);
-                acc[t] = __fmaf_rn(__fmul_rn(dw, ds.x), (float)dot, acc[t]);
-                acc[t] = __fmaf_rn(-mw, ds.y, acc[t]);
-            }
+        for (int b = chain; b < nb; b += MVT_WARPS) mvq_block(row, b, wide, xs_smem, xs, count, acc);
+    } else {
+        for (int b = chain; b < nb; b += MVT_WARPS) {
+            mvq_block(row, b, wide, xs_smem, xs, count, acc);
+            if (b + 8 < nb) mvq_block(row, b + 8, wide, xs_smem, xs, count, acc2);
         }
     }
 #pragma unroll
     for (int t = 0; t < MV_MAX_N; t++) {
         if (t < count) {
+            // s[w] += s[w + step], steps 1, 2, 4, 8 (LPR 8: chain w + 8's sums in acc2).
             float v = acc[t];
 #pragma unroll
-            for (int step = 1; step < MVT_WARPS; step <<= 1)
+            for (int step = 1; step < LPR; step <<= 1)
                 v = __fadd_rn(v, __shfl_down_sync(0xffffffffu, v, step));
+            if (LPR == 8) {
+                float v2 = acc2[t];
+#pragma unroll
+                for (int step = 1; step < 8; step <<= 1)
+                    v2 = __fadd_rn(v2, __shfl_down_sync(0xffffffffu, v2, step));
+                v = __fadd_rn(v, v2);
+            }
             if (chain == 0 && live) Y[(size_t)c->rows[t] * out_rows + r] = v;
         }
     }
 }
 
+// X: the product's f32 input (not `quant_x8`'s output); dynamic shared memory: the
+// launch's most rows a chunk times cols / 32 blocks of QX_BYTES (the host's).
+// `mvq_q4_k`: 8 rows a block (16 lanes a row); `mvq_q4_k_q`: 16 (8 lanes a row).
 extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32) mvq_q4_k(MV_PARAMS) {
+    extern __shared__ __align__(16) u8 dsmem[];
     const Parts pp = PICK_PART(MVQ_ROWS);
-    mvq_q4k_chunks(pp.w, chunks, n_chunks, (const u8*)X, pp.y, pp.rows, cols, row_bytes, pp.bx);
+    mvq_q4k_chunks<16>(pp.w, chunks, n_chunks, X, x_div, dsmem, pp.y, pp.rows, cols, row_bytes,
+                       pp.bx);
+}
+extern "C" __global__ void __launch_bounds__(MVQ_WARPS * 32) mvq_q4_k_q(MV_PARAMS) {
+    extern __shared__ __align__(16) u8 dsmem[];
+    const Parts pp = PICK_PART(2 * MVQ_ROWS);
+    mvq_q4k_chunks<8>(pp.w, chunks, n_chunks, X, x_div, dsmem, pp.y, pp.rows, cols, row_bytes,
+                      pp.bx);
 }
 
 // The int8 forms (see mvi_group) of mvt_ / mvt1_ / mvd_: the same parameters, X being

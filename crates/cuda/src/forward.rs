@@ -236,8 +236,9 @@ pub(crate) struct Funcs {
     /// the f16 ones are loaded; None otherwise), over `quant_x8`'s quantized input.
     pub(crate) mvi: Vec<Option<[Kernel; 3]>>,
     pub(crate) quant_x8: Kernel,
-    /// The int8 decode product on dp4a (`mvq_*`: Q4_K), the same bits as `mvi*_*`.
-    pub(crate) mvq: Vec<Option<Kernel>>,
+    /// The int8 decode product on dp4a (`mvq_*`: Q4_K), the same bits as `mvi*_*`: 16
+    /// lanes a weight row, and 8 (`mvq_*_q`).
+    pub(crate) mvq: Vec<Option<[Kernel; 2]>>,
     pub(crate) embed: Vec<Kernel>,
     pub(crate) rms_norm_rows: Kernel,
     pub(crate) residual_norm: Kernel,
@@ -324,6 +325,10 @@ pub struct GpuDecoder {
     /// Whether decode products take `mvq_*` where the format has it (default;
     /// `SLUICE_CUDA_DP4A=0`: the tensor-core decode kernels, for A/B; the same bits).
     pub(crate) dp4a: bool,
+    /// Which rows take `mvq_*_q` (8 lanes a row): 1 those of a number of 32-column blocks
+    /// that leaves 16 lanes unevenly loaded (1..=8 mod 16, the default), 0 none, 2 all
+    /// (`SLUICE_CUDA_MVQ_Q`, for A/B; the same bits).
+    pub(crate) mvq_q: u8,
     /// Fused small launches (`SLUICE_CUDA_FUSE=0`: off, for A/B; the same bits): a decode
     /// step's resident experts' chunk table written by `topk_route` (no `moe_chunks`), the
     /// MoE combine inside the next `residual_norm` (no `moe_combine`).
@@ -591,6 +596,10 @@ impl GpuDecoder {
             int8: std::env::var("SLUICE_CUDA_INT8").map_or(true, |v| v != "0"),
             xq_cols: widest_cols(&plan),
             dp4a: std::env::var("SLUICE_CUDA_DP4A").map_or(true, |v| v != "0"),
+            mvq_q: std::env::var("SLUICE_CUDA_MVQ_Q")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1),
             fuse: std::env::var("SLUICE_CUDA_FUSE").map_or(true, |v| v != "0"),
             mla: plan
                 .mla_shape()

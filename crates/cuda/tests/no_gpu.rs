@@ -118,10 +118,10 @@ fn kernels_compile_with_nvrtc() {
             checked += 1;
         }
         // The int8 products of Q8_0 and Q4_K, Q4_K's dp4a decode product.
-        assert!(
-            ptx.contains(".entry mvq_q4_k("),
-            "{arch}: PTX lacks mvq_q4_k"
-        );
+        for k in ["mvq_q4_k", "mvq_q4_k_q"] {
+            let name = format!(".entry {k}(");
+            assert!(ptx.contains(&name), "{arch}: PTX lacks {name}");
+        }
         for f in ["q8_0", "q4_k"] {
             for k in ["mvi", "mvi1", "mvid"] {
                 let name = format!(".entry {k}_{f}(");
@@ -129,12 +129,12 @@ fn kernels_compile_with_nvrtc() {
             }
         }
         // Every format x (mv, mm, mvg, mvt, mvt1, mvd, embed), 2 x (kv_store, attention),
-        // 2 x (mvi, mvi1, mvid), mvq_q4_k, 38 others.
+        // 2 x (mvi, mvi1, mvid), mvq_q4_k and mvq_q4_k_q, 38 others.
         let formats = sluice_cuda::FORMATS.len();
         assert!(formats >= 19, "the seeds' formats have kernels");
         assert_eq!(
             checked,
-            formats * 7 + 2 * 2 + 2 * 3 + 1 + 38,
+            formats * 7 + 2 * 2 + 2 * 3 + 2 + 38,
             "{arch}: kernels checked"
         );
     }

@@ -251,6 +251,7 @@ impl GpuDecoder {
             small,
             xq,
             xq_bytes,
+            rows_max: n.min(MVG_N),
         };
         let hs = self.hyper.as_ref().map(|(s, _)| *s);
         // Residual streams: a hyper-connection's, the low-rank mixers' (1: plain).

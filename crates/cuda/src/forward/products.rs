@@ -178,6 +178,7 @@ impl GpuDecoder {
             small,
             xq,
             xq_bytes: xq_cap,
+            rows_max,
         } = rows;
         if grid_y == 0 {
             return Ok(());
@@ -204,8 +205,27 @@ impl GpuDecoder {
                 Some(k) if self.int8 && mvt.is_some() => Some(k),
                 _ => None,
             };
+            // The dp4a decode product quantizes its chunk's rows itself (into shared
+            // memory: `rows_max` rows of the input's blocks, where they fit; `mvi1_*` /
+            // `mvid_*` otherwise, the same bits), the others read `quant_x8`'s.
+            let mvq_smem = rows_max.min(MVG_N) * m.cols.div_ceil(32) * QX_BYTES;
+            let mvq = match &self.f.mvq[m.fi] {
+                Some([k16, k8])
+                    if int8.is_some() && small && self.dp4a && mvq_smem <= self.mvt1.smem_max =>
+                {
+                    // 8 lanes a row where 16 would leave lanes idle: 24 blocks (the routed
+                    // down product's 768 columns) are 2 blocks for 8 lanes, 1 for the rest.
+                    let uneven = (1..=8).contains(&(m.cols.div_ceil(32) % 16));
+                    match self.mvq_q {
+                        2 => Some((k8, 2 * MVQ_ROWS)),
+                        1 if uneven => Some((k8, 2 * MVQ_ROWS)),
+                        _ => Some((k16, MVQ_ROWS)),
+                    }
+                }
+                _ => None,
+            };
             let mut x_in = x;
-            if int8.is_some() {
+            if int8.is_some() && mvq.is_none() {
                 if xq_bytes(grid_y, m.cols) > xq_cap {
                     return Err(ModelError::Compute(format!(
                         "cuda: {grid_y} chunks of {} columns pass the call's quantized input",
@@ -224,10 +244,6 @@ impl GpuDecoder {
                 .launch(self, (blocks as u32, gy, 1))?;
                 x_in = xq;
             }
-            let mvq = match &self.f.mvq[m.fi] {
-                Some(k) if int8.is_some() && small && self.dp4a => Some(k),
-                _ => None,
-            };
             let mvt = int8.or(mvt);
             let decode = mvt.is_some() && small && mvq.is_none();
             // `mvd_*` where the launch has blocks enough to fill the SMs with its small
@@ -236,7 +252,10 @@ impl GpuDecoder {
             let tiles: usize = group.iter().map(|(d, _)| d.rows.div_ceil(MVT_ROWS)).sum();
             let use_mvd = decode && tiles * grid_y >= self.mvd_min_blocks;
             let (k, rows_per_block, threads) = match mvt {
-                _ if mvq.is_some() => (mvq.expect("some"), MVQ_ROWS, MVQ_THREADS),
+                _ if mvq.is_some() => {
+                    let (k, rows) = mvq.expect("some");
+                    (k, rows, MVQ_THREADS)
+                }
                 Some([_, _, d]) if use_mvd => (d, MVT_ROWS, MVD_THREADS),
                 Some([one, four, _]) => (if small { one } else { four }, MVT_ROWS, MVT_THREADS),
                 None => (&self.f.mvg[m.fi], MVG_ROWS, MVG_THREADS),
@@ -249,6 +268,9 @@ impl GpuDecoder {
                 .map(|r| r.div_ceil(rows_per_block))
                 .sum();
             let mut smem = 0;
+            if mvq.is_some() {
+                smem = mvq_smem;
+            }
             let mut staging = None;
             if decode {
                 let st = if use_mvd { &self.mvd } else { &self.mvt1 };

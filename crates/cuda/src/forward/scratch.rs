@@ -24,6 +24,9 @@ pub(crate) struct Rows {
     pub(crate) small: bool,
     pub(crate) xq: u64,
     pub(crate) xq_bytes: usize,
+    /// The most rows a chunk of the table may have (the call's tokens, at most MVG_N):
+    /// the dp4a decode product's shared memory is sized by it.
+    pub(crate) rows_max: usize,
 }
 
 /// Per-token widths of this module's scratch, the widest over the layers (1 where a part

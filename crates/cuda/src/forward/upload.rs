@@ -382,7 +382,7 @@ impl Funcs {
                 None
             });
             mvq.push(if tensor && ty == GgmlType::Q4_K {
-                Some(load(&format!("mvq_{s}"))?)
+                Some([dynamic(format!("mvq_{s}"))?, dynamic(format!("mvq_{s}_q"))?])
             } else {
                 None
             });
