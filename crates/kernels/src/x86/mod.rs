@@ -550,6 +550,36 @@ mod tests {
     use super::tokens::{Avx2, Avx512};
     use crate::{ActData, GgmlType, QuantizedActs};
 
+    /// Activations of `nb` blocks of `block` values with a different scale in every block.
+    fn varying_acts(ty: GgmlType, nb: usize, block: usize) -> QuantizedActs {
+        let x: Vec<f32> = (0..nb * block)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.03 * (1.0 + (i / block) as f32 * 0.37))
+            .collect();
+        QuantizedActs::new(ty, &x).unwrap()
+    }
+
+    /// The one-row kernel's result for each of `rows` rows of `rb` bytes: the reference the
+    /// row orders must equal bit for bit.
+    fn one_row_at_a_time(
+        t: &Avx2,
+        ty: GgmlType,
+        w: &[u8],
+        rb: usize,
+        acts: &QuantizedActs,
+        rows: usize,
+    ) -> Vec<f32> {
+        let mut out = vec![0f32; rows];
+        for (r, o) in out.iter_mut().enumerate() {
+            t.dot_tile(
+                ty,
+                &w[r * rb..(r + 1) * rb],
+                &[acts],
+                std::slice::from_mut(o),
+            );
+        }
+        out
+    }
+
     /// `rows` Q4_K rows of `nb` blocks: pseudo-random quants and packed scales, finite
     /// block scales different in every block (d ~0.1, dmin ~0.05).
     fn q4k_rows(rows: usize, nb: usize, seed: u64) -> Vec<u8> {
@@ -596,24 +626,13 @@ mod tests {
                 // Random mantissa bits, a fixed finite exponent.
                 b[1] = 0x2E;
             }
-            let x: Vec<f32> = (0..nb * 32)
-                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.03 * (1.0 + (i / 32) as f32 * 0.37))
-                .collect();
-            let acts = QuantizedActs::new(GgmlType::Q8_0, &x).unwrap();
+            let acts = varying_acts(GgmlType::Q8_0, nb, 32);
             let ActData::Q8_0(ys) = &acts.data else {
                 panic!("Q8_0 activations are Q8_0")
             };
             let rb = nb * 34;
             let Some(t) = Avx2::new() else { return };
-            let mut single = vec![0f32; rows];
-            for (r, o) in single.iter_mut().enumerate() {
-                t.dot_tile(
-                    GgmlType::Q8_0,
-                    &w[r * rb..(r + 1) * rb],
-                    &[&acts],
-                    std::slice::from_mut(o),
-                );
-            }
+            let single = one_row_at_a_time(&t, GgmlType::Q8_0, &w, rb, &acts, rows);
             assert!(single.iter().all(|v| v.is_finite() && *v != 0.0));
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             let mut pairs = vec![0f32; rows];
@@ -649,25 +668,13 @@ mod tests {
             (2, 65, 7),
         ] {
             let w = q4k_rows(rows, nb, seed);
-            // A different activation scale in every block.
-            let x: Vec<f32> = (0..nb * 256)
-                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.03 * (1.0 + (i / 256) as f32 * 0.37))
-                .collect();
-            let acts = QuantizedActs::new(GgmlType::Q4_K, &x).unwrap();
+            let acts = varying_acts(GgmlType::Q4_K, nb, 256);
             let ActData::Q8K(ys) = &acts.data else {
                 panic!("Q4_K activations are Q8_K")
             };
             let rb = nb * 144;
             let Some(t) = Avx2::new() else { return };
-            let mut single = vec![0f32; rows];
-            for (r, o) in single.iter_mut().enumerate() {
-                t.dot_tile(
-                    GgmlType::Q4_K,
-                    &w[r * rb..(r + 1) * rb],
-                    &[&acts],
-                    std::slice::from_mut(o),
-                );
-            }
+            let single = one_row_at_a_time(&t, GgmlType::Q4_K, &w, rb, &acts, rows);
             assert!(single.iter().all(|v| v.is_finite() && *v != 0.0));
             let mut pairs = vec![0f32; rows];
             // SAFETY: the token proves AVX2 + FMA + F16C.
