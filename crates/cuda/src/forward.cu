@@ -267,17 +267,8 @@ __device__ __forceinline__ void wi8(const u8* __restrict__ row, int kl, int q, u
         const int j = kl & 7;
         const u32 dm = *(const u32*)b;
         const u32* sw = (const u32*)(b + 4);
-        const int sh = 8 * (j & 3);
-        const u32 w0 = (sw[0] >> sh) & 0xFF, w1 = (sw[1] >> sh) & 0xFF;
         int sc, m;
-        if (j < 4) {
-            sc = (int)(w0 & 63);
-            m = (int)(w1 & 63);
-        } else {
-            const u32 w2 = (sw[2] >> sh) & 0xFF;
-            sc = (int)((w2 & 0x0F) | ((w0 >> 6) << 4));
-            m = (int)((w2 >> 4) | ((w1 >> 6) << 4));
-        }
+        k4_scale_min_words(sw[0], sw[1], sw[2], j, &sc, &m);
         *dw = __fmul_rn(h2f((u16)(dm & 0xFFFF)), (float)sc);
         *mw = __fmul_rn(h2f((u16)(dm >> 16)), (float)m);
         const u32* qs = (const u32*)(b + 16 + 32 * (j >> 1));
@@ -672,17 +663,8 @@ __device__ __forceinline__ void q4k_block(const u8* __restrict__ row, int b, boo
 #pragma unroll
         for (int i = 0; i < 8; i++) q[i] = ((const u32*)qs)[i];
     }
-    const int sh = 8 * (j & 3);
-    const u32 w0 = (hd[1] >> sh) & 0xFF, w1 = (hd[2] >> sh) & 0xFF;
     int sc, m;
-    if (j < 4) {
-        sc = (int)(w0 & 63);
-        m = (int)(w1 & 63);
-    } else {
-        const u32 w2 = (hd[3] >> sh) & 0xFF;
-        sc = (int)((w2 & 0x0F) | ((w0 >> 6) << 4));
-        m = (int)((w2 >> 4) | ((w1 >> 6) << 4));
-    }
+    k4_scale_min_words(hd[1], hd[2], hd[3], j, &sc, &m);
     *dw = __fmul_rn(h2f((u16)(hd[0] & 0xFFFF)), (float)sc);
     *mw = __fmul_rn(h2f((u16)(hd[0] >> 16)), (float)m);
     const int shift = (j & 1) * 4;

@@ -69,6 +69,22 @@ __device__ __forceinline__ void k4_scale_min(const u8* s, int j, int* sc, int* m
     }
 }
 
+// The same, from the block's three little-endian scale words (bytes 4..16 of the block as
+// u32): the word form of the aligned paths, the same integers as `k4_scale_min`.
+__device__ __forceinline__ void k4_scale_min_words(u32 s0, u32 s1, u32 s2, int j, int* sc,
+                                                   int* m) {
+    const int sh = 8 * (j & 3);
+    const u32 w0 = (s0 >> sh) & 0xFF, w1 = (s1 >> sh) & 0xFF;
+    if (j < 4) {
+        *sc = (int)(w0 & 63);
+        *m = (int)(w1 & 63);
+    } else {
+        const u32 w2 = (s2 >> sh) & 0xFF;
+        *sc = (int)((w2 & 0x0F) | ((w0 >> 6) << 4));
+        *m = (int)((w2 >> 4) | ((w1 >> 6) << 4));
+    }
+}
+
 // Eight grid magnitudes `g` (bytes of a u64) with the signs of `signs` (bit i: negative).
 __device__ __forceinline__ void signed8(u64 g, int signs, float scale, float* out) {
 #pragma unroll
@@ -132,17 +148,8 @@ __device__ __forceinline__ void deq8(const u8* __restrict__ row, int p, float* o
             const float d = h2f((u16)(dm & 0xFFFF));
             const float dmin = h2f((u16)(dm >> 16));
             const u32* sw = (const u32*)(b + 4);
-            const int jj = j & 3, sh = 8 * jj;
-            const u32 w0 = (sw[0] >> sh) & 0xFF, w1 = (sw[1] >> sh) & 0xFF;
             int sc, m;
-            if (j < 4) {
-                sc = (int)(w0 & 63);
-                m = (int)(w1 & 63);
-            } else {
-                const u32 w2 = (sw[2] >> sh) & 0xFF;
-                sc = (int)((w2 & 0x0F) | ((w0 >> 6) << 4));
-                m = (int)((w2 >> 4) | ((w1 >> 6) << 4));
-            }
+            k4_scale_min_words(sw[0], sw[1], sw[2], j, &sc, &m);
             const float d1 = d * (float)sc;
             const float m1 = dmin * (float)m;
             const uint2 qw = *(const uint2*)(b + 16 + 32 * (j >> 1) + l0);
